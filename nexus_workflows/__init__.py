@@ -1,0 +1,43 @@
+"""nexus_workflows: durable, deduplicated workflows for Django.
+
+Public API::
+
+    from nexus_workflows import register, workflow, enqueue
+    from nexus_workflows import PermanentError, ClaimLost, WorkflowError
+"""
+
+from .enqueueing import enqueue
+from .exceptions import (
+    AlreadyRegistered,
+    ClaimLost,
+    EnqueueError,
+    InvalidCheckpoint,
+    InvalidDedupeKey,
+    InvalidEnqueueOption,
+    InvalidTrigger,
+    PermanentError,
+    QueueUnavailable,
+    RegistrationError,
+    UnknownWorkflow,
+    WorkflowError,
+)
+from .registry import Workflow, register, workflow
+
+__all__ = [
+    "AlreadyRegistered",
+    "ClaimLost",
+    "EnqueueError",
+    "InvalidCheckpoint",
+    "InvalidDedupeKey",
+    "InvalidEnqueueOption",
+    "InvalidTrigger",
+    "PermanentError",
+    "QueueUnavailable",
+    "RegistrationError",
+    "UnknownWorkflow",
+    "Workflow",
+    "WorkflowError",
+    "enqueue",
+    "register",
+    "workflow",
+]

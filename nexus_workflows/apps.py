@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+
+
+class NexusWorkflowsConfig(AppConfig):
+    name = "nexus_workflows"
+    verbose_name = "Workflows"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401 - registers the system checks
+        from .registry import autodiscover
+
+        autodiscover()

@@ -1,0 +1,116 @@
+"""System checks for the ``NEXUS_WORKFLOWS`` settings and the registered workflows.
+
+They run with ``manage.py check`` and before every management command, so a runner never
+starts on a configuration that would lose or double-run work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+
+from .conf import DEFAULTS, SETTINGS_NAME, app_settings
+
+# Settings that are a number of seconds, and the smallest value each allows.
+_SECONDS = {
+    "RETENTION": ("greater than 0", lambda v: v > 0),
+    "STALE_AFTER": ("greater than 0", lambda v: v > 0),
+    "HEARTBEAT_INTERVAL": ("greater than 0", lambda v: v > 0),
+    "POLL_INTERVAL": ("greater than 0", lambda v: v > 0),
+    "SWEEP_INTERVAL": ("greater than 0", lambda v: v > 0),
+    "SHUTDOWN_GRACE": ("0 or more", lambda v: v >= 0),
+}
+_COUNTS = ("CONCURRENCY", "BATCH_SIZE", "PURGE_BATCH_SIZE")
+_BOOLEANS = ("WAKEUP",)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _setting_error(name: str, rule: str, value: Any, check_id: str) -> Error:
+    return Error(
+        f"{SETTINGS_NAME}['{name}'] must be {rule}; got {value!r}.",
+        hint=f"The default is {DEFAULTS[name]!r}.",
+        id=check_id,
+    )
+
+
+@register(Tags.compatibility)
+def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    from django.conf import settings
+
+    raw = getattr(settings, SETTINGS_NAME, {})
+    if not isinstance(raw, dict):
+        return [
+            Error(
+                f"{SETTINGS_NAME} must be a dict of settings; got {type(raw).__name__}.",
+                hint="For example: NEXUS_WORKFLOWS = {'RETENTION': 86400}.",
+                id="nexus_workflows.E001",
+            )
+        ]
+    messages: list[CheckMessage] = []
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        messages.append(
+            Warning(
+                f"{SETTINGS_NAME} has unknown setting(s): {', '.join(map(str, unknown))}.",
+                hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+                id="nexus_workflows.W001",
+            )
+        )
+    valid = True
+    for name, (rule, accepts) in _SECONDS.items():
+        value = getattr(app_settings, name)
+        if not _is_number(value) or not accepts(value):
+            messages.append(
+                _setting_error(name, f"a number of seconds {rule}", value, "nexus_workflows.E002")
+            )
+            valid = False
+    for name in _COUNTS:
+        value = getattr(app_settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            messages.append(
+                _setting_error(name, "a whole number of at least 1", value, "nexus_workflows.E003")
+            )
+    for name in _BOOLEANS:
+        value = getattr(app_settings, name)
+        if not isinstance(value, bool):
+            messages.append(_setting_error(name, "True or False", value, "nexus_workflows.E005"))
+    if valid and app_settings.HEARTBEAT_INTERVAL * 2 > app_settings.STALE_AFTER:
+        messages.append(
+            Error(
+                f"{SETTINGS_NAME}['HEARTBEAT_INTERVAL'] ({app_settings.HEARTBEAT_INTERVAL}s) must be "
+                f"at most half of STALE_AFTER ({app_settings.STALE_AFTER}s).",
+                hint="Otherwise one late heartbeat makes a live runner's work look abandoned "
+                "and another runner reclaims it while it is still running.",
+                id="nexus_workflows.E004",
+            )
+        )
+    if valid:
+        messages.extend(_check_schedules())
+    return messages
+
+
+def _check_schedules() -> list[CheckMessage]:
+    from .registry import registry
+
+    retention_minutes = app_settings.RETENTION / 60
+    messages: list[CheckMessage] = []
+    for workflow in registry:
+        if not workflow.is_deferred:
+            continue
+        longest = max(workflow.retry_schedule or (0,))
+        if longest >= retention_minutes:
+            messages.append(
+                Error(
+                    f"workflow {workflow.kind!r} waits up to {longest:g} minutes between attempts, "
+                    f"which is not shorter than RETENTION ({retention_minutes:g} minutes).",
+                    hint="Raise NEXUS_WORKFLOWS['RETENTION'] or shorten the retry schedule.",
+                    id="nexus_workflows.E007",
+                )
+            )
+    return messages

@@ -1,0 +1,303 @@
+"""Claiming deferred work and every fenced write that follows a claim.
+
+A claim is a compare-and-set ``UPDATE`` that moves due (or stale) rows to ``processing``
+and stamps them with a fresh claim token. Every later write of that attempt filters on
+``id`` *and* the token and is judged by the rows it matched: a write that matches
+nothing means the claim was lost (another runner reclaimed the work, or an operator
+changed it), and nothing was written.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import F
+from django.utils import timezone
+
+from .exceptions import ClaimLost, InvalidCheckpoint
+from .history import append_entry
+from .models import DeferredWork, Status
+
+_CLAIM_FIELDS = ("pk", "kind", "dedupe_key", "trigger", "checkpoints", "attempt", "history")
+
+# When a claim loses rows to another runner, the next claims pick at random among this
+# many times more candidates, so that runners sharing a table stop colliding.
+_CONTENTION_SPREAD = 4
+
+
+@dataclass
+class ClaimedWork:
+    """A row this runner holds, as it was read at claim time."""
+
+    id: int
+    kind: str
+    dedupe_key: str
+    trigger: Any
+    checkpoints: dict[str, Any]
+    attempt: int
+    history: list[Any]
+    claim_token: str
+    reclaimed: bool = False
+    # Set when ``history`` gained entries that only an individual write can persist.
+    history_changed: bool = False
+    using: str = "default"
+
+    def fenced(self) -> Any:
+        """The queryset matching this row only while our claim holds."""
+        return DeferredWork.objects.using(self.using).held(self.claim_token).filter(pk=self.id)
+
+
+class Claimer:
+    """Claims batches of due and stale work for one runner."""
+
+    def __init__(self, *, kinds: Sequence[str], using: str) -> None:
+        self.kinds = list(kinds)
+        self.using = using
+        self.contended = False
+
+    def _candidates(self, queryset: Any, order_by: str, limit: int) -> list[int]:
+        queryset = queryset.filter(kind__in=self.kinds).order_by(order_by)
+        spread = _CONTENTION_SPREAD if self.contended else 1
+        ids = list(queryset.values_list("pk", flat=True)[: limit * spread])
+        if spread > 1 and len(ids) > limit:
+            ids = random.sample(ids, limit)
+        return ids
+
+    def _load(self, ids: list[int], token: str, *, reclaimed: bool) -> list[ClaimedWork]:
+        rows = (
+            DeferredWork.objects.using(self.using)
+            .filter(pk__in=ids, claim_token=token)
+            .values(*_CLAIM_FIELDS)
+        )
+        return [
+            ClaimedWork(
+                id=row["pk"],
+                kind=row["kind"],
+                dedupe_key=row["dedupe_key"],
+                trigger=row["trigger"],
+                checkpoints=dict(row["checkpoints"] or {}),
+                attempt=row["attempt"],
+                history=list(row["history"] or []),
+                claim_token=token,
+                reclaimed=reclaimed,
+                using=self.using,
+            )
+            for row in rows
+        ]
+
+    def claim_due(self, limit: int, *, now: datetime | None = None) -> list[ClaimedWork]:
+        """Claim up to ``limit`` pending rows whose time has come, oldest first."""
+        if limit <= 0 or not self.kinds:
+            return []
+        now = now or timezone.now()
+        due = DeferredWork.objects.using(self.using).due(now)
+        ids = self._candidates(due, "next_attempt_at", limit)
+        if not ids:
+            return []
+        token = uuid.uuid4().hex
+        claimed_at = timezone.now()
+        matched = due.filter(pk__in=ids).update(
+            status=Status.PROCESSING,
+            claim_token=token,
+            claimed_at=claimed_at,
+            heartbeat_at=claimed_at,
+            updated_at=claimed_at,
+        )
+        self.contended = matched < len(ids)
+        return self._load(ids, token, reclaimed=False) if matched else []
+
+    def claim_stale(
+        self, limit: int, *, stale_after: timedelta, now: datetime | None = None
+    ) -> list[ClaimedWork]:
+        """Reclaim up to ``limit`` processing rows whose heartbeat is older than
+        ``stale_after``; the lost attempt counts, so ``attempt`` goes up by one."""
+        if limit <= 0 or not self.kinds:
+            return []
+        now = now or timezone.now()
+        stale = DeferredWork.objects.using(self.using).stale(now - stale_after)
+        ids = self._candidates(stale, "heartbeat_at", limit)
+        if not ids:
+            return []
+        token = uuid.uuid4().hex
+        claimed_at = timezone.now()
+        matched = stale.filter(pk__in=ids).update(
+            claim_token=token,
+            attempt=F("attempt") + 1,
+            claimed_at=claimed_at,
+            heartbeat_at=claimed_at,
+            updated_at=claimed_at,
+        )
+        if not matched:
+            return []
+        works = self._load(ids, token, reclaimed=True)
+        for work in works:
+            work.history = append_entry(
+                work.history,
+                attempt=work.attempt - 1,
+                outcome="lost",
+                error="the runner stopped heart-beating",
+            )
+            work.history_changed = True
+        return works
+
+
+# --- Fenced writes --------------------------------------------------------------------
+
+
+def validate_patch(patch: Any) -> dict[str, Any]:
+    if not isinstance(patch, dict):
+        raise InvalidCheckpoint(
+            f"save() takes a dict of checkpoint names to JSON values; got {type(patch).__name__}"
+        )
+    for key in patch:
+        if not isinstance(key, str):
+            raise InvalidCheckpoint(f"save() takes string checkpoint names; got a {type(key).__name__} key")
+    try:
+        return json.loads(json.dumps(patch, allow_nan=False))
+    except (TypeError, ValueError):
+        raise InvalidCheckpoint(
+            "save() takes JSON values only (dicts, lists, strings, finite numbers, "
+            "booleans, None); the patch holds something else"
+        ) from None
+
+
+def save_checkpoints(work: ClaimedWork, patch: Any) -> dict[str, Any]:
+    """Merge ``patch`` into the journal durably; raises :class:`ClaimLost`."""
+    clean = validate_patch(patch)
+    merged = {**work.checkpoints, **clean}
+    now = timezone.now()
+    matched = work.fenced().update(checkpoints=merged, heartbeat_at=now, updated_at=now)
+    if matched != 1:
+        raise ClaimLost(
+            f"{work.kind} #{work.id}: this attempt no longer holds the work (it was "
+            "reclaimed or changed by someone else); checkpoints not saved"
+        )
+    work.checkpoints = merged
+    return clean
+
+
+def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[ClaimedWork]]:
+    """Mark finished work done; returns ``(written, lost)``.
+
+    Rows of one claim are written by one statement. When it matches fewer rows than
+    it was given, the rows it did write are told apart by their ``updated_at``.
+    """
+    written: list[ClaimedWork] = []
+    lost: list[ClaimedWork] = []
+    by_claim: dict[tuple[str, str], list[ClaimedWork]] = {}
+    for work in works:
+        if work.history_changed:
+            (written if _finish_one(work) else lost).append(work)
+        else:
+            by_claim.setdefault((work.using, work.claim_token), []).append(work)
+    for (using, token), group in by_claim.items():
+        now = timezone.now()
+        ids = [work.id for work in group]
+        matched = DeferredWork.objects.using(using).held(token).filter(pk__in=ids).update(**_done_fields(now))
+        if matched == len(group):
+            written.extend(group)
+            continue
+        ours = set(
+            DeferredWork.objects.using(using)
+            .filter(pk__in=ids, status=Status.DONE, updated_at=now)
+            .values_list("pk", flat=True)
+        )
+        for work in group:
+            (written if work.id in ours else lost).append(work)
+    return written, lost
+
+
+def _done_fields(now: datetime) -> dict[str, Any]:
+    return {
+        "status": Status.DONE,
+        "last_error": "",
+        "claim_token": "",
+        "claimed_at": None,
+        "heartbeat_at": None,
+        "updated_at": now,
+    }
+
+
+def _finish_one(work: ClaimedWork) -> bool:
+    return work.fenced().update(history=work.history, **_done_fields(timezone.now())) == 1
+
+
+def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
+    now = timezone.now()
+    history = append_entry(work.history, attempt=work.attempt, outcome="rescheduled", error=error)
+    return (
+        work.fenced().update(
+            status=Status.PENDING,
+            attempt=work.attempt + 1,
+            next_attempt_at=now + delay,
+            last_error=error,
+            history=history,
+            claim_token="",
+            claimed_at=None,
+            heartbeat_at=None,
+            updated_at=now,
+        )
+        == 1
+    )
+
+
+def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
+    now = timezone.now()
+    history = append_entry(
+        work.history, attempt=work.attempt, outcome="abandoned", reason=reason, error=error
+    )
+    return (
+        work.fenced().update(
+            status=Status.ABANDONED,
+            last_error=error,
+            history=history,
+            claim_token="",
+            claimed_at=None,
+            heartbeat_at=None,
+            updated_at=now,
+        )
+        == 1
+    )
+
+
+def release(works: Iterable[ClaimedWork]) -> int:
+    """Give claims back at shutdown: pending, due now, attempt unchanged."""
+    released = 0
+    by_claim: dict[tuple[str, str], list[int]] = {}
+    for work in works:
+        by_claim.setdefault((work.using, work.claim_token), []).append(work.id)
+    for (using, token), ids in by_claim.items():
+        now = timezone.now()
+        released += (
+            DeferredWork.objects.using(using)
+            .held(token)
+            .filter(pk__in=ids)
+            .update(
+                status=Status.PENDING,
+                next_attempt_at=now,
+                claim_token="",
+                claimed_at=None,
+                heartbeat_at=None,
+                updated_at=now,
+            )
+        )
+    return released
+
+
+def heartbeat(works: Sequence[ClaimedWork], *, using: str) -> int:
+    """Refresh ``heartbeat_at`` of every row still held; returns rows refreshed."""
+    if not works:
+        return 0
+    tokens = {work.claim_token for work in works}
+    ids = [work.id for work in works]
+    return (
+        DeferredWork.objects.using(using)
+        .filter(pk__in=ids, claim_token__in=tokens, status=Status.PROCESSING)
+        .update(heartbeat_at=timezone.now())
+    )

@@ -1,0 +1,69 @@
+"""Every setting of nexus_workflows and its default, read lazily.
+
+Projects configure the app with one dict in their settings::
+
+    NEXUS_WORKFLOWS = {"RETENTION": 2 * 86_400, "CONCURRENCY": 8}
+
+Values are read on each access (not copied at import time), so ``override_settings``
+works in tests and a settings module may be imported after this one. Invalid values are
+reported by the system checks in :mod:`nexus_workflows.checks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+SETTINGS_NAME = "NEXUS_WORKFLOWS"
+
+DEFAULTS: dict[str, Any] = {
+    # Seconds that done and abandoned deferred work (and finished or failed
+    # fire-and-forget jobs) are kept after their last update. This is also the dedupe
+    # horizon: within it, enqueueing the same key again does nothing.
+    "RETENTION": 86_400,
+    # Seconds without a heartbeat after which processing work is presumed to belong to
+    # a dead runner and is reclaimed (the reclaim counts as an attempt).
+    "STALE_AFTER": 300,
+    # Seconds between heartbeats of a runner for the work it holds. Must be well under
+    # STALE_AFTER so that a slow but live attempt is never reclaimed.
+    "HEARTBEAT_INTERVAL": 30,
+    # Seconds a runner sleeps when no work is due. On PostgreSQL an enqueue also wakes
+    # runners at once through LISTEN/NOTIFY (see WAKEUP), so this is only a fallback.
+    "POLL_INTERVAL": 1.0,
+    # Attempts a runner process executes at the same time (threads).
+    "CONCURRENCY": 4,
+    # Seconds between purges of expired done/abandoned work.
+    "SWEEP_INTERVAL": 60,
+    # Most rows one claim query takes. A runner claims ahead of its free threads only
+    # while attempts are quick (it measures them), so slow work is shared fairly.
+    "BATCH_SIZE": 100,
+    # Most rows one purge statement deletes; the runner interleaves purge batches with
+    # its work so a large backlog never stalls it.
+    "PURGE_BATCH_SIZE": 1000,
+    # Seconds in-flight attempts may finish after SIGTERM/SIGINT before their claims
+    # are released for another runner.
+    "SHUTDOWN_GRACE": 30,
+    # PostgreSQL only: enqueue sends NOTIFY and idle runners LISTEN, so new work
+    # starts within milliseconds instead of at the next poll.
+    "WAKEUP": True,
+    # django-rq queue used by fire-and-forget workflows.
+    "RQ_QUEUE": "default",
+}
+
+
+class AppSettings:
+    """Attribute access to the ``NEXUS_WORKFLOWS`` dict with defaults filled in."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"{SETTINGS_NAME} has no setting {name!r}")
+        return self.user_settings().get(name, DEFAULTS[name])
+
+    @staticmethod
+    def user_settings() -> dict[str, Any]:
+        value = getattr(django_settings, SETTINGS_NAME, None)
+        return value if isinstance(value, dict) else {}
+
+
+app_settings = AppSettings()

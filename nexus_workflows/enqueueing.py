@@ -1,0 +1,236 @@
+"""``enqueue``: the one entry point that starts a workflow, deferred or fire-and-forget.
+
+Everything is validated before anything is written, so a rejected call leaves no trace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from contextlib import nullcontext
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, connections, router, transaction
+from django.utils import timezone
+
+from .exceptions import InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
+from .limits import DEDUPE_KEY_MAX_LENGTH
+from .registry import Workflow, registry
+
+logger = logging.getLogger(__name__)
+
+DEFERRED_OPTIONS = frozenset({"delay"})
+
+# Rounds of insert-then-look when the row we collide with vanishes (purged) or changes
+# status between our two statements; more than a couple means something is wrong.
+_DEDUPE_ROUNDS = 5
+
+
+def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
+    """Start workflow ``kind`` for ``trigger`` unless its dedupe key is already taken.
+
+    Deferred workflows (registered with a ``retry_schedule``): returns the work's id as a
+    string when the work is pending — newly created, already pending (its trigger is
+    left unchanged) or revived from abandoned (attempt 0, due now, checkpoints kept) —
+    and ``None`` when work with that key is processing or done (within ``RETENTION``).
+    Option: ``delay`` (seconds or a ``timedelta``) to make new work due later.
+
+    Fire-and-forget workflows: see :mod:`nexus_workflows.fire_and_forget`.
+    """
+    workflow = registry.get(kind)
+    dedupe_key = compute_dedupe_key(workflow, trigger)
+    stored_trigger = to_json(workflow, trigger)
+    if workflow.is_deferred:
+        delay = _deferred_options(workflow, options)
+        return _enqueue_deferred(workflow, stored_trigger, dedupe_key, delay)
+
+    from .fire_and_forget import enqueue_job
+
+    return enqueue_job(workflow, stored_trigger, dedupe_key, options)
+
+
+def compute_dedupe_key(workflow: Workflow, trigger: Any) -> str:
+    """Run the workflow's ``dedupe_key`` and check what it returned.
+
+    Messages name the kind and the rule but never the key or the trigger, which may
+    carry patient data.
+    """
+    kind = workflow.kind
+    try:
+        key = workflow.dedupe_key(trigger)
+    except Exception as error:
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key raised {type(error).__name__} for this trigger"
+        ) from error
+    if key is None:
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key returned None; it must return a non-empty string"
+        )
+    if not isinstance(key, str):
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key returned {type(key).__name__}; it must return a "
+            "string (convert numbers with str())"
+        )
+    if not key.strip():
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key returned an empty or whitespace-only string; "
+            "it must return a non-empty string"
+        )
+    if len(key) > DEDUPE_KEY_MAX_LENGTH:
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key returned {len(key)} characters; at most "
+            f"{DEDUPE_KEY_MAX_LENGTH} are allowed"
+        )
+    if "\x00" in key:
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key returned a string containing a NUL character, "
+            "which databases cannot store"
+        )
+    return key
+
+
+def _reject_type(value: object) -> Any:
+    raise InvalidTrigger(f"found a value of type {type(value).__name__}")
+
+
+def to_json(workflow: Workflow, trigger: Any) -> Any:
+    """The trigger as it will be stored and later handed to ``prepare``."""
+    allowed = "dicts, lists, strings, finite numbers, booleans and None"
+    try:
+        text = json.dumps(trigger, allow_nan=False, default=_reject_type)
+    except InvalidTrigger as error:
+        raise InvalidTrigger(
+            f"workflow {workflow.kind!r}: the trigger must be JSON-serialisable ({allowed}); {error}"
+        ) from None
+    except ValueError as error:
+        reason = "a circular reference" if "ircular" in str(error) else "NaN or infinity"
+        raise InvalidTrigger(
+            f"workflow {workflow.kind!r}: the trigger must be JSON-serialisable ({allowed}); "
+            f"it contains {reason}"
+        ) from None
+    except TypeError as error:  # e.g. dict keys that are tuples
+        raise InvalidTrigger(
+            f"workflow {workflow.kind!r}: the trigger must be JSON-serialisable ({allowed}) "
+            "with string keys; "
+            + ("found a key that is not a string" if "keys must be" in str(error) else "it is not")
+        ) from None
+    if "\\u0000" in text:
+        raise InvalidTrigger(
+            f"workflow {workflow.kind!r}: the trigger contains a NUL character, which "
+            "PostgreSQL cannot store in JSON"
+        )
+    return json.loads(text)
+
+
+def parse_delay(kind: str, value: Any) -> timedelta:
+    if isinstance(value, timedelta):
+        delay = value
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        delay = timedelta(seconds=value)
+    else:
+        raise InvalidEnqueueOption(
+            f"workflow {kind!r}: delay must be a number of seconds or a timedelta; got {type(value).__name__}"
+        )
+    if delay < timedelta(0):
+        raise InvalidEnqueueOption(f"workflow {kind!r}: delay must not be negative")
+    return delay
+
+
+def _deferred_options(workflow: Workflow, options: dict[str, Any]) -> timedelta:
+    unknown = sorted(set(options) - DEFERRED_OPTIONS)
+    if unknown:
+        raise InvalidEnqueueOption(
+            f"workflow {workflow.kind!r} is deferred; unknown option(s) {', '.join(unknown)}. "
+            f"Allowed: {', '.join(sorted(DEFERRED_OPTIONS))}"
+        )
+    return parse_delay(workflow.kind, options.get("delay", 0))
+
+
+def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: timedelta) -> str | None:
+    from .models import DeferredWork, Status
+    from .wakeup import notify
+
+    using = router.db_for_write(DeferredWork)
+    in_transaction = connections[using].in_atomic_block
+    for _ in range(_DEDUPE_ROUNDS):
+        now = timezone.now()
+        try:
+            # Inside the caller's transaction a savepoint keeps a lost dedupe race from
+            # breaking it; in autocommit mode the INSERT stands alone and needs none.
+            with transaction.atomic(using=using) if in_transaction else nullcontext():
+                work = DeferredWork.objects.using(using).create(
+                    kind=workflow.kind,
+                    dedupe_key=dedupe_key,
+                    trigger=trigger,
+                    next_attempt_at=now + delay,
+                    created_at=now,
+                    updated_at=now,
+                )
+        except IntegrityError:
+            existing = (
+                DeferredWork.objects.using(using)
+                .filter(kind=workflow.kind, dedupe_key=dedupe_key)
+                .values("pk", "status", "history")
+                .first()
+            )
+            if existing is None:
+                continue  # purged between the INSERT and this read: insert again
+            if existing["status"] == Status.PENDING:
+                return str(existing["pk"])
+            if existing["status"] != Status.ABANDONED:
+                logger.debug(
+                    "%s #%s not enqueued: already %s", workflow.kind, existing["pk"], existing["status"]
+                )
+                return None
+            if _revive(existing, now + delay, using):
+                notify(using)
+                logger.info("%s #%s revived by enqueue: pending, attempt 0", workflow.kind, existing["pk"])
+                return str(existing["pk"])
+            continue  # someone else changed it first: look again
+        else:
+            notify(using)
+            logger.debug("%s #%s enqueued", workflow.kind, work.pk)
+            return str(work.pk)
+    raise RuntimeError(
+        f"workflow {workflow.kind!r}: could not settle the dedupe key after {_DEDUPE_ROUNDS} "
+        "rounds; the row kept changing under concurrent writers"
+    )
+
+
+def _revive(existing: dict[str, Any], due: Any, using: str) -> bool:
+    from .history import append_entry
+    from .models import DeferredWork
+
+    return (
+        revive_rows(
+            DeferredWork.objects.using(using).filter(pk=existing["pk"]),
+            due=due,
+            history=append_entry(existing["history"], event="revived", by="enqueue"),
+        )
+        == 1
+    )
+
+
+def revive_rows(queryset: Any, *, due: Any = None, history: list[Any] | None = None) -> int:
+    """Compare-and-set abandoned rows of ``queryset`` back to pending; returns rows revived.
+
+    Rows that are not abandoned (a runner may be working on them) are left alone.
+    """
+    from .models import Status
+
+    now = timezone.now()
+    fields: dict[str, Any] = {
+        "status": Status.PENDING,
+        "attempt": 0,
+        "next_attempt_at": due or now,
+        "last_error": "",
+        "claim_token": "",
+        "claimed_at": None,
+        "heartbeat_at": None,
+        "updated_at": now,
+    }
+    if history is not None:
+        fields["history"] = history
+    return queryset.filter(status=Status.ABANDONED).update(**fields)

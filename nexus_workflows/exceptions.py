@@ -1,0 +1,73 @@
+"""Exceptions a caller of nexus_workflows can act on.
+
+Registration and enqueue errors share one base class, :class:`WorkflowError`, so a caller
+can catch every misuse of the API at once. :class:`PermanentError` and :class:`ClaimLost`
+are not misuse: the first is raised *by* a workflow to give up, the second tells a
+workflow that its attempt no longer owns the work.
+"""
+
+from __future__ import annotations
+
+
+class WorkflowError(Exception):
+    """Base class of every registration and enqueue error."""
+
+
+class RegistrationError(WorkflowError, ValueError):
+    """A workflow definition breaks one of the registration rules."""
+
+
+class AlreadyRegistered(RegistrationError):
+    """A kind was registered twice."""
+
+
+class UnknownWorkflow(WorkflowError, LookupError):
+    """No workflow is registered under the kind that was asked for."""
+
+
+class EnqueueError(WorkflowError, ValueError):
+    """An enqueue call was rejected before anything was written."""
+
+
+class InvalidDedupeKey(EnqueueError):
+    """The workflow's ``dedupe_key`` function returned an unusable key."""
+
+
+class InvalidTrigger(EnqueueError):
+    """The trigger cannot be stored as JSON."""
+
+
+class InvalidEnqueueOption(EnqueueError, TypeError):
+    """An option passed to ``enqueue`` is unknown or has a bad value."""
+
+
+class QueueUnavailable(WorkflowError):
+    """The Redis server behind the fire-and-forget queue cannot be reached."""
+
+
+class InvalidCheckpoint(WorkflowError, ValueError):
+    """``save(patch)`` was given something that cannot be stored in the journal."""
+
+
+class PermanentError(Exception):
+    """Raise from ``prepare`` to abandon the work at once instead of retrying.
+
+    Any exception whose ``permanent`` attribute is ``True`` is treated the same way,
+    which is how the Airtable helpers tag their non-retryable 4xx errors.
+    """
+
+    permanent = True
+
+
+class ClaimLost(Exception):
+    """The attempt no longer holds its claim on the work; nothing was written.
+
+    Raised by ``save(patch)`` when another runner has reclaimed the work (because this
+    one stopped heart-beating) or an operator changed it. The attempt must stop: its
+    results will be discarded.
+    """
+
+
+def is_permanent(error: BaseException) -> bool:
+    """Whether a failure should abandon the work instead of walking the schedule."""
+    return getattr(error, "permanent", False) is True

@@ -1,0 +1,63 @@
+"""Running one attempt of deferred work: ``prepare(trigger, checkpoints, save)``."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import async_to_sync, sync_to_async
+
+from .claims import ClaimedWork, save_checkpoints
+from .exceptions import ClaimLost
+from .registry import Workflow
+
+
+class Result(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CLAIM_LOST = "claim lost"
+
+
+@dataclass
+class Outcome:
+    work: ClaimedWork
+    result: Result
+    error: BaseException | None = None
+    duration: float = 0.0
+
+
+def execute(workflow: Workflow, work: ClaimedWork) -> Outcome:
+    """Run the attempt and report how it ended; never raises.
+
+    ``save(patch)`` merges ``patch`` into the checkpoint journal, durably and fenced by
+    the claim, before it returns (and updates the ``checkpoints`` dict that ``prepare``
+    was given). For an ``async def`` prepare, ``save`` is a coroutine function.
+    """
+    checkpoints = dict(work.checkpoints)
+
+    def save(patch: dict[str, Any]) -> None:
+        checkpoints.update(save_checkpoints(work, patch))
+
+    started = time.perf_counter()
+    try:
+        if workflow.is_async:
+            async_save = sync_to_async(save, thread_sensitive=True)
+            async_to_sync(workflow.prepare)(work.trigger, checkpoints, async_save)
+        else:
+            result = workflow.prepare(work.trigger, checkpoints, save)
+            if inspect.isawaitable(result):
+                if inspect.iscoroutine(result):
+                    result.close()
+                raise TypeError(
+                    f"prepare of {workflow.kind!r} returned an awaitable but is not an "
+                    "'async def' function; declare it async (or mark it with "
+                    "asgiref.sync.markcoroutinefunction) so the runner awaits it"
+                )
+    except ClaimLost as error:
+        return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
+    except BaseException as error:  # noqa: BLE001 - consumer code may raise anything
+        return Outcome(work, Result.FAILED, error, time.perf_counter() - started)
+    return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)

@@ -1,0 +1,50 @@
+"""Purging finished work once ``RETENTION`` has passed.
+
+Only done and abandoned rows are purged, ``RETENTION`` seconds after their last update;
+pending and processing rows are never purged, however long an outage lasts. The dedupe
+horizon is therefore the retention: until a finished row is purged, enqueueing its key
+again does nothing (done) or revives it (abandoned).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import router
+from django.utils import timezone
+
+from .conf import app_settings
+from .models import DeferredWork
+
+
+def expiry_cutoff(now: datetime | None = None) -> datetime:
+    return (now or timezone.now()) - timedelta(seconds=app_settings.RETENTION)
+
+
+def purge_batch(
+    *, now: datetime | None = None, batch_size: int | None = None, using: str | None = None
+) -> int:
+    """Delete at most one batch of expired rows; returns how many were deleted.
+
+    Deleting by primary key in bounded batches keeps every statement short, so a large
+    backlog never holds locks or blocks a runner for long.
+    """
+    using = using or router.db_for_write(DeferredWork)
+    batch_size = batch_size or app_settings.PURGE_BATCH_SIZE
+    expired = DeferredWork.objects.using(using).expired(expiry_cutoff(now))
+    ids = list(expired.values_list("pk", flat=True)[:batch_size])
+    if not ids:
+        return 0
+    deleted, _ = expired.filter(pk__in=ids).delete()
+    return deleted
+
+
+def purge_expired(*, now: datetime | None = None, using: str | None = None) -> int:
+    """Delete every expired row, batch by batch; returns how many were deleted."""
+    total = 0
+    batch_size = app_settings.PURGE_BATCH_SIZE
+    while True:
+        deleted = purge_batch(now=now, batch_size=batch_size, using=using)
+        total += deleted
+        if deleted < batch_size:
+            return total

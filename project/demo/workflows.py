@@ -1,0 +1,73 @@
+"""Demo workflows a newcomer can enqueue and watch succeed, retry and be abandoned.
+
+The runner imports this module at start-up (every installed app's ``workflows`` module
+is discovered), so ``manage.py runworkflows`` knows these kinds with no extra set-up.
+
+Try::
+
+    python manage.py workflows enqueue demo-greet '{"visit": 1}'
+    python manage.py workflows enqueue demo-flaky '{"visit": 2, "failures": 2}'
+    python manage.py workflows enqueue demo-doomed '{"visit": 3}'
+    python manage.py runworkflows
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nexus_workflows import PermanentError, workflow
+
+logger = logging.getLogger(__name__)
+
+# Retry schedules are in minutes; the demo's are short so that a retry shows up in
+# seconds: 6 s, then 12 s.
+DEMO_SCHEDULE = [0.1, 0.2]
+
+
+def by_visit(trigger: dict[str, Any]) -> str:
+    return str(trigger["visit"])
+
+
+@workflow("demo-greet", dedupe_key=by_visit, retry_schedule=DEMO_SCHEDULE)
+def greet(
+    trigger: dict[str, Any], checkpoints: dict[str, Any], save: Callable[[dict[str, Any]], None]
+) -> None:
+    """Succeeds at once."""
+    time.sleep(0.2)  # pretend to call something
+
+
+class FlakyUpstream(Exception):
+    """A transient failure: the retry schedule is walked."""
+
+
+@workflow("demo-flaky", dedupe_key=by_visit, retry_schedule=DEMO_SCHEDULE)
+def flaky(
+    trigger: dict[str, Any], checkpoints: dict[str, Any], save: Callable[[dict[str, Any]], None]
+) -> None:
+    """Fails ``failures`` times (default 1), then succeeds; its first step is journalled
+    so that retries skip it."""
+    if not checkpoints.get("fetched"):
+        save({"fetched": True})  # durable before the next, failing, call
+    failures_so_far = checkpoints.get("failures_so_far", 0)
+    if failures_so_far < trigger.get("failures", 1):
+        save({"failures_so_far": failures_so_far + 1})
+        raise FlakyUpstream(f"upstream timed out (failure {failures_so_far + 1})")
+
+
+@workflow("demo-doomed", dedupe_key=by_visit, retry_schedule=DEMO_SCHEDULE)
+def doomed(
+    trigger: dict[str, Any], checkpoints: dict[str, Any], save: Callable[[dict[str, Any]], None]
+) -> None:
+    """Fails permanently: abandoned after one attempt, waiting for an operator."""
+    raise PermanentError("the upstream rejected the request (HTTP 422)")
+
+
+@workflow("demo-exhausted", dedupe_key=by_visit, retry_schedule=DEMO_SCHEDULE)
+def exhausted(
+    trigger: dict[str, Any], checkpoints: dict[str, Any], save: Callable[[dict[str, Any]], None]
+) -> None:
+    """Always fails transiently: walks the whole schedule, then is abandoned."""
+    raise FlakyUpstream("upstream still down")

@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from nexus_workflows import AlreadyRegistered, RegistrationError, WorkflowError, register, workflow
+from nexus_workflows.registry import registry
+
+
+def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+    pass
+
+
+def key(trigger: Any) -> str:
+    return "k"
+
+
+@pytest.fixture(autouse=True)
+def _forget_kinds() -> Any:
+    before = set(registry.kinds())
+    yield
+    for kind in set(registry.kinds()) - before:
+        registry.unregister(kind)
+
+
+@pytest.mark.parametrize(
+    ("kind", "rule"),
+    [
+        ("", "non-empty string"),
+        (None, "non-empty string"),
+        (42, "non-empty string"),
+        ("send__summary", "must not contain '__'"),
+        ("has space", "letters, digits"),
+        ("dotted.kind", "letters, digits"),
+        ("-leading-dash", "starting with a letter or digit"),
+        ("x" * 101, "at most 100"),
+    ],
+)
+def test_rejects_bad_kinds(kind: Any, rule: str) -> None:
+    with pytest.raises(RegistrationError, match=rule):
+        register(kind, dedupe_key=key, prepare=prepare, retry_schedule=[1])
+    assert kind not in registry
+
+
+def test_rejects_a_kind_registered_twice_and_keeps_the_first() -> None:
+    first = register("twice", dedupe_key=key, prepare=prepare, retry_schedule=[1])
+    with pytest.raises(AlreadyRegistered, match="'twice' is already registered"):
+        register("twice", dedupe_key=key, prepare=lambda t: None)
+    assert registry.get("twice") is first
+
+
+def test_rejects_non_callables_naming_the_kind() -> None:
+    with pytest.raises(RegistrationError, match="workflow 'no-key': dedupe_key must be callable"):
+        register("no-key", dedupe_key="trigger.id", prepare=prepare)  # type: ignore[arg-type]
+    with pytest.raises(RegistrationError, match="workflow 'no-prepare': prepare must be callable"):
+        register("no-prepare", dedupe_key=key, prepare=None)  # type: ignore[arg-type]
+    assert "no-key" not in registry
+    assert "no-prepare" not in registry
+
+
+def test_rejects_prepare_with_the_wrong_arity() -> None:
+    with pytest.raises(RegistrationError, match="must accept \\(trigger, checkpoints, save\\)"):
+        register("arity", dedupe_key=key, prepare=lambda trigger: None, retry_schedule=[1])
+    with pytest.raises(RegistrationError, match="dedupe_key must accept one argument"):
+        register("arity", dedupe_key=lambda: "k", prepare=prepare, retry_schedule=[1])
+
+
+@pytest.mark.parametrize(
+    ("schedule", "rule"),
+    [
+        ([], "non-empty list of minutes"),
+        ("5,10", "non-empty list of minutes"),
+        (5, "non-empty list of minutes"),
+        ([5, "10"], r"retry_schedule\[1\] must be a number"),
+        ([True], r"retry_schedule\[0\] must be a number"),
+        ([0], "greater than zero"),
+        ([-1], "greater than zero"),
+        ([math.nan], "finite"),
+        ([math.inf], "finite"),
+        ([5, 1440], "not shorter than the retention of 1440 minutes"),
+    ],
+)
+def test_rejects_bad_retry_schedules(schedule: Any, rule: str) -> None:
+    with pytest.raises(RegistrationError, match=rule) as raised:
+        register("scheduled", dedupe_key=key, prepare=prepare, retry_schedule=schedule)
+    assert "'scheduled'" in str(raised.value)
+    assert "scheduled" not in registry
+
+
+def test_schedule_limit_follows_the_retention_setting() -> None:
+    with override_settings(NEXUS_WORKFLOWS={"RETENTION": 600}):
+        with pytest.raises(RegistrationError, match="retention of 10 minutes"):
+            register("short-retention", dedupe_key=key, prepare=prepare, retry_schedule=[10])
+        registered = register("short-retention", dedupe_key=key, prepare=prepare, retry_schedule=[9.5])
+    assert registered.retry_schedule == (9.5,)
+
+
+def test_registration_errors_share_one_base_class() -> None:
+    assert issubclass(RegistrationError, WorkflowError)
+    assert issubclass(AlreadyRegistered, WorkflowError)
+
+
+def test_workflow_decorator_registers_and_returns_the_function() -> None:
+    @workflow("decorated", dedupe_key=key, retry_schedule=[1, 2])
+    def decorated(trigger: Any, checkpoints: Any, save: Any) -> str:
+        return "ran"
+
+    registered = registry.get("decorated")
+    assert registered.prepare is decorated
+    assert registered.is_deferred
+    assert registered.max_attempts == 3
+    assert registered.delay_after(0).total_seconds() == 60
+    assert registered.delay_after(2) is None
+    assert decorated(None, {}, None) == "ran"
+
+
+def test_without_schedule_a_workflow_is_fire_and_forget() -> None:
+    registered = register("fire", dedupe_key=key, prepare=lambda trigger: None)
+    assert not registered.is_deferred
+    assert "fire" in registry.kinds(deferred=False)
+    assert "fire" not in registry.kinds(deferred=True)
+
+
+def test_async_prepare_is_recognised() -> None:
+    async def prepare_async(trigger: Any, checkpoints: Any, save: Any) -> None:
+        pass
+
+    assert register("async-kind", dedupe_key=key, prepare=prepare_async, retry_schedule=[1]).is_async
+
+
+def test_workflows_modules_of_installed_apps_are_discovered() -> None:
+    # tests.testapp.workflows and project.demo.workflows are imported by AppConfig.ready().
+    assert {"test-ledger", "test-two-steps", "demo-greet", "demo-flaky"} <= set(registry.kinds())

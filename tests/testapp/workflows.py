@@ -1,0 +1,56 @@
+"""Workflows that runner processes started by the tests know about.
+
+In-process tests register their own workflows with the ``register_workflow`` fixture;
+a ``runworkflows`` subprocess only knows what autodiscovery imports, which is this.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from nexus_workflows import workflow
+
+from .models import Ledger
+
+SCHEDULE = [0.01, 0.01, 0.01]
+
+
+def by_key(trigger: dict[str, Any]) -> str:
+    return str(trigger["key"])
+
+
+def record(kind: str, trigger: dict[str, Any], step: str = "done") -> None:
+    Ledger.objects.create(kind=kind, key=str(trigger["key"]), step=step, pid=os.getpid())
+
+
+@workflow("test-ledger", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def ledger(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Records one ledger row per completed body."""
+    if trigger.get("sleep"):
+        time.sleep(trigger["sleep"])
+    record("test-ledger", trigger)
+
+
+@workflow("test-two-steps", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def two_steps(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Step one is journalled; then, on the first run only, it hangs (the test kills
+    the runner there). A reclaiming runner resumes at step two."""
+    if not checkpoints.get("step_one"):
+        record("test-two-steps", trigger, "step-one")
+        save({"step_one": True})
+        if trigger.get("hang_file"):
+            Path(trigger["hang_file"]).write_text(str(os.getpid()))
+            time.sleep(600)
+    record("test-two-steps", trigger, "step-two")
+
+
+@workflow("test-slow", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def slow(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Runs for ``seconds`` (longer than STALE_AFTER in the tests), then records."""
+    if trigger.get("started_file"):
+        Path(trigger["started_file"]).write_text(str(os.getpid()))
+    time.sleep(trigger["seconds"])
+    record("test-slow", trigger)
