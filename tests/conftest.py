@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -45,7 +46,7 @@ def register_workflow() -> Iterator[Callable[..., Workflow]]:
         dedupe_key: Callable[[Any], str] | None = None,
         retry_schedule: list[float] | None = None,
     ) -> Workflow:
-        kind = kind or f"t{next(_kind_numbers)}-{prepare.__name__.replace('_', '-')}"
+        kind = kind or f"t{next(_kind_numbers)}-" + re.sub(r"[^A-Za-z0-9]+", "-", prepare.__name__).strip("-")
         workflow = registry.register(
             kind,
             dedupe_key=dedupe_key or (lambda trigger: str(trigger["key"])),

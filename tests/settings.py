@@ -6,6 +6,7 @@ on SQLite and once on PostgreSQL.
 
 import json
 import os
+from pathlib import Path
 
 from project.settings import *  # noqa: F403
 from project.settings import BASE_DIR, DATABASES, INSTALLED_APPS
@@ -15,9 +16,9 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 # Tests start runner processes that must see the test database, so SQLite's test
 # database is a file, not the in-memory default.
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    DATABASES["default"]["TEST"] = {
-        "NAME": os.environ.get("SQLITE_TEST_NAME", str(BASE_DIR / "var" / "test-db.sqlite3")),
-    }
+    _test_database = Path(os.environ.get("SQLITE_TEST_NAME", BASE_DIR / "var" / "test-db.sqlite3"))
+    _test_database.parent.mkdir(parents=True, exist_ok=True)
+    DATABASES["default"]["TEST"] = {"NAME": str(_test_database)}
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

@@ -1,0 +1,253 @@
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from nexus_workflows import (
+    EnqueueError,
+    InvalidDedupeKey,
+    InvalidEnqueueOption,
+    InvalidTrigger,
+    UnknownWorkflow,
+    WorkflowError,
+    enqueue,
+)
+from nexus_workflows.models import DeferredWork, Status
+
+pytestmark = pytest.mark.django_db
+
+
+def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
+    pass
+
+
+@pytest.fixture
+def deferred(register_workflow: Any) -> str:
+    return register_workflow(noop, retry_schedule=[1, 5]).kind
+
+
+def test_new_work_is_pending_and_due_now(deferred: str) -> None:
+    before = timezone.now()
+    work_id = enqueue(deferred, {"key": "a", "visit": 7})
+    assert isinstance(work_id, str)
+    work = DeferredWork.objects.get(pk=int(work_id))
+    assert (work.kind, work.dedupe_key, work.status) == (deferred, "a", Status.PENDING)
+    assert work.trigger == {"key": "a", "visit": 7}
+    assert work.checkpoints == {}
+    assert work.attempt == 0
+    assert before <= work.next_attempt_at <= timezone.now()
+
+
+def test_delay_makes_work_due_later(deferred: str) -> None:
+    work_id = enqueue(deferred, {"key": "a"}, delay=timedelta(minutes=5))
+    work = DeferredWork.objects.get(pk=int(work_id))
+    assert work.next_attempt_at > timezone.now() + timedelta(minutes=4)
+    other = DeferredWork.objects.get(pk=int(enqueue(deferred, {"key": "b"}, delay=30)))
+    assert other.next_attempt_at > timezone.now() + timedelta(seconds=25)
+
+
+def test_pending_key_returns_its_id_and_keeps_the_first_trigger(deferred: str) -> None:
+    first = enqueue(deferred, {"key": "a", "version": 1})
+    assert enqueue(deferred, {"key": "a", "version": 2}) == first
+    assert DeferredWork.objects.count() == 1
+    assert DeferredWork.objects.get().trigger["version"] == 1
+
+
+@pytest.mark.parametrize("status", [Status.PROCESSING, Status.DONE])
+def test_key_in_flight_or_done_returns_none(deferred: str, status: Status) -> None:
+    work_id = enqueue(deferred, {"key": "a"})
+    DeferredWork.objects.filter(pk=work_id).update(status=status)
+    assert enqueue(deferred, {"key": "a"}) is None
+    assert DeferredWork.objects.get().status == status
+
+
+def test_abandoned_key_is_revived_keeping_checkpoints(deferred: str) -> None:
+    work_id = enqueue(deferred, {"key": "a", "version": 1})
+    DeferredWork.objects.filter(pk=work_id).update(
+        status=Status.ABANDONED,
+        attempt=2,
+        last_error="ValueError: upstream said no",
+        checkpoints={"record_id": "rec1"},
+        next_attempt_at=timezone.now() + timedelta(days=1),
+    )
+    assert enqueue(deferred, {"key": "a", "version": 2}) == work_id
+    work = DeferredWork.objects.get()
+    assert work.status == Status.PENDING
+    assert work.attempt == 0
+    assert work.last_error == ""
+    assert work.next_attempt_at <= timezone.now()
+    assert work.checkpoints == {"record_id": "rec1"}
+    assert work.trigger["version"] == 1
+    assert work.history[-1]["event"] == "revived"
+
+
+def test_unknown_kind_is_rejected() -> None:
+    with pytest.raises(UnknownWorkflow, match="no workflow is registered for kind 'nope'"):
+        enqueue("nope", {"key": "a"})
+    assert not DeferredWork.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "rule"),
+    [
+        (None, "returned None"),
+        ("", "empty or whitespace-only"),
+        ("   \t", "empty or whitespace-only"),
+        (42, "returned int; it must return a string"),
+        (b"bytes", "returned bytes"),
+        ("x" * 256, "at most 255"),
+        ("a\x00b", "NUL"),
+    ],
+)
+def test_bad_dedupe_keys_are_rejected_and_nothing_is_written(
+    register_workflow: Any, key: Any, rule: str
+) -> None:
+    kind = register_workflow(noop, dedupe_key=lambda trigger: key, retry_schedule=[1]).kind
+    with pytest.raises(InvalidDedupeKey, match=rule) as raised:
+        enqueue(kind, {"key": "a"})
+    assert f"workflow {kind!r}" in str(raised.value)
+    assert not DeferredWork.objects.exists()
+
+
+def test_a_dedupe_key_function_that_raises_is_reported_without_the_trigger(register_workflow: Any) -> None:
+    kind = register_workflow(noop, dedupe_key=lambda trigger: trigger["missing"], retry_schedule=[1]).kind
+    with pytest.raises(InvalidDedupeKey, match="dedupe_key raised KeyError") as raised:
+        enqueue(kind, {"patient": "María López"})
+    assert "María" not in str(raised.value)
+    assert isinstance(raised.value.__cause__, KeyError)
+
+
+class Opaque:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("trigger", "rule"),
+    [
+        ({"key": "a", "when": timezone.now()}, "found a value of type datetime"),
+        ({"key": "a", "object": Opaque()}, "found a value of type Opaque"),
+        ({"key": "a", "ratio": float("nan")}, "NaN or infinity"),
+        ({"key": "a", "ratio": float("inf")}, "NaN or infinity"),
+        ({"key": "a", ("tuple", "key"): 1}, "found a key that is not a string"),
+        ({"key": "a", "text": "nul\x00byte"}, "NUL character"),
+    ],
+)
+def test_triggers_that_are_not_json_are_rejected(deferred: str, trigger: Any, rule: str) -> None:
+    with pytest.raises(InvalidTrigger, match=rule) as raised:
+        enqueue(deferred, trigger)
+    assert f"workflow {deferred!r}" in str(raised.value)
+    assert not DeferredWork.objects.exists()
+
+
+def test_circular_trigger_is_rejected(deferred: str) -> None:
+    trigger: dict[str, Any] = {"key": "a"}
+    trigger["self"] = trigger
+    with pytest.raises(InvalidTrigger, match="circular reference"):
+        enqueue(deferred, trigger)
+
+
+@pytest.mark.parametrize(
+    ("options", "rule"),
+    [
+        ({"queue": "high"}, "unknown option\\(s\\) queue. Allowed: delay"),
+        ({"delay": -1}, "must not be negative"),
+        ({"delay": "soon"}, "number of seconds or a timedelta"),
+        ({"delay": float("nan")}, "number of seconds or a timedelta"),
+    ],
+)
+def test_bad_options_are_rejected(deferred: str, options: dict[str, Any], rule: str) -> None:
+    with pytest.raises(InvalidEnqueueOption, match=rule):
+        enqueue(deferred, {"key": "a"}, **options)
+    assert not DeferredWork.objects.exists()
+
+
+def test_enqueue_errors_share_one_base_class() -> None:
+    for error in (InvalidDedupeKey, InvalidTrigger, InvalidEnqueueOption, UnknownWorkflow):
+        assert issubclass(error, WorkflowError)
+    assert issubclass(InvalidTrigger, EnqueueError)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_in_a_transaction_that_rolls_back_leaves_nothing(deferred: str) -> None:
+    with transaction.atomic():
+        assert enqueue(deferred, {"key": "a"}) is not None
+        transaction.set_rollback(True)
+    assert not DeferredWork.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_losing_the_dedupe_race_inside_a_transaction_does_not_break_it(deferred: str) -> None:
+    existing = enqueue(deferred, {"key": "a"})
+    with transaction.atomic():
+        assert enqueue(deferred, {"key": "new"}) is not None
+        assert enqueue(deferred, {"key": "a"}) == existing  # INSERT fails inside a savepoint
+        # The transaction is still usable and commits everything it did.
+        assert enqueue(deferred, {"key": "after"}) is not None
+    assert set(DeferredWork.objects.values_list("dedupe_key", flat=True)) == {"a", "new", "after"}
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_a_concurrent_insert_that_commits_first_wins_inside_the_callers_transaction(deferred: str) -> None:
+    """The other writer's INSERT is still uncommitted when ours runs, so ours blocks on the
+    unique index, then fails when it commits; our transaction must survive that."""
+    inserted = threading.Event()
+    release = threading.Event()
+    winner: dict[str, Any] = {}
+
+    def other_writer() -> None:
+        try:
+            with transaction.atomic():
+                winner["id"] = enqueue(deferred, {"key": "raced"})
+                inserted.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    assert inserted.wait(10)
+    timer = threading.Timer(0.3, release.set)
+    timer.start()
+    with transaction.atomic():
+        ours = enqueue(deferred, {"key": "raced"})  # blocks until the other commits
+        assert enqueue(deferred, {"key": "still-usable"}) is not None
+    thread.join(10)
+    timer.cancel()
+    assert ours == winner["id"]
+    assert DeferredWork.objects.filter(dedupe_key="raced").count() == 1
+    assert DeferredWork.objects.filter(dedupe_key="still-usable").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_threads_enqueuing_one_key_leave_one_row(deferred: str) -> None:
+    barrier = threading.Barrier(8)
+    results: list[str | None] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def enqueue_once() -> None:
+        try:
+            barrier.wait(10)
+            result = enqueue(deferred, {"key": "same"})
+            with lock:
+                results.append(result)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=enqueue_once) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert DeferredWork.objects.count() == 1
+    row_id = str(DeferredWork.objects.get().pk)
+    assert results == [row_id] * 8
