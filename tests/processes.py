@@ -1,0 +1,100 @@
+"""Starting real ``manage.py`` processes against the test database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from django.db import connection
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def url_of_test_database(*, port: int | None = None) -> str:
+    """DATABASE_URL of the database this test session runs on (the test database)."""
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{settings['NAME']}"
+    user = quote(settings["USER"] or "")
+    password = f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
+    host = settings["HOST"] or "127.0.0.1"
+    return f"postgres://{user}{password}@{host}:{port or settings['PORT'] or 5432}/{settings['NAME']}"
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.05, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+class ManagePy:
+    """A ``python manage.py …`` subprocess whose output goes to a temporary file."""
+
+    def __init__(
+        self,
+        *args: str,
+        settings: dict[str, Any] | None = None,
+        database_url: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.output_file = tempfile.NamedTemporaryFile(prefix="managepy-", suffix=".log", delete=False)
+        full_env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DATABASE_URL": database_url or url_of_test_database(),
+            "NEXUS_WORKFLOWS_JSON": json.dumps(settings or {}),
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", *args],
+            cwd=PROJECT_ROOT,
+            env=full_env,
+            stdout=self.output_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        return Path(self.output_file.name).read_text(errors="replace")
+
+    def wait_for_output(self, text: str, timeout: float = 30) -> None:
+        wait_for(lambda: text in self.output() or self.process.poll() is not None, timeout=timeout, what=text)
+        if text not in self.output():
+            raise AssertionError(f"process exited without printing {text!r}:\n{self.output()}")
+
+    def terminate(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        self.process.kill()  # SIGKILL: no cleanup, no release
+        self.process.wait(10)
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.process.wait(timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.output_file.close()
+        Path(self.output_file.name).unlink(missing_ok=True)

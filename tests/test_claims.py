@@ -1,0 +1,198 @@
+"""Claims and the fence on every later write, judged by rows matched."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from nexus_workflows import ClaimLost, InvalidCheckpoint, enqueue
+from nexus_workflows.claims import (
+    Claimer,
+    abandon,
+    finish_done,
+    heartbeat,
+    release,
+    reschedule,
+    save_checkpoints,
+)
+from nexus_workflows.models import DeferredWork, Status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def kind(register_workflow: Any) -> str:
+    return register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+
+
+def claimer(kind: str) -> Claimer:
+    return Claimer(kinds=[kind], using="default")
+
+
+def test_claim_due_takes_due_pending_rows_only(kind: str, register_workflow: Any) -> None:
+    other_kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    due = enqueue(kind, {"key": "due"})
+    enqueue(kind, {"key": "later"}, delay=3600)
+    enqueue(other_kind, {"key": "other"})
+    done = enqueue(kind, {"key": "done"})
+    DeferredWork.objects.filter(pk=done).update(status=Status.DONE)
+
+    claimed = claimer(kind).claim_due(10)
+    assert [work.id for work in claimed] == [int(due)]
+    work = DeferredWork.objects.get(pk=due)
+    assert work.status == Status.PROCESSING
+    assert work.claim_token == claimed[0].claim_token != ""
+    assert work.heartbeat_at is not None
+    assert claimer(kind).claim_due(10) == []  # claimed work is not claimed again
+
+
+def test_claim_due_respects_the_limit_and_the_order(kind: str) -> None:
+    ids = [enqueue(kind, {"key": str(n)}, delay=0) for n in range(5)]
+    for offset, work_id in enumerate(ids):
+        DeferredWork.objects.filter(pk=work_id).update(
+            next_attempt_at=timezone.now() - timedelta(minutes=10 - offset)
+        )
+    first = claimer(kind).claim_due(2)
+    assert [work.id for work in first] == [int(ids[0]), int(ids[1])]
+
+
+def test_concurrent_claimers_never_share_a_row(kind: str) -> None:
+    for number in range(300):
+        enqueue(kind, {"key": str(number)})
+    claimed: list[list[int]] = [[] for _ in range(4)]
+    barrier = threading.Barrier(4)
+
+    def claim_until_empty(slot: int) -> None:
+        try:
+            mine = claimer(kind)
+            barrier.wait(10)
+            misses = 0
+            while misses < 3:
+                works = mine.claim_due(7)
+                claimed[slot].extend(work.id for work in works)
+                misses = 0 if works else misses + 1
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claim_until_empty, args=(slot,)) for slot in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    everything = [work_id for ids in claimed for work_id in ids]
+    assert len(everything) == 300
+    assert len(set(everything)) == 300
+    assert DeferredWork.objects.filter(status=Status.PROCESSING).count() == 300
+
+
+def test_save_merges_durably_and_a_lost_claim_writes_nothing(kind: str) -> None:
+    work_id = enqueue(kind, {"key": "a"})
+    (work,) = claimer(kind).claim_due(1)
+    assert save_checkpoints(work, {"a": 1}) == {"a": 1}
+    save_checkpoints(work, {"b": [1, 2]})
+    assert DeferredWork.objects.get(pk=work_id).checkpoints == {"a": 1, "b": [1, 2]}
+
+    # An operator (or another runner) takes the row away from this claim.
+    DeferredWork.objects.filter(pk=work_id).update(claim_token="someone-else")
+    with pytest.raises(ClaimLost, match=f"#{work_id}: this attempt no longer holds the work"):
+        save_checkpoints(work, {"c": 3})
+    assert DeferredWork.objects.get(pk=work_id).checkpoints == {"a": 1, "b": [1, 2]}
+
+
+def test_rewriting_an_unchanged_checkpoint_is_not_a_lost_claim(kind: str) -> None:
+    enqueue(kind, {"key": "a"})
+    (work,) = claimer(kind).claim_due(1)
+    save_checkpoints(work, {"a": 1})
+    save_checkpoints(work, {"a": 1})  # matched, though nothing changed
+
+
+@pytest.mark.parametrize(
+    ("patch", "rule"),
+    [
+        (["not", "a", "dict"], "takes a dict"),
+        ({1: "int key"}, "string checkpoint names"),
+        ({"x": object()}, "JSON values only"),
+        ({"x": float("nan")}, "JSON values only"),
+    ],
+)
+def test_bad_patches_are_rejected_before_writing(kind: str, patch: Any, rule: str) -> None:
+    work_id = enqueue(kind, {"key": "a"})
+    (work,) = claimer(kind).claim_due(1)
+    with pytest.raises(InvalidCheckpoint, match=rule):
+        save_checkpoints(work, patch)
+    assert DeferredWork.objects.get(pk=work_id).checkpoints == {}
+
+
+def test_a_stale_workers_late_writes_change_nothing(kind: str) -> None:
+    work_id = enqueue(kind, {"key": "a"})
+    (old,) = claimer(kind).claim_due(1)
+    save_checkpoints(old, {"step": 1})
+    # The old worker stops heart-beating; another runner reclaims the work.
+    DeferredWork.objects.filter(pk=work_id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    (new,) = claimer(kind).claim_stale(5, stale_after=timedelta(minutes=5))
+    assert new.reclaimed
+    assert new.attempt == 1
+    assert new.checkpoints == {"step": 1}
+    snapshot = DeferredWork.objects.filter(pk=work_id).values().get()
+
+    with pytest.raises(ClaimLost):
+        save_checkpoints(old, {"step": 2})
+    assert finish_done([old]) == ([], [old])
+    assert reschedule(old, delay=timedelta(minutes=1), error="Late: error") is False
+    assert abandon(old, error="Late: error", reason="late") is False
+    assert release([old]) == 0
+    assert heartbeat([old], using="default") == 0
+    assert DeferredWork.objects.filter(pk=work_id).values().get() == snapshot
+
+    # The new claim's writes go through.
+    assert finish_done([new]) == ([new], [])
+    assert DeferredWork.objects.get(pk=work_id).status == Status.DONE
+
+
+def test_finish_done_tells_written_rows_from_lost_ones(kind: str) -> None:
+    ids = [enqueue(kind, {"key": str(n)}) for n in range(3)]
+    works = claimer(kind).claim_due(3)
+    DeferredWork.objects.filter(pk=ids[1]).update(claim_token="stolen")
+    written, lost = finish_done(works)
+    assert sorted(work.id for work in written) == [int(ids[0]), int(ids[2])]
+    assert [work.id for work in lost] == [int(ids[1])]
+    assert DeferredWork.objects.get(pk=ids[1]).status == Status.PROCESSING
+
+
+def test_claim_stale_counts_the_lost_attempt(kind: str) -> None:
+    fresh = enqueue(kind, {"key": "fresh"})
+    dead = enqueue(kind, {"key": "dead"})
+    claimer(kind).claim_due(2)
+    DeferredWork.objects.filter(pk=dead).update(heartbeat_at=timezone.now() - timedelta(minutes=6))
+    (work,) = claimer(kind).claim_stale(10, stale_after=timedelta(minutes=5))
+    assert work.id == int(dead)
+    assert DeferredWork.objects.get(pk=dead).attempt == 1
+    assert DeferredWork.objects.get(pk=fresh).attempt == 0
+    assert work.history[-1]["outcome"] == "lost"
+
+
+def test_heartbeat_refreshes_held_rows_only(kind: str) -> None:
+    enqueue(kind, {"key": "a"})
+    enqueue(kind, {"key": "b"})
+    held = claimer(kind).claim_due(2)
+    long_ago = timezone.now() - timedelta(minutes=10)
+    DeferredWork.objects.update(heartbeat_at=long_ago)
+    DeferredWork.objects.filter(pk=held[1].id).update(claim_token="other-runner")
+    assert heartbeat(held, using="default") == 1
+    assert DeferredWork.objects.get(pk=held[0].id).heartbeat_at > long_ago
+    assert DeferredWork.objects.get(pk=held[1].id).heartbeat_at == long_ago
+
+
+def test_release_returns_work_to_pending_due_now_with_attempt_unchanged(kind: str) -> None:
+    work_id = enqueue(kind, {"key": "a"})
+    DeferredWork.objects.filter(pk=work_id).update(attempt=2)
+    works = claimer(kind).claim_due(1)
+    assert release(works) == 1
+    work = DeferredWork.objects.get(pk=work_id)
+    assert (work.status, work.attempt, work.claim_token) == (Status.PENDING, 2, "")
+    assert work.next_attempt_at <= timezone.now()

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from nexus_workflows import enqueue
+from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.retention import purge_batch, purge_expired
+
+pytestmark = pytest.mark.django_db
+
+
+def make_rows(status: Status, count: int, *, age: timedelta) -> None:
+    then = timezone.now() - age
+    DeferredWork.objects.bulk_create(
+        DeferredWork(kind="k", dedupe_key=f"{status}-{age}-{n}", trigger={}, status=status, updated_at=then)
+        for n in range(count)
+    )
+
+
+def test_finished_rows_are_purged_after_retention_and_nothing_else() -> None:
+    day = timedelta(days=1)
+    make_rows(Status.DONE, 3, age=day + timedelta(minutes=1))
+    make_rows(Status.ABANDONED, 2, age=day + timedelta(minutes=1))
+    make_rows(Status.DONE, 4, age=day - timedelta(minutes=1))
+    make_rows(Status.PENDING, 5, age=day * 30)  # a long outage never loses pending work
+    make_rows(Status.PROCESSING, 1, age=day * 30)
+    assert purge_expired() == 5
+    remaining = dict((status, DeferredWork.objects.filter(status=status).count()) for status in Status)
+    assert remaining == {Status.DONE: 4, Status.ABANDONED: 0, Status.PENDING: 5, Status.PROCESSING: 1}
+
+
+@override_settings(NEXUS_WORKFLOWS={"PURGE_BATCH_SIZE": 7})
+def test_purge_works_in_bounded_batches() -> None:
+    make_rows(Status.DONE, 20, age=timedelta(days=2))
+    assert purge_batch() == 7
+    assert DeferredWork.objects.count() == 13
+    assert purge_expired() == 13
+
+
+def test_the_dedupe_horizon_is_the_retention(register_workflow: Any) -> None:
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    DeferredWork.objects.filter(pk=work_id).update(status=Status.DONE)
+    assert enqueue(kind, {"key": "a"}) is None  # within the horizon
+    with override_settings(NEXUS_WORKFLOWS={"RETENTION": 3600}):
+        DeferredWork.objects.filter(pk=work_id).update(updated_at=timezone.now() - timedelta(hours=2))
+        assert purge_expired() == 1
+    assert enqueue(kind, {"key": "a"}) not in (None, work_id)  # the key is free again

@@ -1,0 +1,236 @@
+"""``manage.py runworkflows``: in-process for its options, and as real processes for
+crashes, shared work, shutdown and database outages."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+from django.db.models import Count
+
+from nexus_workflows import enqueue
+from nexus_workflows.models import DeferredWork, Status
+from tests.processes import ManagePy, url_of_test_database, wait_for
+from tests.tcp_proxy import TcpProxy
+from tests.testapp.models import Ledger
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.5, "STALE_AFTER": 2, "SHUTDOWN_GRACE": 1}
+
+
+class Upstream(Exception):
+    pass
+
+
+def test_once_prints_one_summary_line_and_exits(register_workflow: Any) -> None:
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        if trigger["outcome"] == "retry":
+            raise Upstream("try later")
+        if trigger["outcome"] == "give up":
+            raise Upstream("no more") from None
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    give_up = register_workflow(
+        lambda t, c, s: (_ for _ in ()).throw(PermissionError("no")), retry_schedule=[1]
+    )
+    for number, outcome in enumerate(["done", "done", "retry"]):
+        enqueue(kind, {"key": str(number), "outcome": outcome})
+    abandoned = enqueue(give_up.kind, {"key": "x"})
+    DeferredWork.objects.filter(pk=abandoned).update(attempt=1)  # schedule used up
+    out = io.StringIO()
+    call_command("runworkflows", "--once", "--kind", kind, "--kind", give_up.kind, stdout=out)
+    assert out.getvalue().strip() == "runworkflows --once: 2 done, 1 rescheduled, 1 abandoned, 0 reclaimed"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency", "0"], "must be a whole number of at least 1"),
+        (["--poll-interval", "-1"], "must be a number of seconds greater than 0"),
+        (["--kind", "no-such-kind"], "no deferred workflow is registered for kind 'no-such-kind'"),
+    ],
+)
+def test_bad_options_are_reported(args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("runworkflows", "--once", *args)
+
+
+def ledger_keys(kind: str) -> Counter[str]:
+    return Counter(Ledger.objects.filter(kind=kind).values_list("key", flat=True))
+
+
+def enqueue_ledger_items(count: int, **extra: Any) -> None:
+    for number in range(count):
+        enqueue("test-ledger", {"key": str(number), **extra})
+
+
+def unfinished() -> int:
+    return DeferredWork.objects.filter(status__in=[Status.PENDING, Status.PROCESSING]).count()
+
+
+def drain_with(runners: int, items: int, *, settings: dict[str, Any], timeout: float) -> list[ManagePy]:
+    processes = [ManagePy("runworkflows", settings=settings) for _ in range(runners)]
+    try:
+        wait_for(lambda: unfinished() == 0, timeout=timeout, interval=0.2, what=f"{items} items drained")
+        for process in processes:
+            assert process.terminate() == 0, process.output()
+    finally:
+        for process in processes:
+            process.close()
+    return processes
+
+
+@pytest.mark.slow
+def test_two_runners_share_the_work_without_running_anything_twice() -> None:
+    enqueue_ledger_items(300)
+    drain_with(2, 300, settings={**FAST, "CONCURRENCY": 2}, timeout=120)
+    keys = ledger_keys("test-ledger")
+    assert len(keys) == 300
+    assert set(keys.values()) == {1}
+    assert DeferredWork.objects.filter(status=Status.DONE).count() == 300
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_four_runners_drain_2000_items_each_exactly_once() -> None:
+    enqueue_ledger_items(2000)
+    drain_with(4, 2000, settings=FAST, timeout=240)
+    keys = ledger_keys("test-ledger")
+    assert len(keys) == 2000
+    duplicates = {key: n for key, n in keys.items() if n != 1}
+    assert duplicates == {}
+    assert DeferredWork.objects.filter(status=Status.DONE).count() == 2000
+    per_process = Ledger.objects.values("pid").annotate(n=Count("pk"))
+    assert sum(row["n"] for row in per_process) == 2000
+
+
+@pytest.mark.slow
+def test_kill_9_mid_prepare_is_reclaimed_and_resumed_from_checkpoints(tmp_path: Path) -> None:
+    hang_file = tmp_path / "hanging"
+    work_id = enqueue("test-two-steps", {"key": "a", "hang_file": str(hang_file)})
+    doomed = ManagePy("runworkflows", settings=FAST)
+    rescuer = None
+    try:
+        wait_for(hang_file.exists, timeout=30, what="prepare to reach its hang")
+        doomed.kill()
+        assert DeferredWork.objects.get(pk=work_id).status == Status.PROCESSING
+        rescuer = ManagePy("runworkflows", settings=FAST)
+        wait_for(
+            lambda: DeferredWork.objects.get(pk=work_id).status == Status.DONE,
+            timeout=30,
+            what="the work to be reclaimed and finished",
+        )
+        assert rescuer.terminate() == 0
+        output = rescuer.output()
+    finally:
+        doomed.close()
+        if rescuer:
+            rescuer.close()
+    steps = Counter(Ledger.objects.filter(kind="test-two-steps").values_list("step", flat=True))
+    assert steps == {"step-one": 1, "step-two": 1}  # step one was not repeated
+    work = DeferredWork.objects.get(pk=work_id)
+    assert work.attempt == 1
+    assert work.checkpoints == {"step_one": True}
+    assert [entry["outcome"] for entry in work.history] == ["lost"]
+    assert f"test-two-steps #{work_id} attempt 1: reclaimed" in output
+
+
+@pytest.mark.slow
+def test_a_slow_prepare_with_a_live_runner_is_not_reclaimed(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    settings = {**FAST, "STALE_AFTER": 1, "HEARTBEAT_INTERVAL": 0.2}
+    work_id = enqueue("test-slow", {"key": "a", "seconds": 3.5, "started_file": str(started)})
+    first = ManagePy("runworkflows", settings=settings)
+    second = None
+    try:
+        wait_for(started.exists, timeout=30, what="the slow prepare to start")
+        second = ManagePy("runworkflows", settings=settings)
+        wait_for(
+            lambda: DeferredWork.objects.get(pk=work_id).status == Status.DONE,
+            timeout=30,
+            what="the slow work to finish",
+        )
+        assert first.terminate() == 0
+        assert second.terminate() == 0
+        second_output = second.output()
+    finally:
+        first.close()
+        if second:
+            second.close()
+    assert Ledger.objects.filter(kind="test-slow").count() == 1
+    work = DeferredWork.objects.get(pk=work_id)
+    assert (work.attempt, work.history) == (0, [])
+    assert "reclaimed from" not in second_output
+
+
+@pytest.mark.slow
+def test_sigterm_releases_the_claim_of_an_attempt_that_outlives_the_grace(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    work_id = enqueue("test-slow", {"key": "a", "seconds": 60, "started_file": str(started)})
+    process = ManagePy("runworkflows", settings={**FAST, "SHUTDOWN_GRACE": 0.5})
+    try:
+        wait_for(started.exists, timeout=30, what="the slow prepare to start")
+        began = time.monotonic()
+        assert process.terminate(timeout=20) == 0
+        assert time.monotonic() - began < 10
+        output = process.output()
+    finally:
+        process.close()
+    work = DeferredWork.objects.get(pk=work_id)
+    assert (work.status, work.attempt, work.claim_token) == (Status.PENDING, 0, "")
+    assert "released 1 claim(s) at shutdown" in output
+    assert Ledger.objects.count() == 0
+
+
+@pytest.mark.slow
+def test_sigterm_lets_quick_attempts_finish() -> None:
+    work_id = enqueue("test-slow", {"key": "a", "seconds": 0.8})
+    process = ManagePy("runworkflows", settings={**FAST, "SHUTDOWN_GRACE": 10})
+    try:
+        wait_for(
+            lambda: DeferredWork.objects.get(pk=work_id).status == Status.PROCESSING,
+            timeout=30,
+            what="the work to be claimed",
+        )
+        assert process.terminate(timeout=20) == 0
+    finally:
+        process.close()
+    assert DeferredWork.objects.get(pk=work_id).status == Status.DONE
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_runner_survives_the_database_going_away() -> None:
+    settings = connection.settings_dict
+    proxy = TcpProxy(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
+    proxy.start()
+    enqueue_ledger_items(400, sleep=0.01)
+    process = ManagePy(
+        "runworkflows",
+        settings={**FAST, "STALE_AFTER": 60, "HEARTBEAT_INTERVAL": 1},
+        database_url=url_of_test_database(port=proxy.port),
+    )
+    try:
+        wait_for(lambda: Ledger.objects.count() >= 50, timeout=60, what="some work to be done")
+        proxy.cut()
+        time.sleep(3)
+        assert process.process.poll() is None, process.output()
+        proxy.restore()
+        wait_for(lambda: unfinished() == 0, timeout=120, interval=0.2, what="the rest of the work")
+        assert process.terminate() == 0
+        output = process.output()
+    finally:
+        proxy.cut()
+        process.close()
+    assert "database unavailable" in output
+    assert "database reachable again" in output
+    assert DeferredWork.objects.filter(status=Status.DONE).count() == 400
+    assert set(ledger_keys("test-ledger")) == {str(n) for n in range(400)}  # no work lost
