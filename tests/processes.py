@@ -51,7 +51,10 @@ class ManagePy:
         database_url: str | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.output_file = tempfile.NamedTemporaryFile(prefix="managepy-", suffix=".log", delete=False)
+        # Kept open for the process's lifetime; closed and removed by close().
+        self.output_file = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="managepy-", suffix=".log", delete=False
+        )
         full_env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
