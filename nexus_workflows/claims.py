@@ -61,20 +61,33 @@ class Claimer:
         self.using = using
         self.contended = False
 
-    def _candidates(self, queryset: Any, order_by: str, limit: int) -> list[int]:
-        queryset = queryset.filter(kind__in=self.kinds).order_by(order_by)
+    def _claim(self, candidates: Any, limit: int, order_by: str, **changes: Any) -> tuple[list[int], str]:
+        """Compare-and-set up to ``limit`` rows of ``candidates`` to a new claim token.
+
+        The ids are read first and the ``UPDATE`` names them as literals and re-checks the
+        candidate conditions, so its plan is a primary-key lookup whatever the table's
+        statistics say (a one-statement ``UPDATE … IN (SELECT … LIMIT)`` can get a
+        nested-loop plan on a freshly filled table and take hundreds of milliseconds).
+        Returns the ids the claim was tried on (empty when it matched nothing).
+        """
+        candidates = candidates.filter(kind__in=self.kinds)
         spread = _CONTENTION_SPREAD if self.contended else 1
-        ids = list(queryset.values_list("pk", flat=True)[: limit * spread])
+        ids = list(candidates.order_by(order_by).values_list("pk", flat=True)[: limit * spread])
         if spread > 1 and len(ids) > limit:
             ids = random.sample(ids, limit)
-        return ids
+        token = uuid.uuid4().hex
+        if not ids:
+            return [], token
+        claimed_at = timezone.now()
+        changes.update(
+            claim_token=token, claimed_at=claimed_at, heartbeat_at=claimed_at, updated_at=claimed_at
+        )
+        matched = candidates.filter(pk__in=ids).update(**changes)
+        self.contended = matched < len(ids)
+        return (ids if matched else []), token
 
     def _load(self, ids: list[int], token: str, *, reclaimed: bool) -> list[ClaimedWork]:
-        rows = (
-            DeferredWork.objects.using(self.using)
-            .filter(pk__in=ids, claim_token=token)
-            .values(*_CLAIM_FIELDS)
-        )
+        rows = DeferredWork.objects.using(self.using).held(token).filter(pk__in=ids)
         return [
             ClaimedWork(
                 id=row["pk"],
@@ -88,29 +101,16 @@ class Claimer:
                 reclaimed=reclaimed,
                 using=self.using,
             )
-            for row in rows
+            for row in rows.values(*_CLAIM_FIELDS)
         ]
 
     def claim_due(self, limit: int, *, now: datetime | None = None) -> list[ClaimedWork]:
         """Claim up to ``limit`` pending rows whose time has come, oldest first."""
         if limit <= 0 or not self.kinds:
             return []
-        now = now or timezone.now()
-        due = DeferredWork.objects.using(self.using).due(now)
-        ids = self._candidates(due, "next_attempt_at", limit)
-        if not ids:
-            return []
-        token = uuid.uuid4().hex
-        claimed_at = timezone.now()
-        matched = due.filter(pk__in=ids).update(
-            status=Status.PROCESSING,
-            claim_token=token,
-            claimed_at=claimed_at,
-            heartbeat_at=claimed_at,
-            updated_at=claimed_at,
-        )
-        self.contended = matched < len(ids)
-        return self._load(ids, token, reclaimed=False) if matched else []
+        due = DeferredWork.objects.using(self.using).due(now or timezone.now())
+        ids, token = self._claim(due, limit, "next_attempt_at", status=Status.PROCESSING)
+        return self._load(ids, token, reclaimed=False) if ids else []
 
     def claim_stale(
         self, limit: int, *, stale_after: timedelta, now: datetime | None = None
@@ -119,21 +119,9 @@ class Claimer:
         ``stale_after``; the lost attempt counts, so ``attempt`` goes up by one."""
         if limit <= 0 or not self.kinds:
             return []
-        now = now or timezone.now()
-        stale = DeferredWork.objects.using(self.using).stale(now - stale_after)
-        ids = self._candidates(stale, "heartbeat_at", limit)
+        stale = DeferredWork.objects.using(self.using).stale((now or timezone.now()) - stale_after)
+        ids, token = self._claim(stale, limit, "heartbeat_at", attempt=F("attempt") + 1)
         if not ids:
-            return []
-        token = uuid.uuid4().hex
-        claimed_at = timezone.now()
-        matched = stale.filter(pk__in=ids).update(
-            claim_token=token,
-            attempt=F("attempt") + 1,
-            claimed_at=claimed_at,
-            heartbeat_at=claimed_at,
-            updated_at=claimed_at,
-        )
-        if not matched:
             return []
         works = self._load(ids, token, reclaimed=True)
         for work in works:

@@ -158,7 +158,7 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
         now = timezone.now()
         try:
             # Inside the caller's transaction a savepoint keeps a lost dedupe race from
-            # breaking it; in autocommit mode the INSERT stands alone and needs none.
+            # breaking it; in autocommit mode the INSERT stands alone (one round trip).
             with transaction.atomic(using=using) if in_transaction else nullcontext():
                 work = DeferredWork.objects.using(using).create(
                     kind=workflow.kind,
@@ -168,6 +168,7 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
                     created_at=now,
                     updated_at=now,
                 )
+            notify(using, inserted=True)
         except IntegrityError:
             existing = (
                 DeferredWork.objects.using(using)
@@ -190,7 +191,6 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
                 return str(existing["pk"])
             continue  # someone else changed it first: look again
         else:
-            notify(using)
             logger.debug("%s #%s enqueued", workflow.kind, work.pk)
             return str(work.pk)
     raise RuntimeError(

@@ -532,6 +532,9 @@ class Runner:
                 time.sleep(0.2)
                 continue
             self.stats.released += released
+            if released:
+                with contextlib.suppress(*DATABASE_UNAVAILABLE):
+                    wakeup.notify(self.using)  # another runner can start them at once
             logger.info(
                 "released %d claim(s) at shutdown: pending again, due now, attempt unchanged",
                 released,

@@ -1,10 +1,12 @@
 """Waking idle runners as soon as work is enqueued.
 
 Polling alone makes an idle runner start new work up to ``POLL_INTERVAL`` late. On
-PostgreSQL, enqueue sends ``NOTIFY nexus_workflows`` (delivered at commit, dropped on
-rollback) and every idle runner ``LISTEN``\\s on a connection of its own, so new work
-starts within milliseconds. Runners in the same process are woken through an in-process
-event, on every database. Other databases fall back to polling.
+PostgreSQL, a statement trigger on the work table sends ``NOTIFY nexus_workflows`` for every
+``INSERT`` (so an enqueue costs no extra round trip; delivered at commit, dropped on
+rollback), :func:`notify` sends one when existing work becomes due (revive, run now,
+release), and every runner ``LISTEN``\\s on a connection of its own, so new work starts
+within milliseconds. Runners in the same process are woken through an in-process event, on
+every database. Other databases fall back to polling.
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ def _wake_local_waiters() -> None:
         event.set()
 
 
-def notify(using: str) -> None:
-    """Tell runners that work is due now; call after writing it on ``using``."""
+def notify(using: str, *, inserted: bool = False) -> None:
+    """Tell runners that work is due now; call after writing it on ``using``.
+
+    ``inserted``: the work was just inserted, so on PostgreSQL the table's trigger has
+    already sent the NOTIFY and only in-process runners need waking.
+    """
     connection = connections[using]
-    if connection.vendor == "postgresql" and app_settings.WAKEUP:
+    if connection.vendor == "postgresql" and not inserted and app_settings.WAKEUP:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
     if _local_waiters:

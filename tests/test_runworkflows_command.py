@@ -191,19 +191,17 @@ def test_sigterm_releases_the_claim_of_an_attempt_that_outlives_the_grace(tmp_pa
 
 
 @pytest.mark.slow
-def test_sigterm_lets_quick_attempts_finish() -> None:
-    work_id = enqueue("test-slow", {"key": "a", "seconds": 0.8})
+def test_sigterm_lets_quick_attempts_finish(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    work_id = enqueue("test-slow", {"key": "a", "seconds": 0.8, "started_file": str(started)})
     process = ManagePy("runworkflows", settings={**FAST, "SHUTDOWN_GRACE": 10})
     try:
-        wait_for(
-            lambda: DeferredWork.objects.get(pk=work_id).status == Status.PROCESSING,
-            timeout=30,
-            what="the work to be claimed",
-        )
+        wait_for(started.exists, timeout=30, what="the prepare to start")
         assert process.terminate(timeout=20) == 0
     finally:
         process.close()
     assert DeferredWork.objects.get(pk=work_id).status == Status.DONE
+    assert Ledger.objects.filter(kind="test-slow").count() == 1
 
 
 @pytest.mark.slow
