@@ -27,7 +27,9 @@ LITERAL_TYPES = (str, bool, int, float, Decimal, datetime.date)
 FormulaValue: TypeAlias = str | bool | int | float | Decimal | datetime.date
 FormulaInput: TypeAlias = Formula | Mapping[str, FormulaValue]
 
-_ALLOWED = "a pyairtable formula object (pyairtable.formulas.match(), EQ(), Field()...) or a {field: value} dict"
+_ALLOWED = (
+    "a pyairtable formula object (pyairtable.formulas.match(), EQ(), Field()...) or a {field: value} dict"
+)
 
 
 def to_formula(formula: object, *, what: str = "formula") -> Formula:
@@ -56,9 +58,7 @@ def equality_match(values: Mapping[Any, Any], *, what: str = "formula") -> Formu
     comparisons: list[Formula] = []
     for field, value in values.items():
         if not isinstance(field, str) or not field.strip():
-            raise InvalidFormula(
-                f"{what}: field names must be non-empty strings; got {type(field).__name__}"
-            )
+            raise InvalidFormula(f"{what}: field names must be non-empty strings; got {type(field).__name__}")
         _check_literal(field, value, what)
         comparisons.append(EQ(Field(field), value))
     return comparisons[0] if len(comparisons) == 1 else AND(*comparisons)

@@ -164,9 +164,7 @@ def add_linked_record(
     return _create(label, base_id, target_table, linked, False)
 
 
-def _create(
-    label: str, base_id: str, table: str, fields: dict[str, Any], typecast: bool
-) -> RecordDict:
+def _create(label: str, base_id: str, table: str, fields: dict[str, Any], typecast: bool) -> RecordDict:
     return with_airtable_retry(
         lambda: get_table(base_id, table).create(fields, typecast=typecast),
         label,

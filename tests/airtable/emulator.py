@@ -300,7 +300,12 @@ class AirtableEmulator:
         )
 
     def reset_connection(
-        self, *, times: int = 1, method: str | None = None, table: str | None = None, after_processing: bool = False
+        self,
+        *,
+        times: int = 1,
+        method: str | None = None,
+        table: str | None = None,
+        after_processing: bool = False,
     ) -> None:
         """Read the request, then reset the TCP connection instead of answering. With
         ``after_processing`` the request is carried out first: only the answer is lost."""
@@ -395,7 +400,11 @@ class AirtableEmulator:
             self.requests.append(request)
         try:
             if handler.headers.get("Authorization") != f"Bearer {self.api_key}":
-                self._send(handler, 401, {"error": {"type": "AUTHENTICATION_REQUIRED", "message": "Authentication required"}})
+                self._send(
+                    handler,
+                    401,
+                    {"error": {"type": "AUTHENTICATION_REQUIRED", "message": "Authentication required"}},
+                )
                 return
             if fault is not None and fault.kind == "status":
                 self._send_fault(handler, fault)
@@ -412,7 +421,13 @@ class AirtableEmulator:
             return
 
     def _route(
-        self, method: str, base: str, table: str, record_id: str | None, query: dict[str, list[str]], body: Any
+        self,
+        method: str,
+        base: str,
+        table: str,
+        record_id: str | None,
+        query: dict[str, list[str]],
+        body: Any,
     ) -> tuple[int, Any]:
         with self._lock:
             if method == "GET" and record_id is None:
@@ -463,9 +478,13 @@ class AirtableEmulator:
     def _create_from_body(self, base: str, table: str, body: Any) -> tuple[int, Any]:
         if isinstance(body, dict) and isinstance(body.get("fields"), dict):
             return 200, self._create(base, table, body["fields"])
-        if isinstance(body, dict) and isinstance(body.get("records"), list) and len(body["records"]) <= 10:
-            if all(isinstance(r, dict) and isinstance(r.get("fields"), dict) for r in body["records"]):
-                return 200, {"records": [self._create(base, table, r["fields"]) for r in body["records"]]}
+        records = body.get("records") if isinstance(body, dict) else None
+        if (
+            isinstance(records, list)
+            and len(records) <= 10
+            and all(isinstance(r, dict) and isinstance(r.get("fields"), dict) for r in records)
+        ):
+            return 200, {"records": [self._create(base, table, r["fields"]) for r in records]}
         return 422, {"error": {"type": "INVALID_REQUEST_UNKNOWN", "message": "Invalid request"}}
 
     def _update_from_body(

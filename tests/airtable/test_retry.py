@@ -74,7 +74,8 @@ def test_a_retry_after_longer_than_allowed_ends_the_call_with_a_transient_error(
     assert len(airtable.requests_for("GET")) == 1
     assert caught.value.status == 429
     assert caught.value.retry_after == 120
-    assert caught.value.transient and not caught.value.permanent
+    assert caught.value.transient
+    assert not caught.value.permanent
 
 
 def test_503_three_times_gives_three_attempts_then_a_transient_error(airtable: AirtableEmulator) -> None:
@@ -118,7 +119,8 @@ def test_backoff_doubles_from_the_base_delay_with_jitter(
 
 
 @pytest.mark.parametrize(
-    ("status", "error_type"), [(422, "INVALID_VALUE_FOR_COLUMN"), (404, "NOT_FOUND"), (401, None), (403, None)]
+    ("status", "error_type"),
+    [(422, "INVALID_VALUE_FOR_COLUMN"), (404, "NOT_FOUND"), (401, None), (403, None)],
 )
 def test_4xx_other_than_429_is_permanent_after_one_attempt(
     airtable: AirtableEmulator, status: int, error_type: str | None
@@ -195,7 +197,8 @@ def test_a_connection_reset_on_a_create_is_not_retried(airtable: AirtableEmulato
     assert len(airtable.requests_for("POST")) == 1
     assert len(airtable.records(BASE, "Patients")) == 1
     assert error.request_sent is True
-    assert error.transient is True and error.permanent is False
+    assert error.transient is True
+    assert error.permanent is False
     assert error.attempts == 1
     assert "ConnectionResetError" in error.cause or "RemoteDisconnected" in error.cause
     assert PATIENT not in str(error)
@@ -239,15 +242,18 @@ def test_a_refused_connection_is_retried_even_for_a_create(
 ) -> None:
     airtable_config(refused.url)
 
-    with caplog.at_level(logging.WARNING, logger="nexus_workflows.airtable"):
-        with pytest.raises(AirtableNetworkError) as caught:
-            add_record(BASE, "Patients", {"Name": "a"})
+    with (
+        caplog.at_level(logging.WARNING, logger="nexus_workflows.airtable"),
+        pytest.raises(AirtableNetworkError) as caught,
+    ):
+        add_record(BASE, "Patients", {"Name": "a"})
 
     error = caught.value
     assert error.attempts == 3
     assert len(retry_records(caplog)) == 2
     assert error.request_sent is False
-    assert error.transient is True and error.permanent is False
+    assert error.transient is True
+    assert error.permanent is False
     assert "ConnectionRefusedError" in error.cause
     assert str(error).startswith("add_record Patients: could not connect to Airtable")
 
