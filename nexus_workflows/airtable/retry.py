@@ -94,7 +94,12 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
             delay,
             attempt + 1,
             max_attempts,
-            extra={"airtable_label": label, "airtable_status": error.status, "retry_delay": delay},
+            extra={
+                "airtable_label": label,
+                "airtable_status": error.status,
+                "airtable_error_type": error.error_type,
+                "retry_delay": delay,
+            },
         )
         time.sleep(delay)
 
@@ -238,7 +243,11 @@ def _log_failure(error: AirtableError, attempt: int, max_attempts: int, retryabl
         "%s; giving up: %s",
         error,
         reason,
-        extra={"airtable_label": error.label, "airtable_status": error.status},
+        extra={
+            "airtable_label": error.label,
+            "airtable_status": error.status,
+            "airtable_error_type": error.error_type,
+        },
     )
 
 
