@@ -8,6 +8,7 @@ class NexusWorkflowsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
+        from .airtable import checks as airtable_checks  # noqa: F401 - registers the Airtable checks
         from .registry import autodiscover
 
         autodiscover()

@@ -49,6 +49,22 @@ DEFAULTS: dict[str, Any] = {
     "WAKEUP": True,
     # django-rq queue used by fire-and-forget workflows.
     "RQ_QUEUE": "default",
+    # --- Airtable helpers (nexus_workflows.airtable); the API key is the Django setting
+    # (or environment variable) AIRTABLE_API_KEY, never part of this dict.
+    # Base URL of the Airtable API; None means pyairtable's https://api.airtable.com.
+    "AIRTABLE_ENDPOINT_URL": None,
+    # Requests one helper call makes at most (the first one plus retries).
+    "AIRTABLE_MAX_ATTEMPTS": 3,
+    # Seconds to wait after HTTP 429 when Airtable gives no Retry-After: its penalty.
+    "AIRTABLE_RATE_LIMIT_DELAY": 30,
+    # Seconds before the first retry of another transient failure; doubles per retry,
+    # plus up to 50% jitter.
+    "AIRTABLE_RETRY_BASE_DELAY": 1,
+    # Longest Retry-After waited in-process; a longer one ends the call at once with a
+    # transient error, leaving the wait to the workflow's retry schedule.
+    "AIRTABLE_MAX_RETRY_AFTER": 60,
+    # Seconds to connect and to wait for a response: one number or (connect, read).
+    "AIRTABLE_TIMEOUT": (5, 30),
 }
 
 

@@ -97,6 +97,12 @@ RQ_QUEUES = {
 # --- nexus_workflows ----------------------------------------------------------------------
 NEXUS_WORKFLOWS: dict = {}
 
+# --- Airtable ---------------------------------------------------------------------------
+# Personal access token of the Airtable helpers (nexus_workflows.airtable); never commit it.
+AIRTABLE_API_KEY = env.str("AIRTABLE_API_KEY", default="")
+# Base that the demo's triage projection writes to.
+DEMO_AIRTABLE_BASE_ID = env.str("DEMO_AIRTABLE_BASE_ID", default="appNexusDemo")
+
 # --- Internationalisation, static files -------------------------------------------------
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

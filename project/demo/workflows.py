@@ -9,6 +9,14 @@ Try::
     python manage.py workflows enqueue demo-flaky '{"visit": 2, "failures": 2}'
     python manage.py workflows enqueue demo-doomed '{"visit": 3}'
     python manage.py runworkflows
+
+``demo-triage-projection`` writes to Airtable: set ``AIRTABLE_API_KEY`` and
+``DEMO_AIRTABLE_BASE_ID`` (a base with a ``Patients`` table that has a ``Patient ID``
+field, and a ``Triage`` table with ``Submission``, ``Priority`` and a ``Patient`` link
+field), then::
+
+    python manage.py workflows enqueue demo-triage-projection \
+        '{"submission": "S-1001", "patient": "P-17", "priority": "urgent"}'
 """
 
 from __future__ import annotations
@@ -18,7 +26,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
+
 from nexus_workflows import PermanentError, workflow
+from nexus_workflows.airtable import LinkSpec, add_linked_record, get_record_by_filter
 
 logger = logging.getLogger(__name__)
 
@@ -71,3 +82,48 @@ def exhausted(
 ) -> None:
     """Always fails transiently: walks the whole schedule, then is abandoned."""
     raise FlakyUpstream("upstream still down")
+
+
+PATIENTS_TABLE = "Patients"
+TRIAGE_TABLE = "Triage"
+
+
+def by_submission(trigger: dict[str, Any]) -> str:
+    return str(trigger["submission"])
+
+
+@workflow("demo-triage-projection", dedupe_key=by_submission, retry_schedule=DEMO_SCHEDULE)
+def triage_projection(
+    trigger: dict[str, Any], checkpoints: dict[str, Any], save: Callable[[dict[str, Any]], None]
+) -> None:
+    """Projects a triage submission into Airtable: finds the patient's record and creates
+    a triage record linked to it, once per submission.
+
+    Airtable has no idempotent create, so the journal makes one: ``create_sent`` is saved
+    before the create is sent, and the new record's id right after. A retry that finds
+    ``create_sent`` without an id cannot know whether the last create reached Airtable
+    (a lost answer), so it looks the submission up before creating again.
+
+    Failures need no handling here: Airtable's 4xx answers are permanent (abandoned at
+    once), outages and a patient record that does not exist yet walk the schedule.
+    """
+    if checkpoints.get("triage_record_id"):
+        return  # projected by an earlier attempt
+    base_id = settings.DEMO_AIRTABLE_BASE_ID
+    submission = {"Submission": str(trigger["submission"])}
+    if checkpoints.get("create_sent"):
+        existing = get_record_by_filter(base_id, TRIAGE_TABLE, submission)
+        if existing is not None:
+            save({"triage_record_id": existing["id"]})
+            return
+    save({"create_sent": True})  # durable before the create leaves
+    record = add_linked_record(
+        base_id,
+        TRIAGE_TABLE,
+        {**submission, "Priority": str(trigger.get("priority", "routine"))},
+        LinkSpec(table=PATIENTS_TABLE, formula={"Patient ID": str(trigger["patient"])}, field="Patient"),
+    )
+    if record is None:  # eval mode: nothing was written
+        logger.info("triage projection rehearsed in eval mode; nothing written")
+        return
+    save({"triage_record_id": record["id"]})

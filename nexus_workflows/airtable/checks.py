@@ -1,0 +1,86 @@
+"""System checks for the Airtable settings (ids nexus_workflows.E200-E219)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.core.checks import CheckMessage, Error, Tags, register
+
+from ..conf import DEFAULTS, SETTINGS_NAME, app_settings
+from .client import API_KEY_SETTING
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _error(name: str, rule: str, value: Any, check_id: str) -> Error:
+    return Error(
+        f"{SETTINGS_NAME}['{name}'] must be {rule}; got {value!r}.",
+        hint=f"The default is {DEFAULTS[name]!r}.",
+        id=check_id,
+    )
+
+
+@register(Tags.compatibility)
+def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    from django.conf import settings
+
+    if not isinstance(getattr(settings, SETTINGS_NAME, {}), dict):
+        return []  # reported as nexus_workflows.E001
+    messages: list[CheckMessage] = []
+
+    url = app_settings.AIRTABLE_ENDPOINT_URL
+    if url is not None:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+            messages.append(
+                _error(
+                    "AIRTABLE_ENDPOINT_URL",
+                    "None or an http(s) URL without query, such as 'https://api.airtable.com'",
+                    url,
+                    "nexus_workflows.E200",
+                )
+            )
+
+    attempts = app_settings.AIRTABLE_MAX_ATTEMPTS
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        messages.append(
+            _error("AIRTABLE_MAX_ATTEMPTS", "a whole number of at least 1", attempts, "nexus_workflows.E201")
+        )
+
+    for name in ("AIRTABLE_RATE_LIMIT_DELAY", "AIRTABLE_RETRY_BASE_DELAY", "AIRTABLE_MAX_RETRY_AFTER"):
+        value = getattr(app_settings, name)
+        if not _is_number(value) or value < 0:
+            messages.append(_error(name, "a number of seconds, 0 or more", value, "nexus_workflows.E202"))
+
+    timeout = app_settings.AIRTABLE_TIMEOUT
+    parts_ok = (
+        all(_is_number(part) and part > 0 for part in timeout)
+        if isinstance(timeout, list | tuple) and len(timeout) == 2
+        else _is_number(timeout) and timeout > 0
+    )
+    if not parts_ok:
+        messages.append(
+            _error(
+                "AIRTABLE_TIMEOUT",
+                "seconds greater than 0: one number, or (connect, read)",
+                timeout,
+                "nexus_workflows.E203",
+            )
+        )
+
+    key = getattr(settings, API_KEY_SETTING, None)
+    if key is not None and not isinstance(key, str):
+        messages.append(
+            Error(
+                f"{API_KEY_SETTING} must be a string (an Airtable personal access token); "
+                f"got {type(key).__name__}.",
+                hint="Set it in the environment; project settings read it with django-environ.",
+                id="nexus_workflows.E204",
+            )
+        )
+    return messages

@@ -1,0 +1,62 @@
+"""The pyairtable client behind the helpers, built from the settings.
+
+pyairtable's own retry strategy is switched off (``retry_strategy=None``) so that
+:func:`~nexus_workflows.airtable.retry.with_airtable_retry` is the only retry policy:
+its default would retry 429 five more times (POST included) underneath ours.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from django.conf import settings
+from pyairtable import Api, Table
+
+from ..conf import app_settings
+from .exceptions import AirtableNotConfigured
+
+API_KEY_SETTING = "AIRTABLE_API_KEY"
+DEFAULT_ENDPOINT_URL = "https://api.airtable.com"
+
+# requests sessions are not documented as thread-safe, and the runner calls the helpers
+# from several worker threads: each thread keeps its own client.
+_local = threading.local()
+
+
+def api_key() -> str:
+    """The Django setting ``AIRTABLE_API_KEY``, else the environment variable."""
+    key = getattr(settings, API_KEY_SETTING, None) or os.environ.get(API_KEY_SETTING, "")
+    if not isinstance(key, str) or not key.strip():
+        raise AirtableNotConfigured(
+            f"No Airtable API key: set {API_KEY_SETTING} in the environment (or in the Django "
+            "settings) to a personal access token."
+        )
+    return key.strip()
+
+
+def timeout() -> tuple[float, float]:
+    """``AIRTABLE_TIMEOUT`` as ``(connect, read)`` seconds."""
+    value = app_settings.AIRTABLE_TIMEOUT
+    if isinstance(value, list | tuple):
+        connect, read = value
+        return (connect, read)
+    return (value, value)
+
+
+def get_api() -> Api:
+    """This thread's pyairtable ``Api`` for the current settings."""
+    config = (api_key(), app_settings.AIRTABLE_ENDPOINT_URL or DEFAULT_ENDPOINT_URL, timeout())
+    cached = getattr(_local, "client", None)
+    if cached is not None and cached[0] == config:
+        return cached[1]
+    key, endpoint_url, request_timeout = config
+    api = Api(key, endpoint_url=endpoint_url, timeout=request_timeout, retry_strategy=None)  # type: ignore[arg-type]
+    if cached is not None:
+        cached[1].session.close()
+    _local.client = (config, api)
+    return api
+
+
+def get_table(base_id: str, table: str) -> Table:
+    return get_api().table(base_id, table)

@@ -1,0 +1,259 @@
+"""The one retry policy of every Airtable call: :func:`with_airtable_retry`.
+
+pyairtable's own ``retry_strategy`` is switched off (see :mod:`.client`), so these rules
+are the only ones:
+
+* at most ``AIRTABLE_MAX_ATTEMPTS`` requests (default 3);
+* transient: HTTP 429, 500, 502, 503, 504 and network failures. After 429 the wait is
+  ``Retry-After`` when Airtable sends it, else its 30-second penalty
+  (``AIRTABLE_RATE_LIMIT_DELAY``); other transient failures back off exponentially from
+  ``AIRTABLE_RETRY_BASE_DELAY`` with jitter;
+* a network failure after the request may have reached Airtable (connection reset, read
+  timeout) is retried only when the operation is safe to repeat
+  (``retry_network_errors=True``); a failure to connect is always retried;
+* anything else, or the last attempt's failure, is raised; a 4xx other than 429 carries
+  ``permanent = True``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import math
+import random
+import re
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+
+import requests
+import urllib3.exceptions
+
+from ..conf import app_settings
+from .exceptions import AirtableError, AirtableHTTPError, AirtableNetworkError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RATE_LIMITED = 429
+TRANSIENT_STATUSES = frozenset({RATE_LIMITED, 500, 502, 503, 504})
+
+# Airtable's error types are upper-case identifiers. Anything else in that slot (an
+# HTML page from a proxy, a message) is not repeated, since it could echo request data.
+_ERROR_TYPE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+
+
+def is_permanent_airtable_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an Airtable answer that retrying cannot fix: HTTP 4xx except 429.
+
+    Accepts the helpers' :class:`AirtableHTTPError` and a raw ``requests.HTTPError``.
+    """
+    status = _status_of(exc)
+    return status is not None and 400 <= status < 500 and status != RATE_LIMITED
+
+
+def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network_errors: bool = True) -> T:
+    """Call ``operation()`` (one Airtable request, or a few for a paged read) under the
+    retry policy and return its result.
+
+    ``label`` names the call in logs and errors (for example ``"add_record Patients"``);
+    it must not contain patient data. Pass ``retry_network_errors=False`` for an
+    operation that must not run twice, such as a create: a lost response can hide a
+    record that was created.
+
+    Failures from ``requests`` are raised as :class:`AirtableHTTPError` or
+    :class:`AirtableNetworkError`, with messages free of field values. An
+    :class:`AirtableError` raised inside ``operation`` (a nested helper, which already
+    retried) and every other exception propagate unchanged, without a retry.
+    """
+    max_attempts = app_settings.AIRTABLE_MAX_ATTEMPTS
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return operation()
+        except AirtableError:
+            raise
+        except requests.RequestException as exc:
+            error = _classify(exc, label, attempt)
+            if error is None:
+                raise
+        retryable = error.transient and (
+            retry_network_errors or not isinstance(error, AirtableNetworkError) or not error.request_sent
+        )
+        delay = _delay(error, attempt) if retryable and attempt < max_attempts else None
+        if delay is None:
+            _log_failure(error, attempt, max_attempts, retryable)
+            # Not chained: the requests exception's message holds the URL and formula.
+            raise error from None
+        logger.warning(
+            "%s; retrying in %.2fs (attempt %d of %d)",
+            error,
+            delay,
+            attempt + 1,
+            max_attempts,
+            extra={
+                "airtable_label": label,
+                "airtable_status": error.status,
+                "airtable_error_type": error.error_type,
+                "retry_delay": delay,
+            },
+        )
+        time.sleep(delay)
+
+
+def _classify(exc: requests.RequestException, label: str, attempt: int) -> AirtableError | None:
+    """The helpers' error for a failure from ``requests``, or ``None`` when it is not an
+    HTTP or network failure (a bad URL, a missing schema...)."""
+    if isinstance(exc, requests.HTTPError) and exc.response is not None:
+        response = exc.response
+        status = response.status_code
+        transient = status in TRANSIENT_STATUSES
+        return AirtableHTTPError(
+            label=label,
+            status=status,
+            error_type=_error_type(response),
+            attempts=attempt,
+            retry_after=_retry_after(response) if status == RATE_LIMITED else None,
+            transient=transient,
+            permanent=not transient and 400 <= status < 500,
+        )
+    if isinstance(exc, requests.exceptions.RetryError):
+        # Only from a session with a urllib3 retry policy of its own (not ours): it
+        # gave up on rate limiting.
+        return AirtableHTTPError(
+            label=label,
+            status=RATE_LIMITED,
+            error_type=None,
+            attempts=attempt,
+            transient=True,
+            permanent=False,
+        )
+    failure = _network_failure(exc)
+    if failure is None:
+        return None
+    description, request_sent = failure
+    return AirtableNetworkError(
+        label=label,
+        failure=description,
+        cause=_cause_name(exc),
+        request_sent=request_sent,
+        attempts=attempt,
+    )
+
+
+def _network_failure(exc: requests.RequestException) -> tuple[str, bool] | None:
+    """``(description, request may have reached Airtable)`` for a network failure."""
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return "timed out connecting to Airtable", False
+    if isinstance(exc, requests.ConnectionError):
+        reason = exc.args[0] if exc.args else None
+        if isinstance(reason, urllib3.exceptions.MaxRetryError):
+            reason = reason.reason
+        # NewConnectionError (refused, unreachable, DNS) is a ConnectTimeoutError too:
+        # no byte of the request was sent.
+        if isinstance(reason, urllib3.exceptions.ConnectTimeoutError):
+            return "could not connect to Airtable", False
+        # Reset or closed after the request was (perhaps) sent; TLS and proxy failures
+        # land here too, conservatively.
+        return "connection to Airtable lost before its answer", True
+    if isinstance(exc, requests.Timeout):
+        return "timed out waiting for Airtable's answer", True
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError | requests.exceptions.ContentDecodingError):
+        return "Airtable's answer was cut off", True
+    return None
+
+
+def _cause_name(exc: BaseException) -> str:
+    """The innermost exception class behind a ``requests`` failure (such as
+    ``ConnectionRefusedError``): useful, and free of the URL its message would carry."""
+    names = [type(exc).__name__]
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        nested = next((arg for arg in current.args if isinstance(arg, BaseException)), None)
+        if isinstance(current, urllib3.exceptions.MaxRetryError):
+            nested = current.reason
+        current = nested or current.__cause__ or current.__context__
+        if current is not None:
+            names.append(type(current).__name__)
+    return " < ".join(dict.fromkeys(names))
+
+
+def _error_type(response: requests.Response) -> str | None:
+    """Airtable's error type from ``{"error": {"type": ...}}`` or ``{"error": "..."}``."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        error = error.get("type")
+    if isinstance(error, str) and _ERROR_TYPE.fullmatch(error):
+        return error
+    return None
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    """``Retry-After`` in seconds (a number or an HTTP date), or ``None``."""
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return max(seconds, 0.0)
+
+
+def _delay(error: AirtableError, attempt: int) -> float | None:
+    """Seconds to wait before the next attempt, or ``None`` to stop retrying now."""
+    base = float(app_settings.AIRTABLE_RETRY_BASE_DELAY)
+    if error.status == RATE_LIMITED:
+        retry_after = getattr(error, "retry_after", None)
+        if retry_after is not None:
+            return retry_after if retry_after <= app_settings.AIRTABLE_MAX_RETRY_AFTER else None
+        # A little jitter on top of the penalty, so waiting workers do not return together.
+        return float(app_settings.AIRTABLE_RATE_LIMIT_DELAY) + random.uniform(0, base)
+    backoff = base * 2 ** (attempt - 1)
+    return backoff * random.uniform(1.0, 1.5)
+
+
+def _log_failure(error: AirtableError, attempt: int, max_attempts: int, retryable: bool) -> None:
+    if retryable and attempt >= max_attempts:
+        reason = "no attempts left"
+    elif retryable:
+        reason = "Retry-After is longer than AIRTABLE_MAX_RETRY_AFTER"
+    elif error.transient:
+        reason = "the request may have reached Airtable and is not safe to repeat"
+    else:
+        reason = "not retryable"
+    logger.warning(
+        "%s; giving up: %s",
+        error,
+        reason,
+        extra={
+            "airtable_label": error.label,
+            "airtable_status": error.status,
+            "airtable_error_type": error.error_type,
+        },
+    )
+
+
+def _status_of(exc: BaseException) -> int | None:
+    if isinstance(exc, AirtableError):
+        return exc.status
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    return status if isinstance(status, int) else None
