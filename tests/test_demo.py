@@ -1,0 +1,65 @@
+"""The quickstart's main job: bin/demo seeds demo work, serves the admin and runs it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.processes import PROJECT_ROOT, wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_bin_demo_runs_succeeds_retries_abandons_and_serves_the_admin(tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "REDIS_URL": "",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = tmp_path / "demo.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            ["bin/demo", "--run-for", "9", "--port", str(port)],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+
+            def admin_login_page() -> bool:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/login/", timeout=2) as page:
+                        return page.status == 200 and b"csrfmiddlewaretoken" in page.read()
+                except OSError:
+                    return False
+
+            wait_for(admin_login_page, timeout=60, interval=0.3, what="the admin to answer")
+            assert process.wait(90) == 0, log.read_text()
+        finally:
+            if process.poll() is None:
+                process.kill()
+    text = log.read_text()
+    assert "demo-greet #1 attempt 0: done" in text
+    assert "demo-flaky #3 attempt 0: failed (FlakyUpstream); attempt 1 in 6s" in text
+    assert "demo-flaky #3 attempt 1: done" in text
+    assert "demo-doomed #4 attempt 0: failed (PermanentError); abandoned: permanent error" in text
+    assert "demo stopped: 3 done" in text
+    # The admin child process was stopped with the demo.
+    time.sleep(0.5)
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from nexus_workflows import enqueue
+from nexus_workflows.models import DeferredWork, Status
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("workflows", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture
+def kind(register_workflow: Any) -> str:
+    return register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+
+
+def test_enqueue_prints_the_id_then_says_why_nothing_was_enqueued(kind: str) -> None:
+    output = run("enqueue", kind, '{"key": "a", "visit": 3}')
+    work = DeferredWork.objects.get()
+    assert output.strip() == f"enqueued {kind} #{work.pk}"
+    assert work.trigger == {"key": "a", "visit": 3}
+    DeferredWork.objects.update(status=Status.DONE)
+    assert "not enqueued: work with this dedupe key is already in flight or done" in run(
+        "enqueue", kind, '{"key": "a"}'
+    )
+
+
+def test_enqueue_with_delay(kind: str) -> None:
+    run("enqueue", kind, '{"key": "a"}', "--delay", "120")
+    assert DeferredWork.objects.get().next_attempt_at > timezone.now() + timedelta(seconds=100)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["enqueue", "KIND", "{not json"], "TRIGGER-JSON is not valid JSON"),
+        (["enqueue", "no-such-kind", "{}"], "no workflow is registered for kind 'no-such-kind'"),
+        (["enqueue", "KIND", '{"nokey": 1}'], "dedupe_key raised KeyError"),
+    ],
+)
+def test_enqueue_errors_are_command_errors(kind: str, args: list[str], message: str) -> None:
+    args = [kind if arg == "KIND" else arg for arg in args]
+    with pytest.raises(CommandError, match=message):
+        run(*args)
+    assert not DeferredWork.objects.exists()
+
+
+def test_status_counts_by_kind_and_lists_abandoned_and_oldest_due(kind: str) -> None:
+    for key in "abc":
+        enqueue(kind, {"key": key})
+    DeferredWork.objects.filter(dedupe_key="a").update(
+        status=Status.ABANDONED, last_error="PermanentError: HTTP 422\nTraceback detail", attempt=1
+    )
+    DeferredWork.objects.filter(dedupe_key="b").update(next_attempt_at=timezone.now() - timedelta(minutes=5))
+    output = run("status")
+    lines = output.splitlines()
+    assert lines[0].split() == ["KIND", "PENDING", "PROCESSING", "DONE", "ABANDONED"]
+    assert any(line.split() == [kind, "2", "0", "0", "1"] for line in lines)
+    oldest = DeferredWork.objects.get(dedupe_key="b")
+    assert f"Oldest due: {kind} #{oldest.pk} (attempt 0)" in output
+    assert "Abandoned: 1" in output
+    assert "key=a attempt 1" in output
+    assert "PermanentError: HTTP 422" in output
+    assert "Traceback detail" not in output  # first line only
+
+
+def test_status_of_an_empty_table() -> None:
+    output = run("status")
+    assert "No deferred work in the database." in output
+    assert "Oldest due: nothing is due." in output
