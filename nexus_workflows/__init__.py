@@ -2,11 +2,11 @@
 
 Public API::
 
-    from nexus_workflows import register, workflow, enqueue
+    from nexus_workflows import register, workflow, enqueue, enqueue_many
     from nexus_workflows import PermanentError, ClaimLost, WorkflowError
 """
 
-from .enqueueing import enqueue
+from .enqueueing import enqueue, enqueue_many
 from .exceptions import (
     AlreadyRegistered,
     ClaimLost,
@@ -38,6 +38,7 @@ __all__ = [
     "Workflow",
     "WorkflowError",
     "enqueue",
+    "enqueue_many",
     "register",
     "workflow",
 ]

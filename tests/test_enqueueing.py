@@ -251,3 +251,39 @@ def test_eight_threads_enqueuing_one_key_leave_one_row(deferred: str) -> None:
     assert DeferredWork.objects.count() == 1
     row_id = str(DeferredWork.objects.get().pk)
     assert results == [row_id] * 8
+
+
+def test_enqueue_many_mirrors_enqueue_one_result_per_trigger(deferred: str) -> None:
+    from nexus_workflows import enqueue_many
+
+    pending = enqueue(deferred, {"key": "pending", "v": 1})
+    done = enqueue(deferred, {"key": "done"})
+    abandoned = enqueue(deferred, {"key": "abandoned"})
+    DeferredWork.objects.filter(pk=done).update(status=Status.DONE)
+    DeferredWork.objects.filter(pk=abandoned).update(status=Status.ABANDONED, checkpoints={"kept": True})
+    triggers = [{"key": f"new-{n}"} for n in range(1200)]
+    triggers += [{"key": "pending", "v": 2}, {"key": "done"}, {"key": "abandoned"}, {"key": "new-0"}]
+    results = enqueue_many(deferred, triggers)
+    assert len(results) == len(triggers)
+    new_ids = results[:1200]
+    assert all(isinstance(result, str) for result in new_ids)
+    assert len(set(new_ids)) == 1200
+    assert results[1200:] == [pending, None, abandoned, new_ids[0]]
+    assert DeferredWork.objects.count() == 1203
+    assert DeferredWork.objects.get(pk=pending).trigger["v"] == 1
+    revived = DeferredWork.objects.get(pk=abandoned)
+    assert (revived.status, revived.checkpoints) == (Status.PENDING, {"kept": True})
+    assert DeferredWork.objects.get(pk=new_ids[5]).trigger == {"key": "new-5"}
+
+
+def test_enqueue_many_validates_everything_before_writing(deferred: str) -> None:
+    from nexus_workflows import enqueue_many
+
+    with pytest.raises(InvalidTrigger):
+        enqueue_many(deferred, [{"key": "a"}, {"key": "b", "bad": object()}])
+    with pytest.raises(InvalidDedupeKey):
+        enqueue_many(deferred, [{"key": "a"}, {"key": ""}])
+    with pytest.raises(InvalidEnqueueOption):
+        enqueue_many(deferred, [{"key": "a"}], queue="x")
+    assert not DeferredWork.objects.exists()
+    assert enqueue_many(deferred, []) == []

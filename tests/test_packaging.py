@@ -1,0 +1,83 @@
+"""The app installs from its wheel and works in another Django project."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.processes import PROJECT_ROOT
+
+OTHER_PROJECT_SETTINGS = """
+SECRET_KEY = "another-project"
+USE_TZ = True
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django_rq",
+    "nexus_workflows",
+    "clinic",
+]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "other.sqlite3"}}
+RQ_QUEUES = {"default": {"URL": "redis://127.0.0.1:6379/0"}}
+NEXUS_WORKFLOWS = {"CONCURRENCY": 2}
+"""
+
+CLINIC_WORKFLOWS = """
+from nexus_workflows import workflow
+
+@workflow("clinic-reminder", dedupe_key=lambda t: str(t["visit"]), retry_schedule=[1])
+def reminder(trigger, checkpoints, save):
+    save({"sent": True})
+"""
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_into_another_project(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path, "."],
+        cwd=PROJECT_ROOT,
+        check=True,
+    )
+    (wheel,) = tmp_path.glob("nexus_workflows-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "nexus_workflows/migrations/0001_deferred_work.py" in names
+    assert not any(name.startswith(("project/", "tests/", "benchmarks/")) for name in names)
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+
+    project = tmp_path / "other"
+    (project / "clinic").mkdir(parents=True)
+    (project / "clinic" / "__init__.py").write_text("")
+    (project / "clinic" / "workflows.py").write_text(CLINIC_WORKFLOWS)
+    (project / "other_settings.py").write_text(OTHER_PROJECT_SETTINGS)
+    env = {
+        **os.environ,
+        # The wheel's copy of the app, the other project, and the shared dependencies --
+        # but not this repository.
+        "PYTHONPATH": os.pathsep.join([str(site), str(project), sysconfig.get_paths()["purelib"]]),
+        "DJANGO_SETTINGS_MODULE": "other_settings",
+    }
+
+    def django_admin(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "django", *args],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout + result.stderr
+
+    assert str(site) in django_admin("shell", "-c", "import nexus_workflows; print(nexus_workflows.__file__)")
+    django_admin("migrate", "-v", "0")
+    enqueued = django_admin("workflows", "enqueue", "clinic-reminder", '{"visit": 1}')
+    assert "enqueued clinic-reminder #1" in enqueued
+    assert "1 done" in django_admin("runworkflows", "--once")
