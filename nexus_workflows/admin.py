@@ -81,6 +81,8 @@ class TriageChangeList(ChangeList):
     def __init__(self, request: HttpRequest, *args: Any, **kwargs: Any) -> None:
         self.request = request
         super().__init__(request, *args, **kwargs)
+        status = self.params.get(StatusFilter.parameter_name)
+        self.title = "Deferred work that needs attention" if status == NEEDS_ATTENTION else "Deferred work"
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[DeferredWork]:
         queryset = super().get_queryset(request, exclude_parameters)
@@ -135,9 +137,9 @@ class DeferredWorkAdmin(admin.ModelAdmin):
         "kind",
         "dedupe_key",
         "attempts_column",
-        "next_attempt_column",
+        "next_attempt_detail",
         "created_column",
-        "updated_column",
+        "updated_detail",
         "last_error_full",
         "history_table",
         "trigger_json",
@@ -151,13 +153,9 @@ class DeferredWorkAdmin(admin.ModelAdmin):
             None,
             {
                 "fields": (
-                    "status_column",
-                    "kind",
-                    "dedupe_key",
-                    "attempts_column",
-                    "next_attempt_column",
-                    "created_column",
-                    "updated_column",
+                    ("status_column", "attempts_column", "next_attempt_detail"),
+                    ("kind", "dedupe_key"),
+                    ("created_column", "updated_detail"),
                 )
             },
         ),
@@ -223,6 +221,10 @@ class DeferredWorkAdmin(admin.ModelAdmin):
 
     @admin.display(description="next attempt", ordering="next_attempt_at")
     def next_attempt_column(self, work: DeferredWork) -> SafeString:
+        return display.next_attempt(work, compact=True)
+
+    @admin.display(description="next attempt")
+    def next_attempt_detail(self, work: DeferredWork) -> SafeString:
         return display.next_attempt(work)
 
     @admin.display(description="last error")
@@ -231,6 +233,10 @@ class DeferredWorkAdmin(admin.ModelAdmin):
 
     @admin.display(description="last update", ordering="updated_at")
     def updated_column(self, work: DeferredWork) -> SafeString:
+        return display.when(work.updated_at, compact=True)
+
+    @admin.display(description="last update")
+    def updated_detail(self, work: DeferredWork) -> SafeString:
         return display.when(work.updated_at)
 
     # --- detail fields ------------------------------------------------------------------

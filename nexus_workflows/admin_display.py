@@ -24,31 +24,35 @@ from .registry import registry
 from .triage import is_stale
 
 DATETIME_FORMAT = "Y-m-d H:i:s"
+COMPACT_FORMAT = "M j, H:i"
 EMPTY = mark_safe('<span class="nw-muted">—</span>')
 
 
-def when(value: datetime | None, *, now: datetime | None = None) -> SafeString:
-    """An exact local time with how long ago (or how soon) it is."""
+def when(value: datetime | None, *, now: datetime | None = None, compact: bool = False) -> SafeString:
+    """A local time and how long ago (or how soon) it is.
+
+    ``compact`` (list columns) leads with the relative time and shortens the exact one;
+    the full timestamp is always in the tooltip.
+    """
     if value is None:
         return EMPTY
     now = now or timezone.now()
     local = timezone.localtime(value)
-    if value <= now:
-        relative = (
-            "just now" if (now - value).total_seconds() < 60 else f"{timesince(value, now, depth=1)} ago"
-        )
+    seconds = (value - now).total_seconds()
+    if abs(seconds) < 60:
+        relative = "just now" if seconds <= 0 else "in under a minute"
+    elif seconds < 0:
+        relative = f"{timesince(value, now, depth=1)} ago"
     else:
-        relative = (
-            "in under a minute"
-            if (value - now).total_seconds() < 60
-            else f"in {timesince(now, value, depth=1)}"
-        )
+        relative = f"in {timesince(now, value, depth=1)}"
+    exact = format_date(local, COMPACT_FORMAT if compact else DATETIME_FORMAT)
+    first, second = (relative, exact) if compact else (exact, relative)
     return format_html(
         '<time datetime="{}" title="{}">{}</time><span class="nw-relative">{}</span>',
         local.isoformat(),
         format_date(local, DATETIME_FORMAT + " T"),
-        format_date(local, DATETIME_FORMAT),
-        relative,
+        first,
+        second,
     )
 
 
@@ -93,19 +97,23 @@ def attempts(work: DeferredWork) -> SafeString:
     return format_html('<span class="nw-attempts{}">{} of {}</span>', css, attempt_number(work), allowed)
 
 
-def next_attempt(work: DeferredWork, *, now: datetime | None = None) -> SafeString:
+def next_attempt(work: DeferredWork, *, now: datetime | None = None, compact: bool = False) -> SafeString:
     """When pending work runs next; for processing work, how alive its runner is."""
     now = now or timezone.now()
     if work.status == Status.PENDING:
         if work.next_attempt_at <= now:
-            return format_html('<span class="nw-due">due now</span>{}', when(work.next_attempt_at, now=now))
-        return when(work.next_attempt_at, now=now)
+            return format_html(
+                '<span class="nw-due">due now</span>{}', when(work.next_attempt_at, now=now, compact=compact)
+            )
+        return when(work.next_attempt_at, now=now, compact=compact)
     if work.status == Status.PROCESSING:
         if work.heartbeat_at is None:
-            return mark_safe('<span class="nw-stale">running, no heartbeat yet</span>')
-        label = "stale heartbeat" if is_stale(work, now) else "running, heartbeat"
+            return mark_safe('<span class="nw-stale">running, no heartbeat</span>')
+        label = "heartbeat stale" if is_stale(work, now) else "heartbeat"
         css = "nw-stale" if is_stale(work, now) else "nw-running"
-        return format_html('<span class="{}">{}</span>{}', css, label, when(work.heartbeat_at, now=now))
+        return format_html(
+            '<span class="{}">{}</span>{}', css, label, when(work.heartbeat_at, now=now, compact=compact)
+        )
     return EMPTY
 
 
