@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -88,6 +89,7 @@ class TriageChangeList(ChangeList):
         queryset = super().get_queryset(request, exclude_parameters)
         return queryset.defer("trigger", "checkpoints", "history")
 
+    @cached_property
     def status_summary(self) -> list[SummaryItem]:
         queryset = self.get_queryset(self.request, exclude_parameters=[StatusFilter.parameter_name])
         counts = dict(queryset.order_by().values_list("status").annotate(n=Count("pk")))

@@ -1,7 +1,7 @@
 """How deferred work looks on the admin triage desk: badges, attempt counts, JSON, history.
 
-Plain functions of a row (or a value) returning safe HTML, so that the list page, the
-detail page and the index panel render a row the same way.
+Plain functions of a row (or a value) returning safe HTML, so that the list page and the
+detail page render a row the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
 
+from .history import first_line
 from .models import DeferredWork, Status
 from .registry import registry
 from .triage import is_stale
@@ -62,9 +63,8 @@ def status_badge(work: DeferredWork, *, now: datetime | None = None) -> SafeStri
             '<span class="nw-badge nw-badge--stale" title="{}">processing · stale</span>',
             "No heartbeat from its runner for longer than STALE_AFTER",
         )
-    return format_html(
-        '<span class="nw-badge nw-badge--{}">{}</span>', work.status, Status(work.status).label.lower()
-    )
+    label = dict(Status.choices).get(work.status, work.status)  # an unknown status still renders
+    return format_html('<span class="nw-badge nw-badge--{}">{}</span>', work.status, label.lower())
 
 
 def max_attempts(kind: str) -> int | None:
@@ -118,8 +118,6 @@ def next_attempt(work: DeferredWork, *, now: datetime | None = None, compact: bo
 
 
 def error_summary(text: str, *, length: int = 110) -> SafeString:
-    from .history import first_line
-
     line = first_line(text)
     if not line:
         return EMPTY
