@@ -3,6 +3,10 @@ from django.urls import path
 
 # django-rq 4 mounts its queue and failed-job views inside the admin
 # (/admin/django_rq/dashboard/), so the admin is the only URL the project needs.
+# The triage desk's list is wide (kind, key, status, attempts, timing, error): give it the
+# whole page instead of sharing it with the navigation sidebar.
+admin.site.enable_nav_sidebar = False
+
 urlpatterns = [
     path("admin/", admin.site.urls),
 ]

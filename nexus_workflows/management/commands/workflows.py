@@ -5,8 +5,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from nexus_workflows import triage
 from nexus_workflows.enqueueing import enqueue
 from nexus_workflows.exceptions import WorkflowError
+from nexus_workflows.models import DeferredWork, Status
 from nexus_workflows.registry import registry
 from nexus_workflows.status import build_status_report, render_status_report
 
@@ -30,6 +32,19 @@ class Command(BaseCommand):
         subcommands.add_parser(
             "status",
             help="Counts by kind and status, the oldest due item and the abandoned work.",
+        )
+        revive_parser = subcommands.add_parser(
+            "revive",
+            help="Revive abandoned deferred work: by id, by --kind and --key, or --all-abandoned.",
+            description="Revive abandoned deferred work: pending, attempt 0, due now, error cleared, "
+            "checkpoints kept. Work that is not abandoned is skipped (a runner may be working on "
+            "it). Prints what was revived and what was skipped.",
+        )
+        revive_parser.add_argument("ids", nargs="*", type=int, metavar="ID", help="Ids of deferred work.")
+        revive_parser.add_argument("--kind", metavar="KIND", help="With --key, or to narrow --all-abandoned.")
+        revive_parser.add_argument("--key", metavar="KEY", help="The dedupe key (needs --kind).")
+        revive_parser.add_argument(
+            "--all-abandoned", action="store_true", help="Every abandoned item (of --kind, when given)."
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -59,3 +74,45 @@ class Command(BaseCommand):
 
     def handle_status(self, **_: Any) -> None:
         self.stdout.write(render_status_report(build_status_report()))
+
+    def handle_revive(
+        self, *, ids: list[int], kind: str | None, key: str | None, all_abandoned: bool, **_: Any
+    ) -> None:
+        ways = sum([bool(ids), key is not None, all_abandoned])
+        if ways != 1:
+            raise CommandError(
+                "say which work to revive in one way: ID..., or --kind KIND --key KEY, or "
+                "--all-abandoned (optionally with --kind KIND)"
+            )
+        if key is not None and kind is None:
+            raise CommandError("--key needs --kind: a dedupe key is unique only within its kind")
+        if ids and kind is not None:
+            raise CommandError("--kind cannot be combined with ids; give the ids alone")
+        if ids:
+            queryset = DeferredWork.objects.filter(pk__in=ids)
+        elif key is not None:
+            queryset = DeferredWork.objects.filter(kind=kind, dedupe_key=key)
+        else:
+            queryset = DeferredWork.objects.filter(status=Status.ABANDONED)
+            if kind is not None:
+                queryset = queryset.filter(kind=kind)
+        result = triage.revive(queryset, by="command line")
+        for ref in result.changed:
+            self.stdout.write(f"revived {ref} (key {ref.dedupe_key})")
+        for ref in result.skipped:
+            reason = (
+                "it is gone (purged or deleted)" if ref.status == "gone" else f"{ref.status}, not abandoned"
+            )
+            self.stdout.write(f"skipped {ref} (key {ref.dedupe_key}): {reason}")
+        found = {ref.pk for ref in [*result.changed, *result.skipped]}
+        for missing in sorted(set(ids) - found):
+            self.stdout.write(f"skipped #{missing}: no such deferred work")
+        if key is not None and not found:
+            self.stdout.write(f"skipped: no deferred work of kind {kind!r} with that key")
+        for unregistered in result.unregistered_kinds:
+            self.stderr.write(
+                f"warning: no workflow is registered for kind {unregistered!r} in this project; "
+                "the revived work waits until a runner that knows the kind starts"
+            )
+        skipped = len(result.skipped) + len(set(ids) - found) + (1 if key is not None and not found else 0)
+        self.stdout.write(f"revived {len(result.changed)}, skipped {skipped}")

@@ -1,0 +1,401 @@
+"""The admin triage desk for deferred work: see what is wrong and why, and revive it.
+
+Rows are never added or edited by hand. Reviving abandoned work and making pending work
+due now need the dedicated ``nexus_workflows.revive_deferredwork`` permission ("change"
+is not enough), and every such action leaves an admin log entry naming the user.
+
+The trigger and the checkpoints may hold patient data: they are shown on the detail page
+only, never on the list, and are not searchable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.loader import render_to_string
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from . import admin_display as display
+from . import triage
+from .models import DeferredWork, Status
+
+REVIVE_PERMISSION = "nexus_workflows.revive_deferredwork"
+
+#: Query-string value of the status filter that shows abandoned and stale work.
+NEEDS_ATTENTION = "attention"
+STALE = "stale"
+
+
+class StatusFilter(admin.SimpleListFilter):
+    """Status, plus the two slices triage cares about: "needs attention" and "stale"."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            (NEEDS_ATTENTION, "Needs attention"),
+            (Status.PENDING.value, "Pending"),
+            (Status.PROCESSING.value, "Processing"),
+            (STALE, "Processing, stale heartbeat"),
+            (Status.DONE.value, "Done"),
+            (Status.ABANDONED.value, "Abandoned"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
+        value = self.value()
+        if value == NEEDS_ATTENTION:
+            return queryset.filter(triage.needs_attention_q())
+        if value == STALE:
+            return queryset.filter(triage.stale_q())
+        if value in Status.values:
+            return queryset.filter(status=value)
+        return queryset
+
+
+@dataclass(frozen=True)
+class SummaryItem:
+    value: str | None  # the status filter's value; None for "all"
+    label: str
+    count: int
+    url: str
+    active: bool
+    tone: str
+
+
+class TriageChangeList(ChangeList):
+    """The change list, minus the columns that may hold patient data, plus the counts
+    per status of the current filter (search and kind included, status left out)."""
+
+    def __init__(self, request: HttpRequest, *args: Any, **kwargs: Any) -> None:
+        self.request = request
+        super().__init__(request, *args, **kwargs)
+        status = self.params.get(StatusFilter.parameter_name)
+        self.title = "Deferred work that needs attention" if status == NEEDS_ATTENTION else "Deferred work"
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[DeferredWork]:
+        queryset = super().get_queryset(request, exclude_parameters)
+        return queryset.defer("trigger", "checkpoints", "history")
+
+    @cached_property
+    def status_summary(self) -> list[SummaryItem]:
+        queryset = self.get_queryset(self.request, exclude_parameters=[StatusFilter.parameter_name])
+        counts = dict(queryset.order_by().values_list("status").annotate(n=Count("pk")))
+        stale = queryset.filter(triage.stale_q()).count() if counts.get(Status.PROCESSING) else 0
+        current = self.params.get(StatusFilter.parameter_name)
+        abandoned = counts.get(Status.ABANDONED, 0)
+
+        def item(value: str | None, label: str, count: int, tone: str) -> SummaryItem:
+            if value is None:
+                url = self.get_query_string(remove=[StatusFilter.parameter_name, PAGE_VAR])
+            else:
+                url = self.get_query_string({StatusFilter.parameter_name: value}, remove=[PAGE_VAR])
+            return SummaryItem(value, label, count, url, current == value, tone if count else "none")
+
+        return [
+            item(None, "All", sum(counts.values()), "all"),
+            item(NEEDS_ATTENTION, "Needs attention", abandoned + stale, "attention"),
+            item(Status.PENDING, "Pending", counts.get(Status.PENDING, 0), "pending"),
+            item(Status.PROCESSING, "Processing", counts.get(Status.PROCESSING, 0), "processing"),
+            item(STALE, "Stale heartbeat", stale, "stale"),
+            item(Status.DONE, "Done", counts.get(Status.DONE, 0), "done"),
+            item(Status.ABANDONED, "Abandoned", abandoned, "abandoned"),
+        ]
+
+
+@admin.register(DeferredWork)
+class DeferredWorkAdmin(admin.ModelAdmin):
+    list_display = (
+        "id_column",
+        "kind",
+        "dedupe_key_column",
+        "status_column",
+        "attempts_column",
+        "next_attempt_column",
+        "last_error_column",
+        "updated_column",
+    )
+    list_display_links = ("id_column", "dedupe_key_column")
+    list_filter = (StatusFilter, "kind")
+    search_fields = ("dedupe_key",)
+    search_help_text = "Search by dedupe key. Triggers and checkpoints are not searchable."
+    ordering = ("-created_at", "-pk")
+    list_per_page = 50
+    actions = ("revive_selected", "run_selected_now")
+    readonly_fields = (
+        "status_column",
+        "kind",
+        "dedupe_key",
+        "attempts_column",
+        "next_attempt_detail",
+        "created_column",
+        "updated_detail",
+        "last_error_full",
+        "history_table",
+        "trigger_json",
+        "checkpoints_json",
+        "claim_token",
+        "claimed_column",
+        "heartbeat_column",
+    )
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    ("status_column", "attempts_column", "next_attempt_detail"),
+                    ("kind", "dedupe_key"),
+                    ("created_column", "updated_detail"),
+                )
+            },
+        ),
+        ("Last error", {"fields": ("last_error_full",)}),
+        ("Attempt history", {"fields": ("history_table",)}),
+        (
+            "Trigger",
+            {
+                "fields": ("trigger_json",),
+                "description": "What the work was enqueued with. It may hold patient data: "
+                "it is shown on this page only.",
+            },
+        ),
+        (
+            "Checkpoints",
+            {
+                "fields": ("checkpoints_json",),
+                "description": "Steps the workflow journalled; a revived attempt resumes after them.",
+            },
+        ),
+        (
+            "Claim",
+            {"fields": ("claim_token", "claimed_column", "heartbeat_column"), "classes": ("collapse",)},
+        ),
+    )
+    change_list_template = "admin/nexus_workflows/deferredwork/change_list.html"
+    change_form_template = "admin/nexus_workflows/deferredwork/change_form.html"
+
+    class Media:
+        css = {"all": ("nexus_workflows/admin/triage.css",)}
+
+    # --- permissions --------------------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # work is created by enqueue(), never by hand
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # rows change only through the runner and the triage actions
+
+    def has_revive_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(REVIVE_PERMISSION)
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return TriageChangeList
+
+    # --- list columns -------------------------------------------------------------------
+
+    @admin.display(description="ID", ordering="pk")
+    def id_column(self, work: DeferredWork) -> str:
+        return f"#{work.pk}"
+
+    @admin.display(description="dedupe key", ordering="dedupe_key")
+    def dedupe_key_column(self, work: DeferredWork) -> SafeString:
+        return format_html('<span class="nw-key" title="{}">{}</span>', work.dedupe_key, work.dedupe_key)
+
+    @admin.display(description="status", ordering="status")
+    def status_column(self, work: DeferredWork) -> SafeString:
+        return display.status_badge(work)
+
+    @admin.display(description="attempt", ordering="attempt")
+    def attempts_column(self, work: DeferredWork) -> SafeString:
+        return display.attempts(work)
+
+    @admin.display(description="next attempt", ordering="next_attempt_at")
+    def next_attempt_column(self, work: DeferredWork) -> SafeString:
+        return display.next_attempt(work, compact=True)
+
+    @admin.display(description="next attempt")
+    def next_attempt_detail(self, work: DeferredWork) -> SafeString:
+        return display.next_attempt(work)
+
+    @admin.display(description="last error")
+    def last_error_column(self, work: DeferredWork) -> SafeString:
+        return display.error_summary(work.last_error)
+
+    @admin.display(description="last update", ordering="updated_at")
+    def updated_column(self, work: DeferredWork) -> SafeString:
+        return display.when(work.updated_at, compact=True)
+
+    @admin.display(description="last update")
+    def updated_detail(self, work: DeferredWork) -> SafeString:
+        return display.when(work.updated_at)
+
+    # --- detail fields ------------------------------------------------------------------
+
+    @admin.display(description="created")
+    def created_column(self, work: DeferredWork) -> SafeString:
+        return display.when(work.created_at)
+
+    @admin.display(description="claimed at")
+    def claimed_column(self, work: DeferredWork) -> SafeString:
+        return display.when(work.claimed_at)
+
+    @admin.display(description="last heartbeat")
+    def heartbeat_column(self, work: DeferredWork) -> SafeString:
+        return display.when(work.heartbeat_at)
+
+    @admin.display(description="last error")
+    def last_error_full(self, work: DeferredWork) -> SafeString:
+        return display.error_block(work.last_error)
+
+    @admin.display(description="history")
+    def history_table(self, work: DeferredWork) -> SafeString:
+        return render_to_string(
+            "admin/nexus_workflows/deferredwork/history.html", {"rows": display.history_rows(work)}
+        )
+
+    @admin.display(description="trigger")
+    def trigger_json(self, work: DeferredWork) -> SafeString:
+        return display.json_block(work.trigger, empty="No trigger.")
+
+    @admin.display(description="checkpoints")
+    def checkpoints_json(self, work: DeferredWork) -> SafeString:
+        return display.json_block(work.checkpoints, empty="No checkpoints saved yet.")
+
+    # --- actions ------------------------------------------------------------------------
+
+    @admin.action(description="Revive selected abandoned work", permissions=["revive"])
+    def revive_selected(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
+        self._revive(request, queryset)
+
+    @admin.action(description="Run selected pending work now", permissions=["revive"])
+    def run_selected_now(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
+        self._run_now(request, queryset)
+
+    def _revive(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
+        result = triage.revive(queryset, by="admin", user=request.user.get_username())
+        self._log(request, result, "Revived: abandoned → pending, attempt 0, due now, checkpoints kept.")
+        self._report(request, result, "Revived", "abandoned")
+
+    def _run_now(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
+        result = triage.run_now(queryset, by="admin", user=request.user.get_username())
+        self._log(request, result, "Run now: pending work made due now.")
+        self._report(request, result, "Made due now", "pending")
+
+    def _log(self, request: HttpRequest, result: triage.TriageResult, message: str) -> None:
+        if not result.changed:
+            return
+        changed = DeferredWork.objects.filter(pk__in=[ref.pk for ref in result.changed]).only(
+            "pk", "kind", "status"
+        )
+        LogEntry.objects.log_actions(request.user.pk, changed, CHANGE, change_message=message)
+
+    def _report(self, request: HttpRequest, result: triage.TriageResult, verb: str, wanted: str) -> None:
+        self.message_user(
+            request,
+            describe_result(result, verb, wanted),
+            messages.SUCCESS if result.changed and not result.skipped else messages.WARNING,
+        )
+        for kind in result.unregistered_kinds:
+            self.message_user(
+                request,
+                f"No workflow is registered for kind {kind!r} in this project, so no runner "
+                "here will pick that work up until one that knows the kind starts.",
+                messages.WARNING,
+            )
+
+    # --- detail page buttons ------------------------------------------------------------
+
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path(
+                "<path:object_id>/revive/",
+                self.admin_site.admin_view(self.revive_view),
+                name="{}_{}_revive".format(*info),
+            ),
+            path(
+                "<path:object_id>/run-now/",
+                self.admin_site.admin_view(self.run_now_view),
+                name="{}_{}_run_now".format(*info),
+            ),
+            *super().get_urls(),
+        ]
+
+    def revive_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._button(request, object_id, self._revive)
+
+    def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._button(request, object_id, self._run_now)
+
+    def _button(self, request: HttpRequest, object_id: str, act: Any) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_revive_permission(request):
+            raise PermissionDenied
+        work = self.get_object(request, unquote(object_id))
+        if work is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        act(request, self.get_queryset(request).filter(pk=work.pk))
+        return HttpResponseRedirect(self._change_url(work.pk))
+
+    def _change_url(self, pk: int) -> str:
+        return reverse(
+            f"admin:{self.opts.app_label}_{self.opts.model_name}_change",
+            args=[pk],
+            current_app=self.admin_site.name,
+        )
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict | None = None
+    ) -> HttpResponse:
+        work = self.get_object(request, unquote(object_id))
+        context = dict(extra_context or {})
+        if work is not None:
+            context["title"] = f"{work.kind} #{work.pk}"
+            context["subtitle"] = None
+            context["triage"] = self._triage_context(request, work)
+        return super().change_view(request, object_id, form_url, context)
+
+    def _triage_context(self, request: HttpRequest, work: DeferredWork) -> dict[str, Any]:
+        info = self.opts.app_label, self.opts.model_name
+        now = timezone.now()
+        due = work.status == Status.PENDING and work.next_attempt_at <= now
+        may_revive = self.has_revive_permission(request)
+        actionable = work.status == Status.ABANDONED or (work.status == Status.PENDING and not due)
+        return {
+            "work": work,
+            "stale": triage.is_stale(work, now),
+            "attempt_number": display.attempt_number(work),
+            "max_attempts": display.max_attempts(work.kind),
+            "may_revive": may_revive,
+            "permission_hint": actionable and not may_revive,
+            "revive_url": reverse(f"admin:{info[0]}_{info[1]}_revive", args=[work.pk]),
+            "run_now_url": reverse(f"admin:{info[0]}_{info[1]}_run_now", args=[work.pk]),
+            "due": due,
+        }
+
+
+def describe_result(result: triage.TriageResult, verb: str, wanted: str) -> str:
+    """``Revived 2 items; skipped 1 that was not abandoned (1 pending).``"""
+    changed = len(result.changed)
+    text = f"{verb} {changed} {'item' if changed == 1 else 'items'}"
+    skipped = len(result.skipped)
+    if not skipped:
+        return f"{text}; skipped none."
+    by_status: dict[str, int] = {}
+    for ref in result.skipped:
+        by_status[ref.status] = by_status.get(ref.status, 0) + 1
+    breakdown = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items()))
+    return f"{text}; skipped {skipped} that {'was' if skipped == 1 else 'were'} not {wanted} ({breakdown})."

@@ -1,0 +1,457 @@
+"""nexus_workflows.admin: the triage desk's list, detail page, actions and permissions."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.messages import get_messages
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import escape
+
+from nexus_workflows.models import DeferredWork, Status
+
+from .conftest import client_for
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "admin:nexus_workflows_deferredwork_changelist"
+# A value only the trigger and the checkpoints hold, standing in for patient data.
+SECRET = "Maria-Lopez-5512345678"
+
+
+def change_url(work: DeferredWork) -> str:
+    return reverse("admin:nexus_workflows_deferredwork_change", args=[work.pk])
+
+
+def action(client, name: str, works: list[DeferredWork], query: str = ""):
+    return client.post(
+        reverse(CHANGELIST) + query,
+        {"action": name, "_selected_action": [w.pk for w in works], "index": 0},
+        follow=True,
+    )
+
+
+def message_texts(response) -> list[tuple[str, str]]:
+    return [(m.level_tag, m.message) for m in get_messages(response.wsgi_request)]
+
+
+# --- the list ---------------------------------------------------------------------------
+
+
+def test_list_shows_the_triage_columns_and_no_trigger_or_checkpoints(superuser, make_work, workflow):
+    abandoned = make_work(
+        Status.ABANDONED,
+        dedupe_key="visit-9",
+        trigger={"patient": SECRET},
+        checkpoints={"sent_to": SECRET},
+    )
+    make_work(Status.PENDING, trigger={"patient": SECRET}, attempt=1)
+
+    response = client_for(superuser).get(reverse(CHANGELIST))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert SECRET not in html
+    assert "visit-9" in html
+    assert workflow.kind in html
+    assert 'class="nw-badge nw-badge--abandoned"' in html
+    assert 'class="nw-badge nw-badge--pending"' in html
+    # abandoned after attempt 3 of 3 (attempt counts failures: 2), pending retry 2 of 3
+    assert "3 of 3" in html
+    assert "2 of 3" in html
+    # only the first line of the error
+    assert "UpstreamError: HTTP 503 from the scheduler" in html
+    assert "retry budget exhausted" not in html
+    assert f"#{abandoned.pk}" in html
+
+
+def test_list_query_does_not_load_the_trigger_or_checkpoints(superuser, make_work):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    make_work(Status.ABANDONED)
+    with CaptureQueriesContext(connection) as queries:
+        client_for(superuser).get(reverse(CHANGELIST))
+    selects = [q["sql"] for q in queries if "nexus_workflows_deferredwork" in q["sql"]]
+    assert selects
+    for sql in selects:
+        assert '"trigger"' not in sql
+        assert '"checkpoints"' not in sql
+
+
+def test_rows_of_unregistered_kinds_still_display(superuser, make_work):
+    make_work(Status.ABANDONED, kind="retired-kind", attempt=4)
+
+    response = client_for(superuser).get(reverse(CHANGELIST))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "retired-kind" in html
+    assert "5 of" in html
+    assert ">?</span>" in html
+
+
+def test_search_matches_the_dedupe_key_and_never_the_trigger(superuser, make_work):
+    make_work(Status.DONE, dedupe_key="visit-777", trigger={"patient": SECRET})
+    make_work(Status.DONE, dedupe_key="visit-888")
+    client = client_for(superuser)
+
+    by_key = client.get(reverse(CHANGELIST), {"q": "visit-777"})
+    by_trigger = client.get(reverse(CHANGELIST), {"q": SECRET})
+
+    assert [w.dedupe_key for w in by_key.context["cl"].result_list] == ["visit-777"]
+    assert list(by_trigger.context["cl"].result_list) == []
+
+
+def test_newest_first(superuser, make_work):
+    old = make_work(Status.DONE, created_at=timezone.now() - timedelta(hours=2))
+    new = make_work(Status.DONE)
+    middle = make_work(Status.DONE, created_at=timezone.now() - timedelta(hours=1))
+
+    response = client_for(superuser).get(reverse(CHANGELIST))
+
+    assert [w.pk for w in response.context["cl"].result_list] == [new.pk, middle.pk, old.pk]
+
+
+def test_filters_by_status_and_kind(superuser, make_work):
+    pending = make_work(Status.PENDING)
+    other = make_work(Status.PENDING, kind="other-kind")
+    make_work(Status.DONE)
+    client = client_for(superuser)
+
+    by_status = client.get(reverse(CHANGELIST), {"status": "pending"})
+    by_both = client.get(reverse(CHANGELIST), {"status": "pending", "kind": "other-kind"})
+
+    assert {w.pk for w in by_status.context["cl"].result_list} == {pending.pk, other.pk}
+    assert [w.pk for w in by_both.context["cl"].result_list] == [other.pk]
+
+
+def test_needs_attention_shows_abandoned_and_stale_processing(superuser, make_work, stale_heartbeat):
+    abandoned = make_work(Status.ABANDONED)
+    stale = make_work(Status.PROCESSING, heartbeat_at=stale_heartbeat)
+    make_work(Status.PROCESSING)
+    make_work(Status.PENDING)
+    make_work(Status.DONE)
+
+    response = client_for(superuser).get(reverse(CHANGELIST), {"status": "attention"})
+
+    assert {w.pk for w in response.context["cl"].result_list} == {abandoned.pk, stale.pk}
+    assert "processing · stale" in response.content.decode()
+
+
+def test_summary_counts_each_status_of_the_current_filter_with_links(
+    superuser, make_work, workflow, stale_heartbeat
+):
+    for _ in range(3):
+        make_work(Status.PENDING)
+    make_work(Status.PROCESSING)
+    make_work(Status.PROCESSING, heartbeat_at=stale_heartbeat)
+    make_work(Status.DONE)
+    make_work(Status.ABANDONED)
+    make_work(Status.ABANDONED)
+    make_work(Status.ABANDONED, kind="other-kind")
+
+    # filtered by status *and* kind: the counts keep the kind, leave out the status
+    response = client_for(superuser).get(reverse(CHANGELIST), {"status": "abandoned", "kind": workflow.kind})
+
+    summary = {item.value: item for item in response.context["cl"].status_summary}
+    counts = {value: item.count for value, item in summary.items()}
+    assert counts == {
+        None: 8,
+        "attention": 3,
+        "pending": 3,
+        "processing": 2,
+        "stale": 1,
+        "done": 1,
+        "abandoned": 2,
+    }
+    assert summary["abandoned"].active
+    assert not summary["pending"].active
+    link = parse_qs(urlsplit(summary["pending"].url).query)
+    assert link == {"status": ["pending"], "kind": [workflow.kind]}
+    assert "status" not in parse_qs(urlsplit(summary[None].url).query)
+    html = response.content.decode()
+    assert 'class="nw-summary"' in html
+    assert f'href="{escape(summary["pending"].url)}"' in html
+
+
+def test_summary_follows_the_search(superuser, make_work):
+    make_work(Status.ABANDONED, dedupe_key="clinic-a-1")
+    make_work(Status.PENDING, dedupe_key="clinic-a-2")
+    make_work(Status.PENDING, dedupe_key="clinic-b-1")
+
+    response = client_for(superuser).get(reverse(CHANGELIST), {"q": "clinic-a"})
+
+    counts = {item.value: item.count for item in response.context["cl"].status_summary}
+    assert counts[None] == 2
+    assert counts["pending"] == 1
+    assert counts["abandoned"] == 1
+
+
+# --- the detail page --------------------------------------------------------------------
+
+
+def test_detail_shows_trigger_checkpoints_full_error_and_history(superuser, make_work):
+    work = make_work(
+        Status.ABANDONED,
+        trigger={"patient": SECRET, "visit": 12},
+        checkpoints={"summary_id": "S-1", "sent": True},
+    )
+
+    response = client_for(superuser).get(change_url(work))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert SECRET in html  # the detail page is where the trigger is shown
+    assert 'class="nw-json"' in html
+    assert '<span class="nw-json-key">&quot;summary_id&quot;</span>' in html
+    assert '<span class="nw-json-literal">true</span>' in html
+    assert "UpstreamError: HTTP 503 from the scheduler\nretry budget exhausted" in html
+    assert "retry schedule exhausted" in html  # the history entry's reason
+    assert "UpstreamError: timeout" in html  # the first failure
+    assert 'name="revive"' in html
+    assert reverse("admin:nexus_workflows_deferredwork_revive", args=[work.pk]) in html
+    # read-only: no save buttons
+    assert 'name="_save"' not in html
+    assert 'name="_continue"' not in html
+
+
+def test_detail_escapes_what_it_shows(superuser, make_work):
+    work = make_work(
+        Status.ABANDONED,
+        trigger={"note": "<script>alert(1)</script>"},
+        last_error="Boom: <img src=x onerror=alert(1)>",
+    )
+
+    html = client_for(superuser).get(change_url(work)).content.decode()
+
+    assert "<script>alert(1)</script>" not in html
+    assert "<img src=x" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_detail_has_no_revive_button_unless_abandoned(superuser, make_work):
+    client = client_for(superuser)
+    for status in (Status.PENDING, Status.PROCESSING, Status.DONE):
+        html = client.get(change_url(make_work(status))).content.decode()
+        assert 'name="revive"' not in html
+
+
+def test_detail_revive_button_revives_and_logs(triager, make_work):
+    work = make_work(Status.ABANDONED)
+    client = client_for(triager)
+
+    response = client.post(reverse("admin:nexus_workflows_deferredwork_revive", args=[work.pk]), follow=True)
+
+    assert response.redirect_chain[-1][0] == change_url(work)
+    assert ("success", "Revived 1 item; skipped none.") in message_texts(response)
+    work.refresh_from_db()
+    assert work.status == Status.PENDING
+    assert work.history[-1]["user"] == "triager"
+    entry = LogEntry.objects.get()
+    assert entry.user == triager
+    assert entry.object_id == str(work.pk)
+    assert entry.action_flag == CHANGE
+
+
+def test_detail_buttons_need_post(triager, make_work):
+    work = make_work(Status.ABANDONED)
+
+    response = client_for(triager).get(reverse("admin:nexus_workflows_deferredwork_revive", args=[work.pk]))
+
+    assert response.status_code == 405
+    work.refresh_from_db()
+    assert work.status == Status.ABANDONED
+
+
+def test_run_now_button_on_waiting_pending_work(triager, make_work):
+    later = timezone.now() + timedelta(hours=1)
+    work = make_work(Status.PENDING, attempt=1, next_attempt_at=later)
+    client = client_for(triager)
+
+    assert 'name="run-now"' in client.get(change_url(work)).content.decode()
+    response = client.post(reverse("admin:nexus_workflows_deferredwork_run_now", args=[work.pk]), follow=True)
+
+    assert ("success", "Made due now 1 item; skipped none.") in message_texts(response)
+    work.refresh_from_db()
+    assert work.next_attempt_at <= timezone.now()
+    assert LogEntry.objects.get().user == triager
+
+
+# --- actions ----------------------------------------------------------------------------
+
+
+def test_revive_action_revives_abandoned_and_skips_the_rest(triager, make_work):
+    abandoned = [make_work(Status.ABANDONED), make_work(Status.ABANDONED)]
+    pending = make_work(Status.PENDING)
+    running = make_work(Status.PROCESSING)
+    running_before = DeferredWork.objects.filter(pk=running.pk).values().get()
+
+    response = action(client_for(triager), "revive_selected", [*abandoned, pending, running])
+
+    assert message_texts(response) == [
+        ("warning", "Revived 2 items; skipped 2 that were not abandoned (1 pending, 1 processing).")
+    ]
+    for work in abandoned:
+        work.refresh_from_db()
+        assert work.status == Status.PENDING
+        assert work.attempt == 0
+        assert work.last_error == ""
+        assert work.checkpoints == {"fetched": True}
+    assert DeferredWork.objects.filter(pk=running.pk).values().get() == running_before
+
+
+def test_revive_action_all_revived_is_a_success(superuser, make_work):
+    works = [make_work(Status.ABANDONED) for _ in range(3)]
+
+    response = action(client_for(superuser), "revive_selected", works, "?status=attention")
+
+    assert message_texts(response) == [("success", "Revived 3 items; skipped none.")]
+    assert set(DeferredWork.objects.values_list("status", flat=True)) == {Status.PENDING}
+
+
+def test_revive_action_writes_one_log_entry_per_revived_row_naming_the_user(triager, make_work):
+    revived = [make_work(Status.ABANDONED), make_work(Status.ABANDONED)]
+    skipped = make_work(Status.DONE)
+
+    action(client_for(triager), "revive_selected", [*revived, skipped])
+
+    entries = LogEntry.objects.order_by("object_id")
+    assert [(e.user, e.object_id, e.action_flag) for e in entries] == [
+        (triager, str(w.pk), CHANGE) for w in sorted(revived, key=lambda w: w.pk)
+    ]
+    assert all("Revived" in e.get_change_message() for e in entries)
+    assert all(e.object_repr.endswith("(pending)") for e in entries)
+
+
+def test_run_now_action(triager, make_work):
+    later = timezone.now() + timedelta(hours=1)
+    waiting = make_work(Status.PENDING, next_attempt_at=later)
+    running = make_work(Status.PROCESSING, next_attempt_at=later)
+
+    response = action(client_for(triager), "run_selected_now", [waiting, running])
+
+    assert message_texts(response) == [
+        ("warning", "Made due now 1 item; skipped 1 that was not pending (1 processing).")
+    ]
+    waiting.refresh_from_db()
+    running.refresh_from_db()
+    assert waiting.next_attempt_at <= timezone.now()
+    assert running.next_attempt_at == later
+    assert [(e.user, e.object_id) for e in LogEntry.objects.all()] == [(triager, str(waiting.pk))]
+    assert "Run now" in LogEntry.objects.get().get_change_message()
+
+
+def test_reviving_an_unregistered_kind_warns(superuser, make_work):
+    work = make_work(Status.ABANDONED, kind="retired-kind")
+
+    response = action(client_for(superuser), "revive_selected", [work])
+
+    texts = message_texts(response)
+    assert texts[0] == ("success", "Revived 1 item; skipped none.")
+    assert texts[1][0] == "warning"
+    assert "retired-kind" in texts[1][1]
+
+
+# --- permissions ------------------------------------------------------------------------
+
+
+def test_actions_offered_by_permission(superuser, triager, changer, viewer, make_work):
+    make_work(Status.ABANDONED)
+
+    def offered(user) -> set[str]:
+        response = client_for(user).get(reverse(CHANGELIST))
+        assert response.status_code == 200
+        form = response.context.get("action_form")
+        return {value for value, _ in form.fields["action"].choices if value} if form else set()
+
+    assert offered(superuser) == {"revive_selected", "run_selected_now", "delete_selected"}
+    assert offered(triager) == {"revive_selected", "run_selected_now"}
+    assert offered(changer) == {"delete_selected"}  # change alone does not allow reviving
+    assert offered(viewer) == set()
+
+
+@pytest.mark.parametrize("user_fixture", ["changer", "viewer"])
+def test_without_the_permission_nothing_is_revived(request, user_fixture, make_work):
+    user = request.getfixturevalue(user_fixture)
+    work = make_work(Status.ABANDONED)
+    client = client_for(user)
+
+    action(client, "revive_selected", [work])
+    button = client.post(reverse("admin:nexus_workflows_deferredwork_revive", args=[work.pk]))
+    run_now = client.post(reverse("admin:nexus_workflows_deferredwork_run_now", args=[work.pk]))
+    page = client.get(change_url(work)).content.decode()
+
+    assert button.status_code == 403
+    assert run_now.status_code == 403
+    work.refresh_from_db()
+    assert work.status == Status.ABANDONED
+    assert not LogEntry.objects.exists()
+    assert 'name="revive"' not in page
+    assert "permission" in page  # says why there is no button
+
+
+def test_nothing_is_addable_or_editable_by_hand(superuser, make_work):
+    work = make_work(Status.ABANDONED)
+    client = client_for(superuser)
+
+    assert client.get(reverse("admin:nexus_workflows_deferredwork_add")).status_code == 403
+    response = client.post(change_url(work), {"status": "done", "kind": "x", "dedupe_key": "y"})
+    assert response.status_code == 403
+    work.refresh_from_db()
+    assert work.status == Status.ABANDONED
+    assert (
+        'href="' + reverse("admin:nexus_workflows_deferredwork_add")
+        not in client.get(reverse(CHANGELIST)).content.decode()
+    )
+
+
+def test_delete_needs_the_delete_permission(triager, changer, make_work):
+    work = make_work(Status.DONE)
+    delete_url = reverse("admin:nexus_workflows_deferredwork_delete", args=[work.pk])
+
+    assert client_for(triager).post(delete_url, {"post": "yes"}).status_code == 403
+    assert DeferredWork.objects.filter(pk=work.pk).exists()
+
+    response = client_for(changer).post(delete_url, {"post": "yes"})
+    assert response.status_code == 302
+    assert not DeferredWork.objects.filter(pk=work.pk).exists()
+
+
+def test_staff_without_view_permission_sees_nothing(db, make_work):
+    from django.contrib.auth.models import User
+
+    nobody = User.objects.create_user("nobody", password="x", is_staff=True)
+    work = make_work(Status.ABANDONED)
+    client = client_for(nobody)
+
+    assert client.get(reverse(CHANGELIST)).status_code == 403
+    assert client.get(change_url(work)).status_code == 403
+    assert "Workflow triage" not in client.get(reverse("admin:index")).content.decode()
+
+
+# --- one click from the admin index -----------------------------------------------------
+
+
+@pytest.mark.parametrize("url_name", ["admin:index", "admin:app_list"])
+def test_index_links_to_needs_attention(viewer, make_work, stale_heartbeat, url_name):
+    make_work(Status.ABANDONED)
+    make_work(Status.ABANDONED)
+    make_work(Status.PROCESSING, heartbeat_at=stale_heartbeat)
+    kwargs = {"app_label": "nexus_workflows"} if url_name == "admin:app_list" else {}
+
+    html = client_for(viewer).get(reverse(url_name, kwargs=kwargs)).content.decode()
+
+    assert f'href="{reverse(CHANGELIST)}?status=attention"' in html
+    assert "Needs attention (3)" in html
+    assert "2 abandoned, 1 with a stale heartbeat" in html
+
+
+def test_branding(superuser):
+    html = client_for(superuser).get(reverse("admin:index")).content.decode()
+    assert "Nexus operations" in html
+    assert "<title>Site administration | Nexus operations</title>" in html

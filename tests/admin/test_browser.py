@@ -1,0 +1,155 @@
+"""The triage desk in a real browser: headless Chromium driving a live server."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.contrib.staticfiles.testing import StaticLiveServerTestCase
+from django.utils import timezone
+
+from nexus_workflows.history import append_entry
+from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.registry import registry
+from tests.conftest import IN_CI
+
+from . import browser
+
+PASSWORD = "correct horse battery staple"
+KIND = "browser-visit-summary"
+
+
+def _noop(trigger: object, checkpoints: object, save: object) -> None:
+    return None
+
+
+@pytest.mark.browser
+class TriageDeskInChromium(StaticLiveServerTestCase):
+    """Log in, open "needs attention" from the index, revive an abandoned row."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        missing = browser.missing()
+        if missing:
+            message = f"headless Chromium is not installed ({', '.join(missing)}); run bin/browser-deps"
+            if IN_CI:
+                pytest.fail(message)
+            pytest.skip(message)
+        super().setUpClass()
+        registry.register(KIND, dedupe_key=lambda t: str(t["visit"]), prepare=_noop, retry_schedule=[1, 5])
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        registry.unregister(KIND)
+        super().tearDownClass()
+
+    def setUp(self) -> None:
+        now = timezone.now()
+        self.abandoned = DeferredWork.objects.create(
+            kind=KIND,
+            dedupe_key="visit-4711",
+            trigger={"visit": 4711},
+            checkpoints={"summary_id": "S-88"},
+            status=Status.ABANDONED,
+            attempt=2,
+            last_error="UpstreamError: HTTP 503\nthe scheduler is down",
+            history=append_entry([], attempt=2, outcome="abandoned", reason="retry schedule exhausted"),
+            updated_at=now,
+        )
+        self.done = DeferredWork.objects.create(
+            kind=KIND, dedupe_key="visit-4712", trigger={"visit": 4712}, status=Status.DONE, updated_at=now
+        )
+
+    def _user(self, username: str, *codenames: str) -> User:
+        user = User.objects.create_user(username, password=PASSWORD, is_staff=True)
+        user.user_permissions.set(
+            Permission.objects.filter(content_type__app_label="nexus_workflows", codename__in=codenames)
+        )
+        return user
+
+    def _log_in(self, driver, username: str) -> None:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        driver.get(f"{self.live_server_url}/admin/login/?next=/admin/")
+        driver.find_element(By.NAME, "username").send_keys(username)
+        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+        driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+        WebDriverWait(driver, 10).until(ec.presence_of_element_located((By.ID, "nw-needs-attention")))
+
+    def _open_needs_attention(self, driver) -> None:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        link = driver.find_element(By.ID, "nw-needs-attention")
+        assert "Needs attention (1)" in link.text
+        link.click()
+        WebDriverWait(driver, 10).until(ec.presence_of_element_located((By.ID, "result_list")))
+        assert "status=attention" in driver.current_url
+
+    def test_revive_from_needs_attention(self) -> None:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.webdriver.support.ui import Select, WebDriverWait
+
+        self._user("triager", "view_deferredwork", "revive_deferredwork")
+        with browser.chromium() as driver:
+            self._log_in(driver, "triager")
+            self._open_needs_attention(driver)
+
+            rows = driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+            assert len(rows) == 1  # the done row is not in "needs attention"
+            assert "visit-4711" in rows[0].text
+            assert "abandoned" in rows[0].text
+            assert "3 of 3" in rows[0].text
+            driver.find_element(By.CSS_SELECTOR, f"input.action-select[value='{self.abandoned.pk}']").click()
+            Select(driver.find_element(By.NAME, "action")).select_by_value("revive_selected")
+            driver.find_element(By.CSS_SELECTOR, "button[name=index]").click()
+
+            message = WebDriverWait(driver, 10).until(
+                ec.presence_of_element_located((By.CSS_SELECTOR, "ul.messagelist li.success"))
+            )
+            assert message.text == "Revived 1 item; skipped none."
+            # Back on "needs attention", which is now empty; the summary counts it pending.
+            assert driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr") == []
+            pending = driver.find_element(By.CSS_SELECTOR, ".nw-summary-item[data-status=pending]")
+            assert pending.text.startswith("1")
+
+            driver.get(
+                f"{self.live_server_url}/admin/nexus_workflows/deferredwork/{self.abandoned.pk}/change/"
+            )
+            badge = driver.find_element(By.CSS_SELECTOR, ".field-status_column .nw-badge")
+            assert badge.text == "pending"
+            assert driver.find_elements(By.NAME, "revive") == []
+
+        self.abandoned.refresh_from_db()
+        assert self.abandoned.status == Status.PENDING
+        assert self.abandoned.attempt == 0
+        assert self.abandoned.checkpoints == {"summary_id": "S-88"}
+
+    def test_no_revive_without_the_permission(self) -> None:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import Select
+
+        self._user("watcher", "view_deferredwork", "change_deferredwork")
+        with browser.chromium() as driver:
+            self._log_in(driver, "watcher")
+            self._open_needs_attention(driver)
+
+            assert "visit-4711" in driver.find_element(By.ID, "result_list").text
+            action_selects = driver.find_elements(By.NAME, "action")
+            offered = (
+                {option.get_attribute("value") for option in Select(action_selects[0]).options}
+                if action_selects
+                else set()
+            )
+            assert "revive_selected" not in offered
+            assert "run_selected_now" not in offered
+
+            driver.find_element(By.LINK_TEXT, f"#{self.abandoned.pk}").click()
+            assert driver.find_elements(By.NAME, "revive") == []
+            assert "permission" in driver.find_element(By.CSS_SELECTOR, ".nw-triage").text
+
+        self.abandoned.refresh_from_db()
+        assert self.abandoned.status == Status.ABANDONED
