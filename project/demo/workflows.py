@@ -9,6 +9,11 @@ Try::
     python manage.py workflows enqueue demo-flaky '{"visit": 2, "failures": 2}'
     python manage.py workflows enqueue demo-doomed '{"visit": 3}'
     python manage.py runworkflows
+
+``demo-notify`` is fire-and-forget: without REDIS_URL it runs at enqueue (embedded
+mode); with REDIS_URL set, ``python manage.py rqworker --with-scheduler`` runs it::
+
+    python manage.py workflows enqueue demo-notify '{"visit": 4}'
 """
 
 from __future__ import annotations
@@ -71,3 +76,11 @@ def exhausted(
 ) -> None:
     """Always fails transiently: walks the whole schedule, then is abandoned."""
     raise FlakyUpstream("upstream still down")
+
+
+@workflow("demo-notify", dedupe_key=by_visit)
+def notify(trigger: dict[str, Any]) -> None:
+    """Fire-and-forget (no retry schedule): runs once on an RQ worker, or at enqueue in
+    the embedded mode. Enqueueing the same visit again within RETENTION does nothing."""
+    time.sleep(0.1)  # pretend to send a notification
+    logger.info("demo-notify: notification sent")  # no trigger data in logs
