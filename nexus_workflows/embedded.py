@@ -51,7 +51,7 @@ def embedded_queue(**options: Any) -> dict[str, Any]:
 
     ``options`` are other django-rq queue settings, e.g. ``DEFAULT_TIMEOUT=360``.
     """
-    pool = redis.ConnectionPool(connection_class=fakeredis.FakeConnection, server=embedded_server())
+    pool = redis.ConnectionPool(connection_class=fakeredis.FakeRedisConnection, server=embedded_server())
     return {
         # django-rq builds the client from HOST/PORT/DB plus REDIS_CLIENT_KWARGS; the
         # pool makes it talk to the fake server instead of opening a socket.
@@ -74,8 +74,8 @@ def is_embedded(queue_config: Any) -> bool:
         return False
     pool = client_kwargs.get("connection_pool")
     connection_class = getattr(pool, "connection_class", None)
-    # fakeredis.FakeConnection is a factory function in fakeredis 2.x; the class it
-    # builds is FakeRedisConnection.
+    # fakeredis.FakeConnection (deprecated) is a factory function in fakeredis 2.x that
+    # builds a FakeRedisConnection; projects may still configure either.
     return connection_class is fakeredis.FakeConnection or (
         isinstance(connection_class, type) and issubclass(connection_class, fakeredis.FakeRedisConnection)
     )

@@ -88,7 +88,7 @@ def job_id_for(kind: str, dedupe_key: str) -> str:
     starts with a letter or digit (``"123"``, a UUID) is used as it is. Any other key is
     escaped, deterministically and reversibly: the escaped form starts with '-', letters,
     digits and '_' stay, and every other character becomes '-' plus two lowercase hex
-    digits per UTF-8 byte. So ``"visit/7"`` → ``"-visit-2f7"`` and ``"-5"`` → ``"-2d5"``.
+    digits per UTF-8 byte. So ``"visit/7"`` → ``"-visit-2f7"`` and ``"-5"`` → ``"--2d5"``.
     """
     if _PLAIN_KEY.fullmatch(dedupe_key):
         return f"{kind}{SEPARATOR}{dedupe_key}"
@@ -134,7 +134,10 @@ def split_job_id(job_id: str) -> tuple[str, str]:
             position += 1
         else:
             raise ValueError("not a fire-and-forget job id: bad character in the dedupe key part")
-    return kind, raw.decode("utf-8", "surrogatepass")
+    key = raw.decode("utf-8", "surrogatepass")
+    if job_id_for(kind, key) != job_id:  # e.g. an escaped form of a plain key
+        raise ValueError("not a fire-and-forget job id: the dedupe key part is not in canonical form")
+    return kind, key
 
 
 # --- options ------------------------------------------------------------------------------
