@@ -226,18 +226,24 @@ control = redis.Redis.from_url(settings.REDIS_TEST_URL)
 control.rpush("ff-test:ready", os.getpid())
 if control.blpop(["ff-test:go"], timeout=60) is None:
     sys.exit("no start signal")
-print(json.dumps(enqueue("test-ff-ledger", {"key": "race"})))
+keys = [f"race-{number}" for number in range(int(sys.argv[1]))]
+print(json.dumps([enqueue("test-ff-ledger", {"key": key}) for key in keys]))
 """
+
+
+RACE_KEYS = 50
 
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_eight_processes_enqueueing_one_key_at_once_make_one_execution(
+def test_eight_processes_enqueueing_the_same_keys_at_once_make_one_execution_per_key(
     rq_redis: redis.Redis, rq_burst: Callable[..., int], child_env: dict[str, str]
 ) -> None:
+    # Eight processes are released at the same instant and enqueue the same keys in the
+    # same order, so every key is contended; a check-then-enqueue would lose some races.
     processes = [
         subprocess.Popen(
-            [PYTHON, "-c", ENQUEUE_AT_SIGNAL],
+            [PYTHON, "-c", ENQUEUE_AT_SIGNAL, str(RACE_KEYS)],
             cwd=REPOSITORY,
             env=child_env,
             stdout=subprocess.PIPE,
@@ -254,7 +260,7 @@ def test_eight_processes_enqueueing_one_key_at_once_make_one_execution(
             return rq_redis.llen("ff-test:ready") == len(processes)
 
         wait_until(all_ready, "eight processes to set Django up", timeout=90)
-        # One token each: BLPOP releases all eight at the same instant.
+        # One token each: BLPOP releases all eight at once.
         rq_redis.rpush("ff-test:go", *["go"] * len(processes))
         results = []
         for process in processes:
@@ -267,10 +273,13 @@ def test_eight_processes_enqueueing_one_key_at_once_make_one_execution(
                 process.kill()
                 process.wait()
 
-    assert results.count("test-ff-ledger__race") == 1
-    assert results.count(None) == 7
-    assert rq_burst() == 1
-    assert executions("test-ff-ledger", "race") == 1
+    for number in range(RACE_KEYS):
+        per_process = [returned[number] for returned in results]
+        assert per_process.count(f"test-ff-ledger__race-{number}") == 1, per_process
+        assert per_process.count(None) == 7
+    assert rq_burst() == RACE_KEYS
+    assert Ledger.objects.filter(kind="test-ff-ledger").count() == RACE_KEYS
+    assert Ledger.objects.values("key").distinct().count() == RACE_KEYS
 
 
 # --- transactions ----------------------------------------------------------------------------
