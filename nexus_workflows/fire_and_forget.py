@@ -205,28 +205,28 @@ def horizon_seconds() -> int:
 
 # --- queues and connections -----------------------------------------------------------------
 
-# One Redis client per queue name, reused: RQ caches its Lua scripts per client object,
-# so a new client per enqueue would grow that cache forever.
-_connections: dict[str, redis.Redis] = {}
+# One queue object (and Redis client) per queue name, reused: RQ caches its Lua scripts
+# per client object, so a new client per enqueue would grow that cache forever, and the
+# queue object caches the server version RQ would otherwise ask for on every enqueue.
+_queues: dict[str, Queue] = {}
 
 
-def _forget_connections(*, setting: str, **kwargs: Any) -> None:
+def _forget_queues(*, setting: str, **kwargs: Any) -> None:
     if setting == "RQ_QUEUES":
-        _connections.clear()
+        _queues.clear()
 
 
-setting_changed.connect(_forget_connections)
+setting_changed.connect(_forget_queues)
 
 
 def get_queue(name: str) -> Queue:
     """The django-rq queue ``name``, sending at once (this module handles transactions)."""
-    import django_rq
-    from django_rq.connection_utils import get_connection
+    queue = _queues.get(name)
+    if queue is None:
+        import django_rq
 
-    connection = _connections.get(name)
-    if connection is None:
-        connection = _connections.setdefault(name, get_connection(name))
-    return django_rq.get_queue(name, connection=connection, commit_mode="auto")
+        queue = _queues.setdefault(name, django_rq.get_queue(name, commit_mode="auto"))
+    return queue
 
 
 def describe_server(connection: redis.Redis) -> str:
@@ -382,7 +382,7 @@ def run_job(kind: str, trigger: Any) -> None:
                 )
     except Exception as error:  # noqa: BLE001 - consumer code may raise anything
         raise _job_failed(kind, error) from None
-    logger.info("%s job finished", kind)
+    logger.debug("%s job finished", kind)
 
 
 def _job_failed(kind: str, error: Exception) -> JobFailed:

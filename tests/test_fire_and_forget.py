@@ -465,6 +465,24 @@ def test_queue_job_timeout_and_at_front_options(queue: Queue, rq_burst: Callable
     assert executions() == 3
 
 
+def sleeps(trigger: Any) -> None:
+    time.sleep(trigger["seconds"])
+    Ledger.objects.create(kind="sleeps", key=trigger["key"], pid=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_running_past_its_job_timeout_is_stopped_and_failed(
+    queue: Queue, rq_burst: Callable[..., int], register_workflow: Callable[..., Any]
+) -> None:
+    workflow = register_workflow(sleeps)
+    job_id = enqueue(workflow.kind, {"key": "slow", "seconds": 5}, job_timeout=1)
+    assert rq_burst() == 1
+    job = queue.fetch_job(job_id)
+    assert job.get_status() == JobStatus.FAILED
+    assert "prepare raised JobTimeoutException" in job.latest_result().exc_string
+    assert executions("sleeps") == 0
+
+
 @pytest.mark.django_db(transaction=True)
 def test_delay_schedules_the_job_and_a_worker_with_the_scheduler_runs_it_when_due(
     queue: Queue, rq_burst: Callable[..., int]
