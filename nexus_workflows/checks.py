@@ -114,3 +114,60 @@ def _check_schedules() -> list[CheckMessage]:
                 )
             )
     return messages
+
+
+@register(Tags.compatibility)
+def check_rq_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """Fire-and-forget workflows need django-rq and the queue NEXUS_WORKFLOWS names."""
+    from django.apps import apps
+    from django.conf import settings
+
+    from .embedded import is_embedded
+
+    messages: list[CheckMessage] = []
+    if not apps.is_installed("django_rq"):
+        messages.append(
+            Error(
+                "'django_rq' is not in INSTALLED_APPS.",
+                hint="Fire-and-forget workflows run on django-rq: add 'django_rq' before "
+                "'nexus_workflows' (it also provides `manage.py rqworker` and the queue admin).",
+                id="nexus_workflows.E300",
+            )
+        )
+    queues = getattr(settings, "RQ_QUEUES", None)
+    if not isinstance(queues, dict) or not queues:
+        messages.append(
+            Error(
+                "RQ_QUEUES must be a non-empty dict of django-rq queues.",
+                hint="For example: RQ_QUEUES = {'default': {'URL': REDIS_URL}}, or "
+                "{'default': nexus_workflows.embedded.embedded_queue()} without a Redis server.",
+                id="nexus_workflows.E301",
+            )
+        )
+        return messages
+    name = app_settings.RQ_QUEUE
+    if not isinstance(name, str) or not name:
+        messages.append(
+            _setting_error("RQ_QUEUE", "the name of a queue in RQ_QUEUES", name, "nexus_workflows.E302")
+        )
+    elif name not in queues:
+        messages.append(
+            Error(
+                f"{SETTINGS_NAME}['RQ_QUEUE'] is {name!r}, which is not a queue in RQ_QUEUES "
+                f"({', '.join(map(str, sorted(queues)))}).",
+                hint="Add the queue to RQ_QUEUES or set RQ_QUEUE to one of those names.",
+                id="nexus_workflows.E303",
+            )
+        )
+    for queue_name, config in sorted(queues.items()):
+        if is_embedded(config) and config.get("ASYNC", True) is not False:
+            messages.append(
+                Error(
+                    f"RQ_QUEUES[{queue_name!r}] uses an in-process fakeredis server but is asynchronous.",
+                    hint="No worker process can see an in-process server, so its jobs would never "
+                    "run. Build the entry with nexus_workflows.embedded.embedded_queue() (which sets "
+                    "ASYNC=False) or point it at a Redis server.",
+                    id="nexus_workflows.E304",
+                )
+            )
+    return messages

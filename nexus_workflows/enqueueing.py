@@ -42,7 +42,13 @@ def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
     and ``None`` when work with that key is processing or done (within ``RETENTION``).
     Option: ``delay`` (seconds or a ``timedelta``) to make new work due later.
 
-    Fire-and-forget workflows: see :mod:`nexus_workflows.fire_and_forget`.
+    Fire-and-forget workflows (no ``retry_schedule``): returns the RQ job id
+    ``<kind>__<dedupe key>`` (keys outside RQ's id alphabet are escaped), or ``None``
+    while a job with that id exists — queued, scheduled, running, or finished or failed
+    within ``RETENTION``. Options: ``queue``, ``job_timeout``, ``at_front``, ``delay``.
+    Inside ``transaction.atomic()`` the job is sent at commit; see
+    :mod:`nexus_workflows.fire_and_forget` for what is returned then. Raises
+    :class:`~nexus_workflows.exceptions.QueueUnavailable` when Redis cannot be reached.
     """
     workflow = registry.get(kind)
     dedupe_key = compute_dedupe_key(workflow, trigger)

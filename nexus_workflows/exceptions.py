@@ -45,6 +45,16 @@ class QueueUnavailable(WorkflowError):
     """The Redis server behind the fire-and-forget queue cannot be reached."""
 
 
+class JobFailed(Exception):
+    """A fire-and-forget job's ``prepare`` raised; this is what RQ records and logs.
+
+    Its message names the workflow, the original exception's type and where it was
+    raised, but not the original message, which may carry patient data and would reach
+    the worker's log. That message is kept in the job's ``meta["error"]``, shown on the
+    job's page in django-rq's admin.
+    """
+
+
 class InvalidCheckpoint(WorkflowError, ValueError):
     """``save(patch)`` was given something that cannot be stored in the journal."""
 

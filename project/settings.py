@@ -8,6 +8,8 @@ from pathlib import Path
 
 import environ
 
+from nexus_workflows.embedded import embedded_queue
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -87,11 +89,14 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis / django-rq ------------------------------------------------------------------
-# Unset REDIS_URL means the embedded mode: fire-and-forget workflows run synchronously on
-# an in-process Redis (see nexus_workflows.fire_and_forget).
+# REDIS_URL=redis://host:6379/0 (run `manage.py rqworker --with-scheduler` beside the web
+# process and the runner). Unset means the embedded mode: fire-and-forget workflows run
+# synchronously at enqueue on an in-process fakeredis (see nexus_workflows.embedded).
 REDIS_URL = env.str("REDIS_URL", default="")
 RQ_QUEUES = {
-    "default": {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 360},
+    "default": (
+        {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 360} if REDIS_URL else embedded_queue(DEFAULT_TIMEOUT=360)
+    ),
 }
 
 # --- nexus_workflows ----------------------------------------------------------------------
@@ -134,5 +139,6 @@ LOGGING = {
             "level": env.str("NEXUS_WORKFLOWS_LOG_LEVEL", default="INFO"),
             "propagate": False,
         },
+        "project.demo": {"handlers": ["console"], "level": "INFO", "propagate": False},
     },
 }

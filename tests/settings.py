@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from nexus_workflows.embedded import embedded_queue
 from project.settings import *  # noqa: F403
 from project.settings import BASE_DIR, DATABASES, INSTALLED_APPS
 
@@ -24,3 +25,13 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # Runner processes started by tests get their settings through this variable.
 NEXUS_WORKFLOWS = json.loads(os.environ.get("NEXUS_WORKFLOWS_JSON", "{}"))
+
+# Fire-and-forget tests use their own Redis database (flushed by the `rq_redis` fixture),
+# never REDIS_URL, which may point at a server that matters. An empty REDIS_TEST_URL
+# selects the embedded mode (used by the subprocess that proves it needs no Redis).
+REDIS_TEST_URL = os.environ.get("REDIS_TEST_URL", "redis://127.0.0.1:6379/14")
+RQ_QUEUES = (
+    {name: {"URL": REDIS_TEST_URL, "DEFAULT_TIMEOUT": 60} for name in ("default", "urgent")}
+    if REDIS_TEST_URL
+    else {"default": embedded_queue(DEFAULT_TIMEOUT=60)}
+)

@@ -17,6 +17,11 @@ field), then::
 
     python manage.py workflows enqueue demo-triage-projection \
         '{"submission": "S-1001", "patient": "P-17", "priority": "urgent"}'
+
+``demo-notify`` is fire-and-forget: without REDIS_URL it runs at enqueue (embedded
+mode); with REDIS_URL set, ``python manage.py rqworker --with-scheduler`` runs it::
+
+    python manage.py workflows enqueue demo-notify '{"visit": 4}'
 """
 
 from __future__ import annotations
@@ -127,3 +132,11 @@ def triage_projection(
         logger.info("triage projection rehearsed in eval mode; nothing written")
         return
     save({"triage_record_id": record["id"]})
+
+
+@workflow("demo-notify", dedupe_key=by_visit)
+def notify(trigger: dict[str, Any]) -> None:
+    """Fire-and-forget (no retry schedule): runs once on an RQ worker, or at enqueue in
+    the embedded mode. Enqueueing the same visit again within RETENTION does nothing."""
+    time.sleep(0.1)  # pretend to send a notification
+    logger.info("demo-notify: notification sent")  # no trigger data in logs

@@ -1,7 +1,8 @@
 """Workflows that runner processes started by the tests know about.
 
 In-process tests register their own workflows with the ``register_workflow`` fixture;
-a ``runworkflows`` subprocess only knows what autodiscovery imports, which is this.
+a ``runworkflows`` or ``rqworker`` subprocess only knows what autodiscovery imports,
+which is this.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+
+import redis
+from django.conf import settings
 
 from nexus_workflows import workflow
 
@@ -54,3 +58,39 @@ def slow(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> Non
         Path(trigger["started_file"]).write_text(str(os.getpid()))
     time.sleep(trigger["seconds"])
     record("test-slow", trigger)
+
+
+# --- fire-and-forget (no retry schedule): run by RQ workers --------------------------------
+
+
+def control_redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_TEST_URL)
+
+
+@workflow("test-ff-ledger", dedupe_key=by_key)
+def ff_ledger(trigger: dict[str, Any]) -> None:
+    """Records one ledger row. With ``hold``, first says it started (Redis key
+    ``ff-test:started:<key>``) and waits until the test pushes ``ff-test:release:<key>``."""
+    if trigger.get("hold"):
+        control = control_redis()
+        control.set(f"ff-test:started:{trigger['key']}", os.getpid())
+        control.blpop([f"ff-test:release:{trigger['key']}"], timeout=30)
+    record("test-ff-ledger", trigger)
+
+
+class UpstreamRejected(Exception):
+    pass
+
+
+@workflow("test-ff-fail", dedupe_key=by_key)
+def ff_fail(trigger: dict[str, Any]) -> None:
+    """Records a ledger row, then fails with the trigger's ``secret`` in the message
+    (standing in for patient data an upstream error might echo)."""
+    record("test-ff-fail", trigger)
+    raise UpstreamRejected(f"upstream rejected the message for {trigger.get('secret', '')}")
+
+
+@workflow("test-ff-file", dedupe_key=by_key)
+def ff_file(trigger: dict[str, Any]) -> None:
+    """Writes a file (no database needed), proving that prepare ran and where."""
+    Path(trigger["path"]).write_text(f"prepared {trigger['key']} in process {os.getpid()}")

@@ -27,6 +27,7 @@ DEMO_WORK: list[tuple[str, dict[str, Any], str]] = [
     ("demo-flaky", {"visit": 3, "failures": 1}, "fails once, is retried 6 s later, succeeds"),
     ("demo-doomed", {"visit": 4}, "fails permanently and is abandoned at once"),
     ("demo-exhausted", {"visit": 5}, "fails every time: retried after 6 s and 12 s, then abandoned"),
+    ("demo-notify", {"visit": 6}, "fire-and-forget: runs once on RQ (in-process without REDIS_URL)"),
 ]
 
 
@@ -80,7 +81,10 @@ class Command(BaseCommand):
             if kind not in registry:
                 continue
             result = enqueue(kind, trigger)
-            state = f"#{result}" if result else "already done (within the retention)"
+            if result is None:
+                state = "already done (within the retention)"
+            else:
+                state = f"#{result}" if registry.get(kind).is_deferred else f"job {result}"
             self.stdout.write(f"{kind:<16} visit {trigger['visit']}: {state:<12} {expectation}")
 
     def start(self, *command: str) -> subprocess.Popen[bytes]:

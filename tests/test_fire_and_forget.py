@@ -1,0 +1,552 @@
+"""Fire-and-forget workflows on django-rq, against the real Redis (REDIS_TEST_URL).
+
+Executions are counted in the ``Ledger`` table, which worker subprocesses write too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.urls import reverse
+from rq.job import JobStatus, validate_job_id
+from rq.queue import Queue
+from rq.registry import FailedJobRegistry, ScheduledJobRegistry
+
+from nexus_workflows import InvalidEnqueueOption, QueueUnavailable, enqueue
+from nexus_workflows.fire_and_forget import get_queue, job_id_for, run_job, split_job_id
+from nexus_workflows.models import DeferredWork
+from nexus_workflows.registry import registry
+from tests.conftest import PYTHON, REPOSITORY
+from tests.testapp.models import Ledger
+
+LEDGER = "test-ff-ledger"
+FAIL = "test-ff-fail"
+
+
+def executions(kind: str = LEDGER, key: str | None = None) -> int:
+    rows = Ledger.objects.filter(kind=kind)
+    return (rows.filter(key=key) if key is not None else rows).count()
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def queue(rq_redis: redis.Redis) -> Queue:
+    return get_queue("default")
+
+
+@pytest.fixture
+def logs(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """caplog that also sees nexus_workflows, whose logger does not propagate in the
+    project's LOGGING."""
+    logger = logging.getLogger("nexus_workflows")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.DEBUG)
+    try:
+        yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+# --- job ids --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "job_id"),
+    [
+        ("123", "k__123"),
+        ("550e8400-e29b-41d4-a716-446655440000", "k__550e8400-e29b-41d4-a716-446655440000"),
+        ("visit_7", "k__visit_7"),
+        ("a__b", "k__a__b"),
+        ("visit/7", "k__-visit-2f7"),
+        ("-5", "k__--2d5"),
+        ("_x", "k__-_x"),
+        ("a b:c-d", "k__-a-20b-3ac-2dd"),
+        ("ñ", "k__--c3-b1"),
+    ],
+)
+def test_job_id_is_kind_and_key_escaping_what_rq_does_not_allow(key: str, job_id: str) -> None:
+    assert job_id_for("k", key) == job_id
+    validate_job_id(job_id)  # RQ accepts it
+    assert split_job_id(job_id) == ("k", key)
+
+
+def test_job_ids_never_collide_and_always_split_back() -> None:
+    kinds = ["a", "a_", "a-", "a_b", "a-_"]
+    keys = ["b", "_b", "__b", "-b", "b_", "b__c", "x y", "-2d", "-", "_", "ß/€", "a" * 255, "\U0001f600"]
+    ids = {job_id_for(kind, key): (kind, key) for kind in kinds for key in keys}
+    assert len(ids) == len(kinds) * len(keys)
+    for job_id, pair in ids.items():
+        validate_job_id(job_id)
+        assert split_job_id(job_id) == pair
+
+
+@pytest.mark.parametrize("job_id", ["nokind", "__x", "k__-zz", "k__-a-2", "k__ab c", "k__-a.b"])
+def test_split_job_id_rejects_ids_it_cannot_have_made(job_id: str) -> None:
+    with pytest.raises(ValueError, match="not a fire-and-forget job id"):
+        split_job_id(job_id)
+
+
+# --- running through RQ ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_returns_the_job_id_and_a_worker_runs_prepare_once(
+    queue: Queue, rq_burst: Callable[..., int], settings: Any
+) -> None:
+    settings.NEXUS_WORKFLOWS = {"RETENTION": 3600}
+    job_id = enqueue(LEDGER, {"key": "v1", "name": "Ana López"})
+
+    assert job_id == "test-ff-ledger__v1"
+    job = queue.fetch_job(job_id)
+    assert job is not None
+    assert job.get_status() == JobStatus.QUEUED
+    assert (job.result_ttl, job.failure_ttl, job.ttl) == (3600, 3600, None)
+    assert queue.connection.ttl(job.key) == -1  # a queued job never expires before it runs
+    assert "Ana" not in job.description  # list pages and worker logs show the description
+    assert executions() == 0
+
+    assert rq_burst() == 1
+    assert executions("test-ff-ledger", "v1") == 1
+    job.refresh()
+    assert job.get_status() == JobStatus.FINISHED
+    assert 0 < queue.connection.ttl(job.key) <= 3600  # kept for RETENTION, the dedupe horizon
+    assert rq_burst() == 0
+    assert executions() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_duplicates_while_queued_and_after_finishing_return_none_and_add_no_execution(
+    queue: Queue, rq_burst: Callable[..., int]
+) -> None:
+    job_id = enqueue(LEDGER, {"key": "v2"})
+    assert enqueue(LEDGER, {"key": "v2", "other": "field"}) is None  # queued
+    assert queue.job_ids == [job_id]
+
+    assert rq_burst() == 1
+    assert enqueue(LEDGER, {"key": "v2"}) is None  # finished, within the horizon
+    assert rq_burst() == 0
+    assert executions() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_duplicates_after_a_failure_return_none_and_add_no_execution(
+    queue: Queue, rq_burst: Callable[..., int]
+) -> None:
+    job_id = enqueue(FAIL, {"key": "f1"})
+    assert rq_burst() == 1
+    assert job_id in FailedJobRegistry(queue=queue).get_job_ids()
+
+    assert enqueue(FAIL, {"key": "f1"}) is None  # failed, within the horizon
+    assert rq_burst() == 0
+    assert executions(FAIL) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", [LEDGER, FAIL])
+def test_after_the_horizon_the_key_works_again(
+    kind: str, queue: Queue, rq_burst: Callable[..., int], settings: Any
+) -> None:
+    settings.NEXUS_WORKFLOWS = {"RETENTION": 1}
+    job_id = enqueue(kind, {"key": "h"})
+    assert rq_burst() == 1
+    assert enqueue(kind, {"key": "h"}) is None
+
+    wait_until(lambda: not queue.connection.exists(queue.job_class.key_for(job_id)), "the job to expire")
+    assert enqueue(kind, {"key": "h"}) == job_id
+    assert rq_burst() == 1
+    assert executions(kind, "h") == 2
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_rqworker_runs_the_job_and_refuses_a_duplicate_while_it_runs(
+    queue: Queue, rq_redis: redis.Redis, child_env: dict[str, str]
+) -> None:
+    job_id = enqueue(LEDGER, {"key": "run", "hold": True})
+    # A real `manage.py rqworker` (forking worker): it knows test-ff-ledger only
+    # through autodiscovery of tests.testapp.workflows.
+    worker = subprocess.Popen(
+        [PYTHON, "manage.py", "rqworker", "--burst", "default"],
+        cwd=REPOSITORY,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_until(
+            lambda: rq_redis.exists("ff-test:started:run") or worker.poll() is not None,
+            "prepare to start in the worker",
+        )
+        assert worker.poll() is None, worker.communicate()[0]
+        assert queue.fetch_job(job_id).get_status() == JobStatus.STARTED
+        assert enqueue(LEDGER, {"key": "run"}) is None  # running
+        rq_redis.rpush("ff-test:release:run", "go")
+        output, _ = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, output
+    assert "default: workflow test-ff-ledger (test-ff-ledger__run)" in output
+    assert "hold" not in output  # RQ logs the description, which holds no trigger data
+    assert executions("test-ff-ledger", "run") == 1
+    assert Ledger.objects.get().pid == int(rq_redis.get("ff-test:started:run"))  # ran in the worker
+    assert queue.fetch_job(job_id).get_status() == JobStatus.FINISHED
+    assert enqueue(LEDGER, {"key": "run"}) is None
+
+
+ENQUEUE_AT_SIGNAL = """
+import json, os, sys
+import django
+django.setup()
+import redis
+from django.conf import settings
+from nexus_workflows import enqueue
+control = redis.Redis.from_url(settings.REDIS_TEST_URL)
+control.rpush("ff-test:ready", os.getpid())
+if control.blpop(["ff-test:go"], timeout=60) is None:
+    sys.exit("no start signal")
+keys = [f"race-{number}" for number in range(int(sys.argv[1]))]
+print(json.dumps([enqueue("test-ff-ledger", {"key": key}) for key in keys]))
+"""
+
+
+RACE_KEYS = 50
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_eight_processes_enqueueing_the_same_keys_at_once_make_one_execution_per_key(
+    rq_redis: redis.Redis, rq_burst: Callable[..., int], child_env: dict[str, str]
+) -> None:
+    # Eight processes are released at the same instant and enqueue the same keys in the
+    # same order, so every key is contended; a check-then-enqueue would lose some races.
+    processes = [
+        subprocess.Popen(
+            [PYTHON, "-c", ENQUEUE_AT_SIGNAL, str(RACE_KEYS)],
+            cwd=REPOSITORY,
+            env=child_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    try:
+
+        def all_ready() -> bool:
+            crashed = [process for process in processes if process.poll() not in (None, 0)]
+            assert not crashed, crashed[0].communicate()[1]
+            return rq_redis.llen("ff-test:ready") == len(processes)
+
+        wait_until(all_ready, "eight processes to set Django up", timeout=90)
+        # One token each: BLPOP releases all eight at once.
+        rq_redis.rpush("ff-test:go", *["go"] * len(processes))
+        results = []
+        for process in processes:
+            output, errors = process.communicate(timeout=60)
+            assert process.returncode == 0, errors
+            results.append(json.loads(output.strip().splitlines()[-1]))
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    for number in range(RACE_KEYS):
+        per_process = [returned[number] for returned in results]
+        assert per_process.count(f"test-ff-ledger__race-{number}") == 1, per_process
+        assert per_process.count(None) == 7
+    assert rq_burst() == RACE_KEYS
+    assert Ledger.objects.filter(kind="test-ff-ledger").count() == RACE_KEYS
+    assert Ledger.objects.values("key").distinct().count() == RACE_KEYS
+
+
+# --- transactions ----------------------------------------------------------------------------
+
+
+class Rollback(Exception):
+    pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_in_a_rolled_back_transaction_sends_nothing(
+    queue: Queue, rq_burst: Callable[..., int]
+) -> None:
+    def enqueue_then_roll_back() -> None:
+        with transaction.atomic():
+            assert enqueue(LEDGER, {"key": "tx1"}) == "test-ff-ledger__tx1"
+            assert queue.count == 0  # not before commit
+            raise Rollback
+
+    with pytest.raises(Rollback):
+        enqueue_then_roll_back()
+    assert queue.count == 0
+    assert not queue.connection.exists(queue.job_class.key_for("test-ff-ledger__tx1"))
+    assert rq_burst() == 0
+    assert executions() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_in_a_committed_transaction_sends_one_job(queue: Queue, rq_burst: Callable[..., int]) -> None:
+    with transaction.atomic():
+        first = enqueue(LEDGER, {"key": "tx2"})
+        again = enqueue(LEDGER, {"key": "tx2"})  # the same key twice in one transaction
+        assert first == again == "test-ff-ledger__tx2"
+        assert queue.count == 0
+    assert queue.job_ids == ["test-ff-ledger__tx2"]
+    assert rq_burst() == 1
+    assert executions() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_duplicate_found_at_commit_is_logged_and_dropped_without_raising(
+    queue: Queue, rq_burst: Callable[..., int], logs: pytest.LogCaptureFixture
+) -> None:
+    with transaction.atomic():
+        assert enqueue(LEDGER, {"key": "tx3", "from": "transaction"}) == "test-ff-ledger__tx3"
+        # Meanwhile another caller, not in a transaction, sends the same key first.
+        with ThreadPoolExecutor(1) as pool:
+            assert pool.submit(enqueue, LEDGER, {"key": "tx3"}).result() == "test-ff-ledger__tx3"
+    # The commit did not raise; the transaction's job was dropped.
+    assert "test-ff-ledger job dropped at commit" in logs.text
+    assert queue.job_ids == ["test-ff-ledger__tx3"]
+    assert queue.fetch_job("test-ff-ledger__tx3").args[1] == {"key": "tx3"}
+    assert rq_burst() == 1
+    assert executions() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_transaction_an_existing_job_is_refused_at_once(queue: Queue) -> None:
+    enqueue(LEDGER, {"key": "tx4"})
+    with transaction.atomic():
+        assert enqueue(LEDGER, {"key": "tx4"}) is None
+        assert transaction.get_connection().run_on_commit == []
+    assert queue.count == 1
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_job_is_in_the_failed_registry_and_django_rq_admin_without_its_message_in_logs(
+    queue: Queue,
+    rq_burst: Callable[..., int],
+    logs: pytest.LogCaptureFixture,
+    client: Any,
+    django_user_model: Any,
+) -> None:
+    secret = "Ana López +525512345678"
+    job_id = enqueue(FAIL, {"key": "f2", "secret": secret})
+    assert rq_burst() == 1
+
+    assert job_id in FailedJobRegistry(queue=queue).get_job_ids()
+    job = queue.fetch_job(job_id)
+    assert job.get_status() == JobStatus.FAILED
+    assert (
+        "JobFailed: workflow 'test-ff-fail': prepare raised UpstreamRejected"
+        in job.latest_result().exc_string
+    )
+    assert "workflows.py" in job.latest_result().exc_string  # where it was raised
+    assert secret not in job.latest_result().exc_string
+    assert job.meta["error"] == f"UpstreamRejected: upstream rejected the message for {secret}"
+    assert "exception raised while executing" in logs.text  # RQ's own failure log line...
+    assert secret not in logs.text  # ...without the message
+    assert 0 < queue.connection.ttl(job.key) <= settings.NEXUS_WORKFLOWS.get("RETENTION", 86_400)
+
+    admin = django_user_model.objects.create_superuser("triage", "triage@example.com", "password")
+    client.force_login(admin)
+    queue_index = sorted(settings.RQ_QUEUES).index("default")
+    listing = client.get(reverse("admin:django_rq_failed_jobs", args=[queue_index]))
+    assert listing.status_code == 200
+    page = listing.content.decode()
+    assert job_id in page
+    assert "nexus_workflows.fire_and_forget.run_job" in page
+    assert "+525512345678" not in page  # no trigger data on the list page
+    detail = client.get(reverse("admin:django_rq_job_detail", args=[queue_index, job_id]))
+    assert detail.status_code == 200
+    assert "upstream rejected the message for" in detail.content.decode()  # meta["error"]
+    # RQ 3 keeps the traceback in the job's results, each with its own admin page.
+    result_id = job.latest_result().id
+    assert result_id in detail.content.decode()
+    result = client.get(reverse("admin:django_rq_result_detail", args=[queue_index, job_id, result_id]))
+    assert result.status_code == 200
+    assert "prepare raised UpstreamRejected" in result.content.decode()
+    dashboard = client.get(reverse("admin:django_rq_home"))
+    assert dashboard.status_code == 200
+
+
+def unknown_later(trigger: Any) -> None:
+    raise AssertionError("must not run")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_kind_unknown_to_the_worker_fails_the_job_with_a_clear_message(
+    queue: Queue, rq_burst: Callable[..., int], register_workflow: Callable[..., Any]
+) -> None:
+    workflow = register_workflow(unknown_later)
+    job_id = enqueue(workflow.kind, {"key": "u"})
+    registry.unregister(workflow.kind)  # this worker's code does not define it
+    assert rq_burst() == 1
+    job = queue.fetch_job(job_id)
+    assert job.get_status() == JobStatus.FAILED
+    assert f"UnknownWorkflow: fire-and-forget job: no workflow is registered for kind '{workflow.kind}'" in (
+        job.latest_result().exc_string
+    )
+
+
+def deferred_prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+    raise AssertionError("must not run")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_for_a_kind_that_is_deferred_in_the_worker_fails_without_running(
+    queue: Queue, rq_burst: Callable[..., int], register_workflow: Callable[..., Any]
+) -> None:
+    workflow = register_workflow(deferred_prepare, retry_schedule=[1])
+    job = queue.enqueue(run_job, workflow.kind, {"key": "d"})
+    assert rq_burst() == 1
+    job.refresh()
+    assert job.get_status() == JobStatus.FAILED
+    assert "is registered with a retry schedule in this worker" in job.latest_result().exc_string
+
+
+async def async_prepare(trigger: Any) -> None:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(Ledger.objects.create)(kind="async", key=trigger["key"], pid=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_prepare_is_awaited(
+    queue: Queue, rq_burst: Callable[..., int], register_workflow: Callable[..., Any]
+) -> None:
+    workflow = register_workflow(async_prepare)
+    enqueue(workflow.kind, {"key": "a"})
+    assert rq_burst() == 1
+    assert executions("async", "a") == 1
+
+
+# --- options ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queue_job_timeout_and_at_front_options(queue: Queue, rq_burst: Callable[..., int]) -> None:
+    first = enqueue(LEDGER, {"key": "o1"})
+    front = enqueue(LEDGER, {"key": "o2"}, at_front=True, job_timeout=timedelta(seconds=30))
+    urgent = enqueue(LEDGER, {"key": "o3"}, queue="urgent", job_timeout=7.5)
+
+    assert queue.job_ids == [front, first]
+    assert get_queue("urgent").job_ids == [urgent]
+    assert queue.fetch_job(first).timeout == 60  # the queue's DEFAULT_TIMEOUT
+    assert queue.fetch_job(front).timeout == 30
+    assert get_queue("urgent").fetch_job(urgent).timeout == 8
+    assert rq_burst("default", "urgent") == 3
+    assert executions() == 3
+
+
+def sleeps(trigger: Any) -> None:
+    time.sleep(trigger["seconds"])
+    Ledger.objects.create(kind="sleeps", key=trigger["key"], pid=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_running_past_its_job_timeout_is_stopped_and_failed(
+    queue: Queue, rq_burst: Callable[..., int], register_workflow: Callable[..., Any]
+) -> None:
+    workflow = register_workflow(sleeps)
+    job_id = enqueue(workflow.kind, {"key": "slow", "seconds": 5}, job_timeout=1)
+    assert rq_burst() == 1
+    job = queue.fetch_job(job_id)
+    assert job.get_status() == JobStatus.FAILED
+    assert "prepare raised JobTimeoutException" in job.latest_result().exc_string
+    assert executions("sleeps") == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_delay_schedules_the_job_and_a_worker_with_the_scheduler_runs_it_when_due(
+    queue: Queue, rq_burst: Callable[..., int]
+) -> None:
+    job_id = enqueue(LEDGER, {"key": "later"}, delay=2)
+    scheduled = ScheduledJobRegistry(queue=queue)
+    assert job_id in scheduled.get_job_ids()
+    assert queue.count == 0
+    assert enqueue(LEDGER, {"key": "later"}) is None  # scheduled counts as existing
+    assert enqueue(LEDGER, {"key": "later"}, delay=timedelta(seconds=5)) is None
+    assert rq_burst(with_scheduler=True) == 0  # not due yet
+
+    due_at = scheduled.get_scheduled_time(job_id)
+    wait_until(lambda: time.time() >= due_at.timestamp(), "the job to be due", timeout=5)
+    assert rq_burst(with_scheduler=True) == 1
+    assert executions("test-ff-ledger", "later") == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"priority": 1}, "unknown option(s) priority. Allowed: at_front, delay, job_timeout, queue"),
+        ({"queue": "nope"}, "queue must be the name of a queue in RQ_QUEUES (default, urgent); got 'nope'"),
+        ({"queue": None}, "queue must be the name of a queue in RQ_QUEUES"),
+        ({"job_timeout": 0}, "job_timeout must be greater than 0 seconds"),
+        ({"job_timeout": "1h"}, "job_timeout must be a number of seconds or a timedelta; got str"),
+        ({"at_front": 1}, "at_front must be True or False; got int"),
+        ({"delay": -1}, "delay must not be negative"),
+        ({"delay": "soon"}, "delay must be a number of seconds or a timedelta; got str"),
+    ],
+)
+def test_bad_options_are_rejected_before_anything_is_sent(
+    rq_redis: redis.Redis, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidEnqueueOption, match=re.escape(message)):
+        enqueue(LEDGER, {"key": "bad"}, **options)
+    assert rq_redis.dbsize() == 0
+
+
+# --- Redis unreachable -------------------------------------------------------------------------
+
+DOWN = {"default": {"URL": "redis://:s3cret-pw@127.0.0.1:1/0"}}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unreachable_redis_raises_queue_unavailable_naming_host_and_port(settings: Any) -> None:
+    settings.RQ_QUEUES = DOWN
+    with pytest.raises(QueueUnavailable) as raised:
+        enqueue(LEDGER, {"key": "down"})
+    message = str(raised.value)
+    assert "cannot reach Redis at 127.0.0.1:1 for queue 'default'" in message
+    assert "nothing was enqueued" in message
+    assert "s3cret-pw" not in message
+    assert DeferredWork.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unreachable_redis_inside_a_transaction_raises_at_enqueue_and_leaves_nothing_for_commit(
+    settings: Any, logs: pytest.LogCaptureFixture
+) -> None:
+    settings.RQ_QUEUES = DOWN
+    with transaction.atomic():
+        with pytest.raises(QueueUnavailable, match=r"127\.0\.0\.1:1"):
+            enqueue(LEDGER, {"key": "down"})
+        assert transaction.get_connection().run_on_commit == []
+    assert "lost at commit" not in logs.text
+    assert "s3cret-pw" not in logs.text
