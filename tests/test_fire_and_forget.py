@@ -165,9 +165,12 @@ def test_duplicates_after_a_failure_return_none_and_add_no_execution(
 def test_after_the_horizon_the_key_works_again(
     kind: str, queue: Queue, rq_burst: Callable[..., int], settings: Any
 ) -> None:
-    settings.NEXUS_WORKFLOWS = {"RETENTION": 1}
+    settings.NEXUS_WORKFLOWS = {"RETENTION": 3}
     job_id = enqueue(kind, {"key": "h"})
     assert rq_burst() == 1
+    # Within the horizon: the finished or failed job's key lives for RETENTION seconds.
+    ttl = queue.connection.ttl(queue.job_class.key_for(job_id))
+    assert 0 < ttl <= 3
     assert enqueue(kind, {"key": "h"}) is None
 
     wait_until(lambda: not queue.connection.exists(queue.job_class.key_for(job_id)), "the job to expire")

@@ -400,17 +400,17 @@ def test_shutdown_releases_claims_still_held(register_workflow: Any) -> None:
     assert row(work_id).checkpoints == {}
 
 
-@override_settings(NEXUS_WORKFLOWS={"HEARTBEAT_INTERVAL": 0.1, "STALE_AFTER": 0.5, "POLL_INTERVAL": 0.05})
+@override_settings(NEXUS_WORKFLOWS={"HEARTBEAT_INTERVAL": 0.2, "STALE_AFTER": 1.0, "POLL_INTERVAL": 0.05})
 def test_heartbeats_keep_slow_work_from_being_reclaimed(register_workflow: Any) -> None:
     reclaimed: list[Any] = []
 
     def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
-        deadline = time.monotonic() + 1.5  # three times STALE_AFTER
+        deadline = time.monotonic() + 2.5  # more than twice STALE_AFTER
         while time.monotonic() < deadline:
             try:
                 reclaimed.extend(
                     Claimer(kinds=[trigger["kind"]], using="default").claim_stale(
-                        10, stale_after=timedelta(seconds=0.5)
+                        10, stale_after=timedelta(seconds=1.0)
                     )
                 )
             finally:
