@@ -27,11 +27,13 @@ _COUNTS = ("CONCURRENCY", "BATCH_SIZE", "PURGE_BATCH_SIZE")
 _BOOLEANS = ("WAKEUP",)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite int or float, not a bool."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _setting_error(name: str, rule: str, value: Any, check_id: str) -> Error:
+def setting_error(name: str, rule: str, value: Any, check_id: str) -> Error:
+    """An error for one ``NEXUS_WORKFLOWS`` setting, naming the rule and the default."""
     return Error(
         f"{SETTINGS_NAME}['{name}'] must be {rule}; got {value!r}.",
         hint=f"The default is {DEFAULTS[name]!r}.",
@@ -65,21 +67,19 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     valid = True
     for name, (rule, accepts) in _SECONDS.items():
         value = getattr(app_settings, name)
-        if not _is_number(value) or not accepts(value):
-            messages.append(
-                _setting_error(name, f"a number of seconds {rule}", value, "nexus_workflows.E002")
-            )
+        if not is_number(value) or not accepts(value):
+            messages.append(setting_error(name, f"a number of seconds {rule}", value, "nexus_workflows.E002"))
             valid = False
     for name in _COUNTS:
         value = getattr(app_settings, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             messages.append(
-                _setting_error(name, "a whole number of at least 1", value, "nexus_workflows.E003")
+                setting_error(name, "a whole number of at least 1", value, "nexus_workflows.E003")
             )
     for name in _BOOLEANS:
         value = getattr(app_settings, name)
         if not isinstance(value, bool):
-            messages.append(_setting_error(name, "True or False", value, "nexus_workflows.E005"))
+            messages.append(setting_error(name, "True or False", value, "nexus_workflows.E005"))
     if valid and app_settings.HEARTBEAT_INTERVAL * 2 > app_settings.STALE_AFTER:
         messages.append(
             Error(
@@ -148,7 +148,7 @@ def check_rq_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
     name = app_settings.RQ_QUEUE
     if not isinstance(name, str) or not name:
         messages.append(
-            _setting_error("RQ_QUEUE", "the name of a queue in RQ_QUEUES", name, "nexus_workflows.E302")
+            setting_error("RQ_QUEUE", "the name of a queue in RQ_QUEUES", name, "nexus_workflows.E302")
         )
     elif name not in queues:
         messages.append(

@@ -201,15 +201,13 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
     return written, lost
 
 
+def _unclaimed(now: datetime) -> dict[str, Any]:
+    """The fields every write that ends an attempt sets: the claim is given up."""
+    return {"claim_token": "", "claimed_at": None, "heartbeat_at": None, "updated_at": now}
+
+
 def _done_fields(now: datetime) -> dict[str, Any]:
-    return {
-        "status": Status.DONE,
-        "last_error": "",
-        "claim_token": "",
-        "claimed_at": None,
-        "heartbeat_at": None,
-        "updated_at": now,
-    }
+    return {"status": Status.DONE, "last_error": "", **_unclaimed(now)}
 
 
 def _finish_one(work: ClaimedWork) -> bool:
@@ -226,10 +224,7 @@ def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
             next_attempt_at=now + delay,
             last_error=error,
             history=history,
-            claim_token="",
-            claimed_at=None,
-            heartbeat_at=None,
-            updated_at=now,
+            **_unclaimed(now),
         )
         == 1
     )
@@ -245,10 +240,7 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
             status=Status.ABANDONED,
             last_error=error,
             history=history,
-            claim_token="",
-            claimed_at=None,
-            heartbeat_at=None,
-            updated_at=now,
+            **_unclaimed(now),
         )
         == 1
     )
@@ -266,14 +258,7 @@ def release(works: Iterable[ClaimedWork]) -> int:
             DeferredWork.objects.using(using)
             .held(token)
             .filter(pk__in=ids)
-            .update(
-                status=Status.PENDING,
-                next_attempt_at=now,
-                claim_token="",
-                claimed_at=None,
-                heartbeat_at=None,
-                updated_at=now,
-            )
+            .update(status=Status.PENDING, next_attempt_at=now, **_unclaimed(now))
         )
     return released
 

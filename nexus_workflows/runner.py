@@ -318,18 +318,7 @@ class Runner:
         remaining = limit - len(runnable)
         due = self._claimer.claim_due(remaining, now=cutoff) if remaining > 0 else []
         for work in due:
-            logger.info(
-                "%s #%s attempt %d: started",
-                work.kind,
-                work.id,
-                work.attempt,
-                extra={
-                    "workflow_kind": work.kind,
-                    "work_id": work.id,
-                    "attempt": work.attempt,
-                    "outcome": "started",
-                },
-            )
+            self._log_outcome(work, "started", logging.INFO)
         runnable.extend(due)
         if runnable:
             with self._work_available:
@@ -341,18 +330,7 @@ class Runner:
         """Reclaimed work runs again unless its lost attempts used up the schedule."""
         workflow = registry.get(work.kind)
         if work.attempt < workflow.max_attempts:
-            logger.warning(
-                "%s #%s attempt %d: reclaimed from a runner that stopped heart-beating",
-                work.kind,
-                work.id,
-                work.attempt,
-                extra={
-                    "workflow_kind": work.kind,
-                    "work_id": work.id,
-                    "attempt": work.attempt,
-                    "outcome": "reclaimed",
-                },
-            )
+            self._log_outcome(work, "reclaimed from a runner that stopped heart-beating", logging.WARNING)
             return True
         error = (
             f"WorkerLost: the runner of attempt {work.attempt - 1} stopped heart-beating and "

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.core.checks import CheckMessage, Error, Tags, register
 
-from ..conf import DEFAULTS, SETTINGS_NAME, app_settings
+from ..checks import is_number, setting_error
+from ..conf import SETTINGS_NAME, app_settings
 from .client import API_KEY_SETTING
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _error(name: str, rule: str, value: Any, check_id: str) -> Error:
-    return Error(
-        f"{SETTINGS_NAME}['{name}'] must be {rule}; got {value!r}.",
-        hint=f"The default is {DEFAULTS[name]!r}.",
-        id=check_id,
-    )
 
 
 @register(Tags.compatibility)
@@ -38,7 +26,7 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
         parts = urlsplit(url) if isinstance(url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
             messages.append(
-                _error(
+                setting_error(
                     "AIRTABLE_ENDPOINT_URL",
                     "None or an http(s) URL without query, such as 'https://api.airtable.com'",
                     url,
@@ -49,23 +37,27 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
     attempts = app_settings.AIRTABLE_MAX_ATTEMPTS
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         messages.append(
-            _error("AIRTABLE_MAX_ATTEMPTS", "a whole number of at least 1", attempts, "nexus_workflows.E201")
+            setting_error(
+                "AIRTABLE_MAX_ATTEMPTS", "a whole number of at least 1", attempts, "nexus_workflows.E201"
+            )
         )
 
     for name in ("AIRTABLE_RATE_LIMIT_DELAY", "AIRTABLE_RETRY_BASE_DELAY", "AIRTABLE_MAX_RETRY_AFTER"):
         value = getattr(app_settings, name)
-        if not _is_number(value) or value < 0:
-            messages.append(_error(name, "a number of seconds, 0 or more", value, "nexus_workflows.E202"))
+        if not is_number(value) or value < 0:
+            messages.append(
+                setting_error(name, "a number of seconds, 0 or more", value, "nexus_workflows.E202")
+            )
 
     timeout = app_settings.AIRTABLE_TIMEOUT
     parts_ok = (
-        all(_is_number(part) and part > 0 for part in timeout)
+        all(is_number(part) and part > 0 for part in timeout)
         if isinstance(timeout, list | tuple) and len(timeout) == 2
-        else _is_number(timeout) and timeout > 0
+        else is_number(timeout) and timeout > 0
     )
     if not parts_ok:
         messages.append(
-            _error(
+            setting_error(
                 "AIRTABLE_TIMEOUT",
                 "seconds greater than 0: one number, or (connect, read)",
                 timeout,
