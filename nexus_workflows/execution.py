@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import enum
-import inspect
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 
 from .claims import ClaimedWork, save_checkpoints
 from .exceptions import ClaimLost
@@ -44,18 +43,9 @@ def execute(workflow: Workflow, work: ClaimedWork) -> Outcome:
     started = time.perf_counter()
     try:
         if workflow.is_async:
-            async_save = sync_to_async(save, thread_sensitive=True)
-            async_to_sync(workflow.prepare)(work.trigger, checkpoints, async_save)
+            workflow.call_prepare(work.trigger, checkpoints, sync_to_async(save, thread_sensitive=True))
         else:
-            result = workflow.prepare(work.trigger, checkpoints, save)
-            if inspect.isawaitable(result):
-                if inspect.iscoroutine(result):
-                    result.close()
-                raise TypeError(
-                    f"prepare of {workflow.kind!r} returned an awaitable but is not an "
-                    "'async def' function; declare it async (or mark it with "
-                    "asgiref.sync.markcoroutinefunction) so the runner awaits it"
-                )
+            workflow.call_prepare(work.trigger, checkpoints, save)
     except ClaimLost as error:
         return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
     except BaseException as error:  # noqa: BLE001 - consumer code may raise anything

@@ -38,7 +38,6 @@ worker's log (see :class:`~nexus_workflows.exceptions.JobFailed`).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import re
@@ -50,7 +49,6 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, transaction
@@ -369,17 +367,7 @@ def run_job(kind: str, trigger: Any) -> None:
             "worker, so it is deferred and runs in runworkflows, not on RQ; the job was not run"
         )
     try:
-        if workflow.is_async:
-            async_to_sync(workflow.prepare)(trigger)
-        else:
-            result = workflow.prepare(trigger)
-            if inspect.isawaitable(result):
-                if inspect.iscoroutine(result):
-                    result.close()
-                raise TypeError(
-                    f"prepare of {kind!r} returned an awaitable but is not an 'async def' "
-                    "function; declare it async so that the job awaits it"
-                )
+        workflow.call_prepare(trigger)
     except Exception as error:  # noqa: BLE001 - consumer code may raise anything
         raise _job_failed(kind, error) from None
     logger.debug("%s job finished", kind)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction
+from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.utils.module_loading import autodiscover_modules
 
 from .conf import app_settings
@@ -52,6 +52,23 @@ class Workflow:
     def max_attempts(self) -> int:
         """Runs allowed for deferred work: the first one plus one per schedule entry."""
         return len(self.retry_schedule or ()) + 1
+
+    def call_prepare(self, *args: Any) -> None:
+        """Run ``prepare`` to completion from synchronous code, awaiting it if it is
+        ``async def``. A plain function that returns an awaitable is an error: nothing
+        would ever await it, and its work would silently not happen."""
+        if self.is_async:
+            async_to_sync(self.prepare)(*args)
+            return
+        result = self.prepare(*args)
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            raise TypeError(
+                f"prepare of {self.kind!r} returned an awaitable but is not an 'async def' "
+                "function; declare it async (or mark it with "
+                "asgiref.sync.markcoroutinefunction) so that it is awaited"
+            )
 
     def delay_after(self, attempt: int) -> timedelta | None:
         """The wait before the next run after attempt ``attempt`` failed, or ``None``
