@@ -8,6 +8,7 @@ class NexusWorkflowsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
+        from .phi import checks as phi_checks  # noqa: F401 - registers the PHI checks
         from .registry import autodiscover
 
         autodiscover()

@@ -1,0 +1,375 @@
+"""``encode``, ``decode`` and ``encode_text``: pseudonymise a conversation's PHI.
+
+Concurrency rules (after the seeds' tokenMapService): a value's token is found by its
+lookup key; a new value takes the map's next sequence number by compare-and-set
+(``UPDATE … WHERE sequence = n``) and inserts its row in the same transaction (a savepoint
+inside the caller's), so a lost race rolls the number back and the next round finds the
+winner's row through the unique constraint on (map, lookup key). A richer surface
+replaces the stored one by compare-and-set on the stored ciphertext.
+
+Every argument is validated before anything is read or written. Logs and exception
+messages name maps by id and tokens by token, never a value, surface or code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import phonenumbers
+from django.db import IntegrityError, connections, router, transaction
+from django.utils import timezone
+
+from ..conf import app_settings
+from .cache import MapState, TokenRow, token_cache
+from .exceptions import InvalidPhiValue, InvalidSpan, InvalidText, TokenAllocationError
+from .keys import keyring
+from .models import PhiToken, TokenMap
+from .normalization import check_category, is_richer, normalize_text, surface_form, value_text
+from .tokens import TOKEN_PATTERN, check_code, make_token
+
+logger = logging.getLogger(__name__)
+
+# Rounds of "look for the value, then compare-and-set the sequence" before giving up.
+# Each lost round means another writer allocated a token, so this bounds contention,
+# not a retry delay.
+_ALLOCATION_ROUNDS = 200
+# Rounds of surface compare-and-set; each loss means another writer stored a surface.
+_UPGRADE_ROUNDS = 20
+
+# E-mail addresses in free text: a local part, "@", dotted domain labels and a
+# letters-only top-level domain. Not RFC 5322, but what people type in a chat.
+EMAIL_PATTERN = re.compile(r"(?<![\w.%+-])[\w.%+-]+@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}(?![\w-])")
+
+
+def _alias() -> str:
+    return router.db_for_write(TokenMap)
+
+
+def _load(alias: str, code: str) -> MapState:
+    """One query: the map and all its tokens (a LEFT JOIN, so an empty map loads too)."""
+    rows = (
+        TokenMap.objects.using(alias)
+        .filter(code=code)
+        .values_list(
+            "pk", "sequence", "tokens__pk", "tokens__token", "tokens__lookup_key", "tokens__encrypted_surface"
+        )
+    )
+    state: MapState | None = None
+    for map_pk, sequence, pk, token, lookup_key, ciphertext in rows:
+        if state is None:
+            state = MapState(map_id=map_pk, sequence=sequence)
+        if pk is not None:
+            state.add(TokenRow(pk, token, lookup_key, ciphertext))
+    return state if state is not None else MapState(map_id=None, sequence=0)
+
+
+def _map_state(alias: str, code: str) -> MapState:
+    key = (alias, code)
+    if connections[alias].in_atomic_block:
+        # A load inside a transaction may see that transaction's uncommitted rows, which
+        # must never reach other threads: use a fresh shared entry, or load privately.
+        state = token_cache.peek(key)
+        return state if state is not None else _load(alias, code)
+    return token_cache.get(key, lambda: _load(alias, code))
+
+
+class _Writer:
+    """The writes of one call on one code's map; what they teach the cache is published
+    to the shared state only once the writes are committed."""
+
+    def __init__(self, alias: str, code: str, state: MapState) -> None:
+        self.alias = alias
+        self.code = code
+        self.state = state
+
+    def publish(
+        self,
+        *,
+        row: TokenRow | None = None,
+        map_id: int | None = None,
+        sequence: int | None = None,
+        spelling: tuple[str, str] | None = None,
+        token: str | None = None,
+    ) -> None:
+        state = self.state
+
+        def apply() -> None:
+            if map_id is not None:
+                state.map_id = map_id
+            if sequence is not None and sequence > state.sequence:
+                state.sequence = sequence
+            if row is not None:
+                state.add(row)
+            if spelling is not None:
+                state.spellings[spelling] = row.token if row is not None else token
+
+        # Runs at once in autocommit mode; inside a transaction, after it commits (and
+        # never if it rolls back).
+        transaction.on_commit(apply, using=self.alias)
+
+    def forget(self) -> None:
+        """The map was deleted under us (by an operator): drop what the cache knows."""
+        token_cache.invalidate((self.alias, self.code))
+
+    def allocate(self, category: str, lookup_key: str, surface: str, spelling: tuple[str, str]) -> str:
+        alias = self.alias
+        map_id, sequence = self.state.map_id, self.state.sequence
+        ciphertext = keyring().encrypt(lookup_key, surface)
+        for _ in range(_ALLOCATION_ROUNDS):
+            if map_id is None:
+                token_map, _created = TokenMap.objects.using(alias).get_or_create(code=self.code)
+                map_id, sequence = token_map.pk, token_map.sequence
+            existing = (
+                PhiToken.objects.using(alias)
+                .filter(token_map_id=map_id, lookup_key=lookup_key)
+                .values_list("pk", "token", "encrypted_surface")
+                .first()
+            )
+            if existing is not None:
+                row = TokenRow(existing[0], existing[1], lookup_key, existing[2])
+                self.publish(row=row, map_id=map_id, sequence=sequence, spelling=spelling)
+                self.upgrade(row, surface, map_id)
+                return row.token
+            number = sequence + 1
+            token = make_token(category, number)
+            now = timezone.now()
+            created: PhiToken | None = None
+            try:
+                with transaction.atomic(using=alias):
+                    claimed = (
+                        TokenMap.objects.using(alias)
+                        .filter(pk=map_id, sequence=sequence)
+                        .update(sequence=number, updated_at=now)
+                    )
+                    if claimed:
+                        created = PhiToken.objects.using(alias).create(
+                            token_map_id=map_id,
+                            category=category,
+                            number=number,
+                            token=token,
+                            lookup_key=lookup_key,
+                            encrypted_surface=ciphertext,
+                            created_at=now,
+                            updated_at=now,
+                        )
+            except IntegrityError:
+                # Another writer inserted this value (or this number) first; the
+                # transaction rolled our sequence claim back with it.
+                created = None
+            if created is not None:
+                self.publish(
+                    row=TokenRow(created.pk, token, lookup_key, ciphertext, surface),
+                    map_id=map_id,
+                    sequence=number,
+                    spelling=spelling,
+                )
+                logger.debug("token map #%s: allocated %s", map_id, token)
+                return token
+            # Lost the race: learn the current sequence and look for the value again.
+            current = (
+                TokenMap.objects.using(alias).filter(pk=map_id).values_list("sequence", flat=True).first()
+            )
+            if current is None:
+                logger.warning("token map #%s was deleted while a token was being allocated", map_id)
+                self.forget()
+                map_id, sequence = None, 0
+            else:
+                sequence = current
+        raise TokenAllocationError(
+            f"could not allocate a {category} token in token map #{map_id} after {_ALLOCATION_ROUNDS} "
+            "rounds: concurrent writers kept taking the next sequence number"
+        )
+
+    def upgrade(self, row: TokenRow, candidate: str, map_id: int | None) -> None:
+        """Replace the stored surface by ``candidate`` if it is richer (compare-and-set)."""
+        if not is_richer(candidate, row.surface()):
+            return
+        alias = self.alias
+        ciphertext = keyring().encrypt(row.lookup_key, candidate)
+        for _ in range(_UPGRADE_ROUNDS):
+            replaced = (
+                PhiToken.objects.using(alias)
+                .filter(pk=row.pk, encrypted_surface=row.ciphertext)
+                .update(encrypted_surface=ciphertext, updated_at=timezone.now())
+            )
+            if replaced:
+                self.publish(row=TokenRow(row.pk, row.token, row.lookup_key, ciphertext, candidate))
+                logger.debug("token map #%s: surface of %s upgraded", map_id, row.token)
+                return
+            # Someone else stored a surface (or rotated the key) since we read it.
+            ciphertext_now = (
+                PhiToken.objects.using(alias)
+                .filter(pk=row.pk)
+                .values_list("encrypted_surface", flat=True)
+                .first()
+            )
+            if ciphertext_now is None:
+                self.forget()
+                return
+            row = TokenRow(row.pk, row.token, row.lookup_key, ciphertext_now)
+            if not is_richer(candidate, row.surface()):
+                self.publish(row=row)
+                return
+        logger.warning(
+            "token map #%s: gave up upgrading the surface of %s after %d rounds",
+            map_id,
+            row.token,
+            _UPGRADE_ROUNDS,
+        )
+
+
+def _encode_checked(alias: str, code: str, category: str, text: str, normalized: str | None) -> str:
+    """Encode a validated value; ``normalized`` may be passed when already computed."""
+    state = _map_state(alias, code)
+    spelling = (category, text)
+    token = state.spellings.get(spelling)
+    if token is not None:
+        return token
+    if normalized is None:
+        normalized = normalize_text(text, category)
+    surface = surface_form(text)
+    lookup_key = keyring().lookup_key(code, category, normalized)
+    writer = _Writer(alias, code, state)
+    token = state.by_lookup.get(lookup_key)
+    if token is None:
+        return writer.allocate(category, lookup_key, surface, spelling)
+    row = state.rows[token]
+    writer.upgrade(row, surface, state.map_id)
+    writer.publish(spelling=spelling, token=token)
+    return token
+
+
+def encode(code: str, value: Any, category: str) -> str:
+    """The token of ``value`` in conversation ``code``, e.g. ``"<<PERSONA_1>>"``.
+
+    The same value (after normalisation) always gets the same token, from any process;
+    a new value gets ``<<CATEGORY_N>>`` with ``N`` from the code's one sequence. Numbers
+    are accepted as their text. A richer spelling of a known value replaces its stored
+    surface.
+    """
+    code = check_code(code)
+    category = check_category(category)
+    text = value_text(value, category)
+    return _encode_checked(_alias(), code, category, text, None)
+
+
+def decode(code: str, text: str) -> str:
+    """``text`` with every token of ``code`` replaced by its stored surface.
+
+    Tokens the code does not know are left as they are. Raises
+    ``SurfaceDecryptionError`` if a surface cannot be decrypted.
+    """
+    code = check_code(code)
+    if not isinstance(text, str):
+        raise InvalidText(f"decode needs the text as a string; got {type(text).__name__}")
+    if "<<" not in text:
+        return text
+    found = set(TOKEN_PATTERN.findall(text))
+    if not found:
+        return text
+    alias = _alias()
+    state = _map_state(alias, code)
+    rows = state.rows
+    missing = [token for token in found if token not in rows]
+    if missing:
+        # Tokens allocated by other processes since this map was cached.
+        fresh = (
+            PhiToken.objects.using(alias)
+            .filter(token_map__code=code, token__in=missing)
+            .values_list("pk", "token", "lookup_key", "encrypted_surface")
+        )
+        if fresh:
+            rows = dict(rows)
+            writer = _Writer(alias, code, state)
+            for pk, token, lookup_key, ciphertext in fresh:
+                rows[token] = TokenRow(pk, token, lookup_key, ciphertext)
+                writer.publish(row=rows[token])
+
+    def replace(match: re.Match[str]) -> str:
+        row = rows.get(match.group(0))
+        return match.group(0) if row is None else row.surface()
+
+    return TOKEN_PATTERN.sub(replace, text)
+
+
+Span = tuple[int, int, str]
+
+
+def _caller_spans(text: str, spans: Iterable[Any] | None) -> list[Span]:
+    checked: list[Span] = []
+    for index, span in enumerate(spans or ()):
+        try:
+            start, end, category = span
+        except (TypeError, ValueError):
+            raise InvalidSpan(f"span {index} must be a (start, end, category) tuple") from None
+        if any(isinstance(bound, bool) or not isinstance(bound, int) for bound in (start, end)):
+            raise InvalidSpan(f"span {index}: start and end must be whole numbers")
+        if not 0 <= start < end <= len(text):
+            raise InvalidSpan(
+                f"span {index} ({start}, {end}) must satisfy 0 <= start < end <= {len(text)} "
+                "(the length of the text)"
+            )
+        checked.append((start, end, check_category(category)))
+    checked.sort()
+    for before, after in itertools.pairwise(checked):
+        if after[0] < before[1]:
+            raise InvalidSpan(f"spans ({before[0]}, {before[1]}) and ({after[0]}, {after[1]}) overlap")
+    return checked
+
+
+def _overlaps(start: int, end: int, taken: list[Span]) -> bool:
+    return any(start < other_end and other_start < end for other_start, other_end, _ in taken)
+
+
+def find_spans(text: str, spans: Iterable[Any] | None = ()) -> list[Span]:
+    """The caller's spans plus the e-mail addresses and phone numbers found in ``text``.
+
+    Found spans that overlap a caller's span are dropped (the caller's recogniser wins),
+    and digits inside an e-mail address are not a phone number.
+    """
+    caller = _caller_spans(text, spans)
+    found: list[Span] = []
+    if "@" in text:
+        for match in EMAIL_PATTERN.finditer(text):
+            if not _overlaps(match.start(), match.end(), caller):
+                found.append((match.start(), match.end(), "EMAIL"))
+    for match in phonenumbers.PhoneNumberMatcher(text, app_settings.PHI_DEFAULT_REGION):
+        if not _overlaps(match.start, match.end, caller + found):
+            found.append((match.start, match.end, "TELEFONO"))
+    return sorted(caller + found)
+
+
+def encode_text(code: str, text: str, spans: Iterable[Any] | None = ()) -> str:
+    """``text`` with its PHI replaced by tokens of conversation ``code``.
+
+    E-mail addresses and phone numbers are found here (phone numbers with
+    ``phonenumbers.PhoneNumberMatcher`` and ``PHI_DEFAULT_REGION``); names, IDs and
+    anything else come as ``(start, end, category)`` spans from the caller's recogniser.
+    Every span is validated and normalised before the first token is written.
+    """
+    code = check_code(code)
+    if not isinstance(text, str):
+        raise InvalidText(f"encode_text needs the text as a string; got {type(text).__name__}")
+    prepared: list[tuple[int, int, str, str, str]] = []
+    for start, end, category in find_spans(text, spans):
+        value = text[start:end]
+        try:
+            normalized = normalize_text(value_text(value, category), category)
+        except InvalidPhiValue as error:
+            raise InvalidPhiValue(f"span ({start}, {end}): {error}") from None
+        prepared.append((start, end, category, value, normalized))
+    if not prepared:
+        return text
+    alias = _alias()
+    pieces: list[str] = []
+    position = 0
+    for start, end, category, value, normalized in prepared:
+        pieces.append(text[position:start])
+        pieces.append(_encode_checked(alias, code, category, value, normalized))
+        position = end
+    pieces.append(text[position:])
+    return "".join(pieces)
