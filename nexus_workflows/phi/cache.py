@@ -50,6 +50,11 @@ class MapState:
     # spelling skips normalisation and the HMAC.
     spellings: dict[tuple[str, str], str] = field(default_factory=dict)
 
+    def copy(self) -> MapState:
+        return MapState(
+            self.map_id, self.sequence, dict(self.rows), dict(self.by_lookup), dict(self.spellings)
+        )
+
     def add(self, row: TokenRow) -> None:
         self.rows[row.token] = row
         self.by_lookup[row.lookup_key] = row.token

@@ -67,19 +67,81 @@ def _load(alias: str, code: str) -> MapState:
     return state if state is not None else MapState(map_id=None, sequence=0)
 
 
+class _Publication:
+    """What one write teaches the cache, applied to the shared state once committed.
+
+    Registered with ``transaction.on_commit``: in autocommit mode it runs at once; inside
+    a transaction it waits for the commit and is dropped by a rollback (of the
+    transaction or of the savepoint it was made in). Until then the pending publications
+    in ``connection.run_on_commit`` are also how a transaction sees its own writes.
+    """
+
+    __slots__ = ("key", "map_id", "row", "sequence", "spelling", "token")
+
+    def __init__(
+        self,
+        key: tuple[str, str],
+        *,
+        row: TokenRow | None = None,
+        map_id: int | None = None,
+        sequence: int | None = None,
+        spelling: tuple[str, str] | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.key = key
+        self.row = row
+        self.map_id = map_id
+        self.sequence = sequence
+        self.spelling = spelling
+        self.token = row.token if row is not None else token
+
+    def apply_to(self, state: MapState) -> None:
+        if self.map_id is not None:
+            state.map_id = self.map_id
+        if self.sequence is not None and self.sequence > state.sequence:
+            state.sequence = self.sequence
+        if self.row is not None:
+            state.add(self.row)
+        if self.spelling is not None and self.token is not None:
+            state.spellings[self.spelling] = self.token
+
+    def __call__(self) -> None:
+        state = token_cache.peek(self.key)
+        if state is not None:
+            self.apply_to(state)
+
+
+def _pending_publications(alias: str, key: tuple[str, str]) -> list[_Publication]:
+    return [
+        entry[1]
+        for entry in getattr(connections[alias], "run_on_commit", ())
+        if isinstance(entry[1], _Publication) and entry[1].key == key
+    ]
+
+
 def _map_state(alias: str, code: str) -> MapState:
+    """What this call may rely on about ``code``'s map.
+
+    The shared cache only ever holds committed rows. Outside a transaction, and inside
+    one that has not written to this map, a load sees committed rows only, so it is
+    shared (and single-flight). A transaction with its own uncommitted writes to the map
+    gets a private view: the shared state (or a private load) plus those writes.
+    """
     key = (alias, code)
-    if connections[alias].in_atomic_block:
-        # A load inside a transaction may see that transaction's uncommitted rows, which
-        # must never reach other threads: use a fresh shared entry, or load privately.
-        state = token_cache.peek(key)
-        return state if state is not None else _load(alias, code)
-    return token_cache.get(key, lambda: _load(alias, code))
+    if not connections[alias].in_atomic_block:
+        return token_cache.get(key, lambda: _load(alias, code))
+    pending = _pending_publications(alias, key)
+    if not pending:
+        return token_cache.get(key, lambda: _load(alias, code))
+    shared = token_cache.peek(key)
+    view = shared.copy() if shared is not None else _load(alias, code)
+    for publication in pending:
+        publication.apply_to(view)
+    return view
 
 
 class _Writer:
-    """The writes of one call on one code's map; what they teach the cache is published
-    to the shared state only once the writes are committed."""
+    """The writes of one call on one code's map."""
 
     def __init__(self, alias: str, code: str, state: MapState) -> None:
         self.alias = alias
@@ -95,21 +157,10 @@ class _Writer:
         spelling: tuple[str, str] | None = None,
         token: str | None = None,
     ) -> None:
-        state = self.state
-
-        def apply() -> None:
-            if map_id is not None:
-                state.map_id = map_id
-            if sequence is not None and sequence > state.sequence:
-                state.sequence = sequence
-            if row is not None:
-                state.add(row)
-            if spelling is not None:
-                state.spellings[spelling] = row.token if row is not None else token
-
-        # Runs at once in autocommit mode; inside a transaction, after it commits (and
-        # never if it rolls back).
-        transaction.on_commit(apply, using=self.alias)
+        publication = _Publication(
+            (self.alias, self.code), row=row, map_id=map_id, sequence=sequence, spelling=spelling, token=token
+        )
+        transaction.on_commit(publication, using=self.alias)
 
     def forget(self) -> None:
         """The map was deleted under us (by an operator): drop what the cache knows."""
