@@ -21,6 +21,7 @@ from typing import Any
 
 import phonenumbers
 from django.db import IntegrityError, connections, router, transaction
+from django.db.models import FilteredRelation, Max, Q
 from django.utils import timezone
 
 from ..conf import app_settings
@@ -76,32 +77,32 @@ class _Publication:
     in ``connection.run_on_commit`` are also how a transaction sees its own writes.
     """
 
-    __slots__ = ("key", "map_id", "row", "sequence", "spelling", "token")
+    __slots__ = ("key", "map_id", "rows", "sequence", "spelling", "token")
 
     def __init__(
         self,
         key: tuple[str, str],
         *,
-        row: TokenRow | None = None,
+        rows: tuple[TokenRow, ...] = (),
         map_id: int | None = None,
         sequence: int | None = None,
         spelling: tuple[str, str] | None = None,
         token: str | None = None,
     ) -> None:
         self.key = key
-        self.row = row
+        self.rows = rows
         self.map_id = map_id
         self.sequence = sequence
         self.spelling = spelling
-        self.token = row.token if row is not None else token
+        self.token = token
 
     def apply_to(self, state: MapState) -> None:
         if self.map_id is not None:
             state.map_id = self.map_id
         if self.sequence is not None and self.sequence > state.sequence:
             state.sequence = self.sequence
-        if self.row is not None:
-            state.add(self.row)
+        for row in self.rows:
+            state.add(row)
         if self.spelling is not None and self.token is not None:
             state.spellings[self.spelling] = self.token
 
@@ -141,24 +142,36 @@ def _map_state(alias: str, code: str) -> MapState:
 
 
 class _Writer:
-    """The writes of one call on one code's map."""
+    """The writes of one call on one code's map.
+
+    ``self.state`` is what the call started from; everything learned or written is
+    published (see :class:`_Publication`), never written into a shared state directly.
+    A state's ``sequence`` is a number up to which it knows every token: loads, catch-ups
+    and won compare-and-sets all keep that true, which is what makes a cache miss almost
+    always a new value.
+    """
 
     def __init__(self, alias: str, code: str, state: MapState) -> None:
         self.alias = alias
         self.code = code
         self.state = state
+        # Rows found by catch-ups during this call, by lookup key.
+        self.learned: dict[str, TokenRow] = {}
+        # Whether the last claim failed on its insert (not on the compare-and-set).
+        self.insert_failed = False
 
     def publish(
         self,
         *,
-        row: TokenRow | None = None,
+        rows: tuple[TokenRow, ...] = (),
         map_id: int | None = None,
         sequence: int | None = None,
         spelling: tuple[str, str] | None = None,
         token: str | None = None,
     ) -> None:
+        key = (self.alias, self.code)
         publication = _Publication(
-            (self.alias, self.code), row=row, map_id=map_id, sequence=sequence, spelling=spelling, token=token
+            key, rows=rows, map_id=map_id, sequence=sequence, spelling=spelling, token=token
         )
         transaction.on_commit(publication, using=self.alias)
 
@@ -166,74 +179,144 @@ class _Writer:
         """The map was deleted under us (by an operator): drop what the cache knows."""
         token_cache.invalidate((self.alias, self.code))
 
+    def catch_up(self, map_id: int, known: int) -> int | None:
+        """One query: the map's sequence and every token numbered above ``known``.
+
+        Publishes what it finds and returns the sequence, or None if the map is gone.
+        """
+        newer = FilteredRelation("tokens", condition=Q(tokens__number__gt=known))
+        found = (
+            TokenMap.objects.using(self.alias)
+            .annotate(newer=newer)
+            .filter(pk=map_id)
+            .values_list(
+                "sequence", "newer__pk", "newer__token", "newer__lookup_key", "newer__encrypted_surface"
+            )
+        )
+        sequence: int | None = None
+        rows: list[TokenRow] = []
+        for map_sequence, pk, token, lookup_key, ciphertext in found:
+            sequence = map_sequence
+            if pk is not None:
+                rows.append(TokenRow(pk, token, lookup_key, ciphertext))
+        if sequence is None:
+            return None
+        self.publish(rows=tuple(rows), map_id=map_id, sequence=sequence)
+        for row in rows:
+            self.learned[row.lookup_key] = row
+        return sequence
+
+    def find(self, map_id: int, lookup_key: str) -> TokenRow | None:
+        found = (
+            PhiToken.objects.using(self.alias)
+            .filter(token_map_id=map_id, lookup_key=lookup_key)
+            .values_list("pk", "token", "encrypted_surface")
+            .first()
+        )
+        if found is None:
+            return None
+        row = TokenRow(found[0], found[1], lookup_key, found[2])
+        self.publish(rows=(row,))
+        return row
+
+    def claim(
+        self, map_id: int, sequence: int, category: str, lookup_key: str, surface: str, ciphertext: str
+    ) -> TokenRow | None:
+        """Take number ``sequence + 1`` for the value; None if another writer got there first.
+
+        The compare-and-set on the sequence and the insert share one transaction (a
+        savepoint inside the caller's), so losing on the insert gives the number back.
+        """
+        number = sequence + 1
+        token = make_token(category, number)
+        now = timezone.now()
+        try:
+            with transaction.atomic(using=self.alias):
+                claimed = (
+                    TokenMap.objects.using(self.alias)
+                    .filter(pk=map_id, sequence=sequence)
+                    .update(sequence=number, updated_at=now)
+                )
+                if not claimed:
+                    return None
+                created = PhiToken.objects.using(self.alias).create(
+                    token_map_id=map_id,
+                    category=category,
+                    number=number,
+                    token=token,
+                    lookup_key=lookup_key,
+                    encrypted_surface=ciphertext,
+                    created_at=now,
+                    updated_at=now,
+                )
+        except IntegrityError:
+            # The value (or, on a map whose sequence was edited by hand, the number)
+            # was taken; the rollback returned the number.
+            self.insert_failed = True
+            return None
+        return TokenRow(created.pk, token, lookup_key, ciphertext, surface)
+
+    def repair_sequence(self, map_id: int, sequence: int) -> None:
+        """Move a sequence that fell behind its tokens (edited by hand) past them."""
+        highest = PhiToken.objects.using(self.alias).filter(token_map_id=map_id).aggregate(Max("number"))
+        top = highest["number__max"] or 0
+        if top > sequence:
+            TokenMap.objects.using(self.alias).filter(pk=map_id, sequence=sequence).update(
+                sequence=top, updated_at=timezone.now()
+            )
+            logger.warning("token map #%s: sequence was behind its tokens; moved to %s", map_id, top)
+
     def allocate(self, category: str, lookup_key: str, surface: str, spelling: tuple[str, str]) -> str:
-        alias = self.alias
         map_id, sequence = self.state.map_id, self.state.sequence
         ciphertext = keyring().encrypt(lookup_key, surface)
         for _ in range(_ALLOCATION_ROUNDS):
+            self.insert_failed = False
             if map_id is None:
-                token_map, _created = TokenMap.objects.using(alias).get_or_create(code=self.code)
-                map_id, sequence = token_map.pk, token_map.sequence
-            existing = (
-                PhiToken.objects.using(alias)
-                .filter(token_map_id=map_id, lookup_key=lookup_key)
-                .values_list("pk", "token", "encrypted_surface")
-                .first()
-            )
-            if existing is not None:
-                row = TokenRow(existing[0], existing[1], lookup_key, existing[2])
-                self.publish(row=row, map_id=map_id, sequence=sequence, spelling=spelling)
-                self.upgrade(row, surface, map_id)
+                token_map, created = TokenMap.objects.using(self.alias).get_or_create(code=self.code)
+                map_id, sequence = token_map.pk, 0
+                if created:
+                    self.publish(map_id=map_id, sequence=0)
+                else:
+                    caught_up = self.catch_up(map_id, 0)
+                    if caught_up is None:
+                        map_id = None
+                        continue
+                    sequence = caught_up
+                    if lookup_key in self.learned:
+                        return self.adopt(self.learned[lookup_key], surface, spelling, map_id)
+            row = self.claim(map_id, sequence, category, lookup_key, surface, ciphertext)
+            if row is not None:
+                self.publish(rows=(row,), map_id=map_id, sequence=sequence + 1, spelling=spelling)
+                logger.debug("token map #%s: allocated %s", map_id, row.token)
                 return row.token
-            number = sequence + 1
-            token = make_token(category, number)
-            now = timezone.now()
-            created: PhiToken | None = None
-            try:
-                with transaction.atomic(using=alias):
-                    claimed = (
-                        TokenMap.objects.using(alias)
-                        .filter(pk=map_id, sequence=sequence)
-                        .update(sequence=number, updated_at=now)
-                    )
-                    if claimed:
-                        created = PhiToken.objects.using(alias).create(
-                            token_map_id=map_id,
-                            category=category,
-                            number=number,
-                            token=token,
-                            lookup_key=lookup_key,
-                            encrypted_surface=ciphertext,
-                            created_at=now,
-                            updated_at=now,
-                        )
-            except IntegrityError:
-                # Another writer inserted this value (or this number) first; the
-                # transaction rolled our sequence claim back with it.
-                created = None
-            if created is not None:
-                self.publish(
-                    row=TokenRow(created.pk, token, lookup_key, ciphertext, surface),
-                    map_id=map_id,
-                    sequence=number,
-                    spelling=spelling,
-                )
-                logger.debug("token map #%s: allocated %s", map_id, token)
-                return token
-            # Lost the race: learn the current sequence and look for the value again.
-            current = (
-                TokenMap.objects.using(alias).filter(pk=map_id).values_list("sequence", flat=True).first()
-            )
-            if current is None:
+            # Lost the race: learn what the other writers allocated, which may be this value.
+            caught_up = self.catch_up(map_id, sequence)
+            if caught_up is None:
                 logger.warning("token map #%s was deleted while a token was being allocated", map_id)
                 self.forget()
                 map_id, sequence = None, 0
-            else:
-                sequence = current
+                continue
+            if lookup_key in self.learned:
+                return self.adopt(self.learned[lookup_key], surface, spelling, map_id)
+            if self.insert_failed and caught_up == sequence:
+                # The insert failed but nothing new was allocated: the value is older
+                # than this process knew, or the sequence is behind its tokens.
+                existing = self.find(map_id, lookup_key)
+                if existing is not None:
+                    return self.adopt(existing, surface, spelling, map_id)
+                self.repair_sequence(map_id, sequence)
+                caught_up = self.catch_up(map_id, sequence) or sequence
+            sequence = caught_up
         raise TokenAllocationError(
             f"could not allocate a {category} token in token map #{map_id} after {_ALLOCATION_ROUNDS} "
             "rounds: concurrent writers kept taking the next sequence number"
         )
+
+    def adopt(self, row: TokenRow, surface: str, spelling: tuple[str, str], map_id: int | None) -> str:
+        """Another writer allocated this value: use its token, upgrade its surface if ours is richer."""
+        self.publish(spelling=spelling, token=row.token)
+        self.upgrade(row, surface, map_id)
+        return row.token
 
     def upgrade(self, row: TokenRow, candidate: str, map_id: int | None) -> None:
         """Replace the stored surface by ``candidate`` if it is richer (compare-and-set)."""
@@ -248,7 +331,7 @@ class _Writer:
                 .update(encrypted_surface=ciphertext, updated_at=timezone.now())
             )
             if replaced:
-                self.publish(row=TokenRow(row.pk, row.token, row.lookup_key, ciphertext, candidate))
+                self.publish(rows=(TokenRow(row.pk, row.token, row.lookup_key, ciphertext, candidate),))
                 logger.debug("token map #%s: surface of %s upgraded", map_id, row.token)
                 return
             # Someone else stored a surface (or rotated the key) since we read it.
@@ -263,7 +346,7 @@ class _Writer:
                 return
             row = TokenRow(row.pk, row.token, row.lookup_key, ciphertext_now)
             if not is_richer(candidate, row.surface()):
-                self.publish(row=row)
+                self.publish(rows=(row,))
                 return
         logger.warning(
             "token map #%s: gave up upgrading the surface of %s after %d rounds",
@@ -338,7 +421,7 @@ def decode(code: str, text: str) -> str:
             writer = _Writer(alias, code, state)
             for pk, token, lookup_key, ciphertext in fresh:
                 rows[token] = TokenRow(pk, token, lookup_key, ciphertext)
-                writer.publish(row=rows[token])
+                writer.publish(rows=(rows[token],))
 
     def replace(match: re.Match[str]) -> str:
         row = rows.get(match.group(0))

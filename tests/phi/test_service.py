@@ -324,3 +324,37 @@ def test_no_value_surface_or_normalised_form_in_logs(code: str, phi_log: pytest.
     ]  # fmt: skip
     for text in forbidden:
         assert text.lower() not in phi_log.text.lower()
+
+
+def test_a_sequence_behind_its_tokens_is_repaired(code: str) -> None:
+    first = encode(code, "Ana Ruiz", "PERSONA")
+    second = encode(code, "Beto Ruiz", "PERSONA")
+    TokenMap.objects.filter(code=code).update(sequence=0)  # edited by hand, say
+    token_cache.clear()
+    assert encode(code, "Carla Ruiz", "PERSONA") == "<<PERSONA_3>>"
+    assert TokenMap.objects.get(code=code).sequence == 3
+    assert decode(code, f"{first} {second} <<PERSONA_3>>") == "Ana Ruiz Beto Ruiz Carla Ruiz"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_map_deleted_while_cached_is_made_again(code: str) -> None:
+    encode(code, "Ana Ruiz", "PERSONA")
+    TokenMap.objects.filter(code=code).delete()  # an operator forgets the conversation
+    token = encode(code, "Beto Ruiz", "PERSONA")  # this process still has the old map cached
+    assert token == "<<PERSONA_1>>"
+    token_map = TokenMap.objects.get(code=code)
+    assert list(token_map.tokens.values_list("token", flat=True)) == ["<<PERSONA_1>>"]
+    token_cache.clear()
+    assert decode(code, token) == "Beto Ruiz"
+
+
+def test_a_value_allocated_elsewhere_before_the_map_was_cached_here(code: str) -> None:
+    """This process saw no map at all; another made it and allocated the value."""
+    encode(code + "-warmup", "x x", "PERSONA")
+    assert decode(code, "<<PERSONA_1>>") == "<<PERSONA_1>>"  # caches "no map" for code
+    stale = token_cache.peek(("default", code))
+    token_cache.clear()
+    token = encode(code, "Ana Ruiz", "PERSONA")  # "elsewhere"
+    token_cache._store(("default", code), stale)  # type: ignore[arg-type]
+    assert encode(code, "ana ruiz", "PERSONA") == token
+    assert encode(code, "Beto Ruiz", "PERSONA") == "<<PERSONA_2>>"
