@@ -9,6 +9,7 @@ off that is a configuration error, reported by the system checks and raised at f
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
 import logging
 import threading
@@ -172,7 +173,8 @@ class Keyring:
     """The usable keys and the three operations on them."""
 
     def __init__(self, hmac_key: bytes, fernet_keys: list[bytes | str]) -> None:
-        self._hmac_key = hmac_key
+        # Keyed once; each lookup key copies this state instead of re-keying.
+        self._hmac = hmac.new(hmac_key, digestmod=hashlib.sha256)
         fernets = [Fernet(key) for key in fernet_keys]
         self._newest = fernets[0]
         self._fernet = MultiFernet(fernets)
@@ -184,8 +186,9 @@ class Keyring:
         means one person's lookup keys differ between conversations, so a database dump
         cannot link conversations through them.
         """
-        message = f"{len(code)}:{code}|{category}|{normalized}".encode()
-        return hmac.digest(self._hmac_key, message, "sha256").hex()
+        mac = self._hmac.copy()
+        mac.update(f"{len(code)}:{code}|{category}|{normalized}".encode())
+        return mac.hexdigest()
 
     def encrypt(self, lookup_key: str, surface: str) -> str:
         # The lookup key is sealed in with the surface, so a ciphertext copied onto

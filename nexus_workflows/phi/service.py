@@ -21,6 +21,7 @@ from typing import Any
 
 import phonenumbers
 from django.db import IntegrityError, connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import FilteredRelation, Max, Q
 from django.utils import timezone
 
@@ -46,8 +47,8 @@ _UPGRADE_ROUNDS = 20
 EMAIL_PATTERN = re.compile(r"(?<![\w.%+-])[\w.%+-]+@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}(?![\w-])")
 
 
-def _alias() -> str:
-    return router.db_for_write(TokenMap)
+def _connection() -> BaseDatabaseWrapper:
+    return connections[router.db_for_write(TokenMap)]
 
 
 def _load(alias: str, code: str) -> MapState:
@@ -112,15 +113,15 @@ class _Publication:
             self.apply_to(state)
 
 
-def _pending_publications(alias: str, key: tuple[str, str]) -> list[_Publication]:
+def _pending_publications(connection: BaseDatabaseWrapper, key: tuple[str, str]) -> list[_Publication]:
     return [
         entry[1]
-        for entry in getattr(connections[alias], "run_on_commit", ())
+        for entry in getattr(connection, "run_on_commit", ())
         if isinstance(entry[1], _Publication) and entry[1].key == key
     ]
 
 
-def _map_state(alias: str, code: str) -> MapState:
+def _map_state(connection: BaseDatabaseWrapper, code: str) -> MapState:
     """What this call may rely on about ``code``'s map.
 
     The shared cache only ever holds committed rows. Outside a transaction, and inside
@@ -128,10 +129,11 @@ def _map_state(alias: str, code: str) -> MapState:
     shared (and single-flight). A transaction with its own uncommitted writes to the map
     gets a private view: the shared state (or a private load) plus those writes.
     """
+    alias = connection.alias
     key = (alias, code)
-    if not connections[alias].in_atomic_block:
+    if not connection.in_atomic_block:
         return token_cache.get(key, lambda: _load(alias, code))
-    pending = _pending_publications(alias, key)
+    pending = _pending_publications(connection, key)
     if not pending:
         return token_cache.get(key, lambda: _load(alias, code))
     shared = token_cache.peek(key)
@@ -151,8 +153,9 @@ class _Writer:
     always a new value.
     """
 
-    def __init__(self, alias: str, code: str, state: MapState) -> None:
-        self.alias = alias
+    def __init__(self, connection: BaseDatabaseWrapper, code: str, state: MapState) -> None:
+        self.connection = connection
+        self.alias = connection.alias
         self.code = code
         self.state = state
         # Rows found by catch-ups during this call, by lookup key.
@@ -173,7 +176,10 @@ class _Writer:
         publication = _Publication(
             key, rows=rows, map_id=map_id, sequence=sequence, spelling=spelling, token=token
         )
-        transaction.on_commit(publication, using=self.alias)
+        if self.connection.in_atomic_block:
+            self.connection.on_commit(publication)
+        else:
+            publication()  # autocommit: the write is already committed
 
     def forget(self) -> None:
         """The map was deleted under us (by an operator): drop what the cache knows."""
@@ -356,9 +362,11 @@ class _Writer:
         )
 
 
-def _encode_checked(alias: str, code: str, category: str, text: str, normalized: str | None) -> str:
+def _encode_checked(
+    connection: BaseDatabaseWrapper, code: str, category: str, text: str, normalized: str | None
+) -> str:
     """Encode a validated value; ``normalized`` may be passed when already computed."""
-    state = _map_state(alias, code)
+    state = _map_state(connection, code)
     spelling = (category, text)
     token = state.spellings.get(spelling)
     if token is not None:
@@ -367,7 +375,7 @@ def _encode_checked(alias: str, code: str, category: str, text: str, normalized:
         normalized = normalize_text(text, category)
     surface = surface_form(text)
     lookup_key = keyring().lookup_key(code, category, normalized)
-    writer = _Writer(alias, code, state)
+    writer = _Writer(connection, code, state)
     token = state.by_lookup.get(lookup_key)
     if token is None:
         return writer.allocate(category, lookup_key, surface, spelling)
@@ -388,7 +396,7 @@ def encode(code: str, value: Any, category: str) -> str:
     code = check_code(code)
     category = check_category(category)
     text = value_text(value, category)
-    return _encode_checked(_alias(), code, category, text, None)
+    return _encode_checked(_connection(), code, category, text, None)
 
 
 def decode(code: str, text: str) -> str:
@@ -405,23 +413,21 @@ def decode(code: str, text: str) -> str:
     found = set(TOKEN_PATTERN.findall(text))
     if not found:
         return text
-    alias = _alias()
-    state = _map_state(alias, code)
+    connection = _connection()
+    state = _map_state(connection, code)
     rows = state.rows
     missing = [token for token in found if token not in rows]
     if missing:
         # Tokens allocated by other processes since this map was cached.
-        fresh = (
-            PhiToken.objects.using(alias)
+        fresh = [
+            TokenRow(pk, token, lookup_key, ciphertext)
+            for pk, token, lookup_key, ciphertext in PhiToken.objects.using(connection.alias)
             .filter(token_map__code=code, token__in=missing)
             .values_list("pk", "token", "lookup_key", "encrypted_surface")
-        )
+        ]
         if fresh:
-            rows = dict(rows)
-            writer = _Writer(alias, code, state)
-            for pk, token, lookup_key, ciphertext in fresh:
-                rows[token] = TokenRow(pk, token, lookup_key, ciphertext)
-                writer.publish(rows=(rows[token],))
+            rows = {**rows, **{row.token: row for row in fresh}}
+            _Writer(connection, code, state).publish(rows=tuple(fresh))
 
     def replace(match: re.Match[str]) -> str:
         row = rows.get(match.group(0))
@@ -498,12 +504,12 @@ def encode_text(code: str, text: str, spans: Iterable[Any] | None = ()) -> str:
         prepared.append((start, end, category, value, normalized))
     if not prepared:
         return text
-    alias = _alias()
+    connection = _connection()
     pieces: list[str] = []
     position = 0
     for start, end, category, value, normalized in prepared:
         pieces.append(text[position:start])
-        pieces.append(_encode_checked(alias, code, category, value, normalized))
+        pieces.append(_encode_checked(connection, code, category, value, normalized))
         position = end
     pieces.append(text[position:])
     return "".join(pieces)
