@@ -49,6 +49,9 @@ class MapState:
     # (category, the value exactly as given) -> token: a repeat encode of the same
     # spelling skips normalisation and the HMAC.
     spellings: dict[tuple[str, str], str] = field(default_factory=dict)
+    # A hint, not data: until this monotonic time, allocations look before they claim
+    # (another writer was allocating in this map a moment ago).
+    contended_until: float = 0.0
 
     def copy(self) -> MapState:
         return MapState(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import logging
 import re
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,6 +40,8 @@ logger = logging.getLogger(__name__)
 # Each lost round means another writer allocated a token, so this bounds contention,
 # not a retry delay.
 _ALLOCATION_ROUNDS = 200
+# Seconds a map counts as contended after this process lost a claim on it.
+_CONTENDED_FOR = 1.0
 # Rounds of surface compare-and-set; each loss means another writer stored a surface.
 _UPGRADE_ROUNDS = 20
 
@@ -275,6 +278,10 @@ class _Writer:
     def allocate(self, category: str, lookup_key: str, surface: str, spelling: tuple[str, str]) -> str:
         map_id, sequence = self.state.map_id, self.state.sequence
         ciphertext = keyring().encrypt(lookup_key, surface)
+        # On a map other writers are allocating in right now, look (a plain read) before
+        # claiming: the value is likely theirs already, and a claim would queue behind
+        # their transactions only to lose.
+        look_first = self.state.contended_until > time.monotonic()
         for _ in range(_ALLOCATION_ROUNDS):
             self.insert_failed = False
             if map_id is None:
@@ -290,12 +297,24 @@ class _Writer:
                     sequence = caught_up
                     if lookup_key in self.learned:
                         return self.adopt(self.learned[lookup_key], surface, spelling, map_id)
+            elif look_first:
+                look_first = False
+                caught_up = self.catch_up(map_id, sequence)
+                if caught_up is None:
+                    self.forget()
+                    map_id, sequence = None, 0
+                    continue
+                if lookup_key in self.learned:
+                    return self.adopt(self.learned[lookup_key], surface, spelling, map_id)
+                sequence = caught_up
             row = self.claim(map_id, sequence, category, lookup_key, surface, ciphertext)
             if row is not None:
                 self.publish(rows=(row,), map_id=map_id, sequence=sequence + 1, spelling=spelling)
                 logger.debug("token map #%s: allocated %s", map_id, row.token)
                 return row.token
             # Lost the race: learn what the other writers allocated, which may be this value.
+            self.state.contended_until = time.monotonic() + _CONTENDED_FOR
+            look_first = False
             caught_up = self.catch_up(map_id, sequence)
             if caught_up is None:
                 logger.warning("token map #%s was deleted while a token was being allocated", map_id)
