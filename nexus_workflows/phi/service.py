@@ -3,9 +3,12 @@
 Concurrency rules (after the seeds' tokenMapService): a value's token is found by its
 lookup key; a new value takes the map's next sequence number by compare-and-set
 (``UPDATE … WHERE sequence = n``) and inserts its row in the same transaction (a savepoint
-inside the caller's), so a lost race rolls the number back and the next round finds the
-winner's row through the unique constraint on (map, lookup key). A richer surface
-replaces the stored one by compare-and-set on the stored ciphertext.
+inside the caller's). A writer that loses — the sequence moved, or the unique constraint
+on (map, lookup key) refused its row, which rolls its number back — reads the tokens
+allocated since, adopts the value's token if another writer made it, and otherwise
+tries the next number. So one value never gets two tokens, one token never two values,
+and numbers have no gaps. A richer surface replaces the stored one by compare-and-set
+on the stored ciphertext.
 
 Every argument is validated before anything is read or written. Logs and exception
 messages name maps by id and tokens by token, never a value, surface or code.
@@ -150,7 +153,8 @@ class _Writer:
     """The writes of one call on one code's map.
 
     ``self.state`` is what the call started from; everything learned or written is
-    published (see :class:`_Publication`), never written into a shared state directly.
+    published (see :class:`_Publication`), never written into a shared state directly
+    (only the ``contended_until`` hint is).
     A state's ``sequence`` is a number up to which it knows every token: loads, catch-ups
     and won compare-and-sets all keep that true, which is what makes a cache miss almost
     always a new value.
