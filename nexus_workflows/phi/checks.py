@@ -18,8 +18,17 @@ from ..conf import DEFAULTS, SETTINGS_NAME, app_settings
 from .keys import key_problems
 
 
+def _settings_are_a_dict() -> bool:
+    # Otherwise nexus_workflows.E001 already says so; every PHI message would repeat it.
+    from django.conf import settings
+
+    return isinstance(getattr(settings, SETTINGS_NAME, {}), dict)
+
+
 @register(Tags.security)
 def check_phi_keys(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    if not _settings_are_a_dict():
+        return []
     messages: list[CheckMessage] = []
     for problem in key_problems():
         level = Error if problem.is_error else Warning
@@ -29,6 +38,8 @@ def check_phi_keys(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
 
 @register(Tags.compatibility)
 def check_phi_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    if not _settings_are_a_dict():
+        return []
     messages: list[CheckMessage] = []
     region = app_settings.PHI_DEFAULT_REGION
     if not isinstance(region, str) or region not in phonenumbers.SUPPORTED_REGIONS:

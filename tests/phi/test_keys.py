@@ -138,3 +138,10 @@ def test_a_surface_moved_to_another_token_raises(code: str) -> None:
     with pytest.raises(SurfaceDecryptionError, match="belongs to another token"):
         decode(code, first)
     assert decode(code, second) == "José Núñez"
+
+
+@override_settings(DEBUG=False, NEXUS_WORKFLOWS=["not", "a", "dict"])
+def test_no_phi_messages_when_the_settings_are_not_a_dict() -> None:
+    # nexus_workflows.E001 reports that; PHI messages would only repeat it.
+    assert check_phi_keys() == []
+    assert check_phi_settings() == []
