@@ -38,7 +38,9 @@ class TokenMap(models.Model):
 class PhiToken(models.Model):
     """One value of one conversation: its token, its lookup key, its encrypted surface."""
 
-    token_map = models.ForeignKey(TokenMap, on_delete=models.CASCADE, related_name="tokens")
+    # No index of its own: the unique constraints below lead with token_map and serve
+    # every lookup by map, so a third index would only slow down each allocation.
+    token_map = models.ForeignKey(TokenMap, on_delete=models.CASCADE, related_name="tokens", db_index=False)
     category = models.CharField(max_length=16, choices=CATEGORY_CHOICES)
     number = models.PositiveBigIntegerField()
     token = models.CharField(max_length=TOKEN_MAX_LENGTH)
