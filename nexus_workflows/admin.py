@@ -30,6 +30,7 @@ from django.utils.safestring import SafeString
 from . import admin_display as display
 from . import triage
 from .models import DeferredWork, Status
+from .phi import admin as phi_admin  # noqa: F401 - registers the PHI token map admin
 
 REVIVE_PERMISSION = "nexus_workflows.revive_deferredwork"
 

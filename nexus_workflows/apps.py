@@ -10,6 +10,7 @@ class NexusWorkflowsConfig(AppConfig):
         from . import checks  # noqa: F401 - registers the system checks
         from .airtable import checks as airtable_checks  # noqa: F401 - registers the Airtable checks
         from .embedded import warn_if_embedded
+        from .phi import checks as phi_checks  # noqa: F401 - registers the PHI checks
         from .registry import autodiscover
 
         autodiscover()

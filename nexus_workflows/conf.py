@@ -65,6 +65,20 @@ DEFAULTS: dict[str, Any] = {
     "AIRTABLE_MAX_RETRY_AFTER": 60,
     # Seconds to connect and to wait for a response: one number or (connect, read).
     "AIRTABLE_TIMEOUT": (5, 30),
+    # PHI token maps: region (ISO 3166 code) assumed for phone numbers written without
+    # a country code.
+    "PHI_DEFAULT_REGION": "MX",
+    # PHI token maps: seconds a process keeps a conversation's map cached, and how many
+    # maps it keeps (least recently used go first).
+    "PHI_CACHE_TTL": 60,
+    "PHI_CACHE_SIZE": 500,
+    # PHI token maps: secret for the lookup-key HMAC (at least 32 characters, not the
+    # SECRET_KEY). Unset with DEBUG on: derived from SECRET_KEY, with a warning.
+    "PHI_HMAC_KEY": None,
+    # PHI token maps: Fernet keys for the stored surfaces, newest first (a list, or one
+    # comma-separated string). New surfaces use the first; older keys only decrypt
+    # until `manage.py rotate_phi_keys` has run. Unset with DEBUG on: derived, as above.
+    "PHI_ENCRYPTION_KEYS": (),
 }
 
 

@@ -97,3 +97,6 @@ class DeferredWork(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.pk} ({self.status})"
+
+
+from .phi.models import PhiToken, TokenMap  # noqa: E402,F401

@@ -100,7 +100,12 @@ RQ_QUEUES = {
 }
 
 # --- nexus_workflows ----------------------------------------------------------------------
-NEXUS_WORKFLOWS: dict = {}
+NEXUS_WORKFLOWS: dict = {
+    # PHI token maps: the lookup-key HMAC secret and the Fernet keys (comma-separated,
+    # newest first). Unset with DEBUG on: development keys derived from SECRET_KEY.
+    "PHI_HMAC_KEY": env.str("PHI_HMAC_KEY", default=""),
+    "PHI_ENCRYPTION_KEYS": env.list("PHI_ENCRYPTION_KEYS", default=[]),
+}
 
 # --- Airtable ---------------------------------------------------------------------------
 # Personal access token of the Airtable helpers (nexus_workflows.airtable); never commit it.

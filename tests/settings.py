@@ -23,8 +23,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
-# Runner processes started by tests get their settings through this variable.
-NEXUS_WORKFLOWS = json.loads(os.environ.get("NEXUS_WORKFLOWS_JSON", "{}"))
+# Runner processes started by tests get their settings through this variable. Fixed,
+# test-only PHI keys come first so that every test process (and every process a test
+# starts) encrypts and hashes alike; pytest-django runs tests with DEBUG off.
+NEXUS_WORKFLOWS = {
+    "PHI_HMAC_KEY": "test-only-phi-lookup-key-not-for-real-data",
+    "PHI_ENCRYPTION_KEYS": ["dGVzdC1vbmx5LXBoaS1mZXJuZXQta2V5LTAwMDAwMDE="],
+    **json.loads(os.environ.get("NEXUS_WORKFLOWS_JSON", "{}")),
+}
 
 # Fire-and-forget tests use their own Redis database (flushed by the `rq_redis` fixture),
 # never REDIS_URL, which may point at a server that matters. An empty REDIS_TEST_URL

@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from nexus_workflows.phi.rotation import rotate_keys
+
+
+class Command(BaseCommand):
+    help = (
+        "Re-encrypt every stored PHI surface under the newest key (the first of "
+        "NEXUS_WORKFLOWS['PHI_ENCRYPTION_KEYS']). Remove old keys only after this succeeds."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--batch-size", type=int, default=500, help="Rows read per query (default 500).")
+        parser.add_argument("--database", default=None, help="Database alias (default: the router's choice).")
+
+    def handle(self, *args: Any, batch_size: int, database: str | None, **options: Any) -> None:
+        if batch_size < 1:
+            raise CommandError("--batch-size must be at least 1")
+        result = rotate_keys(batch_size=batch_size, using=database)
+        self.stdout.write(
+            f"Rotated {result.rotated} surface(s); {result.already_current} already under the newest key."
+        )
+        if result.failed:
+            shown = ", ".join(f"#{pk}" for pk in result.failed[:20])
+            more = f" and {len(result.failed) - 20} more" if len(result.failed) > 20 else ""
+            raise CommandError(
+                f"{len(result.failed)} surface(s) could not be rotated (tokens {shown}{more}): no configured "
+                "key decrypts them, or they kept changing. Keep the old keys until this succeeds."
+            )

@@ -1,0 +1,295 @@
+"""The PHI keys: one HMAC key for lookup keys, Fernet keys (newest first) for surfaces.
+
+Keys come from ``NEXUS_WORKFLOWS['PHI_HMAC_KEY']`` and ``['PHI_ENCRYPTION_KEYS']`` (the
+development project reads them from the environment). With ``DEBUG`` on and a key unset,
+a development key is derived from ``SECRET_KEY`` and a warning is logged; with ``DEBUG``
+off that is a configuration error, reported by the system checks and raised at first use.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.utils.crypto import salted_hmac
+
+from ..conf import SETTINGS_NAME, app_settings
+from .exceptions import PhiConfigurationError, SurfaceDecryptionError
+
+logger = logging.getLogger(__name__)
+
+#: Shortest PHI_HMAC_KEY accepted (characters); 32 random characters carry >128 bits.
+HMAC_KEY_MIN_LENGTH = 32
+
+_SALT = "nexus_workflows.phi.keys"
+
+
+@dataclass(frozen=True)
+class KeyProblem:
+    """One configuration problem, shared by the system checks and the runtime error."""
+
+    check_id: str
+    message: str
+    hint: str
+    is_error: bool = True
+
+
+def _as_text(key: Any) -> str | None:
+    if isinstance(key, bytes):
+        try:
+            return key.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return key if isinstance(key, str) else None
+
+
+def configured_encryption_keys() -> list[Any]:
+    """PHI_ENCRYPTION_KEYS as a list: a list/tuple, or one comma-separated string."""
+    raw = app_settings.PHI_ENCRYPTION_KEYS
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if isinstance(raw, list | tuple):
+        return [key for key in raw if key not in ("", None)]
+    return [raw]  # reported as a key of the wrong type
+
+
+def key_problems() -> list[KeyProblem]:
+    """Every problem with the configured keys (empty when they are usable)."""
+    debug = bool(settings.DEBUG)
+    secret = str(getattr(settings, "SECRET_KEY", "") or "")
+    problems: list[KeyProblem] = []
+    hmac_key = app_settings.PHI_HMAC_KEY
+    hmac_text = _as_text(hmac_key)
+    if hmac_key in (None, "", b""):
+        if not debug:
+            problems.append(
+                KeyProblem(
+                    "nexus_workflows.E100",
+                    f"{SETTINGS_NAME}['PHI_HMAC_KEY'] is not set and DEBUG is off.",
+                    "Set PHI_HMAC_KEY (at least 32 random characters, not the SECRET_KEY), e.g. "
+                    "from `python -c 'import secrets; print(secrets.token_urlsafe(48))'`.",
+                )
+            )
+        hmac_text = None
+    elif hmac_text is None or len(hmac_text) < HMAC_KEY_MIN_LENGTH:
+        problems.append(
+            KeyProblem(
+                "nexus_workflows.E104",
+                f"{SETTINGS_NAME}['PHI_HMAC_KEY'] must be a string of at least "
+                f"{HMAC_KEY_MIN_LENGTH} characters.",
+                "Generate one with `python -c 'import secrets; print(secrets.token_urlsafe(48))'`.",
+            )
+        )
+    elif secret and hmac.compare_digest(hmac_text, secret):
+        problems.append(
+            KeyProblem(
+                "nexus_workflows.E102",
+                f"{SETTINGS_NAME}['PHI_HMAC_KEY'] is the SECRET_KEY.",
+                "Use a dedicated key: a leaked SECRET_KEY must not also expose the PHI lookup keys.",
+            )
+        )
+
+    raw_keys = app_settings.PHI_ENCRYPTION_KEYS
+    encryption_keys = configured_encryption_keys()
+    if raw_keys not in (None, "") and not isinstance(raw_keys, str | list | tuple):
+        problems.append(
+            KeyProblem(
+                "nexus_workflows.E103",
+                f"{SETTINGS_NAME}['PHI_ENCRYPTION_KEYS'] must be a list of Fernet keys (newest first) "
+                f"or one comma-separated string; got {type(raw_keys).__name__}.",
+                "Generate a key with `python -c 'from cryptography.fernet import Fernet; "
+                "print(Fernet.generate_key().decode())'`.",
+            )
+        )
+        encryption_keys = []
+    if not encryption_keys and not debug:
+        problems.append(
+            KeyProblem(
+                "nexus_workflows.E101",
+                f"{SETTINGS_NAME}['PHI_ENCRYPTION_KEYS'] is not set and DEBUG is off.",
+                "Set PHI_ENCRYPTION_KEYS to one or more Fernet keys, newest first, generated with "
+                "`python -c 'from cryptography.fernet import Fernet; "
+                "print(Fernet.generate_key().decode())'`.",
+            )
+        )
+    seen: set[str] = set()
+    for position, key in enumerate(encryption_keys, start=1):
+        text = _as_text(key)
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            problems.append(
+                KeyProblem(
+                    "nexus_workflows.E103",
+                    f"{SETTINGS_NAME}['PHI_ENCRYPTION_KEYS'] entry {position} is not a Fernet key "
+                    "(32 url-safe base64-encoded bytes).",
+                    "Generate one with `python -c 'from cryptography.fernet import Fernet; "
+                    "print(Fernet.generate_key().decode())'`.",
+                )
+            )
+            continue
+        assert text is not None  # Fernet accepted it, so it is ASCII text or bytes
+        if secret and hmac.compare_digest(text, secret):
+            problems.append(
+                KeyProblem(
+                    "nexus_workflows.E102",
+                    f"{SETTINGS_NAME}['PHI_ENCRYPTION_KEYS'] entry {position} is the SECRET_KEY.",
+                    "Use dedicated keys: a leaked SECRET_KEY must not also decrypt the PHI surfaces.",
+                )
+            )
+        if hmac_text is not None and hmac.compare_digest(text, hmac_text):
+            problems.append(
+                KeyProblem(
+                    "nexus_workflows.E105",
+                    f"{SETTINGS_NAME}['PHI_ENCRYPTION_KEYS'] entry {position} is also the PHI_HMAC_KEY.",
+                    "The lookup-key HMAC needs a key of its own.",
+                )
+            )
+        if text in seen:
+            problems.append(
+                KeyProblem(
+                    "nexus_workflows.W100",
+                    f"{SETTINGS_NAME}['PHI_ENCRYPTION_KEYS'] entry {position} repeats an earlier key.",
+                    "List each key once, newest first.",
+                    is_error=False,
+                )
+            )
+        seen.add(text)
+    return problems
+
+
+class Keyring:
+    """The usable keys and the three operations on them."""
+
+    def __init__(self, hmac_key: bytes, fernet_keys: list[bytes | str]) -> None:
+        # Keyed once; each lookup key copies this state instead of re-keying.
+        self._hmac = hmac.new(hmac_key, digestmod=hashlib.sha256)
+        fernets = [Fernet(key) for key in fernet_keys]
+        self._newest = fernets[0]
+        self._fernet = MultiFernet(fernets)
+
+    def lookup_key(self, code: str, category: str, normalized: str) -> str:
+        """HMAC-SHA256 of (code, category, normalised value), hex.
+
+        The code is length-prefixed so that no two triples share a message; including it
+        means one person's lookup keys differ between conversations, so a database dump
+        cannot link conversations through them.
+        """
+        mac = self._hmac.copy()
+        mac.update(f"{len(code)}:{code}|{category}|{normalized}".encode())
+        return mac.hexdigest()
+
+    def encrypt(self, lookup_key: str, surface: str) -> str:
+        # The lookup key is sealed in with the surface, so a ciphertext copied onto
+        # another token's row fails to decrypt instead of decoding to the wrong person.
+        return self._fernet.encrypt(f"{lookup_key}:{surface}".encode()).decode("ascii")
+
+    def decrypt(self, lookup_key: str, ciphertext: str, *, label: str) -> str:
+        """The surface; raises :class:`SurfaceDecryptionError`, never returns ciphertext."""
+        try:
+            plain = self._fernet.decrypt(ciphertext.encode("ascii")).decode("utf-8")
+        except (InvalidToken, UnicodeError):
+            raise SurfaceDecryptionError(
+                f"the stored surface of {label} cannot be decrypted with any configured PHI "
+                "encryption key (was a key removed before `manage.py rotate_phi_keys` ran?)"
+            ) from None
+        prefix = f"{lookup_key}:"
+        if not plain.startswith(prefix):
+            raise SurfaceDecryptionError(
+                f"the stored surface of {label} belongs to another token (the row was altered)"
+            )
+        return plain[len(prefix) :]
+
+    def rotate(self, ciphertext: str, *, label: str) -> str | None:
+        """The ciphertext re-encrypted under the newest key, or None if it already is."""
+        token = ciphertext.encode("ascii")
+        try:
+            self._newest.decrypt(token)
+            return None
+        except InvalidToken:
+            pass
+        try:
+            return self._fernet.rotate(token).decode("ascii")
+        except InvalidToken:
+            raise SurfaceDecryptionError(
+                f"the stored surface of {label} cannot be decrypted with any configured PHI "
+                "encryption key, so it cannot be rotated"
+            ) from None
+
+
+def _derived_hmac_key() -> bytes:
+    return salted_hmac(_SALT, "lookup-hmac-key", algorithm="sha256").digest()
+
+
+def _derived_fernet_key() -> bytes:
+    return base64.urlsafe_b64encode(salted_hmac(_SALT, "surface-fernet-key", algorithm="sha256").digest())
+
+
+def build_keyring() -> Keyring:
+    errors = [problem for problem in key_problems() if problem.is_error]
+    if errors:
+        raise PhiConfigurationError(f"{errors[0].message} {errors[0].hint} ({errors[0].check_id})")
+    derived = []
+    hmac_text = _as_text(app_settings.PHI_HMAC_KEY)
+    if hmac_text:
+        hmac_key = hmac_text.encode("utf-8")
+    else:
+        hmac_key = _derived_hmac_key()
+        derived.append("PHI_HMAC_KEY")
+    fernet_keys = configured_encryption_keys()
+    if not fernet_keys:
+        fernet_keys = [_derived_fernet_key()]
+        derived.append("PHI_ENCRYPTION_KEYS")
+    if derived:
+        logger.warning(
+            "DEBUG is on and %s %s not set: using development keys derived from SECRET_KEY. "
+            "Set real keys before handling patient data.",
+            " and ".join(derived),
+            "is" if len(derived) == 1 else "are",
+        )
+    return Keyring(hmac_key, fernet_keys)
+
+
+_keyring: Keyring | None = None
+_keyring_lock = threading.Lock()
+
+
+def keyring() -> Keyring:
+    """The process's keyring, built on first use and again after a settings change."""
+    global _keyring
+    current = _keyring
+    if current is None:
+        with _keyring_lock:
+            if _keyring is None:
+                _keyring = build_keyring()
+            current = _keyring
+    return current
+
+
+def reset_keyring() -> None:
+    global _keyring
+    with _keyring_lock:
+        _keyring = None
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    # override_settings in tests, or a reload: keys, region and cache size may differ,
+    # and every cached lookup key was computed with the old HMAC key.
+    if setting in (SETTINGS_NAME, "SECRET_KEY", "DEBUG", "SECRET_KEY_FALLBACKS"):
+        reset_keyring()
+        if setting == SETTINGS_NAME:
+            from .cache import token_cache
+
+            token_cache.clear()

@@ -1,0 +1,138 @@
+"""Categories, normalisation and surface ranking of PHI values.
+
+Two spellings of one value ("  MARÍA   López " and "maria lopez") must normalise to the
+same string, because the normalised form (through its HMAC) is what identifies a value
+within a conversation. What the patient wrote is kept apart as the *surface*.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from decimal import Decimal
+from typing import Any
+
+import phonenumbers
+
+from ..conf import app_settings
+from .exceptions import InvalidCategory, InvalidPhiValue
+
+CATEGORIES = ("PERSONA", "TELEFONO", "EMAIL", "ID")
+
+_ALLOWED_CATEGORIES = ", ".join(CATEGORIES)
+
+
+def check_category(category: Any) -> str:
+    if isinstance(category, str) and category in CATEGORIES:
+        return category
+    shown = repr(category) if isinstance(category, str) and len(category) <= 20 else type(category).__name__
+    raise InvalidCategory(f"unknown PHI category {shown}; allowed: {_ALLOWED_CATEGORIES}")
+
+
+def value_text(value: Any, category: str) -> str:
+    """The value as text: strings as they are, numbers as their text.
+
+    Raises :class:`InvalidPhiValue` for ``None``, booleans, other types, non-finite
+    numbers and blank strings. The message names the category and the rule only.
+    """
+    if value is None:
+        raise InvalidPhiValue(f"{category} value is None; pass a non-empty string or a number")
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, bool):
+        raise InvalidPhiValue(f"{category} value is a bool; pass a non-empty string or a number")
+    elif isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, float | Decimal):
+        if not math.isfinite(value):
+            raise InvalidPhiValue(f"{category} value is not a finite number")
+        # 5512345678.0 is the number 5512345678, not a string with a decimal point.
+        text = str(int(value)) if value == int(value) else str(value)
+    else:
+        raise InvalidPhiValue(
+            f"{category} value is a {type(value).__name__}; pass a non-empty string or a number"
+        )
+    if not text.strip():
+        raise InvalidPhiValue(f"{category} value is empty or only whitespace")
+    return text
+
+
+def _fold_persona(text: str) -> str:
+    # casefold first: some letters fold into a letter plus a combining mark ("İ").
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    stripped = "".join(char for char in decomposed if not unicodedata.combining(char))
+    return " ".join(stripped.split())
+
+
+def _fold_phone(text: str) -> str:
+    region = app_settings.PHI_DEFAULT_REGION
+    try:
+        number = phonenumbers.parse(text, region)
+    except phonenumbers.NumberParseException:
+        raise InvalidPhiValue(
+            f"TELEFONO value is not a phone number (parsed with default region {region!r})"
+        ) from None
+    if not phonenumbers.is_possible_number(number):
+        raise InvalidPhiValue(
+            f"TELEFONO value does not have the length of a phone number (default region {region!r})"
+        )
+    return phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
+
+
+def _fold_email(text: str) -> str:
+    return text.strip().casefold()
+
+
+def _fold_id(text: str) -> str:
+    return "".join(char for char in text if char.isalnum()).upper()
+
+
+_FOLDERS = {
+    "PERSONA": _fold_persona,
+    "TELEFONO": _fold_phone,
+    "EMAIL": _fold_email,
+    "ID": _fold_id,
+}
+
+
+def normalize_text(text: str, category: str) -> str:
+    """Normalise an already validated value; raises if nothing is left."""
+    normalized = _FOLDERS[category](text)
+    if not normalized:
+        raise InvalidPhiValue(f"{category} value normalises to nothing (no letters or digits are left)")
+    return normalized
+
+
+def normalize(value: Any, category: str) -> str:
+    """The normalised form of ``value`` in ``category``.
+
+    PERSONA: Unicode-normalised, accents and case folded, whitespace collapsed.
+    TELEFONO: E.164, parsed with ``PHI_DEFAULT_REGION`` for numbers without a country code.
+    EMAIL: trimmed and case-folded. ID: separators (anything not a letter or digit)
+    removed, upper-cased.
+    """
+    category = check_category(category)
+    return normalize_text(value_text(value, category), category)
+
+
+def surface_form(text: str) -> str:
+    """What is stored (encrypted) and decoded back: NFC, trimmed, whitespace runs collapsed."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def richness(surface: str) -> tuple[int, bool, int]:
+    """How rich a surface is: accented letters, then mixed case, then length.
+
+    Tuples compare in that order, so a surface replaces the stored one only when its
+    richness is strictly greater.
+    """
+    if surface.isascii():
+        accents = 0
+    else:
+        accents = sum(1 for char in unicodedata.normalize("NFD", surface) if unicodedata.combining(char))
+    mixed_case = surface != surface.lower() and surface != surface.upper()
+    return accents, mixed_case, len(surface)
+
+
+def is_richer(candidate: str, current: str) -> bool:
+    return candidate != current and richness(candidate) > richness(current)

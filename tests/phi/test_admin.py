@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+from django.urls import reverse
+
+from nexus_workflows.phi import encode
+from nexus_workflows.phi.models import PhiToken, TokenMap
+
+pytestmark = pytest.mark.django_db
+
+VALUES = [("María López", "PERSONA"), ("55 1234 5678", "TELEFONO"), ("maria@example.com", "EMAIL")]
+PLAINTEXT = ["María López", "maria lopez", "1234 5678", "5512345678", "maria@example.com", "maria@"]
+
+
+def staff_client(*codenames: str) -> Client:
+    user = User.objects.create_user(f"staff-{len(codenames)}", password="x", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+VIEWER = ("view_tokenmap", "view_phitoken")
+REVEALER = (*VIEWER, "reveal_phitoken")
+
+
+@pytest.fixture
+def tokens(code: str) -> list[str]:
+    return [encode(code, value, category) for value, category in VALUES]
+
+
+def assert_no_plaintext(html: str, *extra: str) -> None:
+    for text in (*PLAINTEXT, *extra):
+        assert text not in html
+
+
+def test_maps_are_listed_by_code_with_token_count_and_sequence(code: str, tokens: list[str]) -> None:
+    TokenMap.objects.filter(code=code).update(sequence=7)  # a gap left by a deleted token, say
+    response = staff_client(*VIEWER).get(reverse("admin:nexus_workflows_tokenmap_changelist"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert code in html
+    assert '<td class="field-token_count">3</td>' in html
+    assert '<td class="field-sequence">7</td>' in html
+    assert_no_plaintext(html)
+
+
+def test_tokens_list_shows_token_and_category_never_the_surface(code: str, tokens: list[str]) -> None:
+    ciphertexts = list(PhiToken.objects.values_list("encrypted_surface", flat=True))
+    response = staff_client(*VIEWER).get(reverse("admin:nexus_workflows_phitoken_changelist"))
+    html = response.content.decode()
+    for token in tokens:
+        assert token.replace("<", "&lt;").replace(">", "&gt;") in html
+    for category in ("PERSONA", "TELEFONO", "EMAIL"):
+        assert category in html
+    assert_no_plaintext(html, *ciphertexts)
+
+
+@pytest.mark.parametrize("query", ["María", "maria", "López", "5512345678", "example.com"])
+def test_surfaces_are_not_searchable(code: str, tokens: list[str], query: str) -> None:
+    client = staff_client(*VIEWER)
+    for name in ("phitoken", "tokenmap"):
+        response = client.get(reverse(f"admin:nexus_workflows_{name}_changelist"), {"q": query})
+        assert response.status_code == 200
+        assert response.context["cl"].result_count == 0
+    # Search by token and by code does work.
+    response = client.get(reverse("admin:nexus_workflows_phitoken_changelist"), {"q": tokens[0]})
+    assert response.context["cl"].result_count == 1
+
+
+def test_map_and_token_pages_never_show_the_surface(code: str, tokens: list[str]) -> None:
+    client = staff_client(*VIEWER)
+    token_map = TokenMap.objects.get(code=code)
+    html = client.get(reverse("admin:nexus_workflows_tokenmap_change", args=[token_map.pk])).content.decode()
+    assert "&lt;&lt;PERSONA_1&gt;&gt;" in html
+    assert_no_plaintext(html)
+    token = PhiToken.objects.get(token=tokens[0])
+    html = client.get(reverse("admin:nexus_workflows_phitoken_change", args=[token.pk])).content.decode()
+    assert "PERSONA" in html
+    assert "Reveal surface" not in html  # no permission, no button
+    assert_no_plaintext(html, token.encrypted_surface, token.lookup_key)
+
+
+def test_revealing_needs_the_dedicated_permission(code: str, tokens: list[str]) -> None:
+    token = PhiToken.objects.get(token=tokens[0])
+    url = reverse("admin:nexus_workflows_phitoken_reveal", args=[token.pk])
+    client = staff_client(*VIEWER)
+    assert client.get(url).status_code == 403
+    response = client.post(url)
+    assert response.status_code == 403
+    assert_no_plaintext(response.content.decode())
+    assert not LogEntry.objects.exists()
+
+
+def test_reveal_shows_the_surface_after_a_post_and_logs_it(code: str, tokens: list[str]) -> None:
+    token = PhiToken.objects.get(token=tokens[0])
+    client = staff_client(*REVEALER)
+    change = client.get(reverse("admin:nexus_workflows_phitoken_change", args=[token.pk])).content.decode()
+    url = reverse("admin:nexus_workflows_phitoken_reveal", args=[token.pk])
+    assert url in change
+
+    confirm = client.get(url)
+    assert confirm.status_code == 200
+    assert_no_plaintext(confirm.content.decode())
+    assert not LogEntry.objects.exists()  # looking at the confirmation reveals nothing
+
+    revealed = client.post(url)
+    assert revealed.status_code == 200
+    assert "María López" in revealed.content.decode()
+    assert "no-cache" in revealed["Cache-Control"]
+    entry = LogEntry.objects.get()
+    assert entry.object_id == str(token.pk)
+    assert entry.user.username == "staff-3"
+    assert "Revealed the surface of <<PERSONA_1>>" in entry.get_change_message()
+    assert_no_plaintext(entry.change_message + entry.object_repr)
+
+    history = client.get(reverse("admin:nexus_workflows_phitoken_history", args=[token.pk]))
+    assert "Revealed the surface" in history.content.decode()
+    assert_no_plaintext(history.content.decode())
+
+
+def test_maps_and_tokens_cannot_be_added_or_edited_in_the_admin(code: str, tokens: list[str]) -> None:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", password="x"))
+    assert client.get(reverse("admin:nexus_workflows_tokenmap_add")).status_code == 403
+    assert client.get(reverse("admin:nexus_workflows_phitoken_add")).status_code == 403
+    token = PhiToken.objects.get(token=tokens[0])
+    before = token.encrypted_surface
+    client.post(reverse("admin:nexus_workflows_phitoken_change", args=[token.pk]), {"token": "<<ID_9>>"})
+    token.refresh_from_db()
+    assert (token.token, token.encrypted_surface) == (tokens[0], before)
+    assert client.get(reverse("admin:nexus_workflows_phitoken_delete", args=[token.pk])).status_code == 403

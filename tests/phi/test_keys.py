@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import pytest
+from cryptography.fernet import Fernet
+from django.conf import settings
+from django.test import override_settings
+
+from nexus_workflows.phi import PhiConfigurationError, SurfaceDecryptionError, decode, encode
+from nexus_workflows.phi.cache import token_cache
+from nexus_workflows.phi.checks import check_phi_keys, check_phi_settings
+from nexus_workflows.phi.keys import keyring
+from nexus_workflows.phi.models import PhiToken, TokenMap
+
+GOOD_HMAC = "a-dedicated-hmac-key-of-at-least-32-characters"
+GOOD_FERNET = Fernet.generate_key().decode()
+
+
+def check_ids(**nexus_settings: object) -> list[str]:
+    with override_settings(NEXUS_WORKFLOWS=nexus_settings):
+        return [message.id for message in check_phi_keys() + check_phi_settings()]  # type: ignore[misc]
+
+
+def test_configured_keys_pass_the_checks() -> None:
+    assert check_ids(**settings.NEXUS_WORKFLOWS) == []
+    two_keys = f"{GOOD_FERNET}, {Fernet.generate_key().decode()}"  # one comma-separated string
+    assert check_ids(PHI_HMAC_KEY=GOOD_HMAC, PHI_ENCRYPTION_KEYS=two_keys) == []
+
+
+@override_settings(DEBUG=False)
+def test_missing_keys_with_debug_off_are_errors() -> None:
+    assert check_ids() == ["nexus_workflows.E100", "nexus_workflows.E101"]
+    assert check_ids(PHI_ENCRYPTION_KEYS=[GOOD_FERNET]) == ["nexus_workflows.E100"]
+    assert check_ids(PHI_HMAC_KEY=GOOD_HMAC, PHI_ENCRYPTION_KEYS=[]) == ["nexus_workflows.E101"]
+
+
+@override_settings(DEBUG=True)
+def test_missing_keys_with_debug_on_are_not_errors() -> None:
+    assert check_ids() == []
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_key_equal_to_the_secret_key_is_an_error(debug: bool) -> None:
+    secret_fernet = Fernet.generate_key().decode()
+    secret_hmac = "the-project-secret-key-which-is-long-enough-1234"
+    with override_settings(DEBUG=debug, SECRET_KEY=secret_hmac):
+        assert check_ids(PHI_HMAC_KEY=secret_hmac, PHI_ENCRYPTION_KEYS=[GOOD_FERNET]) == [
+            "nexus_workflows.E102"
+        ]
+    with override_settings(DEBUG=debug, SECRET_KEY=secret_fernet):
+        assert check_ids(PHI_HMAC_KEY=GOOD_HMAC, PHI_ENCRYPTION_KEYS=[GOOD_FERNET, secret_fernet]) == [
+            "nexus_workflows.E102"
+        ]
+
+
+@override_settings(DEBUG=False)
+def test_bad_keys_and_settings_are_errors() -> None:
+    assert check_ids(PHI_HMAC_KEY="short", PHI_ENCRYPTION_KEYS=[GOOD_FERNET]) == ["nexus_workflows.E104"]
+    assert check_ids(PHI_HMAC_KEY=GOOD_HMAC, PHI_ENCRYPTION_KEYS=["not-a-fernet-key"]) == [
+        "nexus_workflows.E103"
+    ]
+    assert check_ids(PHI_HMAC_KEY=GOOD_HMAC, PHI_ENCRYPTION_KEYS=42) == [
+        "nexus_workflows.E103",
+        "nexus_workflows.E101",
+    ]
+    assert check_ids(PHI_HMAC_KEY=GOOD_FERNET, PHI_ENCRYPTION_KEYS=[GOOD_FERNET]) == ["nexus_workflows.E105"]
+    assert check_ids(PHI_HMAC_KEY=GOOD_HMAC, PHI_ENCRYPTION_KEYS=[GOOD_FERNET, GOOD_FERNET]) == [
+        "nexus_workflows.W100"
+    ]
+    base = {"PHI_HMAC_KEY": GOOD_HMAC, "PHI_ENCRYPTION_KEYS": [GOOD_FERNET]}
+    assert check_ids(**base, PHI_DEFAULT_REGION="XX") == ["nexus_workflows.E106"]
+    assert check_ids(**base, PHI_DEFAULT_REGION="mx") == ["nexus_workflows.E106"]
+    assert check_ids(**base, PHI_CACHE_TTL=0) == ["nexus_workflows.E107"]
+    assert check_ids(**base, PHI_CACHE_SIZE=0) == ["nexus_workflows.E108"]
+
+
+def test_check_messages_never_contain_the_keys() -> None:
+    with override_settings(
+        DEBUG=False,
+        SECRET_KEY=GOOD_FERNET,
+        NEXUS_WORKFLOWS={"PHI_HMAC_KEY": "shortish-key", "PHI_ENCRYPTION_KEYS": [GOOD_FERNET, "bad-key-xyz"]},
+    ):
+        text = " ".join(f"{message.msg} {message.hint}" for message in check_phi_keys())
+    for secret in (GOOD_FERNET, "shortish-key", "bad-key-xyz"):
+        assert secret not in text
+
+
+@pytest.mark.django_db
+@override_settings(DEBUG=False, NEXUS_WORKFLOWS={})
+def test_without_keys_and_debug_off_encode_raises_and_writes_nothing() -> None:
+    with pytest.raises(PhiConfigurationError, match="PHI_HMAC_KEY"):
+        encode("conv-1", "María López", "PERSONA")
+    assert not TokenMap.objects.exists()
+
+
+@pytest.mark.django_db
+def test_with_debug_on_and_no_keys_dev_keys_come_from_the_secret_key(
+    phi_log: pytest.LogCaptureFixture,
+) -> None:
+    with override_settings(
+        DEBUG=True, NEXUS_WORKFLOWS={}, SECRET_KEY="first-development-secret-key-0123456789"
+    ):
+        token = encode("conv-1", "María López", "PERSONA")
+        assert decode("conv-1", token) == "María López"
+        first = keyring().lookup_key("conv-1", "PERSONA", "maria lopez")
+    with override_settings(
+        DEBUG=True, NEXUS_WORKFLOWS={}, SECRET_KEY="other-development-secret-key-0123456789"
+    ):
+        assert keyring().lookup_key("conv-1", "PERSONA", "maria lopez") != first
+    assert keyring().lookup_key("conv-1", "PERSONA", "maria lopez") != first  # the test keys differ too
+    warnings = [record for record in phi_log.records if record.levelname == "WARNING"]
+    assert warnings
+    assert "derived from SECRET_KEY" in warnings[0].getMessage()
+
+
+# transaction=True: the rows are committed, so nothing but the database can answer.
+@pytest.mark.django_db(transaction=True)
+def test_a_surface_that_cannot_be_decrypted_raises_never_returns_ciphertext(code: str) -> None:
+    token = encode(code, "María López", "PERSONA")
+    ciphertext = PhiToken.objects.get(token=token).encrypted_surface
+    other_keys = {**settings.NEXUS_WORKFLOWS, "PHI_ENCRYPTION_KEYS": [Fernet.generate_key().decode()]}
+    with override_settings(NEXUS_WORKFLOWS=other_keys):
+        with pytest.raises(SurfaceDecryptionError) as raised:
+            decode(code, f"Hola {token}")
+        with pytest.raises(SurfaceDecryptionError):
+            encode(code, "MARÍA LÓPEZ", "PERSONA")  # the upgrade check needs the stored surface
+    assert ciphertext not in str(raised.value)
+    assert "María" not in str(raised.value)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_surface_moved_to_another_token_raises(code: str) -> None:
+    first = encode(code, "María López", "PERSONA")
+    second = encode(code, "José Núñez", "PERSONA")
+    # Someone with write access to the table swaps the ciphertexts.
+    stolen = PhiToken.objects.get(token=second).encrypted_surface
+    PhiToken.objects.filter(token=first).update(encrypted_surface=stolen)
+    token_cache.clear()
+    with pytest.raises(SurfaceDecryptionError, match="belongs to another token"):
+        decode(code, first)
+    assert decode(code, second) == "José Núñez"
+
+
+@override_settings(DEBUG=False, NEXUS_WORKFLOWS=["not", "a", "dict"])
+def test_no_phi_messages_when_the_settings_are_not_a_dict() -> None:
+    # nexus_workflows.E001 reports that; PHI messages would only repeat it.
+    assert check_phi_keys() == []
+    assert check_phi_settings() == []

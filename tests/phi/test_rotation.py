@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from cryptography.fernet import Fernet
+from django.conf import settings
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from nexus_workflows.phi import SurfaceDecryptionError, decode, encode
+from nexus_workflows.phi.models import PhiToken
+
+# Committed rows, so every decode below has to decrypt what the database holds.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OLD_KEY = Fernet.generate_key().decode()
+NEW_KEY = Fernet.generate_key().decode()
+
+
+def keys(*fernet_keys: str) -> override_settings:
+    return override_settings(
+        NEXUS_WORKFLOWS={**settings.NEXUS_WORKFLOWS, "PHI_ENCRYPTION_KEYS": list(fernet_keys)}
+    )
+
+
+def rotate() -> str:
+    out = StringIO()
+    call_command("rotate_phi_keys", stdout=out)
+    return out.getvalue()
+
+
+def test_after_adding_a_key_and_rotating_the_old_key_can_go(code: str) -> None:
+    values = [("María López", "PERSONA"), ("55 1234 5678", "TELEFONO"), ("maria@example.com", "EMAIL")]
+    with keys(OLD_KEY):
+        tokens = [encode(code, value, category) for value, category in values]
+        text = " / ".join(tokens)
+        assert decode(code, text) == "María López / 55 1234 5678 / maria@example.com"
+    before = dict(PhiToken.objects.values_list("pk", "encrypted_surface"))
+
+    # The new key alone cannot read the old surfaces yet.
+    with keys(NEW_KEY), pytest.raises(SurfaceDecryptionError):
+        decode(code, text)
+
+    with keys(NEW_KEY, OLD_KEY):  # newest first
+        assert decode(code, text) == "María López / 55 1234 5678 / maria@example.com"
+        assert "Rotated 3 surface(s); 0 already" in rotate()
+        assert "Rotated 0 surface(s); 3 already" in rotate()  # idempotent
+    after = dict(PhiToken.objects.values_list("pk", "encrypted_surface"))
+    assert after.keys() == before.keys()
+    assert all(after[pk] != before[pk] for pk in before)
+
+    with keys(NEW_KEY):  # the old key removed
+        assert decode(code, text) == "María López / 55 1234 5678 / maria@example.com"
+        assert encode(code, "maria lopez", "PERSONA") == tokens[0]
+        encode(code, "Nuevo Valor", "PERSONA")
+    with keys(OLD_KEY), pytest.raises(SurfaceDecryptionError):
+        decode(code, text)
+
+
+def test_rotation_reports_surfaces_no_key_can_decrypt(code: str) -> None:
+    with keys(OLD_KEY):
+        token = encode(code, "María López", "PERSONA")
+    pk = PhiToken.objects.get(token=token).pk
+    with keys(NEW_KEY), pytest.raises(CommandError) as raised:
+        rotate()
+    assert f"#{pk}" in str(raised.value)
+    assert "Keep the old keys" in str(raised.value)
+    with keys(OLD_KEY):
+        assert decode(code, token) == "María López"  # left untouched
