@@ -25,7 +25,12 @@ INSTALLED_APPS = [
 ]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "other.sqlite3"}}
 RQ_QUEUES = {"default": {"URL": "redis://127.0.0.1:6379/0"}}
-NEXUS_WORKFLOWS = {"CONCURRENCY": 2}
+NEXUS_WORKFLOWS = {
+    "CONCURRENCY": 2,
+    # With DEBUG off the PHI keys are required (a system-check error otherwise).
+    "PHI_HMAC_KEY": "another-project-phi-lookup-key-0123456789",
+    "PHI_ENCRYPTION_KEYS": ["b3RoZXItcHJvamVjdC1waGktZmVybmV0LWtleS0wMDE="],
+}
 """
 
 CLINIC_WORKFLOWS = """
