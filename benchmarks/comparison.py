@@ -111,6 +111,17 @@ def machine(server: str) -> dict[str, Any]:
     }
 
 
+def user_arguments() -> list[str]:
+    """The command line as the user typed it (without what benchmarks/compare adds)."""
+    arguments, skip = [], False
+    for argument in sys.argv[1:]:
+        if skip or argument == "--peers-python":
+            skip = not skip
+            continue
+        arguments.append(argument)
+    return arguments
+
+
 def wait_for_quiet(threshold: float, longest: float) -> None:
     deadline = time.monotonic() + longest
     while os.getloadavg()[0] >= threshold and time.monotonic() < deadline:
@@ -284,8 +295,8 @@ def report_growth(result: dict[str, Any]) -> tuple[str, list[str]]:
         rows,
     )
     return text, [
-        "drain with 1,000,000 retained rows within 20% of the empty table: "
-        + verdict(worst >= 1 - TARGET_GROWTH, f"worst {worst:.0%} of the empty-table rate")
+        f"drain with up to {steps[-1]['retained_done_rows']:,} retained rows within 20% of the "
+        "empty table: " + verdict(worst >= 1 - TARGET_GROWTH, f"worst {worst:.0%} of the empty-table rate")
     ]
 
 
@@ -299,7 +310,7 @@ def report_purge(result: dict[str, Any]) -> tuple[str, list[str]]:
         f"backlog left at the end: {result['backlog_left_at_end']:,}.",
         f"- Gaps between consecutive writes of finished work (one per turn of the runner's loop, purge batch "
         f"included), over {result['done_writes']:,} writes: median {result['median_gap_ms']:.0f} ms, "
-        f"p99 {result['p99_gap_ms'] or 0:.0f} ms, **longest {result['longest_gap_ms']:.0f} ms**.",
+        f"p99 {result['p99_gap_ms'] or float('nan'):.0f} ms, **longest {result['longest_gap_ms']:.0f} ms**.",
     ]
     stalled = result["longest_gap_ms"]
     lasted = result["backlog_left_at_end"] > 0
@@ -440,8 +451,8 @@ def main() -> None:
         "",
         "Versions: " + ", ".join(f"{name} {version}" for name, version in sorted(versions.items())) + ".",
         "",
-        "Command: `benchmarks/compare "
-        + " ".join(sys.argv[1:])
+        "Command: `"
+        + " ".join(["benchmarks/compare", *user_arguments()])
         + "`"
         + f" (took {sum(timings.values()) / 60:.1f} min: "
         + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in timings.items())
