@@ -52,7 +52,7 @@ def _plan(using: str) -> _Plan:
     varying = [opts.get_field(name) for name in _VARYING]
     others = [f for f in opts.concrete_fields if not f.primary_key and f.name not in _VARYING]
     for field in others:
-        if callable(field.default) and field.default not in (dict, list):
+        if field.has_default() and callable(field.default) and field.default not in (dict, list):
             raise TypeError(f"DeferredWork.{field.name} has a callable default: add it to _VARYING")
     one_row_sql, returning_params = None, ()
     if connection.features.can_return_columns_from_insert:
