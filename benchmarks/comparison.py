@@ -339,7 +339,7 @@ def report_limit(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]] |
         ceiling = update / writes
         enqueue = statistics.median(run["enqueue_per_s"] for run in ours)
         lines += [
-            f"- Ours, per batch of claimed work: claim = `SELECT` ids + `UPDATE` (write) + `SELECT` rows; "
+            "- Ours, per batch of claimed work: claim = `SELECT` ids + `UPDATE … RETURNING` (write); "
             f"done = one `UPDATE` (write). Measured batch: {batch:.0f} items, so "
             f"{writes:.3f} write transactions per item and a ceiling of {update:,.0f} ÷ {writes:.3f} = "
             f"{ceiling:,.0f} items/s; the drain ({drain:,.0f}/s) is **{drain / ceiling:.1%}** of it: "

@@ -83,6 +83,11 @@ def wait_started(workers: list[WorkerProcess]) -> None:
         )
 
 
+def warm_up(workers: list[WorkerProcess], name: str) -> None:
+    """One drain that is not counted: a runner sizes its claims after its first items."""
+    drain([f"{name}-{number}" for number in range(200 * len(workers))], workers=workers)
+
+
 def insert_rows(count: int, *, prefix: str, status: str, age: str) -> float:
     """Insert ``count`` rows of bench-noop with one statement; returns the seconds it took."""
     started = time.perf_counter()
@@ -144,7 +149,7 @@ def scaling(options: argparse.Namespace) -> dict[str, Any]:
         workers = [runner() for _ in range(processes)]
         try:
             wait_started(workers)
-            time.sleep(1.0)
+            warm_up(workers, f"warm{processes}")
             rates = []
             for run in range(options.runs):
                 keys = [f"scale{processes}r{run}-{number}" for number in range(options.items)]
@@ -217,7 +222,7 @@ def growth(options: argparse.Namespace) -> dict[str, Any]:
         workers = [runner()]
         try:
             wait_started(workers)
-            time.sleep(1.0)
+            warm_up(workers, f"warm{size}")
             step["drains"] = []
             for run in range(options.runs):
                 keys = [f"grow{size}r{run}-{number}" for number in range(options.items)]

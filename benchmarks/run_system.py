@@ -412,7 +412,9 @@ def measure(system: System, items: int, latency_samples: int) -> dict[str, Any]:
             time.sleep(pause.uniform(0.2, 1.2))
             before = time.time()
             handle = system.enqueue_probe(f"latency-{number}")
-            time.sleep(0.01)
+            # The probe's own start time is the measurement; polling only collects it, and
+            # starts late so as not to compete for the CPU with the job being started.
+            time.sleep(0.05)
             started_at = wait_for(
                 lambda handle=handle: system.probe_started(handle),
                 timeout=30,
