@@ -308,9 +308,13 @@ def report_purge(result: dict[str, Any]) -> tuple[str, list[str]]:
         f"- Purge complete after **{result['purge_seconds']:.1f} s** while one runner drained "
         f"{result['drained_during_purge']:,} items ({result['drain_per_s_during_purge']:,.0f}/s); "
         f"backlog left at the end: {result['backlog_left_at_end']:,}.",
+        f"- One purge batch timed alone ({result['timed_batches']} batches of "
+        f"{result['purge_batch_size']:,} rows, no runner): median {result['purge_batch_ms_median']:.0f} ms, "
+        f"longest {result['purge_batch_ms_max']:.0f} ms.",
         f"- Gaps between consecutive writes of finished work (one per turn of the runner's loop, purge batch "
         f"included), over {result['done_writes']:,} writes: median {result['median_gap_ms']:.0f} ms, "
-        f"p99 {result['p99_gap_ms'] or float('nan'):.0f} ms, **longest {result['longest_gap_ms']:.0f} ms**.",
+        f"p99 {result['p99_gap_ms'] or float('nan'):.0f} ms, **longest {result['longest_gap_ms']:.0f} ms** "
+        f"(five longest: {', '.join(f'{gap:.0f}' for gap in result['longest_gaps_ms'])} ms).",
     ]
     stalled = result["longest_gap_ms"]
     lasted = result["backlog_left_at_end"] > 0

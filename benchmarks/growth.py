@@ -254,6 +254,17 @@ def purge(options: argparse.Namespace) -> dict[str, Any]:
         options.backlog, prefix="backlog-", status="pending", age="1 second"
     )
     result["vacuum_analyze_seconds"] = vacuum_analyze()
+    # What one purge batch costs the runner's loop, timed alone on the full table.
+    from nexus_workflows.retention import purge_batch
+
+    batches = []
+    for _ in range(options.timed_batches):
+        began = time.perf_counter()
+        purge_batch()
+        batches.append((time.perf_counter() - began) * 1000)
+    result["timed_batches"] = len(batches)
+    result["purge_batch_ms_median"] = statistics.median(batches) if batches else None
+    result["purge_batch_ms_max"] = max(batches) if batches else None
     expired_left = (
         f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} WHERE status IN ('done', 'abandoned') "
         f"AND updated_at < now() - interval '{retention} seconds' LIMIT 1) AS one"
@@ -291,6 +302,7 @@ def purge(options: argparse.Namespace) -> dict[str, Any]:
     result["first_done_after_start_seconds"] = stamps[0] - started if stamps else None
     result["done_writes"] = len(stamps)
     result["longest_gap_ms"] = max(gaps) * 1000 if gaps else None
+    result["longest_gaps_ms"] = [gap * 1000 for gap in sorted(gaps)[-5:]]
     result["p99_gap_ms"] = statistics.quantiles(gaps, n=100)[-1] * 1000 if len(gaps) >= 100 else None
     result["median_gap_ms"] = statistics.median(gaps) * 1000 if gaps else None
     execute(f"TRUNCATE {TABLE}")
@@ -342,6 +354,7 @@ def main() -> None:
     parser.add_argument("--expired", type=int, default=1_000_000)
     parser.add_argument("--backlog", type=int, default=300_000)
     parser.add_argument("--timeout", type=float, default=900.0, help="most seconds the purge may take")
+    parser.add_argument("--timed-batches", type=int, default=50, help="purge batches timed alone first")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per physical-limit figure")
     options = parser.parse_args()
     if options.section != "limit":
