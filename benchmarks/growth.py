@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.run_system import WorkerProcess, log, wait_for  # noqa: E402
+from benchmarks.run_system import WorkerProcess, assert_alone, log, wait_for  # noqa: E402
 
 TABLE = "nexus_workflows_deferredwork"
 COLUMNS = (
@@ -359,6 +359,7 @@ def main() -> None:
     options = parser.parse_args()
     if options.section != "limit":
         setup(options.database_url)
+        assert_alone(scalar)
     started = time.perf_counter()
     result = SECTIONS[options.section](options)
     result["section_seconds"] = time.perf_counter() - started

@@ -376,8 +376,21 @@ SYSTEMS: dict[str, type[System]] = {cls.name: cls for cls in (Ours, DjangoTasks,
 # --- The protocol -------------------------------------------------------------------------
 
 
+def assert_alone(scalar: Callable[[str], Any]) -> None:
+    """A leftover worker on the benchmark's database would take jobs and skew every figure."""
+    others = scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    if others:
+        raise SystemExit(
+            f"{others} other connection(s) to the benchmark's database: stop whatever uses it "
+            "(a leftover worker?) and run again"
+        )
+
+
 def measure(system: System, items: int, latency_samples: int) -> dict[str, Any]:
     system.setup()
+    assert_alone(system.scalar)
     result: dict[str, Any] = {"system": system.name, "items": items, "versions": system.versions()}
 
     system.reset()
