@@ -5,6 +5,15 @@ import os
 
 os.environ.setdefault("DEBUG", "false")
 os.environ.setdefault("SECRET_KEY", "benchmark-only-secret-key-not-for-production-use-0123456789")
+# Throw-away PHI keys: the project's checks require them when DEBUG is off, and the
+# benchmarks store no PHI. The runner processes inherit them from the environment.
+if "PHI_HMAC_KEY" not in os.environ and "PHI_ENCRYPTION_KEYS" not in os.environ:
+    import secrets
+
+    from cryptography.fernet import Fernet
+
+    os.environ["PHI_HMAC_KEY"] = secrets.token_urlsafe(48)
+    os.environ["PHI_ENCRYPTION_KEYS"] = Fernet.generate_key().decode()
 
 from project.settings import *  # noqa: F403
 from project.settings import INSTALLED_APPS

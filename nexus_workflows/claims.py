@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connections, transaction
 from django.db.models import F
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from .exceptions import ClaimLost, InvalidCheckpoint
@@ -61,33 +63,38 @@ class Claimer:
         self.using = using
         self.contended = False
 
-    def _claim(self, candidates: Any, limit: int, order_by: str, **changes: Any) -> tuple[list[int], str]:
-        """Compare-and-set up to ``limit`` rows of ``candidates`` to a new claim token.
+    def _claim(
+        self, candidates: Any, limit: int, order_by: str, *, reclaimed: bool, **changes: Any
+    ) -> list[ClaimedWork]:
+        """Compare-and-set up to ``limit`` rows of ``candidates`` to a new claim token and
+        return them as claimed.
 
         The ids are read first and the ``UPDATE`` names them as literals and re-checks the
         candidate conditions, so its plan is a primary-key lookup whatever the table's
         statistics say (a one-statement ``UPDATE … IN (SELECT … LIMIT)`` can get a
         nested-loop plan on a freshly filled table and take hundreds of milliseconds).
-        Returns the ids the claim was tried on (empty when it matched nothing).
+        Where the database can, the ``UPDATE`` returns the rows it claimed
+        (``RETURNING``); elsewhere they are read back by their token.
         """
         candidates = candidates.filter(kind__in=self.kinds)
         spread = _CONTENTION_SPREAD if self.contended else 1
         ids = list(candidates.order_by(order_by).values_list("pk", flat=True)[: limit * spread])
         if spread > 1 and len(ids) > limit:
             ids = random.sample(ids, limit)
-        token = uuid.uuid4().hex
         if not ids:
-            return [], token
+            return []
+        token = uuid.uuid4().hex
         claimed_at = timezone.now()
         changes.update(
             claim_token=token, claimed_at=claimed_at, heartbeat_at=claimed_at, updated_at=claimed_at
         )
-        matched = candidates.filter(pk__in=ids).update(**changes)
-        self.contended = matched < len(ids)
-        return (ids if matched else []), token
-
-    def _load(self, ids: list[int], token: str, *, reclaimed: bool) -> list[ClaimedWork]:
-        rows = DeferredWork.objects.using(self.using).held(token).filter(pk__in=ids)
+        claimed = candidates.filter(pk__in=ids)
+        if _can_return_from_update(self.using):
+            rows = _update_returning(claimed, changes, self.using)
+        else:
+            matched = claimed.update(**changes)
+            rows = self._load(ids, token) if matched else []
+        self.contended = len(rows) < len(ids)
         return [
             ClaimedWork(
                 id=row["pk"],
@@ -101,16 +108,19 @@ class Claimer:
                 reclaimed=reclaimed,
                 using=self.using,
             )
-            for row in rows.values(*_CLAIM_FIELDS)
+            for row in rows
         ]
+
+    def _load(self, ids: list[int], token: str) -> list[dict[str, Any]]:
+        rows = DeferredWork.objects.using(self.using).held(token).filter(pk__in=ids)
+        return list(rows.values(*_CLAIM_FIELDS))
 
     def claim_due(self, limit: int, *, now: datetime | None = None) -> list[ClaimedWork]:
         """Claim up to ``limit`` pending rows whose time has come, oldest first."""
         if limit <= 0 or not self.kinds:
             return []
         due = DeferredWork.objects.using(self.using).due(now or timezone.now())
-        ids, token = self._claim(due, limit, "next_attempt_at", status=Status.PROCESSING)
-        return self._load(ids, token, reclaimed=False) if ids else []
+        return self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
 
     def claim_stale(
         self, limit: int, *, stale_after: timedelta, now: datetime | None = None
@@ -120,10 +130,7 @@ class Claimer:
         if limit <= 0 or not self.kinds:
             return []
         stale = DeferredWork.objects.using(self.using).stale((now or timezone.now()) - stale_after)
-        ids, token = self._claim(stale, limit, "heartbeat_at", attempt=F("attempt") + 1)
-        if not ids:
-            return []
-        works = self._load(ids, token, reclaimed=True)
+        works = self._claim(stale, limit, "heartbeat_at", reclaimed=True, attempt=F("attempt") + 1)
         for work in works:
             work.history = append_entry(
                 work.history,
@@ -133,6 +140,40 @@ class Claimer:
             )
             work.history_changed = True
         return works
+
+
+def _can_return_from_update(using: str) -> bool:
+    # PostgreSQL, and SQLite from 3.35 (when it learnt RETURNING, for INSERT and UPDATE alike).
+    connection = connections[using]
+    return (
+        connection.vendor in ("postgresql", "sqlite") and connection.features.can_return_columns_from_insert
+    )
+
+
+def _update_returning(queryset: Any, changes: dict[str, Any], using: str) -> list[dict[str, Any]]:
+    """``queryset.update(**changes)`` that returns the updated rows' ``_CLAIM_FIELDS``: the
+    ORM compiles the ``UPDATE`` (so the candidate conditions stay defined in one place) and
+    ``RETURNING`` saves reading the rows back with a second query."""
+    connection = connections[using]
+    query = queryset.query.chain(UpdateQuery)
+    query.add_update_values(changes)
+    sql, params = query.get_compiler(using).as_sql()
+    fields = [DeferredWork._meta.get_field(name) for name in _CLAIM_FIELDS[1:]]
+    quote = connection.ops.quote_name
+    columns = [DeferredWork._meta.pk.column, *(field.column for field in fields)]
+    sql = f"{sql} RETURNING {', '.join(quote(column) for column in columns)}"
+    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        returned = cursor.fetchall()
+    rows = []
+    for pk, *values in returned:
+        row = {"pk": pk}
+        for field, value in zip(fields, values, strict=True):
+            # The JSON columns come back as text, as they do to the ORM; it decodes them so.
+            from_db = getattr(field, "from_db_value", None)
+            row[field.name] = from_db(value, None, connection) if from_db else value
+        rows.append(row)
+    return rows
 
 
 # --- Fenced writes --------------------------------------------------------------------

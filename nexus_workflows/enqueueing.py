@@ -77,24 +77,26 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
         prepared = [(compute_dedupe_key(workflow, t), to_json(workflow, t)) for t in triggers]
         return [enqueue_job(workflow, trigger, key, options) for key, trigger in prepared]
     delay = _deferred_options(workflow, options)
-    by_key: dict[str, Any] = {}
+    by_key: dict[str, str] = {}  # dedupe key -> the trigger's JSON text
     order: list[str] = []
     for trigger in triggers:
         key = compute_dedupe_key(workflow, trigger)
-        stored = to_json(workflow, trigger)
-        by_key.setdefault(key, stored)  # the first trigger of a key wins, as with enqueue
+        text = json_text(workflow, trigger)
+        by_key.setdefault(key, text)  # the first trigger of a key wins, as with enqueue
         order.append(key)
     results = _enqueue_many_deferred(workflow, by_key, delay)
     return [results[key] for key in order]
 
 
 def _enqueue_many_deferred(
-    workflow: Workflow, by_key: dict[str, Any], delay: timedelta
+    workflow: Workflow, by_key: dict[str, str], delay: timedelta
 ) -> dict[str, str | None]:
+    from .inserts import insert_pending_many_postgresql
     from .models import DeferredWork, Status
     from .wakeup import notify
 
     using = router.db_for_write(DeferredWork)
+    postgresql = connections[using].vendor == "postgresql"
     results: dict[str, str | None] = {}
     keys = list(by_key)
     with transaction.atomic(using=using):
@@ -103,20 +105,29 @@ def _enqueue_many_deferred(
             now = timezone.now()
             # Existing keys are skipped by the database (ON CONFLICT DO NOTHING / INSERT OR
             # IGNORE), so concurrent writers cannot make this fail half-way.
-            DeferredWork.objects.using(using).bulk_create(
-                [
-                    DeferredWork(
-                        kind=workflow.kind,
-                        dedupe_key=key,
-                        trigger=by_key[key],
-                        next_attempt_at=now + delay,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                    for key in chunk
-                ],
-                ignore_conflicts=True,
-            )
+            if postgresql:
+                inserted = insert_pending_many_postgresql(
+                    using, kind=workflow.kind, keys=chunk, triggers=by_key, due=now + delay, now=now
+                )
+                results.update((key, str(pk)) for key, pk in inserted.items())
+                chunk = [key for key in chunk if key not in inserted]
+                if not chunk:
+                    continue
+            else:
+                DeferredWork.objects.using(using).bulk_create(
+                    [
+                        DeferredWork(
+                            kind=workflow.kind,
+                            dedupe_key=key,
+                            trigger=json.loads(by_key[key]),
+                            next_attempt_at=now + delay,
+                            created_at=now,
+                            updated_at=now,
+                        )
+                        for key in chunk
+                    ],
+                    ignore_conflicts=True,
+                )
             rows = (
                 DeferredWork.objects.using(using)
                 .filter(kind=workflow.kind, dedupe_key__in=chunk)
@@ -188,6 +199,11 @@ def _reject_type(value: object) -> Any:
 
 def to_json(workflow: Workflow, trigger: Any) -> Any:
     """The trigger as it will be stored and later handed to ``prepare``."""
+    return json.loads(json_text(workflow, trigger))
+
+
+def json_text(workflow: Workflow, trigger: Any) -> str:
+    """The trigger as JSON text, after checking that it can be stored."""
     allowed = "dicts, lists, strings, finite numbers, booleans and None"
     try:
         text = json.dumps(trigger, allow_nan=False, default=_reject_type)
@@ -212,7 +228,7 @@ def to_json(workflow: Workflow, trigger: Any) -> Any:
             f"workflow {workflow.kind!r}: the trigger contains a NUL character, which "
             "PostgreSQL cannot store in JSON"
         )
-    return json.loads(text)
+    return text
 
 
 def parse_delay(kind: str, value: Any) -> timedelta:
@@ -240,6 +256,7 @@ def _deferred_options(workflow: Workflow, options: dict[str, Any]) -> timedelta:
 
 
 def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: timedelta) -> str | None:
+    from .inserts import insert_pending
     from .models import DeferredWork, Status
     from .wakeup import notify
 
@@ -252,13 +269,13 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
             # Inside the caller's transaction a savepoint keeps a lost dedupe race from
             # breaking it; in autocommit mode the INSERT stands alone (one round trip).
             with transaction.atomic(using=using) if in_transaction else nullcontext():
-                work = DeferredWork.objects.using(using).create(
+                work_id = insert_pending(
+                    using,
                     kind=workflow.kind,
                     dedupe_key=dedupe_key,
                     trigger=trigger,
-                    next_attempt_at=now + delay,
-                    created_at=now,
-                    updated_at=now,
+                    due=now + delay,
+                    now=now,
                 )
             notify(using, inserted=True)
         except IntegrityError:
@@ -283,8 +300,8 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
                 return str(existing["pk"])
             continue  # someone else changed it first: look again
         else:
-            logger.debug("%s #%s enqueued", workflow.kind, work.pk)
-            return str(work.pk)
+            logger.debug("%s #%s enqueued", workflow.kind, work_id)
+            return str(work_id)
     raise RuntimeError(
         f"workflow {workflow.kind!r}: could not settle the dedupe key after {_DEDUPE_ROUNDS} "
         "rounds; the row kept changing under concurrent writers"

@@ -269,6 +269,7 @@ class Runner:
         while not self._stop_requested.is_set():
             self._wake.clear()
             claimed = 0
+            more_due = False
             purging = False
             try:
                 self._write_outcomes()
@@ -281,7 +282,7 @@ class Runner:
                     check_stale = time.monotonic() >= next_stale_check
                     if check_stale:
                         next_stale_check = time.monotonic() + stale_check_every
-                    claimed = self._claim(cutoff, check_stale=check_stale)
+                    claimed, more_due = self._claim(cutoff, check_stale=check_stale)
                 self._database_back()
             except DATABASE_UNAVAILABLE as error:
                 self._database_lost(error)
@@ -289,7 +290,9 @@ class Runner:
                 continue
             if self.once and not claimed and not purging and self._held_count() == 0:
                 return
-            if purging or (claimed and self._wants_more()):
+            # Claim again at once only if the last claim may have left due work behind;
+            # otherwise wait, so the workers start the work just claimed right away.
+            if purging or (more_due and self._wants_more()):
                 continue
             self._wake.wait(self.poll_interval)
 
@@ -307,16 +310,22 @@ class Runner:
         _, low_water = self._capacity()
         return self._held_count() <= low_water and self._held_count() < self._capacity()[0]
 
-    def _claim(self, cutoff: datetime | None, *, check_stale: bool) -> int:
+    def _claim(self, cutoff: datetime | None, *, check_stale: bool) -> tuple[int, bool]:
+        """Claim stale (when due for a check) and due work; returns (items claimed, whether
+        more may be waiting: a claim got all it asked for, or lost rows to another runner)."""
         limit = min(self._capacity()[0] - self._held_count(), max(self.batch_size, self.concurrency))
         runnable: list[ClaimedWork] = []
+        more = False
         if check_stale:
-            for work in self._claimer.claim_stale(limit, stale_after=self.stale_after, now=cutoff):
+            stale = self._claimer.claim_stale(limit, stale_after=self.stale_after, now=cutoff)
+            more = len(stale) >= limit
+            for work in stale:
                 self.stats.reclaimed += 1
                 if self._guard_crash_loop(work):
                     runnable.append(work)
         remaining = limit - len(runnable)
         due = self._claimer.claim_due(remaining, now=cutoff) if remaining > 0 else []
+        more = more or (remaining > 0 and len(due) >= remaining) or bool(due and self._claimer.contended)
         for work in due:
             self._log_outcome(work, "started", logging.INFO)
         runnable.extend(due)
@@ -324,7 +333,7 @@ class Runner:
             with self._work_available:
                 self._queued.extend(runnable)
                 self._work_available.notify(len(runnable))
-        return len(runnable)
+        return len(runnable), more
 
     def _guard_crash_loop(self, work: ClaimedWork) -> bool:
         """Reclaimed work runs again unless its lost attempts used up the schedule."""

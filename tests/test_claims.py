@@ -176,6 +176,33 @@ def test_claim_stale_counts_the_lost_attempt(kind: str) -> None:
     assert work.history[-1]["outcome"] == "lost"
 
 
+@pytest.mark.parametrize("returning", [True, False], ids=["update-returning", "read-back-by-token"])
+def test_claimed_work_is_the_row_as_the_claim_left_it(kind: str, monkeypatch: Any, returning: bool) -> None:
+    """Claims return the rows from the UPDATE (RETURNING) where the database can, else read
+    them back by their token; both give the same claimed work."""
+    from nexus_workflows import claims
+
+    if not returning:
+        monkeypatch.setattr(claims, "_can_return_from_update", lambda using: False)
+    work_id = enqueue(kind, {"key": "a", "visit": 7})
+    earlier = [{"attempt": 0, "outcome": "rescheduled", "error": "Upstream: 503"}]
+    DeferredWork.objects.filter(pk=work_id).update(attempt=1, checkpoints={"step": 1}, history=earlier)
+
+    (work,) = claimer(kind).claim_due(10)
+    assert (work.id, work.kind, work.dedupe_key, work.attempt) == (int(work_id), kind, "a", 1)
+    assert (work.trigger, work.checkpoints, work.history) == ({"key": "a", "visit": 7}, {"step": 1}, earlier)
+    assert not work.reclaimed
+    assert work.claim_token == DeferredWork.objects.get(pk=work_id).claim_token
+
+    DeferredWork.objects.filter(pk=work_id).update(heartbeat_at=timezone.now() - timedelta(minutes=6))
+    (again,) = claimer(kind).claim_stale(10, stale_after=timedelta(minutes=5))
+    assert (again.id, again.attempt, again.reclaimed) == (int(work_id), 2, True)
+    assert again.claim_token not in ("", work.claim_token)
+    assert again.history[:-1] == earlier
+    assert again.history[-1]["outcome"] == "lost"
+    assert claimer(kind).claim_due(10) == []
+
+
 def test_heartbeat_refreshes_held_rows_only(kind: str) -> None:
     enqueue(kind, {"key": "a"})
     enqueue(kind, {"key": "b"})

@@ -1,0 +1,502 @@
+"""nexus_workflows side by side with django-tasks-db and Procrastinate, and how its cost grows.
+
+Run it through ``benchmarks/compare``, which first installs the peers into their own virtualenv.
+Prints a Markdown report (and writes it, with the raw figures as JSON, under ``var/``).
+Nothing here asserts a speed: targets are reported as met or missed, with the margin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMS = ("ours", "django-tasks", "procrastinate")
+LABELS = {"ours": "nexus_workflows", "django-tasks": "django-tasks-db", "procrastinate": "Procrastinate"}
+SECTIONS = ("compare", "scaling", "growth", "purge", "limit")
+
+# The issue's targets.
+TARGET_DRAIN = 2000
+TARGET_PEER_MULTIPLE = 4
+TARGET_ENQUEUE = 1500
+TARGET_BULK = 20_000
+TARGET_LATENCY_MS = 5
+TARGET_GROWTH = 0.20
+TARGET_STALL_MS = 1000
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--items", type=int, default=5000, help="jobs per run and system (default 5000)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per system, alternating (default 3)")
+    parser.add_argument("--latency-samples", type=int, default=30)
+    parser.add_argument(
+        "--procrastinate-concurrency",
+        type=int,
+        default=1,
+        help="the Procrastinate worker's --concurrency (default 1, its own default)",
+    )
+    parser.add_argument("--scaling-items", type=int, default=10_000)
+    parser.add_argument("--growth-sizes", type=int, nargs="+", default=[0, 100_000, 1_000_000])
+    parser.add_argument("--purge-expired", type=int, default=1_000_000)
+    parser.add_argument("--purge-backlog", type=int, default=300_000)
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432"),
+        help="server to use; databases nw_cmp_* are created on it",
+    )
+    parser.add_argument("--peers-python", default=str(ROOT / "benchmarks/.peers-venv/bin/python"))
+    parser.add_argument(
+        "--wait-load",
+        type=float,
+        default=None,
+        metavar="LOAD",
+        help="first wait (up to --wait-max seconds) until the 1-minute load average is below LOAD",
+    )
+    parser.add_argument("--wait-max", type=float, default=1200)
+    return parser.parse_args()
+
+
+# --- Environment ----------------------------------------------------------------------------
+
+
+def ensure_database(server: str, name: str) -> str:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as connection:
+        if not connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return f"{server}/{name}"
+
+
+def machine(server: str) -> dict[str, Any]:
+    import psycopg
+
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    memory_kb = next(
+        (int(line.split()[1]) for line in meminfo.splitlines() if line.startswith("MemTotal")), 0
+    )
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as connection:
+        postgres = {
+            name: connection.execute(f"SHOW {name}").fetchone()[0]
+            for name in ("server_version", "synchronous_commit", "fsync", "autovacuum", "shared_buffers")
+        }
+    return {
+        "cores": os.cpu_count(),
+        "cpu_model": models[0] if models else platform.processor(),
+        "memory_gib": round(memory_kb / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "postgres": postgres,
+    }
+
+
+def user_arguments() -> list[str]:
+    """The command line as the user typed it (without what benchmarks/compare adds)."""
+    arguments, skip = [], False
+    for argument in sys.argv[1:]:
+        if skip or argument == "--peers-python":
+            skip = not skip
+            continue
+        arguments.append(argument)
+    return arguments
+
+
+def wait_for_quiet(threshold: float, longest: float) -> None:
+    deadline = time.monotonic() + longest
+    while os.getloadavg()[0] >= threshold and time.monotonic() < deadline:
+        log(f"load average {os.getloadavg()[0]:.2f} >= {threshold}; waiting")
+        time.sleep(60)
+
+
+def run_json(args: Sequence[str]) -> dict[str, Any]:
+    """Run a measuring script; its stderr passes through, its last stdout line is the JSON."""
+    completed = subprocess.run(list(args), cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False)
+    if completed.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed with {completed.returncode}:\n{completed.stdout[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+# --- Formatting -----------------------------------------------------------------------------
+
+
+def spread(values: Sequence[float], fmt: str = ",.0f") -> str:
+    """Median (min-max)."""
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return f"{format(statistics.median(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def verdict(met: bool, detail: str) -> str:
+    return ("met" if met else "**missed**") + f" ({detail})"
+
+
+# --- Sections -------------------------------------------------------------------------------
+
+
+def run_compare(options: argparse.Namespace, urls: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {system: [] for system in SYSTEMS}
+    for run in range(options.runs):
+        # Alternate: each run starts with the next system, so no system always goes first.
+        order = SYSTEMS[run % len(SYSTEMS) :] + SYSTEMS[: run % len(SYSTEMS)]
+        for system in order:
+            python = sys.executable if system == "ours" else options.peers_python
+            log(f"run {run + 1}/{options.runs}: {system}")
+            runs[system].append(
+                run_json(
+                    [
+                        python,
+                        "benchmarks/run_system.py",
+                        system,
+                        "--database-url",
+                        urls[system],
+                        "--items",
+                        str(options.items),
+                        "--latency-samples",
+                        str(options.latency_samples),
+                        "--procrastinate-concurrency",
+                        str(options.procrastinate_concurrency),
+                    ]
+                )
+            )
+    return runs
+
+
+def report_compare(
+    runs: dict[str, list[dict[str, Any]]], options: argparse.Namespace
+) -> tuple[str, list[str]]:
+    def values(system: str, key: str) -> list[float]:
+        return [run[key] for run in runs[system] if key in run]
+
+    def ratios(peer: str, key: str, *, inverse: bool = False) -> list[float]:
+        pairs = zip(runs["ours"], runs[peer], strict=True)
+        return [
+            (p[key] / o[key]) if inverse else (o[key] / p[key]) for o, p in pairs if key in o and key in p
+        ]
+
+    rows = [
+        ["enqueue one by one (/s)", *(spread(values(s, "enqueue_per_s")) for s in SYSTEMS)],
+        [
+            "bulk enqueue (/s)",
+            spread(values("ours", "bulk_enqueue_per_s")) + " `enqueue_many`",
+            "no bulk API",
+            spread(values("procrastinate", "bulk_enqueue_per_s")) + " `batch_defer`",
+        ],
+        ["drain, 1 worker process (/s)", *(spread(values(s, "drain_per_s")) for s in SYSTEMS)],
+        [
+            "idle enqueue-to-start latency, median (ms)",
+            *(spread(values(s, "latency_median_ms"), ",.1f") for s in SYSTEMS),
+        ],
+    ]
+    lines = [table(["", *(LABELS[s] for s in SYSTEMS)], rows), ""]
+    ratio_rows = []
+    for peer in SYSTEMS[1:]:
+        ratio_rows.append(
+            [
+                LABELS[peer],
+                spread(ratios(peer, "enqueue_per_s"), ".2f") + "x",
+                spread(ratios(peer, "drain_per_s"), ".1f") + "x",
+                spread(ratios(peer, "latency_median_ms", inverse=True), ".1f") + "x",
+                (spread(ratios(peer, "bulk_enqueue_per_s"), ".2f") + "x") if peer == "procrastinate" else "—",
+            ]
+        )
+    lines += [
+        "Ours relative to each peer, from the same run (median (min-max) over the runs; "
+        "above 1x means ours is faster):",
+        "",
+        table(["peer", "enqueue", "drain", "idle latency (peer ÷ ours)", "bulk enqueue"], ratio_rows),
+    ]
+    drain = statistics.median(values("ours", "drain_per_s"))
+    best_peer = max(statistics.median(values(p, "drain_per_s")) for p in SYSTEMS[1:])
+    enqueue = statistics.median(values("ours", "enqueue_per_s"))
+    bulk = statistics.median(values("ours", "bulk_enqueue_per_s"))
+    latency = statistics.median(values("ours", "latency_median_ms"))
+    targets = [
+        f"drain ≥ {TARGET_DRAIN:,}/s with one process: "
+        + verdict(drain >= TARGET_DRAIN, f"{drain:,.0f}/s, {drain / TARGET_DRAIN:.0%} of target"),
+        f"drain ≥ {TARGET_PEER_MULTIPLE}x the better peer per process: "
+        + verdict(drain >= TARGET_PEER_MULTIPLE * best_peer, f"{drain / best_peer:.1f}x"),
+        f"enqueue ≥ {TARGET_ENQUEUE:,}/s one by one: "
+        + verdict(enqueue >= TARGET_ENQUEUE, f"{enqueue:,.0f}/s, {enqueue / TARGET_ENQUEUE:.0%} of target"),
+        f"`enqueue_many` ≥ {TARGET_BULK:,}/s: "
+        + verdict(bulk >= TARGET_BULK, f"{bulk:,.0f}/s, {bulk / TARGET_BULK:.0%} of target"),
+        f"idle latency median < {TARGET_LATENCY_MS} ms: "
+        + verdict(latency < TARGET_LATENCY_MS, f"{latency:.1f} ms"),
+    ]
+    return "\n".join(lines), targets
+
+
+def report_scaling(result: dict[str, Any]) -> str:
+    one = statistics.median(result["drain_per_s"]["1"])
+    rows = [
+        [processes, spread(rates), f"{statistics.median(rates) / one:.2f}x"]
+        for processes, rates in result["drain_per_s"].items()
+    ]
+    return table(["`runworkflows` processes", f"drain of {result['items']:,} (/s)", "vs 1 process"], rows)
+
+
+def report_growth(result: dict[str, Any]) -> tuple[str, list[str]]:
+    steps = result["steps"]
+    empty = steps[0]["drain_per_s_median"]
+    rows = []
+    for step in steps:
+        query = step["due_query"]
+        rows.append(
+            [
+                f"{step['retained_done_rows']:,}",
+                f"{step['table_mb']:,.0f} MB",
+                f"{step.get('insert_seconds', 0):.1f} s + {step['vacuum_analyze_seconds']:.1f} s",
+                f"{query['explain_execution_ms']:.3f} ms"
+                + (" (nw_due_idx)" if query["uses_due_index"] else " (no index!)"),
+                f"{query['orm_query_ms_median']:.2f} ms",
+                spread([d["per_s"] for d in step["drains"]]),
+                f"{step['drain_per_s_median'] / empty:.0%}",
+            ]
+        )
+    worst = min(step["drain_per_s_median"] / empty for step in steps)
+    text = table(
+        [
+            "retained done rows",
+            "table + indexes",
+            "setup (insert + VACUUM ANALYZE)",
+            "due query (EXPLAIN ANALYZE)",
+            "due query via the ORM",
+            f"drain of {result['items']:,} (/s)",
+            "vs empty",
+        ],
+        rows,
+    )
+    return text, [
+        f"drain with up to {steps[-1]['retained_done_rows']:,} retained rows within 20% of the "
+        "empty table: " + verdict(worst >= 1 - TARGET_GROWTH, f"worst {worst:.0%} of the empty-table rate")
+    ]
+
+
+def report_purge(result: dict[str, Any]) -> tuple[str, list[str]]:
+    lines = [
+        f"- {result['expired_rows']:,} expired done rows (inserted in "
+        f"{result['insert_expired_seconds']:.1f} s), backlog of {result['backlog']:,} pending no-op "
+        f"items; `PURGE_BATCH_SIZE` {result['purge_batch_size']:,}.",
+        f"- Purge complete after **{result['purge_seconds']:.1f} s** while one runner drained "
+        f"{result['drained_during_purge']:,} items ({result['drain_per_s_during_purge']:,.0f}/s); "
+        f"backlog left at the end: {result['backlog_left_at_end']:,}.",
+        f"- One purge batch timed alone ({result['timed_batches']} batches of "
+        f"{result['purge_batch_size']:,} rows, no runner): median {result['purge_batch_ms_median']:.0f} ms, "
+        f"longest {result['purge_batch_ms_max']:.0f} ms.",
+        f"- Gaps between consecutive writes of finished work (one per turn of the runner's loop, purge batch "
+        f"included), over {result['done_writes']:,} writes: median {result['median_gap_ms']:.0f} ms, "
+        f"p99 {result['p99_gap_ms'] or float('nan'):.0f} ms, **longest {result['longest_gap_ms']:.0f} ms** "
+        f"(five longest: {', '.join(f'{gap:.0f}' for gap in result['longest_gaps_ms'])} ms).",
+    ]
+    stalled = result["longest_gap_ms"]
+    lasted = result["backlog_left_at_end"] > 0
+    return "\n".join(lines), [
+        "purge never blocks the runner for more than a second: "
+        + verdict(
+            stalled <= TARGET_STALL_MS and lasted,
+            f"longest gap {stalled:.0f} ms"
+            + ("" if lasted else "; the backlog ran out before the purge ended"),
+        )
+    ]
+
+
+def report_limit(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]] | None) -> str:
+    update = result["update_per_s"]
+    lines = [
+        f"- Single-row `UPDATE` transactions, autocommit, one psycopg connection: **{update:,.0f}/s**; "
+        f"`INSERT`: {result['insert_per_s']:,.0f}/s; `SELECT 1` round trips: "
+        f"{result['select_1_per_s']:,.0f}/s.",
+    ]
+    if runs:
+        ours = runs["ours"]
+        drain = statistics.median(run["drain_per_s"] for run in ours)
+        batch = statistics.median(run["items"] / run["done_batches"] for run in ours)
+        writes = 2 / batch
+        ceiling = update / writes
+        enqueue = statistics.median(run["enqueue_per_s"] for run in ours)
+        lines += [
+            "- Ours, per batch of claimed work: claim = `SELECT` ids + `UPDATE … RETURNING` (write); "
+            f"done = one `UPDATE` (write). Measured batch: {batch:.0f} items, so "
+            f"{writes:.3f} write transactions per item and a ceiling of {update:,.0f} ÷ {writes:.3f} = "
+            f"{ceiling:,.0f} items/s; the drain ({drain:,.0f}/s) is **{drain / ceiling:.1%}** of it: "
+            "bounded by Python, not by the database's writes.",
+            "- Without batching each item would need 2 write transactions (claim, done), as each "
+            f"job does in django-tasks-db and Procrastinate: ceiling {update / 2:,.0f}/s. Peers' drains: "
+            + ", ".join(
+                f"{LABELS[p]} {statistics.median(r['drain_per_s'] for r in runs[p]):,.0f}/s "
+                f"({statistics.median(r['drain_per_s'] for r in runs[p]) / (update / 2):.0%})"
+                for p in SYSTEMS[1:]
+            )
+            + ".",
+            "- Enqueue one by one is one `INSERT` transaction per item: ceiling "
+            f"{result['insert_per_s']:,.0f}/s; "
+            f"ours reaches {enqueue:,.0f}/s, {enqueue / result['insert_per_s']:.0%} of it.",
+        ]
+    return "\n".join(lines)
+
+
+# --- Main -----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    options = parse_args()
+    server = options.postgres_url.rstrip("/")
+    if options.wait_load is not None:
+        wait_for_quiet(options.wait_load, options.wait_max)
+    started = datetime.datetime.now(datetime.UTC)
+    load_at_start = os.getloadavg()
+    urls = {system: ensure_database(server, f"nw_cmp_{system.replace('-', '_')}") for system in SYSTEMS}
+    growth_url = ensure_database(server, "nw_cmp_growth")
+    raw: dict[str, Any] = {"machine": machine(server), "options": vars(options)}
+    timings: dict[str, float] = {}
+
+    def section(name: str, work: Callable[[], Any]) -> Any:
+        if name not in options.sections:
+            return None
+        log(f"section {name}")
+        began = time.perf_counter()
+        raw[name] = work()
+        timings[name] = time.perf_counter() - began
+        return raw[name]
+
+    growth_script = [sys.executable, "benchmarks/growth.py"]
+    runs = section("compare", lambda: run_compare(options, urls))
+    scaling = section(
+        "scaling",
+        lambda: run_json(
+            [
+                *growth_script,
+                "scaling",
+                "--database-url",
+                urls["ours"],
+                "--items",
+                str(options.scaling_items),
+                "--runs",
+                str(options.runs),
+            ]
+        ),
+    )
+    growth = section(
+        "growth",
+        lambda: run_json(
+            [
+                *growth_script,
+                "growth",
+                "--database-url",
+                growth_url,
+                "--runs",
+                str(options.runs),
+                "--sizes",
+                *map(str, options.growth_sizes),
+            ]
+        ),
+    )
+    purge = section(
+        "purge",
+        lambda: run_json(
+            [
+                *growth_script,
+                "purge",
+                "--database-url",
+                growth_url,
+                "--expired",
+                str(options.purge_expired),
+                "--backlog",
+                str(options.purge_backlog),
+            ]
+        ),
+    )
+    limit = section("limit", lambda: run_json([*growth_script, "limit", "--database-url", urls["ours"]]))
+    load_at_end = os.getloadavg()
+
+    info = raw["machine"]
+    versions = dict(runs["ours"][0]["versions"]) if runs else {}
+    if runs:
+        for peer in SYSTEMS[1:]:
+            versions.update(runs[peer][0]["versions"])
+    out = [
+        f"## Benchmarks ({started:%Y-%m-%d %H:%M} UTC)",
+        "",
+        f"Machine: {info['cores']} cores ({info['cpu_model']}), {info['memory_gib']} GiB RAM, "
+        f"Linux {info['kernel']}, "
+        f"Python {info['python']}, PostgreSQL {info['postgres']['server_version']} on the same machine "
+        f"(synchronous_commit={info['postgres']['synchronous_commit']}, fsync={info['postgres']['fsync']}, "
+        f"autovacuum={info['postgres']['autovacuum']}, shared_buffers={info['postgres']['shared_buffers']}). "
+        f"Load average (1, 5, 15 min) at the start {', '.join(f'{x:.2f}' for x in load_at_start)}, "
+        f"at the end {', '.join(f'{x:.2f}' for x in load_at_end)}.",
+        "",
+        "Versions: " + ", ".join(f"{name} {version}" for name, version in sorted(versions.items())) + ".",
+        "",
+        "Command: `"
+        + " ".join(["benchmarks/compare", *user_arguments()])
+        + "`"
+        + f" (took {sum(timings.values()) / 60:.1f} min: "
+        + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in timings.items())
+        + ").",
+        "",
+    ]
+    targets: list[str] = []
+    if runs:
+        text, met = report_compare(runs, options)
+        targets += met
+        out += [
+            f"### Side by side: {options.items:,} no-op jobs, one worker process each, "
+            f"{options.runs} runs per system "
+            "(alternating), median (min-max)",
+            "",
+            text,
+            "",
+        ]
+    if scaling:
+        out += ["### Scaling: our drain with more `runworkflows` processes", "", report_scaling(scaling), ""]
+    if growth:
+        text, met = report_growth(growth)
+        targets += met
+        out += ["### Growth: retained done rows in the table", "", text, ""]
+    if purge:
+        text, met = report_purge(purge)
+        targets += met
+        out += ["### Purge of expired rows while a runner drains", "", text, ""]
+    if limit:
+        out += ["### The physical limit", "", report_limit(limit, runs), ""]
+    if targets:
+        out += ["### Targets", "", *(f"- {line}" for line in targets), ""]
+    report = "\n".join(out)
+    print(report)
+    Path(ROOT / "var").mkdir(exist_ok=True)
+    stamp = f"{started:%Y%m%d-%H%M%S}"
+    (ROOT / "var" / f"compare-{stamp}.md").write_text(report)
+    (ROOT / "var" / f"compare-{stamp}.json").write_text(json.dumps(raw, indent=1, default=str))
+    log(f"report written to var/compare-{stamp}.md (raw figures in var/compare-{stamp}.json)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+#!/usr/bin/env python
+"""manage.py of the benchmark's procrastinate_project (run with the peers' virtualenv)."""
+
+import os
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.peers.procrastinate_project.settings")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(sys.argv)
