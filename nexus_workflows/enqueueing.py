@@ -91,66 +91,89 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
 def _enqueue_many_deferred(
     workflow: Workflow, by_key: dict[str, str], delay: timedelta
 ) -> dict[str, str | None]:
-    from .inserts import insert_pending_many_postgresql
-    from .models import DeferredWork, Status
+    from .models import DeferredWork
     from .wakeup import notify
 
     using = router.db_for_write(DeferredWork)
-    postgresql = connections[using].vendor == "postgresql"
     results: dict[str, str | None] = {}
     keys = list(by_key)
     with transaction.atomic(using=using):
         for start in range(0, len(keys), _BULK_CHUNK):
             chunk = keys[start : start + _BULK_CHUNK]
-            now = timezone.now()
-            # Existing keys are skipped by the database (ON CONFLICT DO NOTHING / INSERT OR
-            # IGNORE), so concurrent writers cannot make this fail half-way.
-            if postgresql:
-                inserted = insert_pending_many_postgresql(
-                    using, kind=workflow.kind, keys=chunk, triggers=by_key, due=now + delay, now=now
-                )
-                results.update((key, str(pk)) for key, pk in inserted.items())
-                chunk = [key for key in chunk if key not in inserted]
+            for _ in range(_DEDUPE_ROUNDS):
+                chunk = _settle_chunk(workflow, by_key, chunk, delay, using, results)
                 if not chunk:
-                    continue
+                    break
             else:
-                DeferredWork.objects.using(using).bulk_create(
-                    [
-                        DeferredWork(
-                            kind=workflow.kind,
-                            dedupe_key=key,
-                            trigger=json.loads(by_key[key]),
-                            next_attempt_at=now + delay,
-                            created_at=now,
-                            updated_at=now,
-                        )
-                        for key in chunk
-                    ],
-                    ignore_conflicts=True,
+                raise RuntimeError(
+                    f"workflow {workflow.kind!r}: could not settle {len(chunk)} dedupe key(s) after "
+                    f"{_DEDUPE_ROUNDS} rounds; rows kept changing under concurrent writers"
                 )
-            rows = (
-                DeferredWork.objects.using(using)
-                .filter(kind=workflow.kind, dedupe_key__in=chunk)
-                .values_list("dedupe_key", "pk", "status")
-            )
-            abandoned: list[int] = []
-            for key, pk, status in rows:
-                if status == Status.ABANDONED:
-                    abandoned.append(pk)
-                results[key] = str(pk) if status in (Status.PENDING, Status.ABANDONED) else None
-            if abandoned:
-                revived = set(
-                    DeferredWork.objects.using(using)
-                    .filter(pk__in=abandoned, status=Status.ABANDONED)
-                    .values_list("pk", flat=True)
-                )
-                revive_rows(DeferredWork.objects.using(using).filter(pk__in=revived), due=now + delay)
-                for key, pk, status in rows:
-                    if status == Status.ABANDONED and pk not in revived:
-                        results[key] = None
-                notify(using)
         notify(using, inserted=True)
     return results
+
+
+def _settle_chunk(
+    workflow: Workflow,
+    by_key: dict[str, str],
+    chunk: list[str],
+    delay: timedelta,
+    using: str,
+    results: dict[str, str | None],
+) -> list[str]:
+    """Insert the keys of ``chunk`` that are new and record every key's result; returns
+    the keys to try again (their conflicting row was purged before it could be read)."""
+    from .inserts import insert_pending_many_postgresql
+    from .models import DeferredWork, Status
+    from .wakeup import notify
+
+    now = timezone.now()
+    # Existing keys are skipped by the database (ON CONFLICT DO NOTHING / INSERT OR
+    # IGNORE), so concurrent writers cannot make this fail half-way.
+    if connections[using].vendor == "postgresql":
+        inserted = insert_pending_many_postgresql(
+            using, kind=workflow.kind, keys=chunk, triggers=by_key, due=now + delay, now=now
+        )
+        results.update((key, str(pk)) for key, pk in inserted.items())
+        chunk = [key for key in chunk if key not in inserted]
+        if not chunk:
+            return []
+    else:
+        DeferredWork.objects.using(using).bulk_create(
+            [
+                DeferredWork(
+                    kind=workflow.kind,
+                    dedupe_key=key,
+                    trigger=json.loads(by_key[key]),
+                    next_attempt_at=now + delay,
+                    created_at=now,
+                    updated_at=now,
+                )
+                for key in chunk
+            ],
+            ignore_conflicts=True,
+        )
+    rows = list(
+        DeferredWork.objects.using(using)
+        .filter(kind=workflow.kind, dedupe_key__in=chunk)
+        .values_list("dedupe_key", "pk", "status")
+    )
+    abandoned = [pk for _, pk, status in rows if status == Status.ABANDONED]
+    revived: set[int] = set()
+    if abandoned:
+        revived = set(
+            DeferredWork.objects.using(using)
+            .filter(pk__in=abandoned, status=Status.ABANDONED)
+            .values_list("pk", flat=True)
+        )
+        revive_rows(DeferredWork.objects.using(using).filter(pk__in=revived), due=now + delay)
+        notify(using)
+    for key, pk, status in rows:
+        # Abandoned rows revived just now are pending; one that changed first is not ours.
+        pending = status == Status.PENDING or pk in revived
+        results[key] = str(pk) if pending else None
+    seen = {key for key, _, _ in rows}
+    return [key for key in chunk if key not in seen]
 
 
 def compute_dedupe_key(workflow: Workflow, trigger: Any) -> str:

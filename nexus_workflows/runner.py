@@ -311,29 +311,36 @@ class Runner:
         return self._held_count() <= low_water and self._held_count() < self._capacity()[0]
 
     def _claim(self, cutoff: datetime | None, *, check_stale: bool) -> tuple[int, bool]:
-        """Claim stale (when due for a check) and due work; returns (items claimed, whether
-        more may be waiting: a claim got all it asked for, or lost rows to another runner)."""
+        """Claim due work and, when a check is due, stale work; returns (items claimed,
+        whether more may be waiting: a claim got all it asked for, or lost rows to another
+        runner).
+
+        Due work is handed to the workers before the stale check runs, so a wake-up for
+        new work does not wait for it; the stale check may take up to ``concurrency`` rows
+        beyond a full claim, so a busy runner still reclaims a dead runner's work.
+        """
         limit = min(self._capacity()[0] - self._held_count(), max(self.batch_size, self.concurrency))
-        runnable: list[ClaimedWork] = []
-        more = False
-        if check_stale:
-            stale = self._claimer.claim_stale(limit, stale_after=self.stale_after, now=cutoff)
-            more = len(stale) >= limit
-            for work in stale:
-                self.stats.reclaimed += 1
-                if self._guard_crash_loop(work):
-                    runnable.append(work)
-        remaining = limit - len(runnable)
-        due = self._claimer.claim_due(remaining, now=cutoff) if remaining > 0 else []
-        more = more or (remaining > 0 and len(due) >= remaining) or bool(due and self._claimer.contended)
+        due = self._claimer.claim_due(limit, now=cutoff) if limit > 0 else []
+        self._dispatch(due)
         for work in due:
             self._log_outcome(work, "started", logging.INFO)
-        runnable.extend(due)
-        if runnable:
+        more = 0 < limit <= len(due) or bool(due and self._claimer.contended)
+        claimed = len(due)
+        if check_stale:
+            stale_limit = max(limit - len(due), self.concurrency)
+            stale = self._claimer.claim_stale(stale_limit, stale_after=self.stale_after, now=cutoff)
+            more = more or len(stale) >= stale_limit
+            self.stats.reclaimed += len(stale)
+            runnable = [work for work in stale if self._guard_crash_loop(work)]
+            self._dispatch(runnable)
+            claimed += len(runnable)
+        return claimed, more
+
+    def _dispatch(self, works: list[ClaimedWork]) -> None:
+        if works:
             with self._work_available:
-                self._queued.extend(runnable)
-                self._work_available.notify(len(runnable))
-        return len(runnable), more
+                self._queued.extend(works)
+                self._work_available.notify(len(works))
 
     def _guard_crash_loop(self, work: ClaimedWork) -> bool:
         """Reclaimed work runs again unless its lost attempts used up the schedule."""
