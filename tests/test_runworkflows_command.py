@@ -72,6 +72,10 @@ def enqueue_ledger_items(count: int, **extra: Any) -> None:
         enqueue("test-ledger", {"key": str(number), **extra})
 
 
+def wait_for_status(work_id: str | None, status: Status, what: str, timeout: float = 30) -> None:
+    wait_for(lambda: DeferredWork.objects.get(pk=work_id).status == status, timeout=timeout, what=what)
+
+
 def unfinished() -> int:
     return DeferredWork.objects.filter(status__in=[Status.PENDING, Status.PROCESSING]).count()
 
@@ -123,11 +127,7 @@ def test_kill_9_mid_prepare_is_reclaimed_and_resumed_from_checkpoints(tmp_path: 
         doomed.kill()
         assert DeferredWork.objects.get(pk=work_id).status == Status.PROCESSING
         rescuer = ManagePy("runworkflows", settings=FAST)
-        wait_for(
-            lambda: DeferredWork.objects.get(pk=work_id).status == Status.DONE,
-            timeout=30,
-            what="the work to be reclaimed and finished",
-        )
+        wait_for_status(work_id, Status.DONE, "the work to be reclaimed and finished")
         assert rescuer.terminate() == 0
         output = rescuer.output()
     finally:
@@ -153,11 +153,7 @@ def test_a_slow_prepare_with_a_live_runner_is_not_reclaimed(tmp_path: Path) -> N
     try:
         wait_for(started.exists, timeout=30, what="the slow prepare to start")
         second = ManagePy("runworkflows", settings=settings)
-        wait_for(
-            lambda: DeferredWork.objects.get(pk=work_id).status == Status.DONE,
-            timeout=30,
-            what="the slow work to finish",
-        )
+        wait_for_status(work_id, Status.DONE, "the slow work to finish")
         assert first.terminate() == 0
         assert second.terminate() == 0
         second_output = second.output()
