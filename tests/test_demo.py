@@ -63,3 +63,44 @@ def test_bin_demo_runs_succeeds_retries_abandons_and_serves_the_admin(tmp_path: 
     time.sleep(0.5)
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+def test_bin_demo_starts_an_rq_worker_when_redis_url_is_set(tmp_path: Path) -> None:
+    import redis
+
+    url = "redis://127.0.0.1:6379/12"
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError:
+        if os.environ.get("CI", "").lower() == "true":
+            raise
+        pytest.skip("Redis is not reachable on 127.0.0.1:6379")
+    client.flushdb()
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "REDIS_URL": url,
+        "PYTHONUNBUFFERED": "1",
+    }
+    try:
+        result = subprocess.run(
+            ["bin/demo", "--run-for", "8", "--no-server"],
+            cwd=PROJECT_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        client.flushdb()
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "RQ worker started for fire-and-forget workflows." in output
+    assert "demo-notify      visit 6: job demo-notify__6" in output
+    # The job was queued at enqueue and run by the worker process, not in-process.
+    assert "embedded mode" not in output
+    assert "demo-notify: notification sent" in output

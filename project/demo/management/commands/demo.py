@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from nexus_workflows import enqueue
+from nexus_workflows.conf import app_settings
 from nexus_workflows.registry import registry
 from nexus_workflows.runner import Runner
 
@@ -51,7 +52,7 @@ class Command(BaseCommand):
                 ".venv/bin/python manage.py createsuperuser)"
             )
         if getattr(settings, "REDIS_URL", ""):
-            children.append(self.start("rqworker", "--with-scheduler"))
+            children.append(self.start("rqworker", "--with-scheduler", app_settings.RQ_QUEUE))
             self.stdout.write("RQ worker started for fire-and-forget workflows.")
         self.stdout.write(
             "More work: .venv/bin/python manage.py workflows enqueue demo-flaky "
