@@ -83,6 +83,9 @@ def unfinished() -> int:
 def drain_with(runners: int, items: int, *, settings: dict[str, Any], timeout: float) -> list[ManagePy]:
     processes = [ManagePy("runworkflows", settings=settings) for _ in range(runners)]
     try:
+        # Every runner is up (its signal handlers installed) before the work can run out.
+        for process in processes:
+            process.wait_for_output("runner started")
         wait_for(lambda: unfinished() == 0, timeout=timeout, interval=0.2, what=f"{items} items drained")
         for process in processes:
             assert process.terminate() == 0, process.output()
@@ -153,6 +156,7 @@ def test_a_slow_prepare_with_a_live_runner_is_not_reclaimed(tmp_path: Path) -> N
     try:
         wait_for(started.exists, timeout=30, what="the slow prepare to start")
         second = ManagePy("runworkflows", settings=settings)
+        second.wait_for_output("runner started")
         wait_for_status(work_id, Status.DONE, "the slow work to finish")
         assert first.terminate() == 0
         assert second.terminate() == 0
