@@ -373,10 +373,17 @@ class Runner:
         while self._unwritten:
             outcome = self._unwritten[0]
             if outcome.result is Result.SUCCEEDED:
-                batch = [o for o in self._unwritten if o.result is Result.SUCCEEDED]
+                # Successes of one claim go in one statement; each batch leaves the list as
+                # soon as it is written, so an outage half-way never writes one twice.
+                batch = [
+                    o
+                    for o in self._unwritten
+                    if o.result is Result.SUCCEEDED and o.work.claim_token == outcome.work.claim_token
+                ]
                 self._write_successes(batch)
+                written = {id(o) for o in batch}
                 with self._lock:
-                    self._unwritten = [o for o in self._unwritten if o.result is not Result.SUCCEEDED]
+                    self._unwritten = [o for o in self._unwritten if id(o) not in written]
                 continue
             self._write_failure(outcome)
             with self._lock:
