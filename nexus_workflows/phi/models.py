@@ -1,9 +1,10 @@
 """Token maps: one per conversation code, with its sequence and its tokens.
 
 No plaintext is stored: a token row holds an HMAC of (code, category, normalised value)
-as its lookup key and the surface encrypted with Fernet. Writes are portable ORM
-operations only — a conditional UPDATE on ``sequence`` as compare-and-set, unique
-constraints and savepoints for races — so no raw SQL and no ``select_for_update``.
+as its lookup key and the surface encrypted with Fernet. Races are settled by a
+conditional UPDATE on ``sequence`` as compare-and-set, unique constraints and savepoints —
+no ``select_for_update``. The ORM writes everything, except that on PostgreSQL the
+compare-and-set and the token's insert go as one statement (see ``service.claim``).
 """
 
 from __future__ import annotations
