@@ -123,9 +123,11 @@ def _cued(lowered: str, start: int, cue: re.Pattern[str]) -> bool:
 # A run of digits joined by phone separators (never a line break, a comma, a slash or a
 # colon: those separate dates, times, amounts and lists), optionally after "+".
 _PHONE_RUN = re.compile(r"(?:\+ ?)?\(?[0-9](?:[ \t.\-()]{0,3}[0-9])*")
+# What may stand between a cue word and the identifier: "mi CURP es …", "tel. del paciente: …".
+_CUE_TAIL = r"[\w.]*(?:[\s:#.\-]+(?:es|era|son|de|del|la|el|mi|su|paciente|n[uú]mero|no\.?))*[\s:#.\-]*$"
 _PHONE_CUE = re.compile(
     r"(?:tel|tél|cel|whats|wsp|wa|lada|llam|marc|num|núm|no\.|movil|móvil|fijo|contacto|"
-    r"telefono|teléfono|celular|phone)[\w.]*[\s:#.\-]*$"
+    r"telefono|teléfono|celular|phone)" + _CUE_TAIL
 )
 # Words a number may be glued to ("cel5512345678") and still be a phone number.
 _GLUED_CUE = re.compile(
@@ -196,10 +198,11 @@ def _blank_mexican_prefix(window: str) -> tuple[str, int]:
     chars = list(window)
     for index in blank:
         chars[index] = " "
-    # A prefix is part of the number only when at most one separator follows it.
+    # A prefix is part of the number only when one separator at most, and maybe the
+    # area code's opening parenthesis, follows it: "044 (55)", "01-55", not "1. 55".
     after = blank[-1] + 1
-    gap = positions[positions.index(blank[-1]) + 1] - after
-    if gap > 1:
+    gap = window[after : positions[positions.index(blank[-1]) + 1]]
+    if len(gap.removesuffix("(")) > 1:
         return window, 0
     return "".join(chars), after if blank[0] == positions[0] else 0
 
@@ -408,9 +411,9 @@ _RFC = re.compile(
 )
 _NSS = re.compile(r"(?<![0-9])([0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{4}[ -]?[0-9])(?![0-9])")
 _ID_HINT = re.compile(r"[0-9]{6}|[0-9][ -]?[0-9]{2}[ -]?[0-9]{4}[ -]?[0-9]")
-_RFC_CUE = re.compile(r"(?:r\.?f\.?c|registro federal)[\w.]*[\s:#.\-]*$")
+_RFC_CUE = re.compile(r"(?:r\.?f\.?c|registro federal(?: de contribuyentes)?)" + _CUE_TAIL)
 _NSS_CUE = re.compile(
-    r"(?:nss|n\.s\.s|imss|seguro social|seguridad social|afiliaci[oó]n)[\w.]*[\s:#.\-()a-z]*$"
+    r"(?:nss|n\.s\.s|imss|seguro social|seguridad social|afiliaci[oó]n)(?:[\s:]+imss)?" + _CUE_TAIL
 )
 _CURP_ALPHABET = "0123456789ABCDEFGHIJKLMNÑOPQRSTUVWXYZ"
 _RFC_ALPHABET = "0123456789ABCDEFGHIJKLMN&OPQRSTUVWXYZ Ñ"
