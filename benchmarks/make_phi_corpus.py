@@ -25,6 +25,10 @@ import sys
 from pathlib import Path
 
 import phonenumbers
+from stdnum.mx import curp as stdnum_curp
+
+# RENAPO's inconvenient words (a CURP never starts with one); python-stdnum keeps the list.
+INCONVENIENT = frozenset(getattr(stdnum_curp, "_name_blacklist", ()))
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "benchmarks" / "data" / "phi_corpus.jsonl"
@@ -309,17 +313,25 @@ class Generator:
     def birth(self) -> str:
         return f"{self.rng.randint(40, 99):02d}{self.rng.randint(1, 12):02d}{self.rng.randint(1, 28):02d}"
 
-    def curp(self) -> Segment:
+    def name_letters(self) -> str:
+        """The four letters of a person's CURP and RFC; RENAPO replaces the second letter of
+        an inconvenient word by X."""
         last = self.pick(LAST).upper()
         vowel = next((char for char in last[1:] if char in "AEIOU"), "X")
         letters = last[0] + vowel + self.pick(LAST)[0].upper() + self.pick(FIRST)[0].upper()
+        return letters[0] + "X" + letters[2:] if letters in INCONVENIENT else letters
+
+    def curp(self) -> Segment:
+        letters = self.name_letters()
+        born_2000s = self.rng.random() < 0.25
+        birth = f"{self.rng.randint(0, 23):02d}{self.birth()[2:]}" if born_2000s else self.birth()
         body = (
             letters
-            + self.birth()
+            + birth
             + self.pick(["H", "M"])
             + self.pick(STATES)
             + "".join(self.pick(list(CONSONANTS)) for _ in range(3))
-            + self.pick(["0", "0", "A", "B"])
+            + (self.pick(["A", "B"]) if born_2000s else "0")
         )
         check = curp_check_digit(body)
         if self.rng.random() < 0.2:  # mistyped last digit: still the patient's CURP
@@ -333,17 +345,13 @@ class Generator:
         if company:
             letters = "".join(self.pick(list("ABCDEFGHIJKLMNOPRSTUVZ")) for _ in range(3))
         else:
-            last = self.pick(LAST).upper()
-            vowel = next((char for char in last[1:] if char in "AEIOU"), "X")
-            letters = last[0] + vowel + self.pick(LAST)[0].upper() + self.pick(FIRST)[0].upper()
-        body = (
-            letters
-            + self.birth()
-            + "".join(self.pick(list("ABCDEFGHJKLMNPRSTUVWXYZ123456789")) for _ in range(2))
-        )
+            letters = self.name_letters()
+        # SAT's homoclave: two characters (the first 1-9 or A-V), then the check digit.
+        body = letters + self.birth() + self.pick(list("123456789ABCDEFGHIJKLMNPQRSTUV"))
+        body += self.pick(list("123456789ABCDEFGHIJKLMNPQRSTUVWXYZ"))
         check = rfc_check_digit(body)
-        cue = self.pick(["RFC ", "RFC: ", "mi rfc es ", "R.F.C. "])
-        if self.rng.random() < 0.2:  # a mistyped check digit, announced by "RFC"
+        cue = self.pick(["RFC ", "RFC: ", "mi rfc es ", "R.F.C. ", "", ""])
+        if cue and self.rng.random() < 0.25:  # a mistyped check digit, announced by "RFC"
             check = self.pick([c for c in "0123456789A" if c != check])
         value = body + check
         return cue, ("phi", value, "ID", value)

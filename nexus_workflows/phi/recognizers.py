@@ -18,8 +18,9 @@ spans deterministically. ``encode_text`` calls :func:`find` through ``find_spans
   ``punto``, ``(at)``, ``[dot]``, spaces around ``@`` and ``.``); ``email-validator``
   validates the compact address. Spelled-out or spaced forms must end in a known
   top-level domain.
-- **ID**: CURP, RFC (persons and companies) and the IMSS NSS, by structure and check digit;
-  see :func:`find_ids` for which checks decide.
+- **ID**: CURP, RFC (persons and companies) and the IMSS NSS: patterns find candidates,
+  ``python-stdnum`` checks dates, state codes and check digits; see :func:`find_ids` for
+  which checks decide.
 
 Detected spans never cross a line break. Everything here is pure computation: no
 database, no logging of values.
@@ -27,16 +28,18 @@ database, no logging of values.
 
 from __future__ import annotations
 
-import calendar
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import phonenumbers
 from email_validator import EmailNotValidError, validate_email
 from phonenumbers import Leniency, PhoneNumberMatcher
+from stdnum import luhn
+from stdnum.exceptions import ValidationError
+from stdnum.mx import curp, rfc
 
 #: Tie-break between detections of equal length starting at the same place.
 CATEGORY_ORDER = ("EMAIL", "ID", "TELEFONO", "PERSONA")
@@ -100,15 +103,28 @@ class _ShadowTable(dict[int, str]):
 _SHADOW_TABLE = _ShadowTable()
 
 
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _shadow_char(match: re.Match[str]) -> str:
+    return _SHADOW_TABLE[ord(match.group())]
+
+
 def shadow(text: str) -> str:
     """``text`` with Unicode digits, spaces and dashes in ASCII, at the same offsets."""
-    return text if text.isascii() else text.translate(_SHADOW_TABLE)
+    # A message has a few accents and emoji: mapping only those beats str.translate.
+    return text if text.isascii() else _NON_ASCII.sub(_shadow_char, text)
 
 
 def _lower(text: str) -> str:
     """``text`` in lower case at the same offsets (a few letters lower to two characters)."""
     lowered = text.lower()
     return lowered if len(lowered) == len(text) else "".join(char.lower()[:1] for char in text)
+
+
+def _upper(text: str) -> str:
+    upper = text.upper()
+    return upper if len(upper) == len(text) else "".join(char.upper()[:1] for char in text)
 
 
 def _cued(lowered: str, start: int, cue: re.Pattern[str]) -> bool:
@@ -118,11 +134,42 @@ def _cued(lowered: str, start: int, cue: re.Pattern[str]) -> bool:
     return cue.search(window) is not None
 
 
+def _windowed(
+    pattern: re.Pattern[str], shade: str, anchor: re.Pattern[str], *, before: int, after: int
+) -> list[re.Match[str]]:
+    """The matches of ``pattern`` near the matches of the cheap ``anchor``.
+
+    Running a pattern with lookbehinds and alternations over a whole message costs
+    hundreds of microseconds; around the few places that can hold a match it costs a few.
+    A match that touches a window's cut end is retried without the cut.
+    """
+    windows: list[list[int]] = []
+    for hit in anchor.finditer(shade):
+        start, end = max(0, hit.start() - before), min(len(shade), hit.end() + after)
+        if windows and start <= windows[-1][1]:
+            windows[-1][1] = max(windows[-1][1], end)
+        else:
+            windows.append([start, end])
+    matches: list[re.Match[str]] = []
+    for start, end in windows:
+        for match in pattern.finditer(shade, start, end):
+            if match.end() == end < len(shade):
+                retried = pattern.match(shade, match.start())
+                if retried is None:
+                    continue
+                match = retried
+            if not matches or match.start() >= matches[-1].end():
+                matches.append(match)
+    return matches
+
+
 # --- phones --------------------------------------------------------------------------------
 
 # A run of digits joined by phone separators (never a line break, a comma, a slash or a
 # colon: those separate dates, times, amounts and lists), optionally after "+".
-_PHONE_RUN = re.compile(r"(?:\+ ?)?\(?[0-9](?:[ \t.\-()]{0,3}[0-9])*")
+# (It starts with a digit so that the regex engine can skip ahead fast; a "(" and "+"
+# before it are taken in by find_phones.)
+_PHONE_RUN = re.compile(r"[0-9](?:[ \t.\-()]{0,3}[0-9]){6,}")
 # What may stand between a cue word and the identifier: "mi CURP es …", "tel. del paciente: …".
 _CUE_TAIL = r"[\w.]*(?:[\s:#.\-]+(?:es|era|son|de|del|la|el|mi|su|paciente|n[uú]mero|no\.?))*[\s:#.\-]*$"
 _PHONE_CUE = re.compile(
@@ -253,12 +300,15 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
     shade = shadow(text) if shadowed is None else shadowed
     lowered: str | None = None
     found: list[Detection] = []
-    for run in _PHONE_RUN.finditer(shade):
-        raw = run.group()
-        digits = sum(char.isdigit() for char in raw)
-        if digits < _MIN_PHONE_DIGITS:
-            continue
+    for run in _PHONE_RUN.finditer(shade):  # runs of seven digits or more
         start, end = run.start(), run.end()
+        if shade[start - 1 : start] == "(":
+            start -= 1
+        if shade[start - 1 : start] == "+":
+            start -= 1
+        elif shade[start - 2 : start] == "+ ":
+            start -= 2
+        raw = shade[start:end]
         before = shade[start - 1] if start else ""
         after = shade[end] if end < len(shade) else ""
         if lowered is None:
@@ -311,14 +361,18 @@ _AT = rf"(?:{_SP}{{0,2}}@{_SP}{{0,2}}|{_SPELLED_AT})"
 _DOT = rf"(?:{_SP}{{0,2}}\.{_SP}{{0,2}}|{_SPELLED_DOT})"
 _LOCAL_JOIN = rf"(?:\.|{_SPELLED_DOT}|{_SP}{{1,2}}gui[oó]n(?:{_SP}bajo|{_SP}medio)?{_SP}{{1,2}})"
 _LABEL = r"[^\W_](?:[\w-]{0,61}[^\W_])?"
+# Matched against the lower-cased shadow, from the start of a word.
 _EMAIL_CANDIDATE = re.compile(
-    rf"(?<![\w.@+-]){_LOCAL_CHARS}(?:{_LOCAL_JOIN}{_LOCAL_CHARS})*{_AT}{_LABEL}(?:{_DOT}{_LABEL})+",
-    re.IGNORECASE,
+    rf"(?<![\w.@+-]){_LOCAL_CHARS}(?:{_LOCAL_JOIN}{_LOCAL_CHARS})*{_AT}{_LABEL}(?:{_DOT}{_LABEL})+"
 )
-_EMAIL_HINT = re.compile(r"@|arroba|[(\[{<] ?(?:at|dot|punto) ?[)\]}>]|\bat\b", re.IGNORECASE)
+_WORD_START = re.compile(r"(?<![\w.@+-])[\w!#$%&'*+=?^`{|}~-]")
+# Every address has one of these; str.find finds them faster than any regex.
+_AT_ANCHORS = ("@", "arroba", "(at", "[at", "{at", "<at", " at ")
+# How far before its "@" an address may start.
+_LOCAL_REACH = 80
 _SPELLED_WORD = re.compile(
-    rf"{_SPELLED_AT}|{_SPELLED_DOT}|{_SP}*gui[oó]n{_SP}bajo{_SP}*|{_SP}*gui[oó]n(?:{_SP}medio)?{_SP}*|{_SP}*@{_SP}*|{_SP}*\.{_SP}*",
-    re.IGNORECASE,
+    rf"{_SPELLED_AT}|{_SPELLED_DOT}|{_SP}*gui[oó]n{_SP}bajo{_SP}*|{_SP}*gui[oó]n(?:{_SP}medio)?{_SP}*"
+    rf"|{_SP}*@{_SP}*|{_SP}*\.{_SP}*"
 )
 # Top-level domains a spelled-out or spaced address may end in: the generic ones and the
 # country codes of the Americas and Europe that patients here use. A literal address
@@ -361,8 +415,8 @@ def _validated_email(address: str) -> str | None:
 def _trim_to_tld(candidate: str, spelled: bool) -> str | None:
     """Drop trailing labels until the address ends in an acceptable top-level domain."""
     while True:
-        pieces = list(re.finditer(_DOT, candidate, re.IGNORECASE))
-        at = re.search(_AT, candidate, re.IGNORECASE)
+        pieces = list(re.finditer(_DOT, candidate))
+        at = re.search(_AT, candidate)
         if at is None:
             return None
         last_dot = None
@@ -377,21 +431,41 @@ def _trim_to_tld(candidate: str, spelled: bool) -> str | None:
         candidate = candidate[: last_dot.start()]
 
 
+def _anchors(lowered: str, needles: tuple[str, ...]) -> list[int]:
+    positions: list[int] = []
+    for needle in needles:
+        position = lowered.find(needle)
+        while position != -1:
+            positions.append(position)
+            position = lowered.find(needle, position + 1)
+    return sorted(positions)
+
+
 def find_emails(text: str, *, shadowed: str | None = None) -> list[Detection]:
-    """E-mail addresses in ``text``, written or spelled out."""
-    shade = shadow(text) if shadowed is None else shadowed
-    if not _EMAIL_HINT.search(shade):
-        return []
+    """E-mail addresses in ``text``, written or spelled out.
+
+    Only the words just before an "@" (or "arroba", "(at)"…) are tried as the start of an
+    address: the candidate pattern is too costly to run over a whole message.
+    """
+    lowered = _lower(shadow(text) if shadowed is None else shadowed)
     found: list[Detection] = []
-    for match in _EMAIL_CANDIDATE.finditer(shade):
-        candidate = match.group()
-        spelled = not re.fullmatch(r"[^\s@]+@[^\s@]+", candidate)
-        trimmed = _trim_to_tld(candidate, spelled)
-        if trimmed is None:
+    covered = 0
+    for anchor in _anchors(lowered, _AT_ANCHORS):
+        if anchor < covered:
             continue
-        value = _validated_email(_compact(trimmed) if spelled else trimmed)
-        if value is not None:
-            found.append(Detection(match.start(), match.start() + len(trimmed), "EMAIL", value))
+        begin = max(lowered.rfind("\n", 0, anchor) + 1, anchor - _LOCAL_REACH)
+        for word in _WORD_START.finditer(lowered, begin, anchor + 1):
+            match = _EMAIL_CANDIDATE.match(lowered, word.start())
+            if match is None or match.end() <= anchor:
+                continue
+            candidate = match.group()
+            spelled = not re.fullmatch(r"[^\s@]+@[^\s@]+", candidate)
+            trimmed = _trim_to_tld(candidate, spelled)
+            value = None if trimmed is None else _validated_email(_compact(trimmed) if spelled else trimmed)
+            if trimmed is not None and value is not None:
+                found.append(Detection(match.start(), match.start() + len(trimmed), "EMAIL", value))
+                covered = match.start() + len(trimmed)
+            break
     return found
 
 
@@ -401,98 +475,67 @@ _CURP_STATES = (
     "AS|BC|BS|CC|CL|CM|CS|CH|DF|DG|GT|GR|HG|JC|MC|MN|MS|NT|NL|OC|PL|QT|QR|SP|SL|SR|TC|TS|TL|VZ|YN|ZS|NE"
 )
 _CURP = re.compile(
-    rf"(?<![0-9A-ZÑ])([A-Z][AEIOUX][A-ZÑ]{{2}})[ -]?([0-9]{{6}})[ -]?([HMX](?:{_CURP_STATES})"
-    rf"[B-DF-HJ-NP-TV-ZÑ]{{3}}[0-9A-Z][0-9])(?![0-9A-ZÑ])",
-    re.IGNORECASE,
+    rf"(?<![0-9A-ZÑ])([A-Z][AEIOUX][A-ZÑ]{{2}})[ -]?([0-9]{{6}})[ -]?([HM](?:{_CURP_STATES})"
+    rf"[B-DF-HJ-NP-TV-ZÑ]{{3}}[0-9A-Z][0-9])(?![0-9A-ZÑ])"
 )
 _RFC = re.compile(
-    r"(?<![0-9A-ZÑ&])([A-ZÑ&]{3,4})[ -]?([0-9]{6})(?:[ -]?([A-Z0-9]{2}[0-9A]))?(?![0-9A-ZÑ&])",
-    re.IGNORECASE,
+    r"(?<![0-9A-ZÑ&])([A-ZÑ&]{3,4})[ -]?([0-9]{6})(?:[ -]?([A-Z0-9]{2}[0-9A]))?(?![0-9A-ZÑ&])"
 )
 _NSS = re.compile(r"(?<![0-9])([0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{4}[ -]?[0-9])(?![0-9])")
-_ID_HINT = re.compile(r"[0-9]{6}|[0-9][ -]?[0-9]{2}[ -]?[0-9]{4}[ -]?[0-9]")
+# Every ID has six digits in a row, or an NSS's first six digits in pairs.
+_ID_HINT = re.compile(r"[0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{2}")
 _RFC_CUE = re.compile(r"(?:r\.?f\.?c|registro federal(?: de contribuyentes)?)" + _CUE_TAIL)
 _NSS_CUE = re.compile(
     r"(?:nss|n\.s\.s|imss|seguro social|seguridad social|afiliaci[oó]n)(?:[\s:]+imss)?" + _CUE_TAIL
 )
-_CURP_ALPHABET = "0123456789ABCDEFGHIJKLMNÑOPQRSTUVWXYZ"
-_RFC_ALPHABET = "0123456789ABCDEFGHIJKLMN&OPQRSTUVWXYZ Ñ"
-
-
-def _valid_date(yymmdd: str) -> bool:
-    month, day = int(yymmdd[2:4]), int(yymmdd[4:6])
-    if not 1 <= month <= 12 or day < 1:
+def _valid(validate: Callable[..., object], number: str, *, check_digit: bool) -> bool:
+    try:
+        validate(number, validate_check_digits=check_digit)
+    except ValidationError:
         return False
-    # The century is unknown: "00" may be 1900 or 2000, so 29 February is allowed in it.
-    year = 2000 + int(yymmdd[:2])
-    return day <= calendar.monthrange(year, month)[1]
-
-
-def curp_check_digit(first17: str) -> str:
-    """RENAPO's check digit of a CURP from its first 17 characters (upper case)."""
-    total = sum(_CURP_ALPHABET.index(char) * (18 - index) for index, char in enumerate(first17))
-    return str((10 - total % 10) % 10)
-
-
-def rfc_check_digit(first: str) -> str:
-    """SAT's check digit (the last homoclave character) of an RFC from its first 11 or 12 characters."""
-    padded = first.rjust(12)
-    total = sum(_RFC_ALPHABET.index(char) * (13 - index) for index, char in enumerate(padded))
-    remainder = 11 - total % 11
-    return "0" if remainder == 11 else "A" if remainder == 10 else str(remainder)
-
-
-def nss_check_digit(first10: str) -> str:
-    """IMSS check digit of an NSS (Luhn over its first ten digits)."""
-    total = 0
-    for index, char in enumerate(first10):
-        product = int(char) * (2 if index % 2 else 1)
-        total += product // 10 + product % 10
-    return str((10 - total % 10) % 10)
+    return True
 
 
 def find_ids(text: str, *, shadowed: str | None = None) -> list[Detection]:
-    """CURP, RFC and NSS in ``text``.
+    """CURP, RFC and NSS in ``text``; python-stdnum checks the candidates.
 
-    - CURP: the full structure (name letters with a vowel second, a real date, sex
-      H/M/X, one of the 33 state codes, three consonants, the homoclave character and a
+    - CURP: the full structure (name letters with a vowel second, a real birth date, sex
+      H/M, one of the 33 state codes, three consonants, the homoclave character and a
       digit). The check digit is *not* required: a CURP copied with one wrong last digit
       is still the patient's CURP, and the structure alone is specific enough.
     - RFC (13 characters for persons, 12 for companies): letters, a real date and the
       homoclave; the check digit is required unless "RFC" stands just before it, because
-      three letters, a date and three characters also describe folio and lot numbers
-      (e.g. ``FAC240115001``). After "RFC", the 10-character form without homoclave counts too.
-    - NSS: 11 digits (contiguous or grouped 2-2-2-4-1); the check digit is required unless
-      "NSS"/"IMSS"/"seguro social" stands just before it, because 11 digits are common.
+      three letters, a date and three characters also describe invoice and lot numbers
+      (``FAC240115001``). After "RFC", the 10-character form without homoclave counts too.
+    - NSS: 11 digits (contiguous, or grouped 2-2-2-4-1 or 10-1); the check digit (Luhn) is
+      required unless "NSS"/"IMSS"/"seguro social" stands just before it, because numbers
+      of 11 digits are common.
     """
     shade = shadow(text) if shadowed is None else shadowed
     if not _ID_HINT.search(shade):
         return []
     lowered = _lower(text)
+    shade = _upper(shade)  # the ID patterns are upper case: cheaper than IGNORECASE
     found: list[Detection] = []
-    for match in _CURP.finditer(shade):
-        if _valid_date(match.group(2)):
-            value = "".join(match.groups()).upper()
+    for match in _windowed(_CURP, shade, _ID_HINT, before=12, after=24):
+        value = "".join(match.groups())
+        if _valid(curp.validate, value, check_digit=False):
             found.append(Detection(match.start(), match.end(), "ID", value, cued=True))
-    for match in _RFC.finditer(shade):
-        letters, birth, homoclave = match.group(1).upper(), match.group(2), (match.group(3) or "").upper()
-        if not _valid_date(birth):
-            continue
+    for match in _windowed(_RFC, shade, _ID_HINT, before=12, after=24):
+        value = "".join(group or "" for group in match.groups())
         cued = _cued(lowered, match.start(), _RFC_CUE)
-        if homoclave:
-            if not cued and rfc_check_digit(letters + birth + homoclave[:2]) != homoclave[2]:
-                continue
-        elif not cued or len(letters) != 4:
+        if len(value) == 10 and not cued:
             continue
-        found.append(Detection(match.start(), match.end(), "ID", letters + birth + homoclave, cued))
-    for match in _NSS.finditer(shade):
+        if _valid(rfc.validate, value, check_digit=not cued):
+            found.append(Detection(match.start(), match.end(), "ID", value, cued))
+    for match in _windowed(_NSS, shade, _ID_HINT, before=12, after=24):
         raw = match.group(1)
-        digits = raw.replace(" ", "").replace("-", "")
         groups = _digit_groups(raw)
         if len(groups) > 1 and groups not in ([2, 2, 2, 4, 1], [10, 1]):
             continue
+        digits = "".join(char for char in raw if char.isdigit())
         cued = _cued(lowered, match.start(), _NSS_CUE)
-        if cued or nss_check_digit(digits[:10]) == digits[10]:
+        if cued or luhn.is_valid(digits):
             found.append(Detection(match.start(), match.end(), "ID", digits, cued))
     return found
 
@@ -546,11 +589,14 @@ def _whole(text: str, detections: list[Detection], category: str) -> str | None:
     return None
 
 
+# Memoised: encode_text normalises every span it found, and a conversation repeats them.
+@lru_cache(maxsize=4096)
 def canonical_phone(text: str, region: str) -> str | None:
     """E.164 of ``text`` when the whole of it is one phone number the recogniser finds."""
     return _whole(text, find_phones(text, region), "TELEFONO")
 
 
+@lru_cache(maxsize=4096)
 def canonical_email(text: str) -> str | None:
     """The normalised address when the whole of ``text`` is one address, written or spelled out."""
     return _whole(text, find_emails(text), "EMAIL")
