@@ -271,6 +271,8 @@ def _phones_in_window(window: str, region: str) -> tuple[tuple[int, int, str], .
             if not _plausible_grouping(_digit_groups(raw), len(national), area):
                 continue
         start = match.start
+        if raw.startswith("(") and raw.count("(") > raw.count(")"):
+            start += 1  # "(55 1234 5678)": the parenthesis encloses the number, not its area code
         if prefix_end and window[prefix_end:start].strip(" .-") == "":
             start = 0
         value = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
