@@ -82,38 +82,30 @@ _FIXED = {
 }
 
 
-class _ShadowTable(dict[int, str]):
-    """A ``str.translate`` table that learns each non-ASCII character once."""
+@lru_cache(maxsize=2048)
+def _shadow_char(char: str) -> str:
+    """The ASCII stand-in of one non-ASCII character (itself when it has none).
 
-    def __missing__(self, codepoint: int) -> str:
-        char = chr(codepoint)
-        mapped = _FIXED.get(char)
-        if mapped is None:
-            digit = unicodedata.decimal(char, None)
-            if digit is not None:
-                mapped = str(digit)
-            elif char not in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029" and char.isspace():
-                mapped = " "
-            else:
-                mapped = char
-        self[codepoint] = mapped
+    Bounded, unlike a growing table: a message may hold any character of Unicode.
+    """
+    mapped = _FIXED.get(char)
+    if mapped is not None:
         return mapped
-
-
-_SHADOW_TABLE = _ShadowTable()
+    digit = unicodedata.decimal(char, None)
+    if digit is not None:
+        return str(digit)
+    if char not in "\x85\u2028\u2029" and char.isspace():
+        return " "
+    return char
 
 
 _NON_ASCII = re.compile(r"[^\x00-\x7f]")
 
 
-def _shadow_char(match: re.Match[str]) -> str:
-    return _SHADOW_TABLE[ord(match.group())]
-
-
 def shadow(text: str) -> str:
     """``text`` with Unicode digits, spaces and dashes in ASCII, at the same offsets."""
     # A message has a few accents and emoji: mapping only those beats str.translate.
-    return text if text.isascii() else _NON_ASCII.sub(_shadow_char, text)
+    return text if text.isascii() else _NON_ASCII.sub(lambda match: _shadow_char(match.group()), text)
 
 
 def _lower(text: str) -> str:
