@@ -278,7 +278,7 @@ def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int
     to a number ("2024 55 1234 5678"). ``skip_first``/``skip_last``: the first or last group
     belongs to what stands next to the run (a date, an amount, a time, a unit)."""
     cuts = [match.start() for match in re.finditer(r" +(?=[+(0-9])", run)]
-    ends = [cut for cut in cuts[-2:]] if skip_last else [len(run), *cuts[-2:]]
+    ends = cuts[-2:] if skip_last else [len(run), *cuts[-2:]]
     starts = [match.end() for match in re.finditer(r" +(?=[+(0-9])", run)][:3]
     starts = starts if skip_first else [0, *starts]
     windows = []
