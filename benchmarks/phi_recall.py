@@ -64,8 +64,11 @@ MESSAGE_500 = (
     "metformina 850 mg. Glucosa en ayunas 132 mg/dl, HbA1c 7.4%. La cita es el 03-06-2024 a las "
     "10:30 en el consultorio 4B, ext. 2345. Mi cel es 55 1234 5678 y mi correo maria punto lopez "
     "arroba gmail punto com. CURP LOMA800101MDFPRR09, NSS 12345678903. Pagamos $1,250.00 de la "
-    "consulta y $480 del laboratorio (folio 483920). Gracias!!"
+    "consulta y $480 del lab (folio 483920). Gracias!!!"
 )
+
+
+assert len(MESSAGE_500) == 500, len(MESSAGE_500)
 
 
 def load() -> list[dict]:
@@ -128,7 +131,8 @@ def measure_speed(rows: list[dict], repeats: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     server = f"{connection.vendor}"
-    print(f"\nspeed: database {server}; python {platform.python_version()}; pinned to one core")
+    load = ", ".join(f"{figure:.1f}" for figure in os.getloadavg())
+    print(f"\nspeed: database {server}; python {platform.python_version()}; pinned to one core; load {load}")
     code = f"bench-recall-{uuid.uuid4().hex[:10]}"
     try:
         encoded = encode_text(code, MESSAGE_500)
