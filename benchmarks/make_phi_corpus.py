@@ -33,7 +33,7 @@ INCONVENIENT = frozenset(getattr(stdnum_curp, "_name_blacklist", ()))
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "benchmarks" / "data" / "phi_corpus.jsonl"
 SEED = 16
-MESSAGES_PER_KIND = 180
+MESSAGES_PER_KIND = 200
 
 Segment = tuple[str, str, str | None, str | None]  # (kind, text, category, value)
 
@@ -469,10 +469,18 @@ class Generator:
                 f"cama {self.rng.randint(1, 40)}",
                 f"consultorio {self.rng.randint(1, 20)}{self.pick(['', 'B', 'A'])}",
                 f"piso {self.rng.randint(1, 9)}",
-                f"ext. {self.rng.randint(100, 9999)}",
-                f"extensión {self.rng.randint(100, 999)}",
+                f"la ext. {self.rng.randint(100, 9999)}",
+                f"la extensión {self.rng.randint(100, 999)}",
+            ]
+        )
+
+    def year(self) -> str:
+        return self.pick(
+            [
                 f"desde {self.rng.randint(1985, 2025)}",
                 f"en {self.rng.randint(1960, 2025)}",
+                f"desde el año {self.rng.randint(1990, 2025)}",
+                f"de {self.rng.randint(1950, 2000)}",
             ]
         )
 
@@ -517,22 +525,25 @@ class Generator:
 
     def clean_message(self) -> list[Segment]:
         templates = [
-            "Buenas tardes doctora, mi mamá tiene {v} y le dieron {m}. ¿Está bien?",
+            "Buenas tardes doctora, a mi mamá le salió {v} y le dieron {m}. ¿Está bien?",
             "hola, la cita es el {d} a las {t}, en {l}. Traigo los estudios: {v}, {v}",
             "Doctor ya me hice los análisis: {v}, {v} y {v}.\nLe pago {a} en la recepción?",
-            "Me recetaron {m} desde el {d}. Hoy tuve {v} 😢",
+            "Me recetaron {m} desde el {d}. Hoy me salió {v} 😢",
             "Buen día. Le comparto resultados del {d}\n{v}\n{v}\n{v}\nGracias",
-            "la consulta costo {a} y el laboratorio {a}, mi {v} sigue igual",
+            "la consulta costo {a} y el laboratorio {a}, y sigo igual: {v}",
             "Ya llegué, estoy en {l}, {l}. Me dijeron que espere hasta las {t}",
-            "Mi esposo esta en {l} desde el {d}, le ponen {m}. Su {v}",
-            "dra me salio {v} y {v}, tomo {m} {l}",
-            "Compré una arroba de naranjas por {a}, le traigo a las 8 en punto. Mi {v}",
+            "Mi esposo esta en {l} desde el {d}, le ponen {m}. Ahorita {v}",
+            "dra me salio {v} y {v}, tomo {m}, soy diabética {y}",
+            "Compré una arroba de naranjas por {a}, le traigo a las 8 en punto. Por cierto {v}",
             "Recibí el {o} del laboratorio, dice {v}. ¿Lo llevo el {d}?",
             "Para confirmar: {o}, {a}. Desde mi punto de vista el {m} no me hace nada",
             "Ya pagué {a} con el {o}, la cita quedó {d} {t}",
             "¿Me puede cambiar la cita del {d} al {d}? Trabajo hasta las {t} y vivo en {l}",
-            "Le escribo de {l}. Sigo con {m} y mi {v}; el {o} ya está listo",
-            "PRESIÓN {v} HOY, AYER {v}. TOMO {m}",
+            "Le escribo de {l}. Sigo con {m}, {v}; el {o} ya está listo",
+            "HOY {v}, AYER {v}. TOMO {m} {y}",
+            "Hipertenso {y}, tomo {m}.\n{d}: {v}\n{d}: {v}",
+            "en recepción me dijeron que marque a {l} y que el {o} cuesta {a}",
+            "Nací {y}, peso {v}. ¿Puedo tomar {m}? El {o} lo tengo aquí 🙏",
         ]
         return self.fill(self.pick(templates))
 
@@ -542,7 +553,7 @@ class Generator:
             "buenas tardes, cambié de número, ahora es el {p} 🙏 y mi correo {e}",
             "La receta dice {p} pero ya no contestan. Tomo {m}",
             "whatsapp {p}\ncorreo: {e}\n{i}",
-            "Mi CURP es {c} y mi {v}. Gracias",
+            "Mi CURP es {c} y me salió {v}. Gracias",
             "Le dejo mis datos para la factura: {r}, correo {e}, tel. {p}",
             "Para el IMSS: {s}. Mi cita fue el {d}",
             "mi correo es {e} 😊 ahí mándeme los resultados del {d}",
@@ -551,11 +562,16 @@ class Generator:
             "Datos del paciente:\nCURP {c}\n{s}\nTel {p}\nCita {d} {t}",
             "hola!! soy yo otra vez, el número de mi hermana en Estados Unidos es {f} "
             "por si no me encuentran",
-            "Me pueden mandar la receta a {e}? tomo {m} y tengo {v}",
+            "Me pueden mandar la receta a {e}? tomo {m} y {v}",
             "para la aseguradora: {r} / {s}, {o}",
             "Le marqué al consultorio desde el {p} pero no contestan, ¿me regresan la llamada? {v}",
             "Mi hija vive en España, su cel {f}. Mi curp: {c}",
             "El {d} me dieron {m}; cualquier cosa a {e} o al {p}",
+            "mi cel: {p}.",
+            "Le paso el teléfono de mi mamá ({p}) y el mío {p}, ella vive en {l}",
+            "correo {e}.\ntel {p} (casa)\n{o}",
+            "Soy diabético {y}, {v}. Mis datos: {c} / {p} / {e}",
+            "Me cambié de correo, ya no uso el anterior, ahora es {e}. Pagué {a} el {d}",
         ]
         return self.fill(self.pick(templates))
 
@@ -598,6 +614,7 @@ class Generator:
                 "v": self.vitals,
                 "l": self.place,
                 "o": self.folio,
+                "y": self.year,
             }.get(slot)
             if noise is not None:
                 segments.append(("noise", noise(), None, None))
@@ -648,8 +665,8 @@ class Generator:
         return text, spans
 
 
-def build() -> list[dict[str, object]]:
-    generator = Generator(SEED)
+def build(seed: int = SEED) -> list[dict[str, object]]:
+    generator = Generator(seed)
     rows: list[dict[str, object]] = []
     for index in range(MESSAGES_PER_KIND * 2):
         kind = "phi" if index % 2 == 0 else "clean"
@@ -668,7 +685,20 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--check", action="store_true", help="fail if the checked-in corpus differs")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="write a fresh corpus from another seed to --output instead (a held-out set: "
+        "the checked-in corpus is what the recognisers were developed against)",
+    )
+    parser.add_argument("--output", type=Path, help="where --seed writes")
     args = parser.parse_args()
+    if args.seed is not None:
+        if args.output is None:
+            parser.error("--seed needs --output")
+        args.output.write_text(serialise(build(args.seed)), encoding="utf-8")
+        print(f"wrote {args.output} from seed {args.seed}")
+        return
     content = serialise(build())
     if args.check:
         if CORPUS.read_text(encoding="utf-8") != content:

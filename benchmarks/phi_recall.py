@@ -71,8 +71,8 @@ MESSAGE_500 = (
 assert len(MESSAGE_500) == 500, len(MESSAGE_500)
 
 
-def load() -> list[dict]:
-    with CORPUS.open(encoding="utf-8") as lines:
+def load(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as lines:
         return [json.loads(line) for line in lines]
 
 
@@ -173,8 +173,14 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=2_000, help="timed encode_text calls per figure")
     parser.add_argument("--no-speed", action="store_true", help="recall and false positives only")
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        default=CORPUS,
+        help="another corpus, e.g. a held-out one (make_phi_corpus.py --seed)",
+    )
     args = parser.parse_args()
-    rows = load()
+    rows = load(args.corpus)
     perfect = measure_recall(rows)
     if not args.no_speed:
         measure_speed(rows, args.repeats)

@@ -211,11 +211,11 @@ def _plausible_grouping(groups: list[int], national_length: int, area_length: in
     return False
 
 
-def _blank_mexican_prefix(window: str) -> tuple[str, int]:
+def _blank_mexican_prefix(window: str) -> tuple[str, int, int]:
     """Blank the prefixes Mexicans dial that ``phonenumbers`` does not strip.
 
-    Returns the window with the prefix digits replaced by spaces and the offset just past
-    the blanked prefix (0 when nothing was blanked). 044/045 (old mobile from a landline)
+    Returns the window with the prefix digits replaced by spaces, and where a leading
+    prefix starts and ends (0, 0 when nothing leading was blanked). 044/045 (old mobile from a landline)
     and 01 (old long distance) before ten digits; 1 before ten digits (old mobile from
     abroad, "1 55 1234 5678"); and the 1 after the country code in "+52 1" / "521".
     """
@@ -233,17 +233,22 @@ def _blank_mexican_prefix(window: str) -> tuple[str, int]:
     elif len(digits) == 15 and digits.startswith("00521"):
         blank = positions[4:5]
     if not blank:
-        return window, 0
+        return window, 0, 0
+    # The prefix is a group of its own ("044 55…", "52 1 55…", "521 55…") or the number is
+    # written in one piece ("0445512345678"): "133 154 115 99" is a list, not 1 + 33….
+    after = blank[-1] + 1
+    if window[after : after + 1].isdigit() and len(_digit_groups(window)) > 1:
+        return window, 0, 0
+    # It is part of the number only when one separator at most, and maybe the area code's
+    # opening parenthesis, follows it: "044 (55)", "01-55", not "1. 55".
+    gap = window[after : positions[positions.index(blank[-1]) + 1]]
+    if len(gap.removesuffix("(")) > 1:
+        return window, 0, 0
     chars = list(window)
     for index in blank:
         chars[index] = " "
-    # A prefix is part of the number only when one separator at most, and maybe the
-    # area code's opening parenthesis, follows it: "044 (55)", "01-55", not "1. 55".
-    after = blank[-1] + 1
-    gap = window[after : positions[positions.index(blank[-1]) + 1]]
-    if len(gap.removesuffix("(")) > 1:
-        return window, 0
-    return "".join(chars), after if blank[0] == positions[0] else 0
+    leading = blank[0] == positions[0]
+    return "".join(chars), (blank[0] if leading else 0), (after if leading else 0)
 
 
 @lru_cache(maxsize=4096)
@@ -252,7 +257,7 @@ def _phones_in_window(window: str, region: str) -> tuple[tuple[int, int, str], .
 
     Pure function of its arguments, so it is memoised: a conversation repeats its numbers.
     """
-    prepared, prefix_end = _blank_mexican_prefix(window) if region == "MX" else (window, 0)
+    prepared, prefix_start, prefix_end = _blank_mexican_prefix(window) if region == "MX" else (window, 0, 0)
     found = []
     for match in PhoneNumberMatcher(prepared, region, leniency=Leniency.VALID):
         raw = match.raw_string
@@ -266,7 +271,7 @@ def _phones_in_window(window: str, region: str) -> tuple[tuple[int, int, str], .
         if raw.startswith("(") and raw.count("(") > raw.count(")"):
             start += 1  # "(55 1234 5678)": the parenthesis encloses the number, not its area code
         if prefix_end and window[prefix_end:start].strip(" .-") == "":
-            start = 0
+            start = prefix_start  # the prefix is part of what the patient wrote
         value = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164)
         found.append((start, match.end, value))
     return tuple(found)
@@ -472,16 +477,16 @@ _CURP = re.compile(
     rf"(?<![0-9A-ZÑ])([A-Z][AEIOUX][A-ZÑ]{{2}})[ -]?([0-9]{{6}})[ -]?([HM](?:{_CURP_STATES})"
     rf"[B-DF-HJ-NP-TV-ZÑ]{{3}}[0-9A-Z][0-9])(?![0-9A-ZÑ])"
 )
-_RFC = re.compile(
-    r"(?<![0-9A-ZÑ&])([A-ZÑ&]{3,4})[ -]?([0-9]{6})(?:[ -]?([A-Z0-9]{2}[0-9A]))?(?![0-9A-ZÑ&])"
-)
+_RFC = re.compile(r"(?<![0-9A-ZÑ&])([A-ZÑ&]{3,4})[ -]?([0-9]{6})(?:[ -]?([A-Z0-9]{2}[0-9A]))?(?![0-9A-ZÑ&])")
 _NSS = re.compile(r"(?<![0-9])([0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{4}[ -]?[0-9])(?![0-9])")
 # Every ID has six digits in a row, or an NSS's first six digits in pairs.
 _ID_HINT = re.compile(r"[0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{2}")
 _RFC_CUE = re.compile(r"(?:r\.?f\.?c|registro federal(?: de contribuyentes)?)" + _CUE_TAIL)
-_NSS_CUE = re.compile(
-    r"(?:nss|n\.s\.s|imss|seguro social|seguridad social|afiliaci[oó]n)(?:[\s:]+imss)?" + _CUE_TAIL
-)
+# Stems, and up to three words of any kind after them, so that "número de seguro soical
+# es" (a typo) and "NSS de mi esposo:" still count.
+_NSS_CUE = re.compile(r"(?:nss|n\.s\.s|imss|segur|social|afili)[\w.]*(?:[\s:#.\-]+\w{1,12}){0,3}[\s:#.\-]*$")
+
+
 def _valid(validate: Callable[..., object], number: str, *, check_digit: bool) -> bool:
     try:
         validate(number, validate_check_digits=check_digit)

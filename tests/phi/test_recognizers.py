@@ -105,6 +105,7 @@ def test_other_mexican_areas_and_numbers_abroad(spelling: str, e164: str) -> Non
         ("llamar 55 1234 5678 10:30", "55 1234 5678"),
         ("(55 1234 5678)", "55 1234 5678"),
         ("tel:+52 55 1234 5678;", "+52 55 1234 5678"),
+        ("el de mi mamá (044 998 5857314) y", "044 998 5857314"),
     ],
 )
 def test_a_number_next_to_other_numbers_is_found_alone(text: str, phone: str) -> None:
@@ -131,7 +132,8 @@ NOT_IDENTIFIERS = [
     # doses, vitals and lab values
     "500 mg cada 8 horas", "1 tableta cada 12 hrs por 7 días", "10 UI", "0.5 ml", "20 gotas", "1/2 tableta",
     "120/80", "presión 135/90 mmHg", "glucosa 110 mg/dl", "HbA1c 7.2%", "plaquetas 250 000",
-    "leucocitos 11 500", "glucosas 98 102 95 110", "glucosas 105 110 98 120 130", "peso 72.5 kg",
+    "leucocitos 11 500", "glucosas 98 102 95 110", "glucosas 105 110 98 120 130", "glucosas 133 154 115 99",
+    "peso 72.5 kg",
     "talla 1.65 m", "temperatura 38.5", "saturación 94%", "semana 32 de embarazo",
     # places, years, folios
     "C.P. 06600", "CP 44100", "habitación 305", "cama 12", "consultorio 4B", "ext. 2345", "extensión 112",
@@ -271,6 +273,8 @@ def test_nss_check_digit_is_required_unless_nss_is_said() -> None:
     assert found(f"guía {wrong}") == []
     assert found(f"NSS {wrong}") == [(wrong, "ID")]
     assert found(f"mi número de seguro social es {wrong}") == [(wrong, "ID")]
+    assert found(f"mi número de seguro soical es {wrong}") == [(wrong, "ID")]  # a typo in the cue
+    assert found(f"NSS de mi esposo: {wrong}") == [(wrong, "ID")]
 
 
 # --- resolution ----------------------------------------------------------------------------
