@@ -47,10 +47,10 @@ from django.db import connection  # noqa: E402
 from nexus_workflows.phi import decode, encode_text, find_spans, normalize  # noqa: E402
 from nexus_workflows.phi.models import TokenMap  # noqa: E402
 from nexus_workflows.phi.recognizers import (  # noqa: E402
+    _canonical_email,
+    _canonical_phone,
     _phones_in_window,
     _validated_email,
-    canonical_email,
-    canonical_phone,
 )
 
 CORPUS = ROOT / "benchmarks" / "data" / "phi_corpus.jsonl"
@@ -145,7 +145,7 @@ def measure_speed(rows: list[dict], repeats: int) -> None:
         describe("find_spans only, same message", time_calls(lambda: find_spans(MESSAGE_500), repeats))
 
         def cold_recognisers() -> None:
-            for memo in (_phones_in_window, _validated_email, canonical_email, canonical_phone):
+            for memo in (_phones_in_window, _validated_email, _canonical_email, _canonical_phone):
                 memo.cache_clear()
             encode_text(code, MESSAGE_500)
 

@@ -460,7 +460,9 @@ def find_emails(text: str, *, shadowed: str | None = None) -> list[Detection]:
             candidate = match.group()
             spelled = not re.fullmatch(r"[^\s@]+@[^\s@]+", candidate)
             trimmed = _trim_to_tld(candidate, spelled)
-            value = None if trimmed is None else _validated_email(_compact(trimmed) if spelled else trimmed)
+            address = None if trimmed is None else _compact(trimmed) if spelled else trimmed
+            # No address is longer than 254 characters; the memo keeps no longer text.
+            value = None if address is None or len(address) > 254 else _validated_email(address)
             if trimmed is not None and value is not None:
                 found.append(Detection(match.start(), match.start() + len(trimmed), "EMAIL", value))
                 covered = match.start() + len(trimmed)
@@ -589,13 +591,29 @@ def _whole(text: str, detections: list[Detection], category: str) -> str | None:
 
 
 # Memoised: encode_text normalises every span it found, and a conversation repeats them.
+# Only short texts are kept, so a caller's long value cannot fill the memory.
+_MEMO_MAX_CHARS = 120
+
+
 @lru_cache(maxsize=4096)
-def canonical_phone(text: str, region: str) -> str | None:
-    """E.164 of ``text`` when the whole of it is one phone number the recogniser finds."""
+def _canonical_phone(text: str, region: str) -> str | None:
     return _whole(text, find_phones(text, region), "TELEFONO")
 
 
 @lru_cache(maxsize=4096)
+def _canonical_email(text: str) -> str | None:
+    return _whole(text, find_emails(text), "EMAIL")
+
+
+def canonical_phone(text: str, region: str) -> str | None:
+    """E.164 of ``text`` when the whole of it is one phone number the recogniser finds."""
+    if len(text) > _MEMO_MAX_CHARS:
+        return _canonical_phone.__wrapped__(text, region)
+    return _canonical_phone(text, region)
+
+
 def canonical_email(text: str) -> str | None:
     """The normalised address when the whole of ``text`` is one address, written or spelled out."""
-    return _whole(text, find_emails(text), "EMAIL")
+    if len(text) > _MEMO_MAX_CHARS:
+        return _canonical_email.__wrapped__(text)
+    return _canonical_email(text)
