@@ -40,12 +40,16 @@ class DatabaseCollector(Collector):
 
     ``close_connection``: close this thread's connection afterwards, for servers that
     run each scrape on a new thread (the runner's endpoint) and would otherwise leave
-    one connection behind per scrape.
+    one connection behind per scrape. ``swallow_errors``: when the database does not
+    answer, yield nothing (so the runner's own counters are still served) instead of raising.
     """
 
-    def __init__(self, *, using: str = "default", close_connection: bool = False) -> None:
+    def __init__(
+        self, *, using: str = "default", close_connection: bool = False, swallow_errors: bool = True
+    ) -> None:
         self.using = using
         self.close_connection = close_connection
+        self.swallow_errors = swallow_errors
 
     def describe(self) -> Iterable[Any]:
         return list(self._families())  # names only: registering must not query
@@ -73,6 +77,8 @@ class DatabaseCollector(Collector):
             figures = work_figures(self.using)
             alive, dead = count_alive(self.using)
         except DatabaseError as error:
+            if not self.swallow_errors:
+                raise
             # The runner's own counters are still worth serving during an outage.
             logger.warning("metrics: the database did not answer (%s)", type(error).__name__)
             return []
@@ -90,8 +96,9 @@ class DatabaseCollector(Collector):
 
 
 def database_registry(using: str = "default") -> CollectorRegistry:
+    """A registry with only the database's figures; collecting it raises the database's errors."""
     registry = CollectorRegistry()
-    registry.register(DatabaseCollector(using=using))
+    registry.register(DatabaseCollector(using=using, swallow_errors=False))
     return registry
 
 
