@@ -22,11 +22,26 @@ check.
 from __future__ import annotations
 
 import logging
+import threading
+import traceback
 from typing import Any
 
 from django.dispatch import Signal
 
 logger = logging.getLogger(__name__)
+
+# send_robust() logs a receiver's exception itself, message and traceback included, on
+# "django.dispatch"; the message may quote patient data, so while this module sends,
+# that record is dropped and this module logs the type and the place instead.
+_sending = threading.local()
+
+
+class _DropWhileSending(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_sending, "active", False)
+
+
+logging.getLogger("django.dispatch").addFilter(_DropWhileSending())
 
 #: New work was inserted by ``enqueue``/``enqueue_many`` (not sent for a key already pending).
 work_enqueued = Signal()
@@ -46,19 +61,31 @@ def send(signal: Signal, *, kind: str, id: int, attempt: int, **extra: Any) -> N
         return
     from .models import DeferredWork
 
-    for receiver, response in signal.send_robust(
-        DeferredWork, kind=kind, id=int(id), attempt=attempt, **extra
-    ):
+    _sending.active = True
+    try:
+        responses = signal.send_robust(DeferredWork, kind=kind, id=int(id), attempt=attempt, **extra)
+    finally:
+        _sending.active = False
+    for receiver, response in responses:
         if isinstance(response, Exception):
-            # The type only: an exception's message may quote the data it choked on.
+            # The type and where it was raised: the message may quote the data it choked on.
             logger.error(
-                "a receiver of %s raised %s for %s #%s; ignored",
+                "a receiver of %s raised %s for %s #%s; ignored (%s)",
                 _name(signal),
                 type(response).__name__,
                 kind,
                 id,
-                extra={"receiver": getattr(receiver, "__qualname__", repr(receiver))},
+                _where(receiver, response),
             )
+
+
+def _where(receiver: Any, error: BaseException) -> str:
+    name = getattr(receiver, "__qualname__", type(receiver).__name__)
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return name
+    last = frames[-1]
+    return f"{name}, {last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name}"
 
 
 def has_receivers(signal: Signal) -> bool:
