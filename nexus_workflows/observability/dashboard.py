@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 from django.utils.dateformat import format as format_date
-from django.utils.html import format_html, format_html_join
+from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
@@ -129,7 +129,10 @@ def _nice_ceiling(value: int) -> int:
 
 
 def render_chart(kind: str, series: dict[str, list[int]], start: datetime | None) -> SafeString:
-    """Stacked bars, one per 5 minutes: done, rescheduled, abandoned."""
+    """Stacked bars, one per 5 minutes: done, rescheduled, abandoned.
+
+    Numbers are written as they are; every text (the kind, the time labels) is escaped.
+    """
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     totals = [sum(series[name][i] for name in SHOWN) for i in range(BUCKETS)]
     top = _nice_ceiling(max(totals, default=0))
@@ -139,19 +142,11 @@ def render_chart(kind: str, series: dict[str, list[int]], start: datetime | None
     for value in (0, top / 2, top):
         y = TOP + plot_h - plot_h * value / top
         parts.append(
-            format_html(
-                '<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" class="nw-grid"/>'
-                '<text x="{}" y="{:.1f}" class="nw-axis" text-anchor="end">{}</text>',
-                LEFT,
-                y,
-                WIDTH - RIGHT,
-                y,
-                LEFT - 6,
-                y + 4,
-                f"{value:g}",
-            )
+            f'<line x1="{LEFT}" y1="{y:.1f}" x2="{WIDTH - RIGHT}" y2="{y:.1f}" class="nw-grid"/>'
+            f'<text x="{LEFT - 6}" y="{y + 4:.1f}" class="nw-axis" text-anchor="end">{value:g}</text>'
         )
     # Bars: each outcome stacked on the ones below it.
+    width = max(bar_w - 0.6, 0.8)
     for index in range(BUCKETS):
         base = 0
         x = LEFT + index * bar_w
@@ -160,35 +155,20 @@ def render_chart(kind: str, series: dict[str, list[int]], start: datetime | None
             if not n:
                 continue
             y = TOP + plot_h - plot_h * (base + n) / top
-            height = plot_h * n / top
             parts.append(
-                format_html(
-                    '<rect x="{:.2f}" y="{:.2f}" width="{:.2f}" height="{:.2f}" fill="{}"/>',
-                    x,
-                    y,
-                    max(bar_w - 0.6, 0.8),
-                    height,
-                    COLOURS[name],
-                )
+                f'<rect x="{x:.2f}" y="{y:.2f}" width="{width:.2f}" height="{plot_h * n / top:.2f}" '
+                f'fill="{COLOURS[name]}"/>'
             )
             base += n
     # Time axis: a tick every 3 hours, in the site's time zone.
     if start is not None:
         for index in range(0, BUCKETS + 1, 36):
             x = LEFT + index * bar_w
-            label = format_date(timezone.localtime(start + BUCKET * index), "H:i")
+            label = escape(format_date(timezone.localtime(start + BUCKET * index), "H:i"))
             parts.append(
-                format_html(
-                    '<line x1="{:.1f}" y1="{}" x2="{:.1f}" y2="{}" class="nw-tick"/>'
-                    '<text x="{:.1f}" y="{}" class="nw-axis" text-anchor="middle">{}</text>',
-                    x,
-                    TOP + plot_h,
-                    x,
-                    TOP + plot_h + 4,
-                    x,
-                    HEIGHT - 6,
-                    label,
-                )
+                f'<line x1="{x:.1f}" y1="{TOP + plot_h}" x2="{x:.1f}" y2="{TOP + plot_h + 4}" '
+                'class="nw-tick"/>'
+                f'<text x="{x:.1f}" y="{HEIGHT - 6}" class="nw-axis" text-anchor="middle">{label}</text>'
             )
     summary = ", ".join(f"{sum(series[name])} {name}" for name in SHOWN)
     return format_html(
@@ -201,7 +181,7 @@ def render_chart(kind: str, series: dict[str, list[int]], start: datetime | None
         f"{kind}: outcomes per 5 minutes over 24 hours ({summary})",
         kind,
         f"{kind}: {summary} in 24 hours",
-        mark_safe("".join(parts)),  # every part was built with format_html
+        mark_safe("".join(parts)),  # numbers and escaped labels only
     )
 
 
