@@ -44,6 +44,10 @@ class RunnerAdmin(admin.ModelAdmin):
     class Media:
         css = {"all": ("nexus_workflows/admin/triage.css",)}
 
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        context = {"title": "Runners", "subtitle": None, **(extra_context or {})}
+        return super().changelist_view(request, context)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Runner]:
         return with_liveness(super().get_queryset(request))
 

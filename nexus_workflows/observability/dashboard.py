@@ -37,6 +37,13 @@ class KindPanel:
     window_start: datetime | None = None
 
     @property
+    def idle(self) -> bool:
+        """Nothing ran in the window and nothing waits: shown as a name only."""
+        return not (
+            self.pending or self.processing or self.abandoned_rows or any(map(any, self.series.values()))
+        )
+
+    @property
     def total_done(self) -> int:
         return sum(self.series["done"])
 
@@ -66,6 +73,14 @@ class Dashboard:
     panels: list[KindPanel]
     runners_alive: int
     runners_dead: int
+
+    @property
+    def active(self) -> list[KindPanel]:
+        return [panel for panel in self.panels if not panel.idle]
+
+    @property
+    def idle_kinds(self) -> list[str]:
+        return [panel.kind for panel in self.panels if panel.idle]
 
 
 def bucket_start(now: datetime) -> datetime:
@@ -114,7 +129,7 @@ def _duration(seconds: float) -> str:
 # --- the chart ---------------------------------------------------------------------------
 
 WIDTH, HEIGHT = 880, 150
-LEFT, RIGHT, TOP, BOTTOM = 44, 8, 10, 24
+LEFT, RIGHT, TOP, BOTTOM = 44, 22, 10, 24
 COLOURS = {"done": "#4caf6e", "rescheduled": "#e0a024", "abandoned": "#d9473b"}
 
 
