@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.db import connections
 from django.utils import timezone
 from django.utils.dateformat import format as format_date
 from django.utils.html import escape, format_html, format_html_join
@@ -89,17 +90,38 @@ def bucket_start(now: datetime) -> datetime:
     return floored - BUCKET * (BUCKETS - 1)
 
 
+def _bucketed(using: str, start: datetime) -> list[tuple[str, str, int, int]]:
+    """``(kind, outcome, bucket index, attempts)`` since ``start``, summed per 5 minutes by
+    the database on PostgreSQL and SQLite (a day of ten kinds is 43,200 minute rows)."""
+    connection = connections[using]
+    table = connection.ops.quote_name(OutcomeCount._meta.db_table)
+    epoch = {
+        "postgresql": "EXTRACT(EPOCH FROM minute)::bigint",
+        "sqlite": "CAST(strftime('%%s', minute) AS INTEGER)",
+    }.get(connection.vendor)
+    if epoch is None:
+        rows = (
+            OutcomeCount.objects.using(using)
+            .filter(minute__gte=start, outcome__in=SHOWN)
+            .values_list("kind", "outcome", "minute", "count")
+        )
+        return [(kind, outcome, int((minute - start) / BUCKET), n) for kind, outcome, minute, n in rows]
+    placeholders = ", ".join(["%s"] * len(SHOWN))
+    sql = (
+        f"SELECT kind, outcome, ({epoch} - %s) / {int(BUCKET.total_seconds())} AS bucket, SUM(count) "
+        f"FROM {table} WHERE minute >= %s AND outcome IN ({placeholders}) GROUP BY kind, outcome, bucket"
+    )
+    params = [int(start.timestamp()), connection.ops.adapt_datetimefield_value(start), *SHOWN]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(kind, outcome, int(bucket), int(n)) for kind, outcome, bucket, n in cursor.fetchall()]
+
+
 def build(using: str) -> Dashboard:
     figures = work_figures(using)
     start = bucket_start(figures.now)
     series: dict[str, dict[str, list[int]]] = {}
-    rows = (
-        OutcomeCount.objects.using(using)
-        .filter(minute__gte=start, outcome__in=SHOWN)
-        .values_list("kind", "outcome", "minute", "count")
-    )
-    for kind, outcome, minute, count in rows:
-        index = int((minute - start) / BUCKET)
+    for kind, outcome, index, count in _bucketed(using, start):
         if 0 <= index < BUCKETS:
             by_outcome = series.setdefault(kind, {name: [0] * BUCKETS for name in SHOWN})
             by_outcome[outcome][index] += count
