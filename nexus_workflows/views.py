@@ -14,7 +14,8 @@ Each runner's own counters are on its ``runworkflows --metrics-port`` endpoint.
 
 from __future__ import annotations
 
-from django.db import DatabaseError, router
+from django.db import Error as DatabaseError  # InterfaceError included
+from django.db import router
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe

@@ -19,7 +19,8 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import Error as DatabaseError  # InterfaceError included
+from django.db import connections
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector

@@ -17,7 +17,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import Error as DatabaseError  # InterfaceError included
+from django.db import InterfaceError, OperationalError, connections
 
 from .. import signals
 from ..attempts import attempt_number
@@ -164,12 +165,19 @@ class Observer:
             self.metrics.attempt_ended(kind, outcome)
 
     def outcomes_written(self) -> None:
-        """Main thread, after a batch of outcomes: one upsert of the counts. Raises the
-        database's errors (the runner retries with its next batch)."""
+        """Main thread, after a batch of outcomes: one upsert of the counts. Raises an
+        outage's errors (the runner waits and retries with its next batch)."""
         if not self._unwritten_counts:
             return
         pending = dict(self._unwritten_counts)
-        counts.add(pending, using=self.using)
+        try:
+            counts.add(pending, using=self.using)
+        except (OperationalError, InterfaceError):
+            raise  # an outage: the runner waits, and these counts go with the next batch
+        except DatabaseError as error:
+            # Anything else (the table missing before `migrate`, say) must not stop the
+            # runner: these counts are dropped, the work itself was written.
+            logger.error("outcome counts not written (%s); dropped", type(error).__name__)
         self._unwritten_counts.subtract(pending)
         self._unwritten_counts = +self._unwritten_counts  # drop the zeros
 

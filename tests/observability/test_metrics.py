@@ -18,8 +18,9 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from nexus_workflows import enqueue
-from nexus_workflows.models import DeferredWork, Status
-from tests.processes import ManagePy, wait_for
+from nexus_workflows.models import DeferredWork, OutcomeCount, Status
+from tests.processes import ManagePy, url_of_test_database, wait_for
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -159,3 +160,48 @@ def test_a_runner_endpoint_scraped_after_a_drain_matches_the_rows() -> None:
     for _name, labels in found:
         for _, value in labels:
             assert not value.startswith(("done-", "retry once-", "permanent-"))  # no dedupe key
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_an_outage_is_counted_once_and_no_outcome_count_is_lost_or_doubled() -> None:
+    from django.db import connection
+    from django.db.models import Sum
+
+    settings = connection.settings_dict
+    proxy = TcpProxy(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
+    proxy.start()
+    for number in range(300):
+        enqueue("test-ledger", {"key": str(number), "sleep": 0.01})
+    process = ManagePy(
+        "runworkflows",
+        "--kind",
+        "test-ledger",
+        "--metrics-port",
+        "0",
+        settings={**FAST, "STALE_AFTER": 60, "HEARTBEAT_INTERVAL": 1},
+        database_url=url_of_test_database(port=proxy.port),
+    )
+    try:
+        process.wait_for_output("/metrics")
+        port = int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", process.output()).group(1))
+        done = DeferredWork.objects.filter(status=Status.DONE)
+        wait_for(lambda: done.count() >= 40, timeout=60, what="some work")
+        proxy.cut()
+        outages = ("nexus_workflows_database_outages_total", ())
+        wait_for(lambda: samples(scrape(port)).get(outages) == 1, timeout=30, what="the outage to be counted")
+        proxy.restore()
+        wait_for(
+            lambda: not DeferredWork.objects.filter(status__in=[Status.PENDING, Status.PROCESSING]).exists(),
+            timeout=120,
+            interval=0.2,
+            what="the rest of the work",
+        )
+        assert samples(scrape(port))[outages] == 1  # one outage, however many retries
+        assert process.terminate() == 0, process.output()
+    finally:
+        proxy.cut()
+        process.close()
+    assert DeferredWork.objects.filter(status=Status.DONE).count() == 300
+    written = OutcomeCount.objects.filter(kind="test-ledger").aggregate(n=Sum("count"))["n"]
+    assert written == 300  # counts held through the outage, written once
