@@ -113,12 +113,13 @@ class Observer:
     def attempt_started(self, work: Any) -> None:
         """Worker thread, just before ``prepare``."""
         self._started[(work.id, work.claim_token)] = time.perf_counter()
-        signals.send(
-            signals.attempt_started,
-            kind=work.kind,
-            id=work.id,
-            attempt=attempt_number(work.kind, work.attempt),
-        )
+        if signals.attempt_started.receivers:  # build nothing for nobody
+            signals.send(
+                signals.attempt_started,
+                kind=work.kind,
+                id=work.id,
+                attempt=attempt_number(work.kind, work.attempt),
+            )
 
     def attempt_ended(self, work: Any, duration: float) -> None:
         """Worker thread, when ``prepare`` returned or raised."""
@@ -132,6 +133,8 @@ class Observer:
         """Main thread: the attempt's outcome was written (or found lost)."""
         duration = self._durations.pop((work.id, work.claim_token), None)
         self._count(work.kind, outcome)
+        if not (signals.attempt_finished.receivers or signals.work_abandoned.receivers):
+            return  # the drain's hot path: nothing to build
         number = attempt_number(work.kind, work.attempt)
         if duration is not None:  # work abandoned by the crash-loop guard did not run here
             signals.send(
