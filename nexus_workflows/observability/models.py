@@ -59,3 +59,19 @@ class OutcomeCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.outcome} x{self.count} at {self.minute:%Y-%m-%d %H:%M}"
+
+
+class OutcomeFlush(models.Model):
+    """One batch of counts a runner added, by its token: a retry of a batch whose
+    acknowledgement was lost in an outage (the statement committed, the answer never came)
+    finds its token taken and adds nothing. Purged with the counts."""
+
+    token = models.CharField(max_length=32, primary_key=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "outcome count batch"
+        verbose_name_plural = "outcome count batches"
+
+    def __str__(self) -> str:
+        return self.token

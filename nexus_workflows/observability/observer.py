@@ -13,6 +13,7 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -54,6 +55,7 @@ class Observer:
         self.done = 0
         self.failed = 0
         self._unwritten_counts: Counter[tuple[str, str]] = Counter()
+        self._sealed: tuple[str, dict[tuple[str, str], int]] | None = None
         # (id, claim token) -> perf_counter at start, while prepare runs; then -> duration.
         self._started: dict[tuple[int, str], float] = {}
         self._durations: dict[tuple[int, str], float] = {}
@@ -79,6 +81,7 @@ class Observer:
     def stop(self) -> None:
         try:
             self.outcomes_written()  # the last batch's counts (released attempts included)
+            self.outcomes_written()  # and any that arrived while a sealed batch went again
         except DatabaseError as error:
             logger.warning("could not write the last outcome counts (%s)", type(error).__name__)
         with self._row_lock:
@@ -170,19 +173,22 @@ class Observer:
     def outcomes_written(self) -> None:
         """Main thread, after a batch of outcomes: one upsert of the counts. Raises an
         outage's errors (the runner waits and retries with its next batch)."""
-        if not self._unwritten_counts:
-            return
-        pending = dict(self._unwritten_counts)
+        if self._sealed is None:
+            if not self._unwritten_counts:
+                return
+            # Sealed with a token: a retry sends exactly this batch again, under the same token.
+            self._sealed = (uuid.uuid4().hex, dict(self._unwritten_counts))
+            self._unwritten_counts.clear()
+        token, batch = self._sealed
         try:
-            counts.add(pending, using=self.using)
+            counts.add(batch, token=token, using=self.using)
         except (OperationalError, InterfaceError):
-            raise  # an outage: the runner waits, and these counts go with the next batch
+            raise  # an outage: the runner waits, then this batch goes again
         except DatabaseError as error:
             # Anything else (the table missing before `migrate`, say) must not stop the
             # runner: these counts are dropped, the work itself was written.
             logger.error("outcome counts not written (%s); dropped", type(error).__name__)
-        self._unwritten_counts.subtract(pending)
-        self._unwritten_counts = +self._unwritten_counts  # drop the zeros
+        self._sealed = None
 
     # --- the database ----------------------------------------------------------------------
 
