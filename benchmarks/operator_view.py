@@ -15,6 +15,10 @@ of per-minute outcome counts for ten kinds, then times at scrape time:
 Each is timed before and after ``VACUUM ANALYZE`` (this machine runs PostgreSQL with
 autovacuum off, so the first figures are what a freshly filled table gives). Prints figures
 and the plans; asserts nothing.
+
+``--drain N`` instead drains N no-op items with an in-process runner (4 threads, the
+benchmark settings) and reports how many outcome-count upserts it made and the time they took,
+against the drain's wall time: the counts' share of the drain.
 """
 
 from __future__ import annotations
@@ -104,6 +108,46 @@ def measure(runs: int) -> dict[str, Any]:
     }
 
 
+def drain_cost(items: int) -> dict[str, Any]:
+    from nexus_workflows import enqueue_many
+    from nexus_workflows.models import DeferredWork
+    from nexus_workflows.observability import counts
+    from nexus_workflows.runner import Runner
+
+    execute(f"TRUNCATE {TABLE}")
+    vacuum_analyze()
+    enqueue_many("bench-noop", [{"key": f"drain-{number}"} for number in range(items)])
+    spent: list[float] = []
+    original = counts.add
+
+    def timed_add(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - started)
+
+    counts.add = timed_add
+    try:
+        started = time.perf_counter()
+        stats = Runner(once=True, kinds=["bench-noop"], install_signal_handlers=False).run()
+        wall = time.perf_counter() - started
+    finally:
+        counts.add = original
+    assert DeferredWork.objects.filter(status="done").count() == stats.done
+    return {
+        "items": items,
+        "done": stats.done,
+        "drain_seconds": round(wall, 2),
+        "drain_per_second": round(stats.done / wall),
+        "count_upserts": len(spent),
+        "items_per_upsert": round(stats.done / max(len(spent), 1), 1),
+        "upsert_ms_total": round(sum(spent) * 1000, 1),
+        "upsert_ms_median": round(statistics.median(spent) * 1000, 2) if spent else None,
+        "share_of_drain_percent": round(100 * sum(spent) / wall, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -111,9 +155,16 @@ def main() -> None:
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/nw_operator_bench")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--drain", type=int, default=0, metavar="N")
     options = parser.parse_args()
     ensure_postgres_database(options.database_url)
     setup(options.database_url)
+    if options.drain:
+        import logging
+
+        logging.getLogger("nexus_workflows").setLevel(logging.WARNING)  # no line per item
+        print(json.dumps(drain_cost(options.drain)))
+        return
     report: dict[str, Any] = {"rows": options.rows, **fill(options.rows)}
     report["before_vacuum"] = measure(options.runs)
     report["vacuum_seconds"] = round(vacuum_analyze(), 1)
