@@ -164,7 +164,8 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
         from nexus_workflows.observability import counts
 
         # Counts as a runner writes them, and a due item waiting since 20 minutes ago.
-        counts.add({(KIND, "done"): 7, (KIND, "rescheduled"): 2, (KIND, "abandoned"): 1}, using="default")
+        batch = {(KIND, "done"): 7, (KIND, "rescheduled"): 2, (KIND, "abandoned"): 1}
+        counts.add(batch, token="browser-test", using="default")
         DeferredWork.objects.create(
             kind=KIND,
             dedupe_key="visit-4713",
