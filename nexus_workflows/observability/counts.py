@@ -1,11 +1,12 @@
-"""Per-minute outcome counts: added once per batch of outcomes, read by the dashboard.
+"""Per-minute outcome counts: added by the runners, read by the dashboard.
 
 A runner collects the outcomes it wrote in memory and adds them with one statement per
-batch (``INSERT … ON CONFLICT DO UPDATE SET count = count + excluded.count``), in the
-minute of the database's clock. Each batch carries a token, written with the counts: when
-the statement fails (the database went away) the runner sends the same batch with the same
-token again, and a batch that had in fact been committed (only its answer was lost) is not
-added a second time. Nothing is lost, nothing counted twice.
+batch of outcomes, at most one a second (``INSERT … ON CONFLICT DO UPDATE SET count =
+count + excluded.count``), in the minute of the database's clock. Each batch carries a
+token, written with the counts: when the statement fails (the database went away) the
+runner sends the same batch with the same token again, and a batch that had in fact been
+committed (only its answer was lost) is not added a second time. Nothing is lost, nothing
+is counted twice.
 """
 
 from __future__ import annotations

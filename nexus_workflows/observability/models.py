@@ -40,7 +40,7 @@ class Runner(models.Model):
 class OutcomeCount(models.Model):
     """How many attempts of one kind ended one way in one minute (by the database's clock).
 
-    Runners add to these rows once per batch of outcomes they write (one upsert per batch),
+    Runners add to these rows after the outcomes they write (one upsert at most a second),
     so the dashboard reads at most 1,440 rows per kind and outcome for a day, however much
     work ran. Rows older than the dashboard's window are purged with the runners' sweep.
     """

@@ -32,6 +32,10 @@ logger = logging.getLogger("nexus_workflows.runner")
 
 FAILED = ("rescheduled", "abandoned")
 
+# Seconds between two upserts of the outcome counts: a minute's bars never miss more than
+# this, and a drain of thousands of items a second pays for one upsert a second.
+COUNTS_EVERY = 1.0
+
 
 class Observer:
     def __init__(
@@ -56,6 +60,7 @@ class Observer:
         self.failed = 0
         self._unwritten_counts: Counter[tuple[str, str]] = Counter()
         self._sealed: tuple[str, dict[tuple[str, str], int]] | None = None
+        self._counts_written_at = 0.0
         # (id, claim token) -> perf_counter at start, while prepare runs; then -> duration.
         self._started: dict[tuple[int, str], float] = {}
         self._durations: dict[tuple[int, str], float] = {}
@@ -80,8 +85,8 @@ class Observer:
 
     def stop(self) -> None:
         try:
-            self.outcomes_written()  # the last batch's counts (released attempts included)
-            self.outcomes_written()  # and any that arrived while a sealed batch went again
+            self.outcomes_written(force=True)  # the last counts (released attempts included)
+            self.outcomes_written(force=True)  # and any that came while a sealed batch went again
         except DatabaseError as error:
             logger.warning("could not write the last outcome counts (%s)", type(error).__name__)
         with self._row_lock:
@@ -170,11 +175,14 @@ class Observer:
         if self.metrics is not None:
             self.metrics.attempt_ended(kind, outcome)
 
-    def outcomes_written(self) -> None:
-        """Main thread, after a batch of outcomes: one upsert of the counts. Raises an
-        outage's errors (the runner waits and retries with its next batch)."""
+    def outcomes_written(self, *, force: bool = False) -> None:
+        """Main thread, after a batch of outcomes: one upsert of the counts, at most every
+        ``COUNTS_EVERY`` seconds (a busy drain writes a batch every few milliseconds). Raises
+        an outage's errors (the runner waits and retries with its next batch)."""
         if self._sealed is None:
             if not self._unwritten_counts:
+                return
+            if not force and time.monotonic() - self._counts_written_at < COUNTS_EVERY:
                 return
             # Sealed with a token: a retry sends exactly this batch again, under the same token.
             self._sealed = (uuid.uuid4().hex, dict(self._unwritten_counts))
@@ -189,6 +197,7 @@ class Observer:
             # runner: these counts are dropped, the work itself was written.
             logger.error("outcome counts not written (%s); dropped", type(error).__name__)
         self._sealed = None
+        self._counts_written_at = time.monotonic()
 
     # --- the database ----------------------------------------------------------------------
 
