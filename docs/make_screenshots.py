@@ -7,6 +7,11 @@ platform's, enqueues work and lets the real runner succeed, retry and abandon it
 errors, checkpoints and history are the runner's own), serves the admin on a free
 loopback port and photographs it in headless Chromium (``bin/browser-deps`` installs it).
 Nothing outside the temporary directory and the PNGs in docs/ is touched.
+
+The dashboard's last minutes are the runner's own counts; its earlier 23 hours are
+*illustrative*: a day of per-minute counts (a daily curve and one upstream incident) is
+added to the outcome-count table, since a screenshot cannot wait a day. A real runner runs
+in a thread while the pages are photographed, so the runner list and counts are real.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +139,38 @@ def make_rows() -> int:
     return int(visit)
 
 
+def backfill_history() -> None:
+    """Illustrative per-minute counts for the 23 hours before now (see the docstring)."""
+    import math
+    import random
+    from datetime import datetime
+
+    from nexus_workflows.models import OutcomeCount
+
+    rng = random.Random(20481)
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    shapes = {"send-visit-summary": 9, "sync-airtable-contact": 5, "appointment-reminder": 3}
+    rows = []
+    for minutes_ago in range(30, 24 * 60):
+        minute = now - timedelta(minutes=minutes_ago)
+        hour = (minute.hour - 6) % 24  # clinics open at 07:00 in Mexico City (UTC-6)
+        daytime = max(0.0, math.sin(math.pi * (hour - 7) / 13)) if 7 <= hour <= 20 else 0.0
+        incident = 420 <= minutes_ago < 470  # Airtable answering 503 for fifty minutes
+        for kind, peak in shapes.items():
+            done = rng.gauss(peak * daytime, 0.6) if daytime else rng.random() < 0.05
+            done = max(0, round(done))
+            rescheduled = rng.random() < 0.03
+            abandoned = 0
+            if incident and kind != "appointment-reminder":
+                rescheduled, done = done + rng.randint(1, 3), 0
+                abandoned = int(rng.random() < 0.12)
+            figures = {"done": done, "rescheduled": int(rescheduled), "abandoned": abandoned}
+            for outcome, count in figures.items():
+                if count:
+                    rows.append(OutcomeCount(minute=minute, kind=kind, outcome=outcome, count=count))
+    OutcomeCount.objects.bulk_create(rows)
+
+
 def serve() -> tuple[str, Any]:
     from django.contrib.staticfiles.handlers import StaticFilesHandler
     from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
@@ -179,6 +216,8 @@ def photograph(base_url: str, detail_id: int) -> None:
         shoot("/admin/", "admin-index.png", 640)
         shoot("/admin/nexus_workflows/deferredwork/", "admin-list.png")
         shoot(f"/admin/nexus_workflows/deferredwork/{detail_id}/change/", "admin-detail.png")
+        shoot("/admin/nexus_workflows/deferredwork/dashboard/", "admin-dashboard.png")
+        shoot("/admin/nexus_workflows/runner/", "admin-runners.png", 360)
 
 
 def main() -> None:
@@ -191,11 +230,21 @@ def main() -> None:
         User.objects.create_superuser("operator", "operator@example.org", PASSWORD)
         register_workflows()
         detail_id = make_rows()
+        backfill_history()
+        from nexus_workflows.runner import Runner
+
+        # A live runner (in a thread) while the pages are photographed; nothing is due for it.
+        runner = Runner(install_signal_handlers=False, kinds=["appointment-reminder"], concurrency=2)
+        thread = threading.Thread(target=runner.run, daemon=True)
+        thread.start()
         base_url, server = serve()
         try:
+            time.sleep(1)
             photograph(base_url, detail_id)
         finally:
             server.shutdown()
+            runner.request_stop(now=True)
+            thread.join(30)
 
 
 if __name__ == "__main__":

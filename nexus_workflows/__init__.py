@@ -24,6 +24,8 @@ from .exceptions import (
 )
 from .registry import Workflow, register, workflow
 
+__version__ = "0.1.0"
+
 __all__ = [
     "AlreadyRegistered",
     "ClaimLost",

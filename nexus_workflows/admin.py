@@ -30,6 +30,7 @@ from django.utils.safestring import SafeString
 from . import admin_display as display
 from . import triage
 from .models import DeferredWork, Status
+from .observability import admin as observability_admin  # registers the runners' admin
 from .phi import admin as phi_admin  # noqa: F401 - registers the PHI token map admin
 
 REVIVE_PERMISSION = "nexus_workflows.revive_deferredwork"
@@ -322,6 +323,11 @@ class DeferredWorkAdmin(admin.ModelAdmin):
         info = self.opts.app_label, self.opts.model_name
         return [
             path(
+                "dashboard/",
+                self.admin_site.admin_view(self.dashboard_view),
+                name="{}_{}_dashboard".format(*info),
+            ),
+            path(
                 "<path:object_id>/revive/",
                 self.admin_site.admin_view(self.revive_view),
                 name="{}_{}_revive".format(*info),
@@ -333,6 +339,9 @@ class DeferredWorkAdmin(admin.ModelAdmin):
             ),
             *super().get_urls(),
         ]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        return observability_admin.dashboard_view(self, request)
 
     def revive_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return self._button(request, object_id, self._revive)

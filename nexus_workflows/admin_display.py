@@ -19,9 +19,10 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
 
+from . import attempts as attempts_module
+from .attempts import max_attempts
 from .history import first_line
 from .models import DeferredWork, Status
-from .registry import registry
 from .triage import is_stale
 
 DATETIME_FORMAT = "Y-m-d H:i:s"
@@ -67,22 +68,9 @@ def status_badge(work: DeferredWork, *, now: datetime | None = None) -> SafeStri
     return format_html('<span class="nw-badge nw-badge--{}">{}</span>', work.status, label.lower())
 
 
-def max_attempts(kind: str) -> int | None:
-    """Runs allowed for a kind, or ``None`` when this project does not register it."""
-    if kind not in registry:
-        return None
-    return registry.get(kind).max_attempts
-
-
 def attempt_number(work: DeferredWork) -> int:
-    """The number of the attempt that runs next, runs now, or ran last (from 1).
-
-    ``attempt`` counts failed and lost attempts. Work abandoned because its runners kept
-    dying has ``attempt`` equal to the runs allowed, all of them lost, hence the cap.
-    """
-    allowed = max_attempts(work.kind)
-    number = work.attempt + 1
-    return min(number, allowed) if allowed else number
+    """The number of the attempt that runs next, runs now, or ran last (from 1)."""
+    return attempts_module.attempt_number(work.kind, work.attempt)
 
 
 def attempts(work: DeferredWork) -> SafeString:

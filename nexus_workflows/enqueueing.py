@@ -16,6 +16,7 @@ from typing import Any
 from django.db import IntegrityError, connections, router, transaction
 from django.utils import timezone
 
+from . import signals
 from .exceptions import InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
 from .limits import DEDUPE_KEY_MAX_LENGTH
 from .registry import Workflow, registry
@@ -135,6 +136,8 @@ def _settle_chunk(
             using, kind=workflow.kind, keys=chunk, triggers=by_key, due=now + delay, now=now
         )
         results.update((key, str(pk)) for key, pk in inserted.items())
+        for pk in inserted.values():
+            signals.send(signals.work_enqueued, kind=workflow.kind, id=pk, attempt=1)
         chunk = [key for key in chunk if key not in inserted]
         if not chunk:
             return []
@@ -153,6 +156,14 @@ def _settle_chunk(
             ],
             ignore_conflicts=True,
         )
+        if signals.has_receivers(signals.work_enqueued):
+            # Rows inserted just now carry this call's exact creation time.
+            for pk in (
+                DeferredWork.objects.using(using)
+                .filter(kind=workflow.kind, dedupe_key__in=chunk, created_at=now)
+                .values_list("pk", flat=True)
+            ):
+                signals.send(signals.work_enqueued, kind=workflow.kind, id=pk, attempt=1)
     rows = list(
         DeferredWork.objects.using(using)
         .filter(kind=workflow.kind, dedupe_key__in=chunk)
@@ -168,6 +179,8 @@ def _settle_chunk(
         )
         revive_rows(DeferredWork.objects.using(using).filter(pk__in=revived), due=now + delay)
         notify(using)
+        for pk in revived:
+            signals.send(signals.work_revived, kind=workflow.kind, id=pk, attempt=1)
     for key, pk, status in rows:
         # Abandoned rows revived just now are pending; one that changed first is not ours.
         pending = status == Status.PENDING or pk in revived
@@ -319,11 +332,13 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
                 return None
             if _revive(existing, now + delay, using):
                 notify(using)
+                signals.send(signals.work_revived, kind=workflow.kind, id=existing["pk"], attempt=1)
                 logger.info("%s #%s revived by enqueue: pending, attempt 0", workflow.kind, existing["pk"])
                 return str(existing["pk"])
             continue  # someone else changed it first: look again
         else:
             logger.debug("%s #%s enqueued", workflow.kind, work_id)
+            signals.send(signals.work_enqueued, kind=workflow.kind, id=work_id, attempt=1)
             return str(work_id)
     raise RuntimeError(
         f"workflow {workflow.kind!r}: could not settle the dedupe key after {_DEDUPE_ROUNDS} "

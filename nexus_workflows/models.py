@@ -99,4 +99,5 @@ class DeferredWork(models.Model):
         return f"{self.kind} #{self.pk} ({self.status})"
 
 
+from .observability.models import OutcomeCount, OutcomeFlush, Runner  # noqa: E402,F401
 from .phi.models import PhiToken, TokenMap  # noqa: E402,F401

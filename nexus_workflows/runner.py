@@ -32,13 +32,16 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, close_old_connections, connections, router
 from django.utils import timezone
 
-from . import claims, retention, wakeup
+from . import __version__, claims, retention, wakeup
+from .attempts import attempt_number, describe_attempt
 from .claims import ClaimedWork, Claimer
 from .conf import app_settings
 from .exceptions import UnknownWorkflow, is_permanent
 from .execution import Outcome, Result, execute
 from .history import describe_error
 from .models import DeferredWork
+from .observability.logs import start_line
+from .observability.observer import Observer
 from .registry import registry
 
 logger = logging.getLogger(__name__)
@@ -95,6 +98,8 @@ class Runner:
         once: bool = False,
         using: str | None = None,
         install_signal_handlers: bool = True,
+        metrics_host: str = "127.0.0.1",
+        metrics_port: int | None = None,
     ) -> None:
         deferred = registry.kinds(deferred=True)
         for kind in kinds or ():
@@ -133,18 +138,34 @@ class Runner:
         self._average_runtime: float | None = None
         self._outage_started: float | None = None
         self._backoff = 0.0
+        # Runner row, outcome counts, metrics and signals: see nexus_workflows.observability.
+        self._observer = Observer(
+            kinds=self.kinds,
+            concurrency=self.concurrency,
+            using=self.using,
+            in_flight=self._running_count,
+            metrics_host=metrics_host,
+            metrics_port=metrics_port,
+        )
 
     # --- public -----------------------------------------------------------------------
 
     def run(self) -> RunStats:
         """Run until stopped; returns the counts of what happened."""
+        metrics = self._observer.start()  # first: a metrics port in use fails here, cleanly
         previous_handlers = self._install_signal_handlers()
         self._start_threads()
         logger.info(
-            "runner started: kinds %s, concurrency %d%s",
-            ", ".join(self.kinds) or "(none)",
-            self.concurrency,
-            ", once" if self.once else "",
+            "runner started: %s",
+            start_line(
+                version=__version__,
+                using=self.using,
+                kinds=self.kinds,
+                concurrency=self.concurrency,
+                wakeup="LISTEN/NOTIFY" if self._listener else f"polling every {self.poll_interval:g}s",
+                once=self.once,
+                metrics=metrics,
+            ),
         )
         try:
             self._loop()
@@ -220,7 +241,9 @@ class Runner:
                         return
                     work = self._queued.popleft()
                     self._running[work.id] = work
+                self._observer.attempt_started(work)
                 outcome = execute(registry.get(work.kind), work)
+                self._observer.attempt_ended(work, outcome.duration)
                 with self._lock:
                     self._running.pop(work.id, None)
                 self._outcomes.put(outcome)
@@ -234,6 +257,7 @@ class Runner:
     def _heartbeat_loop(self) -> None:
         try:
             while not self._helpers_stop.wait(self.heartbeat_interval):
+                self._observer.heartbeat()
                 held = self._held()
                 if not held:
                     continue
@@ -321,6 +345,7 @@ class Runner:
         """
         limit = min(self._capacity()[0] - self._held_count(), max(self.batch_size, self.concurrency))
         due = self._claimer.claim_due(limit, now=cutoff) if limit > 0 else []
+        self._observer.claimed(due)
         self._dispatch(due)
         for work in due:
             self._log_outcome(work, "started", logging.INFO)
@@ -331,6 +356,7 @@ class Runner:
             stale = self._claimer.claim_stale(stale_limit, stale_after=self.stale_after, now=cutoff)
             more = more or len(stale) >= stale_limit
             self.stats.reclaimed += len(stale)
+            self._observer.claimed(stale)
             runnable = [work for work in stale if self._guard_crash_loop(work)]
             self._dispatch(runnable)
             claimed += len(runnable)
@@ -349,11 +375,12 @@ class Runner:
             self._log_outcome(work, "reclaimed from a runner that stopped heart-beating", logging.WARNING)
             return True
         error = (
-            f"WorkerLost: the runner of attempt {work.attempt - 1} stopped heart-beating and "
+            f"WorkerLost: the runner of attempt {work.attempt} stopped heart-beating and "
             f"the retry schedule allows {workflow.max_attempts} attempts"
         )
         if claims.abandon(work, error=error, reason="lost too many times"):
             self.stats.abandoned += 1
+            self._observer.finished(work, "abandoned")
             self._log_outcome(work, "abandoned (its runners kept dying)", logging.ERROR)
         else:
             self._log_lost(work)
@@ -388,11 +415,13 @@ class Runner:
             self._write_failure(outcome)
             with self._lock:
                 self._unwritten.pop(0)
+        self._observer.outcomes_written()
 
     def _write_successes(self, batch: list[Outcome]) -> None:
         written, lost = claims.finish_done(o.work for o in batch)
         self.stats.done += len(written)
         for work in written:
+            self._observer.finished(work, "done")
             self._log_outcome(work, "done", logging.INFO)
         for work in lost:
             self._log_lost(work)
@@ -412,14 +441,17 @@ class Runner:
             reason = "permanent error" if permanent else "retry schedule exhausted"
             if claims.abandon(work, error=error, reason=reason):
                 self.stats.abandoned += 1
+                self._observer.finished(work, "abandoned")
                 self._log_outcome(work, f"failed ({error_type}); abandoned: {reason}", logging.ERROR)
             else:
                 self._log_lost(work)
         elif claims.reschedule(work, delay=delay, error=error):
             self.stats.rescheduled += 1
+            self._observer.finished(work, "rescheduled")
             self._log_outcome(
                 work,
-                f"failed ({error_type}); attempt {work.attempt + 1} in {delay.total_seconds():g}s",
+                f"failed ({error_type}); {describe_attempt(work.kind, work.attempt + 1)} "
+                f"in {delay.total_seconds():g}s",
                 logging.WARNING,
             )
         else:
@@ -436,21 +468,22 @@ class Runner:
         # may carry patient data and stay in the database.
         logger.log(
             level,
-            "%s #%s attempt %d: %s",
+            "%s #%s %s: %s",
             work.kind,
             work.id,
-            work.attempt,
+            describe_attempt(work.kind, work.attempt),
             outcome,
             extra={
                 "workflow_kind": work.kind,
                 "work_id": work.id,
-                "attempt": work.attempt,
+                "attempt": attempt_number(work.kind, work.attempt),
                 "outcome": outcome,
             },
         )
 
     def _log_lost(self, work: ClaimedWork) -> None:
         self.stats.lost += 1
+        self._observer.finished(work, "lost")
         self._log_outcome(
             work, "claim lost; result discarded (another runner or an operator took over)", logging.WARNING
         )
@@ -461,6 +494,7 @@ class Runner:
         _close_connection(self.using)
         if self._outage_started is None:
             self._outage_started = time.monotonic()
+            self._observer.database_lost()
             self._backoff = min(0.5, self.poll_interval)
             logger.warning(
                 "database unavailable (%s); holding %d unwritten outcome(s) and retrying",
@@ -500,6 +534,7 @@ class Runner:
         wakeup.remove_local_waiter(self._wake)
         if self._listener is not None:
             self._listener.stop()
+        self._observer.stop()
         _close_connection(self.using)
 
     def _running_count(self) -> int:
@@ -533,6 +568,7 @@ class Runner:
                 time.sleep(0.2)
                 continue
             self.stats.released += released
+            self._observer.released(works)
             if released:
                 with contextlib.suppress(*DATABASE_UNAVAILABLE):
                     wakeup.notify(self.using)  # another runner can start them at once

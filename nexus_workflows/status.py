@@ -9,6 +9,7 @@ from datetime import datetime
 from django.db.models import Count
 from django.utils import timezone
 
+from .attempts import describe_attempt
 from .history import first_line
 from .models import DeferredWork, Status
 
@@ -57,7 +58,7 @@ def render_status_report(report: StatusReport) -> str:
         due = report.oldest_due
         late = (report.generated_at - due.next_attempt_at).total_seconds()
         lines.append(
-            f"Oldest due: {due.kind} #{due.pk} (attempt {due.attempt}), due since "
+            f"Oldest due: {due.kind} #{due.pk} ({describe_attempt(due.kind, due.attempt)}), due since "
             f"{due.next_attempt_at:%Y-%m-%d %H:%M:%S %Z} ({late:.0f}s ago)"
         )
     else:
@@ -65,7 +66,7 @@ def render_status_report(report: StatusReport) -> str:
     lines.append(f"Abandoned: {report.abandoned_total}")
     for work in report.abandoned:
         lines.append(
-            f"  #{work.pk} {work.kind} key={work.dedupe_key} attempt {work.attempt} "
+            f"  #{work.pk} {work.kind} key={work.dedupe_key} {describe_attempt(work.kind, work.attempt)} "
             f"updated {work.updated_at:%Y-%m-%d %H:%M:%S %Z}: {first_line(work.last_error)}"
         )
     if report.abandoned_total > len(report.abandoned):

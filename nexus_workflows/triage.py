@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from . import signals
 from .conf import app_settings
 from .enqueueing import revive_rows
 from .history import append_entry
@@ -143,6 +144,8 @@ def revive(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> Tria
         else:
             result.skipped.append(_ref(row))
     _after(result, using, "revived", who)
+    for ref in result.changed:
+        signals.send(signals.work_revived, kind=ref.kind, id=ref.pk, attempt=1)
     return result
 
 

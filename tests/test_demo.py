@@ -54,10 +54,10 @@ def test_bin_demo_runs_succeeds_retries_abandons_and_serves_the_admin(tmp_path: 
             if process.poll() is None:
                 process.kill()
     text = log.read_text()
-    assert "demo-greet #1 attempt 0: done" in text
-    assert "demo-flaky #3 attempt 0: failed (FlakyUpstream); attempt 1 in 6s" in text
-    assert "demo-flaky #3 attempt 1: done" in text
-    assert "demo-doomed #4 attempt 0: failed (PermanentError); abandoned: permanent error" in text
+    assert "demo-greet #1 attempt 1 of 3: done" in text
+    assert "demo-flaky #3 attempt 1 of 3: failed (FlakyUpstream); attempt 2 of 3 in 6s" in text
+    assert "demo-flaky #3 attempt 2 of 3: done" in text
+    assert "demo-doomed #4 attempt 1 of 3: failed (PermanentError); abandoned: permanent error" in text
     assert "demo stopped: 3 done" in text
     # The admin child process was stopped with the demo.
     time.sleep(0.5)

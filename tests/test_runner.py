@@ -357,7 +357,7 @@ def test_logs_name_kind_id_attempt_and_outcome_but_no_contents(register_workflow
     work_id = enqueue(kind, {"key": "a", "name": "María López"})
     with caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
         run_once(kind)
-    assert f"{kind} #{work_id} attempt 0: failed (Upstream); attempt 1 in 60s" in caplog.text
+    assert f"{kind} #{work_id} attempt 1 of 2: failed (Upstream); attempt 2 of 2 in 60s" in caplog.text
     assert "María" not in caplog.text
     assert "5678" not in caplog.text
     assert "María López" in row(work_id).last_error  # the full error stays in the database

@@ -143,7 +143,7 @@ def test_kill_9_mid_prepare_is_reclaimed_and_resumed_from_checkpoints(tmp_path: 
     assert work.attempt == 1
     assert work.checkpoints == {"step_one": True}
     assert [entry["outcome"] for entry in work.history] == ["lost"]
-    assert f"test-two-steps #{work_id} attempt 1: reclaimed" in output
+    assert f"test-two-steps #{work_id} attempt 2 of 4: reclaimed" in output
 
 
 @pytest.mark.slow

@@ -69,9 +69,9 @@ def test_status_counts_by_kind_and_lists_abandoned_and_oldest_due(kind: str) -> 
     assert lines[0].split() == ["KIND", "PENDING", "PROCESSING", "DONE", "ABANDONED"]
     assert any(line.split() == [kind, "2", "0", "0", "1"] for line in lines)
     oldest = DeferredWork.objects.get(dedupe_key="b")
-    assert f"Oldest due: {kind} #{oldest.pk} (attempt 0)" in output
+    assert f"Oldest due: {kind} #{oldest.pk} (attempt 1 of 2)" in output
     assert "Abandoned: 1" in output
-    assert "key=a attempt 1" in output
+    assert "key=a attempt 2 of 2" in output
     assert "PermanentError: HTTP 422" in output
     assert "Traceback detail" not in output  # first line only
 

@@ -10,6 +10,7 @@ admin's front page with a two-line ``templates/admin/index.html``::
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from django import template
@@ -17,7 +18,8 @@ from django.template.context import Context
 from django.urls import NoReverseMatch, reverse
 
 from nexus_workflows.admin import NEEDS_ATTENTION
-from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.models import DeferredWork, Runner, Status
+from nexus_workflows.observability.runners import count_alive
 from nexus_workflows.triage import stale_q
 
 register = template.Library()
@@ -40,6 +42,16 @@ def triage_panel(context: Context) -> dict[str, Any]:
         )
     except NoReverseMatch:  # the model is not registered with this admin site
         return {"hidden": True}
+    current_app = getattr(request, "current_app", None)
+    dashboard_url = reverse(f"admin:{opts.app_label}_{opts.model_name}_dashboard", current_app=current_app)
+    runner_opts = Runner._meta
+    runners_url = ""
+    if user.has_perm(f"{runner_opts.app_label}.view_{runner_opts.model_name}"):
+        with contextlib.suppress(NoReverseMatch):  # not registered with this admin site
+            runners_url = reverse(
+                f"admin:{runner_opts.app_label}_{runner_opts.model_name}_changelist", current_app=current_app
+            )
+    alive, dead = count_alive()
     abandoned = DeferredWork.objects.filter(status=Status.ABANDONED).count()
     stale = DeferredWork.objects.filter(stale_q()).count()
     return {
@@ -48,4 +60,8 @@ def triage_panel(context: Context) -> dict[str, Any]:
         "stale": stale,
         "attention": abandoned + stale,
         "url": f"{url}?status={NEEDS_ATTENTION}",
+        "dashboard_url": dashboard_url,
+        "runners_url": runners_url,
+        "runners_alive": alive,
+        "runners_dead": dead,
     }

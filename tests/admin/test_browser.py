@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.contrib.staticfiles.testing import StaticLiveServerTestCase
@@ -153,3 +155,40 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
 
         self.abandoned.refresh_from_db()
         assert self.abandoned.status == Status.ABANDONED
+
+    def test_dashboard_from_the_triage_panel(self) -> None:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        from nexus_workflows.observability import counts
+
+        # Counts as a runner writes them, and a due item waiting since 20 minutes ago.
+        batch = {(KIND, "done"): 7, (KIND, "rescheduled"): 2, (KIND, "abandoned"): 1}
+        counts.add(batch, token="browser-test", using="default")
+        DeferredWork.objects.create(
+            kind=KIND,
+            dedupe_key="visit-4713",
+            trigger={"visit": 4713},
+            next_attempt_at=timezone.now() - timedelta(minutes=20),
+        )
+        self._user("watcher", "view_deferredwork", "view_runner")
+        with browser.chromium() as driver:
+            self._log_in(driver, "watcher")
+            assert "0 runners alive" in driver.find_element(By.ID, "nw-runners").text
+            driver.find_element(By.ID, "nw-dashboard").click()
+            panel = (By.CSS_SELECTOR, f"section.nw-kind-panel[data-kind='{KIND}']")
+            section = WebDriverWait(driver, 10).until(ec.presence_of_element_located(panel))
+            text = section.text
+            assert section.find_element(By.CSS_SELECTOR, ".nw-figure-pending").text == "1"
+            assert "20 minutes overdue" in text
+            assert "7 done · 2 rescheduled · 1 abandoned" in text
+            chart = section.find_element(By.CSS_SELECTOR, "svg.nw-chart")
+            assert chart.size["width"] > 600
+            assert chart.size["height"] > 100
+            # The newest bucket holds the three outcomes, stacked.
+            assert len(chart.find_elements(By.CSS_SELECTOR, "rect")) == 3
+            assert "visit-4713" not in driver.page_source
+            driver.find_element(By.ID, "nw-dashboard-runners").click()
+            WebDriverWait(driver, 10).until(ec.title_contains("Runners"))
+

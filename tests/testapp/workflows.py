@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from nexus_workflows import workflow
+from nexus_workflows import PermanentError, workflow
 
 from .models import Ledger
 
@@ -58,6 +58,18 @@ def slow(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> Non
         Path(trigger["started_file"]).write_text(str(os.getpid()))
     time.sleep(trigger["seconds"])
     record("test-slow", trigger)
+
+
+@workflow("test-outcomes", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def outcomes(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """``{"outcome": "done"}`` succeeds, ``"retry once"`` fails its first attempt then
+    succeeds, ``"permanent"`` is abandoned at once."""
+    if trigger["outcome"] == "permanent":
+        raise PermanentError("rejected upstream")
+    if trigger["outcome"] == "retry once" and not checkpoints.get("failed_once"):
+        save({"failed_once": True})
+        raise ConnectionError("upstream timed out")
+    record("test-outcomes", trigger)
 
 
 # --- fire-and-forget (no retry schedule): run by RQ workers --------------------------------

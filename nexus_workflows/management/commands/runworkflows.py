@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from nexus_workflows.exceptions import UnknownWorkflow
+from nexus_workflows.observability.logs import install_default_handler, remove_default_handler
 from nexus_workflows.runner import Runner
 
 
@@ -17,6 +18,16 @@ def _positive_int(value: str) -> int:
         number = 0
     if number < 1:
         raise ArgumentTypeError(f"must be a whole number of at least 1, not {value!r}")
+    return number
+
+
+def _port(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise ArgumentTypeError(f"must be a TCP port from 0 to 65535 (0 picks a free one), not {value!r}")
     return number
 
 
@@ -62,8 +73,29 @@ class Command(BaseCommand):
             help="Run everything due now (stale reclaims included) to completion, print a "
             "summary line and exit.",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=_port,
+            metavar="PORT",
+            help="Serve Prometheus metrics at http://HOST:PORT/metrics (0 picks a free port; "
+            "the start line names it). Default: no metrics endpoint.",
+        )
+        parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            metavar="HOST",
+            help="Address the metrics endpoint listens on. Default: 127.0.0.1.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Without the project's own logging for nexus_workflows, print to stderr.
+        handler = install_default_handler()
+        try:
+            self._run(options)
+        finally:
+            remove_default_handler(handler)
+
+    def _run(self, options: dict[str, Any]) -> None:
         verbosity = options["verbosity"]
         if verbosity == 0:
             logging.getLogger("nexus_workflows").setLevel(logging.WARNING)
@@ -75,9 +107,19 @@ class Command(BaseCommand):
                 concurrency=options["concurrency"],
                 poll_interval=options["poll_interval"],
                 once=options["once"],
+                metrics_host=options["metrics_host"],
+                metrics_port=options["metrics_port"],
             )
         except UnknownWorkflow as error:
             raise CommandError(str(error)) from error
-        stats = runner.run()
+        try:
+            stats = runner.run()
+        except OSError as error:
+            if options["metrics_port"] is None:
+                raise
+            raise CommandError(
+                f"cannot serve metrics on {options['metrics_host']}:{options['metrics_port']} "
+                f"({error.strerror or type(error).__name__}); choose another --metrics-port"
+            ) from error
         if options["once"]:
             self.stdout.write(f"runworkflows --once: {stats.summary()}")

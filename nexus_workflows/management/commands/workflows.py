@@ -36,7 +36,8 @@ class Command(BaseCommand):
         revive_parser = subcommands.add_parser(
             "revive",
             help="Revive abandoned deferred work: by id, by --kind and --key, or --all-abandoned.",
-            description="Revive abandoned deferred work: pending, attempt 0, due now, error cleared, "
+            description="Revive abandoned deferred work: pending, due now, its next run attempt 1, "
+            "error cleared, "
             "checkpoints kept. Work that is not abandoned is skipped (a runner may be working on "
             "it). Prints what was revived and what was skipped.",
         )

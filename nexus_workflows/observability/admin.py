@@ -1,0 +1,103 @@
+"""The operator's pages in the admin: the runners (read-only) and the dashboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db import router
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from .. import admin_display as display
+from ..models import DeferredWork
+from . import dashboard
+from .models import Runner
+from .runners import with_liveness
+
+
+@admin.register(Runner)
+class RunnerAdmin(admin.ModelAdmin):
+    """``runworkflows`` processes as the database last saw them. Rows are written by the
+    runners themselves; a runner not seen for ``STALE_AFTER`` is shown dead."""
+
+    list_display = (
+        "runner_column",
+        "state_column",
+        "kinds_column",
+        "concurrency",
+        "in_flight",
+        "done",
+        "failed",
+        "started_column",
+        "last_seen_column",
+        "version",
+    )
+    list_display_links = None
+    ordering = ("-last_seen_at", "-pk")
+    list_per_page = 100
+
+    class Media:
+        css = {"all": ("nexus_workflows/admin/triage.css",)}
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+        context = {"title": "Runners", "subtitle": None, **(extra_context or {})}
+        return super().changelist_view(request, context)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Runner]:
+        return with_liveness(super().get_queryset(request))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # dead runners' rows are purged after RETENTION
+
+    @admin.display(description="runner", ordering="host")
+    def runner_column(self, runner: Runner) -> str:
+        return f"{runner.host} pid {runner.pid}"
+
+    @admin.display(description="state", ordering="last_seen_at")
+    def state_column(self, runner: Runner) -> SafeString:
+        if getattr(runner, "alive", False):
+            return format_html('<span class="nw-badge nw-badge--done">{}</span>', "alive")
+        return format_html(
+            '<span class="nw-badge nw-badge--abandoned" title="{}">{}</span>',
+            "Not seen for longer than STALE_AFTER: the process died or lost the database",
+            "dead",
+        )
+
+    @admin.display(description="kinds")
+    def kinds_column(self, runner: Runner) -> str:
+        return ", ".join(runner.kinds) if runner.kinds else "(none)"
+
+    @admin.display(description="started", ordering="started_at")
+    def started_column(self, runner: Runner) -> SafeString:
+        return display.when(runner.started_at, compact=True)
+
+    @admin.display(description="last seen", ordering="last_seen_at")
+    def last_seen_column(self, runner: Runner) -> SafeString:
+        return display.when(runner.last_seen_at, compact=True)
+
+
+def dashboard_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpResponse:
+    """Per kind: outcomes per 5 minutes over 24 hours, pending depth, oldest due age."""
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    board = dashboard.build(router.db_for_read(DeferredWork))
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": "Workflow dashboard",
+        "subtitle": None,
+        "opts": model_admin.opts,
+        "board": board,
+        "legend": dashboard.legend(),
+    }
+    return TemplateResponse(request, "admin/nexus_workflows/dashboard.html", context)

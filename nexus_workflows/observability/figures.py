@@ -1,0 +1,56 @@
+"""What the database says about deferred work right now, cheaply enough to ask on every
+scrape: rows per kind and status, and how late the most overdue pending item of each kind is.
+
+Each status is counted by its own query so that each uses its index: pending and
+processing rows through the partial indexes ``nw_due_idx`` and ``nw_stale_idx`` (whose size
+is the backlog, not the retained history), abandoned rows through ``nw_expiry_idx``.
+Done rows are not counted: they are most of a retained table (a million rows is a day
+of a busy platform), and counting them would read all of them on every scrape; the
+runners' ``nexus_workflows_attempts_total{outcome="done"}`` counts them as they happen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Count, Min
+
+from ..models import DeferredWork, Status
+from ..registry import registry
+from .clock import database_now
+
+#: Statuses reported as ``nexus_workflows_work{status}`` (see the module's docstring).
+COUNTED_STATUSES = (Status.PENDING, Status.PROCESSING, Status.ABANDONED)
+
+
+@dataclass
+class WorkFigures:
+    now: datetime
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, status) -> rows
+    oldest_due: dict[str, datetime] = field(default_factory=dict)  # kind -> earliest due time
+
+    @property
+    def kinds(self) -> list[str]:
+        """Every deferred kind this project registers, plus any kind found in the table."""
+        found = {kind for kind, _ in self.counts} | set(self.oldest_due)
+        return sorted(found | set(registry.kinds(deferred=True)))
+
+    def count(self, kind: str, status: str) -> int:
+        return self.counts.get((kind, status), 0)
+
+    def oldest_due_age(self, kind: str) -> float:
+        """Seconds the most overdue pending item of ``kind`` has waited past its due time."""
+        due = self.oldest_due.get(kind)
+        return max(0.0, (self.now - due).total_seconds()) if due else 0.0
+
+
+def work_figures(using: str) -> WorkFigures:
+    figures = WorkFigures(now=database_now(using))
+    rows = DeferredWork.objects.using(using)
+    for status in COUNTED_STATUSES:
+        for kind, n in rows.filter(status=status).order_by().values_list("kind").annotate(n=Count("pk")):
+            figures.counts[(kind, status.value)] = n
+    due = rows.due(figures.now).order_by().values_list("kind").annotate(oldest=Min("next_attempt_at"))
+    figures.oldest_due = dict(due)
+    return figures

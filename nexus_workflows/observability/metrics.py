@@ -1,0 +1,171 @@
+"""Prometheus metrics with ``prometheus-client``, on a registry of their own.
+
+* :class:`DatabaseCollector` asks the database at scrape time (any process may expose
+  it; :func:`nexus_workflows.views.metrics` does):
+  ``nexus_workflows_work{kind,status}``, ``nexus_workflows_oldest_due_age_seconds{kind}``
+  and ``nexus_workflows_runners{state}``.
+* :class:`RunnerMetrics` counts what one runner does and serves both on
+  ``runworkflows --metrics-port``: ``nexus_workflows_attempts_total{kind,outcome}``,
+  ``nexus_workflows_attempt_duration_seconds{kind}``, ``nexus_workflows_in_flight``,
+  ``nexus_workflows_claims_total``, ``nexus_workflows_database_outages_total``.
+
+Labels are kinds, statuses and outcomes only: never a dedupe key, a trigger or an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from django.db import Error as DatabaseError  # InterfaceError included
+from django.db import connections
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .figures import COUNTED_STATUSES, work_figures
+from .runners import count_alive
+
+logger = logging.getLogger(__name__)
+
+OUTCOMES = ("done", "rescheduled", "abandoned", "lost", "released")
+
+# Seconds: quick API calls up to slow multi-step workflows.
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, float("inf"))
+
+
+class DatabaseCollector(Collector):
+    """Figures read from the database when Prometheus scrapes.
+
+    ``close_connection``: close this thread's connection afterwards, for servers that
+    run each scrape on a new thread (the runner's endpoint) and would otherwise leave
+    one connection behind per scrape. ``swallow_errors``: when the database does not
+    answer, yield nothing (so the runner's own counters are still served) instead of raising.
+    """
+
+    def __init__(
+        self, *, using: str = "default", close_connection: bool = False, swallow_errors: bool = True
+    ) -> None:
+        self.using = using
+        self.close_connection = close_connection
+        self.swallow_errors = swallow_errors
+
+    def describe(self) -> Iterable[Any]:
+        return list(self._families())  # names only: registering must not query
+
+    def _families(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "nexus_workflows_work",
+            "Deferred work rows by kind and status (pending, processing, abandoned).",
+            labels=["kind", "status"],
+        )
+        yield GaugeMetricFamily(
+            "nexus_workflows_oldest_due_age_seconds",
+            "How long the most overdue pending item of a kind has been due (0 when none is).",
+            labels=["kind"],
+        )
+        yield GaugeMetricFamily(
+            "nexus_workflows_runners",
+            "runworkflows processes seen within STALE_AFTER (alive) or not (dead).",
+            labels=["state"],
+        )
+
+    def collect(self) -> Iterable[Any]:
+        work, oldest, runners = self._families()
+        try:
+            figures = work_figures(self.using)
+            alive, dead = count_alive(self.using)
+        except DatabaseError as error:
+            if not self.swallow_errors:
+                raise
+            # The runner's own counters are still worth serving during an outage.
+            logger.warning("metrics: the database did not answer (%s)", type(error).__name__)
+            return []
+        finally:
+            if self.close_connection:
+                with contextlib.suppress(Exception):
+                    connections[self.using].close()
+        for kind in figures.kinds:
+            for status in COUNTED_STATUSES:
+                work.add_metric([kind, status.value], figures.count(kind, status.value))
+            oldest.add_metric([kind], figures.oldest_due_age(kind))
+        runners.add_metric(["alive"], alive)
+        runners.add_metric(["dead"], dead)
+        return [work, oldest, runners]
+
+
+def database_registry(using: str = "default") -> CollectorRegistry:
+    """A registry with only the database's figures; collecting it raises the database's errors."""
+    registry = CollectorRegistry()
+    registry.register(DatabaseCollector(using=using, swallow_errors=False))
+    return registry
+
+
+class RunnerMetrics:
+    """One runner's counters, plus the database's figures, on a registry of their own."""
+
+    def __init__(self, *, kinds: Iterable[str], using: str, in_flight: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        self.attempts = Counter(
+            "nexus_workflows_attempts",
+            "Attempts ended, by kind and outcome (done, rescheduled, abandoned, lost, released).",
+            ["kind", "outcome"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "nexus_workflows_attempt_duration_seconds",
+            "Seconds prepare ran, per attempt.",
+            ["kind"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "nexus_workflows_in_flight", "Attempts whose prepare is running now.", registry=self.registry
+        )
+        self.in_flight.set_function(in_flight)
+        self.claims = Counter(
+            "nexus_workflows_claims", "Rows this runner claimed (due and reclaimed).", registry=self.registry
+        )
+        self.outages = Counter(
+            "nexus_workflows_database_outages",
+            "Times this runner lost the database (each outage once).",
+            registry=self.registry,
+        )
+        self.registry.register(DatabaseCollector(using=using, close_connection=True))
+        # Every series exists from the start at 0, so rate() and absent() work at once.
+        self._attempts: dict[tuple[str, str], Any] = {}
+        self._durations: dict[str, Any] = {}
+        for kind in kinds:
+            for outcome in OUTCOMES:
+                self.attempt_ended(kind, outcome, count_only=True)
+            self._duration(kind)
+        self._server: Any = None
+
+    def _duration(self, kind: str) -> Any:
+        child = self._durations.get(kind)
+        if child is None:
+            child = self._durations[kind] = self.duration.labels(kind)
+        return child
+
+    def attempt_ended(self, kind: str, outcome: str, *, count_only: bool = False) -> None:
+        child = self._attempts.get((kind, outcome))
+        if child is None:
+            child = self._attempts[(kind, outcome)] = self.attempts.labels(kind, outcome)
+        if not count_only:
+            child.inc()
+
+    def observe_duration(self, kind: str, seconds: float) -> None:
+        self._duration(kind).observe(seconds)
+
+    def serve(self, host: str, port: int) -> int:
+        """Serve ``/metrics`` on ``host:port`` in a daemon thread; returns the port (0 picks one)."""
+        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return self._server.server_address[1]
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

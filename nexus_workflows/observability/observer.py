@@ -1,0 +1,236 @@
+"""The runner's observer: the one object the runner tells what happens.
+
+The runner calls it at a few points; it keeps the runner's row in the ``Runner`` table,
+adds the per-minute outcome counts once per batch of outcomes, feeds the Prometheus
+metrics (when ``--metrics-port`` is given) and sends the signals. Nothing it does may
+stop the runner: the only database errors it lets through are those of the counts'
+upsert, which the runner handles like the outcome writes it follows (and retries).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from django.db import Error as DatabaseError  # InterfaceError included
+from django.db import InterfaceError, OperationalError, connections
+
+from .. import signals
+from ..attempts import attempt_number
+from ..conf import app_settings
+from . import counts, runners
+from .clock import database_now
+from .metrics import RunnerMetrics
+
+logger = logging.getLogger("nexus_workflows.runner")
+
+FAILED = ("rescheduled", "abandoned")
+
+# Seconds between two upserts of the outcome counts: a minute's bars never miss more than
+# this, and a drain of thousands of items a second pays for one upsert a second.
+COUNTS_EVERY = 1.0
+
+
+class Observer:
+    def __init__(
+        self,
+        *,
+        kinds: Sequence[str],
+        concurrency: int,
+        using: str,
+        in_flight: Callable[[], int],
+        metrics_host: str = "127.0.0.1",
+        metrics_port: int | None = None,
+    ) -> None:
+        self.kinds = list(kinds)
+        self.concurrency = concurrency
+        self.using = using
+        self.in_flight = in_flight
+        self.metrics_host = metrics_host
+        self.metrics_port = metrics_port
+        self.metrics: RunnerMetrics | None = None
+        self.runner_id: int | None = None
+        self.done = 0
+        self.failed = 0
+        self._unwritten_counts: Counter[tuple[str, str]] = Counter()
+        self._sealed: tuple[str, dict[tuple[str, str], int]] | None = None
+        self._counts_written_at = 0.0
+        # (id, claim token) -> perf_counter at start, while prepare runs; then -> duration.
+        self._started: dict[tuple[int, str], float] = {}
+        self._durations: dict[tuple[int, str], float] = {}
+        self._next_sweep = 0.0
+        # The heartbeat thread must not write the row again once stop() removed it.
+        self._row_lock = threading.Lock()
+        self._stopped = False
+
+    # --- lifecycle (main thread) -----------------------------------------------------------
+
+    def start(self) -> str:
+        """Open the metrics endpoint and write the runner's row; returns a description of
+        the endpoint for the start line (empty without one)."""
+        endpoint = ""
+        if self.metrics_port is not None:
+            self.metrics = RunnerMetrics(kinds=self.kinds, using=self.using, in_flight=self.in_flight)
+            port = self.metrics.serve(self.metrics_host, self.metrics_port)
+            host = f"[{self.metrics_host}]" if ":" in self.metrics_host else self.metrics_host
+            endpoint = f"http://{host}:{port}/metrics"
+        self._register()
+        return endpoint
+
+    def stop(self) -> None:
+        try:
+            self.outcomes_written(force=True)  # the last counts (released attempts included)
+            self.outcomes_written(force=True)  # and any that came while a sealed batch went again
+        except DatabaseError as error:
+            logger.warning("could not write the last outcome counts (%s)", type(error).__name__)
+        with self._row_lock:
+            self._stopped = True
+            if self.runner_id is not None:
+                try:
+                    runners.remove(self.runner_id, using=self.using)
+                except DatabaseError as error:
+                    logger.warning(
+                        "could not remove this runner's row (%s); it will show as dead",
+                        type(error).__name__,
+                    )
+        if self.metrics is not None:
+            self.metrics.stop()
+
+    def _register(self) -> None:
+        try:
+            self.runner_id = runners.register(
+                kinds=self.kinds, concurrency=self.concurrency, using=self.using
+            )
+        except DatabaseError as error:
+            # The heartbeat tries again; the runner itself need not wait for it.
+            logger.warning("could not write this runner's row (%s); retrying", type(error).__name__)
+            _close(self.using)
+
+    # --- attempts ------------------------------------------------------------------------
+
+    def claimed(self, works: Sequence[Any]) -> None:
+        if self.metrics is not None and works:
+            self.metrics.claims.inc(len(works))
+
+    def attempt_started(self, work: Any) -> None:
+        """Worker thread, just before ``prepare``."""
+        self._started[(work.id, work.claim_token)] = time.perf_counter()
+        if signals.attempt_started.receivers:  # build nothing for nobody
+            signals.send(
+                signals.attempt_started,
+                kind=work.kind,
+                id=work.id,
+                attempt=attempt_number(work.kind, work.attempt),
+            )
+
+    def attempt_ended(self, work: Any, duration: float) -> None:
+        """Worker thread, when ``prepare`` returned or raised."""
+        key = (work.id, work.claim_token)
+        self._started.pop(key, None)
+        self._durations[key] = duration
+        if self.metrics is not None:
+            self.metrics.observe_duration(work.kind, duration)
+
+    def finished(self, work: Any, outcome: str) -> None:
+        """Main thread: the attempt's outcome was written (or found lost)."""
+        duration = self._durations.pop((work.id, work.claim_token), None)
+        self._count(work.kind, outcome)
+        if not (signals.attempt_finished.receivers or signals.work_abandoned.receivers):
+            return  # the drain's hot path: nothing to build
+        number = attempt_number(work.kind, work.attempt)
+        if duration is not None:  # work abandoned by the crash-loop guard did not run here
+            signals.send(
+                signals.attempt_finished,
+                kind=work.kind,
+                id=work.id,
+                attempt=number,
+                outcome=outcome,
+                duration=duration,
+            )
+        if outcome == "abandoned":
+            signals.send(signals.work_abandoned, kind=work.kind, id=work.id, attempt=number)
+
+    def released(self, works: Iterable[Any]) -> None:
+        """Main thread, at shutdown: claims given back; those that were running end here."""
+        now = time.perf_counter()
+        for work in works:
+            started = self._started.pop((work.id, work.claim_token), None)
+            if started is None:
+                continue  # claimed but never started: not an attempt
+            self._durations[(work.id, work.claim_token)] = now - started
+            self.finished(work, "released")
+
+    def _count(self, kind: str, outcome: str) -> None:
+        self._unwritten_counts[(kind, outcome)] += 1
+        if outcome == "done":
+            self.done += 1
+        elif outcome in FAILED:
+            self.failed += 1
+        if self.metrics is not None:
+            self.metrics.attempt_ended(kind, outcome)
+
+    def outcomes_written(self, *, force: bool = False) -> None:
+        """Main thread, after a batch of outcomes: one upsert of the counts, at most every
+        ``COUNTS_EVERY`` seconds (a busy drain writes a batch every few milliseconds). Raises
+        an outage's errors (the runner waits and retries with its next batch)."""
+        if self._sealed is None:
+            if not self._unwritten_counts:
+                return
+            if not force and time.monotonic() - self._counts_written_at < COUNTS_EVERY:
+                return
+            # Sealed with a token: a retry sends exactly this batch again, under the same token.
+            self._sealed = (uuid.uuid4().hex, dict(self._unwritten_counts))
+            self._unwritten_counts.clear()
+        token, batch = self._sealed
+        try:
+            counts.add(batch, token=token, using=self.using)
+        except (OperationalError, InterfaceError):
+            raise  # an outage: the runner waits, then this batch goes again
+        except DatabaseError as error:
+            # Anything else (the table missing before `migrate`, say) must not stop the
+            # runner: these counts are dropped, the work itself was written.
+            logger.error("outcome counts not written (%s); dropped", type(error).__name__)
+        self._sealed = None
+        self._counts_written_at = time.monotonic()
+
+    # --- the database ----------------------------------------------------------------------
+
+    def database_lost(self) -> None:
+        if self.metrics is not None:
+            self.metrics.outages.inc()
+
+    def heartbeat(self) -> None:
+        """Heartbeat thread: refresh the runner's row; now and then purge old rows."""
+        with self._row_lock:
+            if not self._stopped:
+                self._refresh()
+
+    def _refresh(self) -> None:
+        try:
+            if self.runner_id is None or not runners.refresh(
+                self.runner_id,
+                in_flight=self.in_flight(),
+                done=self.done,
+                failed=self.failed,
+                using=self.using,
+            ):
+                self._register()
+            if time.monotonic() >= self._next_sweep:
+                self._next_sweep = time.monotonic() + float(app_settings.SWEEP_INTERVAL)
+                now = database_now(self.using)
+                runners.purge_dead(now, using=self.using)
+                counts.purge(now, using=self.using)
+        except DatabaseError as error:
+            logger.debug("runner row not refreshed (%s)", type(error).__name__)
+            _close(self.using)
+
+
+def _close(using: str) -> None:
+    with contextlib.suppress(Exception):
+        connections[using].close()

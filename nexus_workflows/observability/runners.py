@@ -1,0 +1,74 @@
+"""The ``Runner`` rows: which ``runworkflows`` processes are alive, seen from the database."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
+from django.db.models.functions import Now
+
+from ..conf import app_settings
+from .models import Runner
+
+
+def version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def stale_after() -> timedelta:
+    return timedelta(seconds=float(app_settings.STALE_AFTER))
+
+
+def alive_q() -> Q:
+    """Runners seen within ``STALE_AFTER`` by the database's clock."""
+    return Q(last_seen_at__gte=Now() - stale_after())
+
+
+def with_liveness(queryset: QuerySet[Runner]) -> QuerySet[Runner]:
+    return queryset.annotate(alive=ExpressionWrapper(alive_q(), output_field=BooleanField()))
+
+
+def count_alive(using: str | None = None) -> tuple[int, int]:
+    """(alive, dead) runner rows."""
+    rows = Runner.objects.using(using) if using else Runner.objects.all()
+    total = rows.count()
+    alive = rows.filter(alive_q()).count() if total else 0
+    return alive, total - alive
+
+
+def register(*, kinds: Sequence[str], concurrency: int, using: str) -> int:
+    row = Runner.objects.using(using).create(
+        host=socket.gethostname()[:255],
+        pid=os.getpid(),
+        version=version(),
+        kinds=list(kinds),
+        concurrency=concurrency,
+        started_at=Now(),
+        last_seen_at=Now(),
+    )
+    return row.pk
+
+
+def refresh(pk: int, *, in_flight: int, done: int, failed: int, using: str) -> bool:
+    """Mark the runner seen now; ``False`` when its row is gone (purged while it was away)."""
+    return bool(
+        Runner.objects.using(using)
+        .filter(pk=pk)
+        .update(last_seen_at=Now(), in_flight=in_flight, done=done, failed=failed)
+    )
+
+
+def remove(pk: int, *, using: str) -> None:
+    Runner.objects.using(using).filter(pk=pk).delete()
+
+
+def purge_dead(now: datetime, *, using: str) -> int:
+    """Delete rows of runners not seen for ``RETENTION`` (long after they were shown dead)."""
+    cutoff = now - max(timedelta(seconds=float(app_settings.RETENTION)), stale_after())
+    deleted, _ = Runner.objects.using(using).filter(last_seen_at__lt=cutoff).delete()
+    return deleted

@@ -1,0 +1,99 @@
+"""Django signals for deferred work, for projects that count, trace or alert on it.
+
+Every signal is sent with ``sender=DeferredWork`` and these keyword arguments:
+
+* ``kind``: the workflow's kind;
+* ``id``: the work's primary key (an ``int``);
+* ``attempt``: the attempt's number from 1, as the logs, the CLI and the admin show it
+  (for ``work_enqueued`` and ``work_revived``: the attempt that runs next).
+
+``attempt_finished`` adds ``outcome`` (``"done"``, ``"rescheduled"``, ``"abandoned"``,
+``"lost"`` or ``"released"``) and ``duration`` (seconds ``prepare`` ran, a ``float``).
+No signal carries the trigger, the checkpoints, the dedupe key or an error message: they
+may hold patient data.
+
+Receivers run in the thread that sends: ``attempt_started`` in the runner's worker thread
+just before ``prepare``, the others where the state change was written. A receiver that
+raises is logged (its exception's type only) and changes nothing else: the runner and the
+caller of ``enqueue`` carry on. With no receiver connected, sending costs one attribute
+check.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from typing import Any
+
+from django.dispatch import Signal
+
+logger = logging.getLogger(__name__)
+
+# send_robust() logs a receiver's exception itself, message and traceback included, on
+# "django.dispatch"; the message may quote patient data, so while this module sends,
+# that record is dropped and this module logs the type and the place instead.
+_sending = threading.local()
+
+
+class _DropWhileSending(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_sending, "active", False)
+
+
+logging.getLogger("django.dispatch").addFilter(_DropWhileSending())
+
+#: New work was inserted by ``enqueue``/``enqueue_many`` (not sent for a key already pending).
+work_enqueued = Signal()
+#: A runner is about to call ``prepare`` for one attempt.
+attempt_started = Signal()
+#: An attempt ended and its outcome was written (``outcome``, ``duration``).
+attempt_finished = Signal()
+#: Work was abandoned: a permanent error, its retry schedule used up, or its runners kept dying.
+work_abandoned = Signal()
+#: Abandoned work was made pending again (by ``enqueue``, the admin or ``workflows revive``).
+work_revived = Signal()
+
+
+def send(signal: Signal, *, kind: str, id: int, attempt: int, **extra: Any) -> None:
+    """Send ``signal`` robustly; a receiver's exception is logged by type, never raised."""
+    if not signal.receivers:  # the hot path: nothing connected, nothing built
+        return
+    from .models import DeferredWork
+
+    _sending.active = True
+    try:
+        responses = signal.send_robust(DeferredWork, kind=kind, id=int(id), attempt=attempt, **extra)
+    finally:
+        _sending.active = False
+    for receiver, response in responses:
+        if isinstance(response, Exception):
+            # The type and where it was raised: the message may quote the data it choked on.
+            logger.error(
+                "a receiver of %s raised %s for %s #%s; ignored (%s)",
+                _name(signal),
+                type(response).__name__,
+                kind,
+                id,
+                _where(receiver, response),
+            )
+
+
+def _where(receiver: Any, error: BaseException) -> str:
+    name = getattr(receiver, "__qualname__", type(receiver).__name__)
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return name
+    last = frames[-1]
+    return f"{name}, {last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name}"
+
+
+def has_receivers(signal: Signal) -> bool:
+    return bool(signal.receivers)
+
+
+def _name(signal: Signal) -> str:
+    for name in ("work_enqueued", "attempt_started", "attempt_finished", "work_abandoned", "work_revived"):
+        if globals()[name] is signal:
+            return name
+    return "a signal"

@@ -1,0 +1,224 @@
+"""Prometheus metrics: the database's figures through the view, a runner's counters on
+its own endpoint (a real ``runworkflows --metrics-port`` process scraped over HTTP)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import urllib.request
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db.models import Count
+from django.test import Client
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from nexus_workflows import enqueue
+from nexus_workflows.models import DeferredWork, OutcomeCount, Status
+from tests.processes import ManagePy, url_of_test_database, wait_for
+from tests.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.5, "STALE_AFTER": 5, "SHUTDOWN_GRACE": 1}
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``{(sample name, sorted labels): value}`` of a Prometheus text exposition."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_the_view_reports_rows_per_kind_and_status_and_the_oldest_due_age(register_workflow: Any) -> None:
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    idle = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    for key in ("a", "b", "c", "d", "e"):
+        enqueue(kind, {"key": f"visit-{key}", "patient": "María López"})
+    now = timezone.now()
+    DeferredWork.objects.filter(dedupe_key="visit-a").update(next_attempt_at=now - timedelta(minutes=10))
+    DeferredWork.objects.filter(dedupe_key="visit-b").update(next_attempt_at=now + timedelta(hours=1))
+    DeferredWork.objects.filter(dedupe_key="visit-c").update(
+        status=Status.ABANDONED, last_error="Upstream: patient María López not found"
+    )
+    DeferredWork.objects.filter(dedupe_key="visit-d").update(
+        status=Status.PROCESSING, claim_token="t" * 32, heartbeat_at=now
+    )
+    response = Client().get("/internal/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=")
+    body = response.content.decode()
+    found = samples(body)
+    # visit-a and visit-e are pending (one overdue by ten minutes), visit-b pending later.
+    assert found[("nexus_workflows_work", (("kind", kind), ("status", "pending")))] == 3
+    assert found[("nexus_workflows_work", (("kind", kind), ("status", "processing")))] == 1
+    assert found[("nexus_workflows_work", (("kind", kind), ("status", "abandoned")))] == 1
+    assert found[("nexus_workflows_work", (("kind", idle), ("status", "pending")))] == 0
+    age = found[("nexus_workflows_oldest_due_age_seconds", (("kind", kind),))]
+    assert 600 <= age < 660
+    assert found[("nexus_workflows_oldest_due_age_seconds", (("kind", idle),))] == 0
+    assert found[("nexus_workflows_runners", (("state", "alive"),))] == 0
+    # Labels are kinds and statuses: never a dedupe key, a trigger or an error.
+    for text in ("visit-", "María", "Upstream"):
+        assert text not in body
+
+
+@pytest.mark.postgresql
+def test_the_view_answers_503_when_the_database_does_not() -> None:
+    from django.db import connections
+
+    connection = connections["default"]  # pointed at a port where nothing listens
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict["PORT"] = port
+    try:
+        response = Client().get("/internal/metrics")
+    finally:
+        connection.close()
+        connection.settings_dict.update(saved)
+    assert response.status_code == 503
+    assert b"the database did not answer (OperationalError)" in response.content
+
+
+def test_a_metrics_port_in_use_is_reported() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            call_command("runworkflows", "--once", "--metrics-port", str(port))
+
+
+def test_a_bad_metrics_port_is_rejected() -> None:
+    with pytest.raises(CommandError, match="must be a TCP port from 0 to 65535"):
+        call_command("runworkflows", "--once", "--metrics-port", "70000")
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+@pytest.mark.slow
+def test_a_runner_endpoint_scraped_after_a_drain_matches_the_rows() -> None:
+    plan = {"done": 12, "retry once": 5, "permanent": 3}
+    for outcome, count in plan.items():
+        for number in range(count):
+            enqueue("test-outcomes", {"key": f"{outcome}-{number}", "outcome": outcome})
+    process = ManagePy("runworkflows", "--kind", "test-outcomes", "--metrics-port", "0", settings=FAST)
+    try:
+        process.wait_for_output("/metrics")
+        port = int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", process.output()).group(1))
+        wait_for(
+            lambda: not DeferredWork.objects.filter(status__in=[Status.PENDING, Status.PROCESSING]).exists(),
+            timeout=60,
+            interval=0.2,
+            what="the drain",
+        )
+        # The runner counts an outcome when it has written it: scrape until the last is in.
+        key = ("nexus_workflows_attempts_total", (("kind", "test-outcomes"), ("outcome", "done")))
+        wait_for(lambda: samples(scrape(port)).get(key) == 17, timeout=10, what="17 done attempts")
+        body = scrape(port)
+        assert process.terminate() == 0, process.output()
+    finally:
+        process.close()
+    found = samples(body)
+    rows = dict(
+        DeferredWork.objects.filter(kind="test-outcomes").values_list("status").annotate(n=Count("pk"))
+    )
+    assert rows == {Status.DONE: 17, Status.ABANDONED: 3}
+
+    def attempts(outcome: str) -> float:
+        return found[("nexus_workflows_attempts_total", (("kind", "test-outcomes"), ("outcome", outcome)))]
+
+    assert attempts("done") == rows[Status.DONE]
+    assert attempts("abandoned") == rows[Status.ABANDONED]
+    assert attempts("rescheduled") == 5  # the five "retry once" items, once each
+    assert attempts("lost") == 0
+    assert attempts("released") == 0
+    histogram = ("nexus_workflows_attempt_duration_seconds_count", (("kind", "test-outcomes"),))
+    assert found[histogram] == 17 + 3 + 5
+    assert found[("nexus_workflows_claims_total", ())] == 17 + 3 + 5
+    assert found[("nexus_workflows_in_flight", ())] == 0
+    assert found[("nexus_workflows_database_outages_total", ())] == 0
+    # The database's figures, from the same endpoint.
+    work = {
+        status: found[("nexus_workflows_work", (("kind", "test-outcomes"), ("status", status)))]
+        for status in ("pending", "processing", "abandoned")
+    }
+    assert work == {"pending": 0, "processing": 0, "abandoned": rows[Status.ABANDONED]}
+    assert found[("nexus_workflows_runners", (("state", "alive"),))] == 1
+    for _name, labels in found:
+        for _, value in labels:
+            assert not value.startswith(("done-", "retry once-", "permanent-"))  # no dedupe key
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_an_outage_is_counted_once_and_no_outcome_count_is_lost_or_doubled() -> None:
+    from django.db import connection
+    from django.db.models import Sum
+
+    settings = connection.settings_dict
+    proxy = TcpProxy(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
+    proxy.start()
+    for number in range(300):
+        enqueue("test-ledger", {"key": str(number), "sleep": 0.01})
+    process = ManagePy(
+        "runworkflows",
+        "--kind",
+        "test-ledger",
+        "--metrics-port",
+        "0",
+        settings={**FAST, "STALE_AFTER": 60, "HEARTBEAT_INTERVAL": 1},
+        database_url=url_of_test_database(port=proxy.port),
+    )
+    try:
+        process.wait_for_output("/metrics")
+        port = int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", process.output()).group(1))
+        done = DeferredWork.objects.filter(status=Status.DONE)
+        wait_for(lambda: done.count() >= 40, timeout=60, what="some work")
+        proxy.cut()
+        outages = ("nexus_workflows_database_outages_total", ())
+        wait_for(lambda: samples(scrape(port)).get(outages) == 1, timeout=30, what="the outage to be counted")
+        proxy.restore()
+        wait_for(
+            lambda: not DeferredWork.objects.filter(status__in=[Status.PENDING, Status.PROCESSING]).exists(),
+            timeout=120,
+            interval=0.2,
+            what="the rest of the work",
+        )
+        found = samples(scrape(port))
+        assert found[outages] == 1  # one outage, however many retries
+        assert process.terminate() == 0, process.output()
+        output = process.output()
+    finally:
+        proxy.cut()
+        process.close()
+    assert DeferredWork.objects.filter(status=Status.DONE).count() == 300
+    written = dict(
+        OutcomeCount.objects.filter(kind="test-ledger").values_list("outcome").annotate(n=Sum("count"))
+    )
+    # A batch whose UPDATE committed but whose answer was cut off is found "lost" when the
+    # runner writes it again (its claim is gone): the runner reports it so, and so do the
+    # counts. Every item is counted exactly once, held through the outage, never doubled.
+    summary = re.search(r"runner stopped: (.*)$", output, re.MULTILINE).group(1)
+    reported = {name: int(n) for n, name in re.findall(r"(\d+) (\w+)", summary)}
+    assert written == {
+        outcome: reported[outcome]
+        for outcome in ("done", "rescheduled", "abandoned", "lost")
+        if reported.get(outcome)
+    }, output
+    assert reported["done"] + reported.get("lost", 0) == 300, output
+    done = reported["done"]
+    label = (("kind", "test-ledger"), ("outcome", "done"))
+    assert found[("nexus_workflows_attempts_total", label)] == done

@@ -1,0 +1,96 @@
+"""Live runners: each ``runworkflows`` process keeps a row, refreshed with its heartbeat,
+removed at a clean shutdown, shown dead after ``kill -9`` and purged later."""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from nexus_workflows import __version__
+from nexus_workflows.models import Runner
+from nexus_workflows.observability import runners
+from nexus_workflows.observability.clock import database_now
+from tests.processes import ManagePy, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.3, "STALE_AFTER": 2, "SHUTDOWN_GRACE": 1}
+
+
+def admin_client() -> Client:
+    User.objects.create_superuser("root", "root@example.org", "pw")
+    client = Client()
+    client.login(username="root", password="pw")
+    return client
+
+
+@pytest.mark.slow
+def test_a_runner_row_is_kept_fresh_and_removed_at_a_clean_shutdown() -> None:
+    process = ManagePy("runworkflows", "--kind", "test-ledger", "--concurrency", "3", settings=FAST)
+    try:
+        process.wait_for_output("runner started")
+        row = wait_for(lambda: Runner.objects.filter(pid=process.pid).first(), timeout=10, what="its row")
+        assert (row.host, row.version, row.kinds, row.concurrency) == (
+            socket.gethostname(),
+            __version__,
+            ["test-ledger"],
+            3,
+        )
+        first_seen = row.last_seen_at
+        wait_for(
+            lambda: Runner.objects.get(pk=row.pk).last_seen_at > first_seen, timeout=10, what="a heartbeat"
+        )
+        assert runners.count_alive() == (1, 0)
+        page = admin_client().get("/admin/nexus_workflows/runner/")
+        assert page.status_code == 200
+        assert f"pid {process.pid}" in page.content.decode()
+        assert ">alive<" in page.content.decode()
+        assert process.terminate() == 0, process.output()
+    finally:
+        process.close()
+    assert not Runner.objects.filter(pk=row.pk).exists()
+
+
+@pytest.mark.slow
+def test_a_killed_runner_is_shown_dead_after_stale_after() -> None:
+    process = ManagePy("runworkflows", settings=FAST)
+    try:
+        process.wait_for_output("runner started")
+        row = wait_for(lambda: Runner.objects.filter(pid=process.pid).first(), timeout=10, what="its row")
+        process.kill()  # SIGKILL: no shutdown, the row stays
+    finally:
+        process.close()
+    assert Runner.objects.filter(pk=row.pk).exists()
+    with override_settings(NEXUS_WORKFLOWS=FAST):
+        wait_for(lambda: runners.count_alive() == (0, 1), timeout=10, what="the runner to be shown dead")
+        client = admin_client()
+        page = client.get("/admin/nexus_workflows/runner/").content.decode()
+        assert f"pid {process.pid}" in page
+        assert ">dead<" in page
+        index = client.get("/admin/").content.decode()
+    assert "<strong>0</strong> runners alive" in index
+    assert "1 dead" in index
+
+
+def test_dead_runners_are_purged_after_retention_and_live_ones_kept() -> None:
+    live = runners.register(kinds=["a"], concurrency=1, using="default")
+    gone = runners.register(kinds=["a"], concurrency=1, using="default")
+    long_ago = timezone.now() - timedelta(days=2)
+    Runner.objects.filter(pk=gone).update(last_seen_at=long_ago, started_at=long_ago)
+    assert runners.purge_dead(database_now("default"), using="default") == 1
+    assert list(Runner.objects.values_list("pk", flat=True)) == [live]
+
+
+def test_the_runner_admin_is_read_only(django_user_model: Any) -> None:
+    pk = runners.register(kinds=["a"], concurrency=1, using="default")
+    client = admin_client()
+    assert client.get("/admin/nexus_workflows/runner/").status_code == 200
+    assert client.get("/admin/nexus_workflows/runner/add/").status_code == 403
+    assert client.post(f"/admin/nexus_workflows/runner/{pk}/delete/", {"post": "yes"}).status_code == 403
+    assert Runner.objects.filter(pk=pk).exists()
