@@ -58,10 +58,11 @@ _OUTAGE_RETRY_DELAY = timedelta(seconds=1)
 # Start markers wait this long for company, so quick attempts (which finish first) cost
 # no statement and slow ones are marked in one statement per batch.
 _MARK_STARTED_DELAY = 0.1
+_WRITE_RETRY_DELAY = 0.5
 _WRITE_RETRY_MAX_DELAY = 60.0
 # After this many failed writes of one failure outcome, its error text is replaced by
 # the exception type alone: a message the database rejects must not pin the item.
-_PLAIN_ERROR_AFTER = 3
+_PLAIN_ERROR_AFTER = 2
 
 
 @dataclass
@@ -385,6 +386,7 @@ class Runner:
                         next_stale_check = time.monotonic() + stale_check_every
                     claimed, more_due = self._claim(cutoff, check_stale=check_stale)
                 self._database_back()
+                self._backoff = 0.0
             except DATABASE_UNAVAILABLE as error:
                 self._database_lost(error)
                 self._stop_requested.wait(self._backoff)
@@ -558,10 +560,16 @@ class Runner:
         except DATABASE_UNAVAILABLE:
             raise
         except Exception as error:  # noqa: BLE001 - contained to this item
-            for pending in batch:
-                pending.failures += 1
-                pending.retry_at = time.monotonic() + min(2.0**pending.failures, _WRITE_RETRY_MAX_DELAY)
-                self._log_write_error(pending.outcome.work, "outcome", error)
+            if len(batch) > 1:  # one item's row may be the cause: write each on its own
+                for pending in batch:
+                    self._write_one([pending], write)
+                return
+            (pending,) = batch
+            pending.failures += 1
+            pending.retry_at = time.monotonic() + min(
+                _WRITE_RETRY_DELAY * 2 ** (pending.failures - 1), _WRITE_RETRY_MAX_DELAY
+            )
+            self._log_write_error(pending.outcome.work, "outcome", error)
             return
         done = {id(pending) for pending in batch}
         with self._lock:

@@ -181,7 +181,8 @@ def test_claim_stale_counts_the_lost_attempt_only_if_it_had_started(kind: str) -
     assert (rows[int(unstarted)].attempt, rows[int(unstarted)].lost_unstarted) == (0, 1)
     assert (rows[int(fresh)].attempt, rows[int(fresh)].lost_unstarted) == (0, 0)
     assert rows[int(started)].started_at is None  # the new attempt has not started
-    assert works[int(started)].lost_started and not works[int(unstarted)].lost_started
+    assert works[int(started)].lost_started
+    assert not works[int(unstarted)].lost_started
     assert works[int(started)].history[-1] == {
         **works[int(started)].history[-1],
         "outcome": "lost",
