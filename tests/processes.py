@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -101,3 +103,48 @@ class ManagePy:
             self.process.wait(10)
         self.output_file.close()
         Path(self.output_file.name).unlink(missing_ok=True)
+
+
+@dataclass
+class Interval:
+    """One execution of one item by one process, from a ledger file: from its ``start``
+    line to its last line (``end``, or the last ``tick`` before the process died)."""
+
+    key: str
+    pid: int
+    start: float
+    last: float
+    ended: bool
+
+
+def read_intervals(path: Path) -> list[Interval]:
+    intervals: list[Interval] = []
+    open_ones: dict[tuple[str, int], Interval] = {}
+    if not path.exists():
+        return intervals
+    for line in path.read_text().splitlines():
+        pid_text, key, event, when_text = line.split(" ")
+        pid, when = int(pid_text), float(when_text)
+        if event == "start":
+            interval = Interval(key, pid, when, when, False)
+            open_ones[(key, pid)] = interval
+            intervals.append(interval)
+            continue
+        interval = open_ones[(key, pid)]
+        interval.last = max(interval.last, when)
+        if event == "end":
+            interval.ended = True
+            del open_ones[(key, pid)]
+    return intervals
+
+
+def overlapping(intervals: list[Interval]) -> list[tuple[Interval, Interval]]:
+    """Pairs of executions of one item that ran at the same time."""
+    by_key: dict[str, list[Interval]] = {}
+    for interval in intervals:
+        by_key.setdefault(interval.key, []).append(interval)
+    pairs = []
+    for runs in by_key.values():
+        runs.sort(key=lambda interval: interval.start)
+        pairs.extend((a, b) for a, b in itertools.pairwise(runs) if b.start <= a.last)
+    return pairs

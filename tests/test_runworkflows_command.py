@@ -17,7 +17,7 @@ from django.db.models import Count
 
 from nexus_workflows import enqueue
 from nexus_workflows.models import DeferredWork, Status
-from tests.processes import ManagePy, url_of_test_database, wait_for
+from tests.processes import ManagePy, overlapping, read_intervals, url_of_test_database, wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
 
@@ -172,12 +172,13 @@ def test_a_slow_prepare_with_a_live_runner_is_not_reclaimed(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_sigterm_releases_the_claim_of_an_attempt_that_outlives_the_grace(tmp_path: Path) -> None:
+def test_sigterm_keeps_the_claim_of_an_attempt_that_outlives_the_grace(tmp_path: Path) -> None:
     started = tmp_path / "started"
     work_id = enqueue("test-slow", {"key": "a", "seconds": 60, "started_file": str(started)})
     process = ManagePy("runworkflows", settings={**FAST, "SHUTDOWN_GRACE": 0.5})
     try:
         wait_for(started.exists, timeout=30, what="the slow prepare to start")
+        claim = DeferredWork.objects.get(pk=work_id).claim_token
         began = time.monotonic()
         assert process.terminate(timeout=20) == 0
         assert time.monotonic() - began < 10
@@ -185,9 +186,50 @@ def test_sigterm_releases_the_claim_of_an_attempt_that_outlives_the_grace(tmp_pa
     finally:
         process.close()
     work = DeferredWork.objects.get(pk=work_id)
-    assert (work.status, work.attempt, work.claim_token) == (Status.PENDING, 0, "")
-    assert "released 1 claim(s) at shutdown" in output
+    # Not released: the attempt may have been running until the process ended. It goes
+    # stale and is reclaimed (as a lost attempt) after STALE_AFTER.
+    assert (work.status, work.attempt, work.claim_token) == (Status.PROCESSING, 0, claim)
+    assert work.started_at is not None
+    assert "exiting with 1 attempt(s) still running" in output
+    assert "released" not in output
     assert Ledger.objects.count() == 0
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_short_grace_never_lets_two_runners_execute_one_item_at_once(
+    tmp_path: Path,
+) -> None:
+    """Two runners; the first gets SIGTERM while its attempts outlive the grace (and its
+    process takes a while to exit, like one flushing an error reporter): the second runner
+    starts those items only once the first cannot be running them any more."""
+    ledger = tmp_path / "ledger"
+    settings = {**FAST, "SHUTDOWN_GRACE": 0.3, "CONCURRENCY": 2}
+    ids = [
+        enqueue(
+            "test-interval", {"key": str(n), "ledger": str(ledger), "seconds": 2.5, "linger_at_exit": 0.7}
+        )
+        for n in range(2)
+    ]
+    first = ManagePy("runworkflows", settings=settings)
+    second = None
+    try:
+        first.wait_for_output("runner started")
+        wait_for(lambda: len(read_intervals(ledger)) == 2, timeout=30, what="both attempts to start")
+        second = ManagePy("runworkflows", settings=settings)
+        second.wait_for_output("runner started")
+        assert first.terminate(timeout=20) == 0
+        for work_id in ids:
+            wait_for_status(work_id, Status.DONE, "the item to be taken over and finished", timeout=60)
+        assert second.terminate() == 0
+    finally:
+        first.close()
+        if second:
+            second.close()
+    intervals = read_intervals(ledger)
+    assert overlapping(intervals) == []
+    assert {(i.key, i.pid) for i in intervals} == {(k, p) for k in "01" for p in (first.pid, second.pid)}
+    assert all(i.ended for i in intervals if i.pid == second.pid)
+    assert {DeferredWork.objects.get(pk=work_id).attempt for work_id in ids} == {1}  # started, lost
 
 
 @pytest.mark.slow

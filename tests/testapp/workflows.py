@@ -7,6 +7,7 @@ which is this.
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from pathlib import Path
@@ -58,6 +59,36 @@ def slow(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> Non
         Path(trigger["started_file"]).write_text(str(os.getpid()))
     time.sleep(trigger["seconds"])
     record("test-slow", trigger)
+
+
+def append_line(path: str, *fields: Any) -> None:
+    """One line appended to a ledger file shared by processes (O_APPEND: whole lines)."""
+    line = " ".join(str(field) for field in (os.getpid(), *fields)) + "\n"
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, line.encode())
+    finally:
+        os.close(descriptor)
+
+
+@workflow("test-interval", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def interval(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Writes ``start``, a ``tick`` every 10 ms for ``seconds``, then ``end`` to the ledger
+    file ``trigger["ledger"]``, each with the wall-clock time: the intervals in which the
+    item was executing. ``linger_at_exit`` makes the process take that long to exit, as a
+    metrics or error-reporting client flushing at exit does."""
+    ledger = trigger["ledger"]
+    key = trigger["key"]
+    if trigger.get("linger_at_exit"):
+        atexit.register(time.sleep, trigger["linger_at_exit"])
+    append_line(ledger, key, "start", time.time())
+    deadline = time.monotonic() + trigger.get("seconds", 0)
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        append_line(ledger, key, "tick", time.time())
+    for step in range(trigger.get("saves", 0)):
+        save({f"step{step}": True})
+    append_line(ledger, key, "end", time.time())
 
 
 # --- fire-and-forget (no retry schedule): run by RQ workers --------------------------------
