@@ -202,14 +202,10 @@ def test_sigterm_with_a_short_grace_never_lets_two_runners_execute_one_item_at_o
     """Two runners; the first gets SIGTERM while its attempts outlive the grace (and its
     process takes a while to exit, like one flushing an error reporter): the second runner
     starts those items only once the first cannot be running them any more."""
-    ledger = tmp_path / "ledger"
+    ledger, finish = tmp_path / "ledger", tmp_path / "finish"
     settings = {**FAST, "SHUTDOWN_GRACE": 0.3, "CONCURRENCY": 2}
-    ids = [
-        enqueue(
-            "test-interval", {"key": str(n), "ledger": str(ledger), "seconds": 2.5, "linger_at_exit": 0.7}
-        )
-        for n in range(2)
-    ]
+    trigger = {"ledger": str(ledger), "until_file": str(finish), "seconds": 60, "linger_at_exit": 0.5}
+    ids = [enqueue("test-interval", {**trigger, "key": str(n)}) for n in range(2)]
     first = ManagePy("runworkflows", settings=settings)
     second = None
     try:
@@ -218,6 +214,7 @@ def test_sigterm_with_a_short_grace_never_lets_two_runners_execute_one_item_at_o
         second = ManagePy("runworkflows", settings=settings)
         second.wait_for_output("runner started")
         assert first.terminate(timeout=20) == 0
+        finish.touch()  # from now on, every attempt ends at once
         for work_id in ids:
             wait_for_status(work_id, Status.DONE, "the item to be taken over and finished", timeout=60)
         assert second.terminate() == 0

@@ -73,9 +73,10 @@ def append_line(path: str, *fields: Any) -> None:
 
 @workflow("test-interval", dedupe_key=by_key, retry_schedule=SCHEDULE)
 def interval(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
-    """Writes ``start``, a ``tick`` every 10 ms for ``seconds``, then ``end`` to the ledger
-    file ``trigger["ledger"]``, each with the wall-clock time: the intervals in which the
-    item was executing. ``linger_at_exit`` makes the process take that long to exit, as a
+    """Writes ``start``, a ``tick`` every 10 ms for ``seconds`` (or until ``until_file``
+    exists), ``saves`` checkpoint saves, then ``end`` to the ledger file
+    ``trigger["ledger"]``, each with the wall-clock time: the intervals in which the item
+    was executing. ``linger_at_exit`` makes the process take that long to exit, as a
     metrics or error-reporting client flushing at exit does."""
     ledger = trigger["ledger"]
     key = trigger["key"]
@@ -83,7 +84,8 @@ def interval(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) ->
         atexit.register(time.sleep, trigger["linger_at_exit"])
     append_line(ledger, key, "start", time.time())
     deadline = time.monotonic() + trigger.get("seconds", 0)
-    while time.monotonic() < deadline:
+    until = Path(trigger["until_file"]) if trigger.get("until_file") else None
+    while time.monotonic() < deadline and not (until and until.exists()):
         time.sleep(0.01)
         append_line(ledger, key, "tick", time.time())
     for step in range(trigger.get("saves", 0)):
