@@ -733,7 +733,7 @@ class Runner:
         # a write that keeps failing is left to go stale, like a running attempt).
         flush_deadline = max(deadline, time.monotonic() + min(self.shutdown_grace, 5.0))
         while not self._try_write_outcomes() and time.monotonic() < flush_deadline:
-            time.sleep(0.2)
+            self._stop_now.wait(0.2)
         with self._lock:
             still_running = len(self._running)
             unwritten = len(self._unwritten)
@@ -789,7 +789,7 @@ class Runner:
                         len(works),
                     )
                     return
-                time.sleep(0.2)
+                self._stop_now.wait(0.2)
                 continue
             self.stats.released += released
             if released:

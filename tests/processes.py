@@ -52,6 +52,7 @@ class ManagePy:
         settings: dict[str, Any] | None = None,
         database_url: str | None = None,
         env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
     ) -> None:
         # Kept open for the process's lifetime; closed and removed by close().
         self.output_file = tempfile.NamedTemporaryFile(  # noqa: SIM115
@@ -66,7 +67,7 @@ class ManagePy:
             **(env or {}),
         }
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", *args],
+            [*(prefix or []), sys.executable, "manage.py", *args],
             cwd=PROJECT_ROOT,
             env=full_env,
             stdout=self.output_file,

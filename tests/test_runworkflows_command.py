@@ -4,6 +4,7 @@ crashes, shared work, shutdown and database outages."""
 from __future__ import annotations
 
 import io
+import sysconfig
 import time
 from collections import Counter
 from pathlib import Path
@@ -271,3 +272,50 @@ def test_runner_survives_the_database_going_away() -> None:
     assert "database reachable again" in output
     assert DeferredWork.objects.filter(status=Status.DONE).count() == 400
     assert set(ledger_keys("test-ledger")) == {str(n) for n in range(400)}  # no work lost
+
+
+def under_faketime(offset: str) -> dict[str, Any]:
+    """ManagePy options that run the process with its wall clock moved by ``offset``:
+    Debian's libfaketime preloaded into the Python process itself (the ``faketime``
+    wrapper forks, so a test could not signal the runner by its pid), monotonic clocks
+    left alone so timeouts still work. (libfaketime 0.9.10 makes ``time.sleep`` fail with
+    EINVAL then; waits on events and conditions are fine, and the runner uses only those.)"""
+    library = Path(
+        f"/usr/lib/{sysconfig.get_config_var('MULTIARCH') or 'x86_64-linux-gnu'}/faketime/libfaketime.so.1"
+    )
+    if not library.exists():
+        pytest.fail(f"{library} is missing: bin/test installs Debian's faketime")
+    return {"env": {"LD_PRELOAD": str(library), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}}
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+@pytest.mark.parametrize("offset", ["+10m", "-10m"], ids=["ten-minutes-ahead", "ten-minutes-behind"])
+def test_runners_whose_clocks_disagree_still_run_each_item_exactly_once(offset: str, tmp_path: Path) -> None:
+    """Claims, heartbeats, due checks and the stale cut-off are the database's clock: a
+    runner whose host is ten minutes ahead does not see live work as stale, and one ten
+    minutes behind does not make its own work look stale to the others."""
+    ledger = tmp_path / "ledger"
+    settings = {**FAST, "STALE_AFTER": 3, "CONCURRENCY": 2}
+    runners = [
+        ManagePy("runworkflows", settings=settings),
+        ManagePy("runworkflows", settings=settings, **under_faketime(offset)),
+    ]
+    try:
+        for process in runners:
+            process.wait_for_output("runner started")
+        for number in range(40):
+            enqueue("test-interval", {"key": str(number), "ledger": str(ledger), "seconds": 0.3})
+        wait_for(lambda: unfinished() == 0, timeout=90, interval=0.2, what="40 items drained")
+        for process in runners:
+            assert process.terminate() == 0, process.output()
+        outputs = [process.output() for process in runners]
+    finally:
+        for process in runners:
+            process.close()
+    intervals = read_intervals(ledger)
+    assert Counter(interval.key for interval in intervals) == {str(n): 1 for n in range(40)}
+    assert all(interval.ended for interval in intervals)
+    assert {interval.pid for interval in intervals} == {process.pid for process in runners}
+    assert DeferredWork.objects.filter(status=Status.DONE, attempt=0).count() == 40
+    assert not any("reclaimed from" in output for output in outputs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -85,8 +86,9 @@ def interval(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) ->
     append_line(ledger, key, "start", time.time())
     deadline = time.monotonic() + trigger.get("seconds", 0)
     until = Path(trigger["until_file"]) if trigger.get("until_file") else None
+    pause = threading.Event()  # not time.sleep: libfaketime breaks it (see under_faketime)
     while time.monotonic() < deadline and not (until and until.exists()):
-        time.sleep(0.01)
+        pause.wait(0.01)
         append_line(ledger, key, "tick", time.time())
     for step in range(trigger.get("saves", 0)):
         save({f"step{step}": True})
