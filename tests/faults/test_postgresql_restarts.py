@@ -114,6 +114,7 @@ def test_postgresql_restarts_during_a_drain_consume_no_attempts(
     ends = Counter(interval.key for interval in intervals if interval.ended)
     starts = Counter(interval.key for interval in intervals)
     restarted = sum(1 for n in starts.values() if n > 1)
+    restarted = sum(1 for n in starts.values() if n > 1)
     unavailable_logs = sum(output.count("database unavailable (") for output in outputs)
 
     print(
