@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -116,6 +116,7 @@ class Interval:
     start: float
     last: float
     ended: bool
+    steps: list[str] = field(default_factory=list)  # journalled steps it completed
 
 
 def read_intervals(path: Path) -> list[Interval]:
@@ -133,6 +134,8 @@ def read_intervals(path: Path) -> list[Interval]:
             continue
         interval = open_ones[(key, pid)]
         interval.last = max(interval.last, when)
+        if event.startswith("step"):
+            interval.steps.append(event)
         if event == "end":
             interval.ended = True
             del open_ones[(key, pid)]

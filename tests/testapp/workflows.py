@@ -101,6 +101,7 @@ def interval(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) ->
             continue
         tick_for(trigger.get("step_seconds", 0))
         save({f"step{step}": True})
+        append_line(ledger, key, f"step{step}", time.time())
     append_line(ledger, key, "end", time.time())
 
 
