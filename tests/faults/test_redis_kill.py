@@ -18,7 +18,12 @@ from nexus_workflows import QueueUnavailable, enqueue
 from tests.faults.servers import PrivateRedis
 from tests.testapp.models import Ledger
 
-pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.postgresql,  # once per CI run: the fault suite runs on the PostgreSQL leg
+    pytest.mark.redis,
+    pytest.mark.django_db(transaction=True),
+]
 
 ENQUEUES = 1000
 KILL_AFTER = 300  # enqueues sent before the server is killed
