@@ -278,19 +278,23 @@ class Runner:
             return Outcome(work, Result.FAILED, error)
 
     def _check_connection(self, epoch: int) -> int:
-        """Before an attempt: drop this thread's connections if they saw errors or are too
-        old and, after an outage, if they no longer answer; the next query reconnects.
-        Costs no query unless an outage happened since the last check."""
-        try:
-            close_old_connections()
-            if epoch != self._outage_epoch:
-                epoch = self._outage_epoch
-                connection = connections[self.using]
-                if connection.connection is not None and not connection.is_usable():
-                    connection.close()
-        except Exception:  # noqa: BLE001 - a broken connection fails to close, too
-            _close_connection(self.using)
-        return epoch
+        """Before an attempt: replace this thread's connections that saw errors and, after
+        an outage, the runner's database connection if it no longer answers. Costs no
+        query unless one of those happened (``close_old_connections`` would also close a
+        healthy connection on every attempt when ``CONN_MAX_AGE`` is 0)."""
+        outage = epoch != self._outage_epoch
+        for connection in connections.all(initialized_only=True):
+            if connection.connection is None or connection.in_atomic_block:
+                continue
+            if connection.errors_occurred or (outage and connection.alias == self.using):
+                try:
+                    if connection.is_usable():
+                        connection.errors_occurred = False
+                    else:
+                        connection.close()
+                except Exception:  # noqa: BLE001 - a broken connection fails to close, too
+                    _close_connection(connection.alias)
+        return self._outage_epoch
 
     def _heartbeat_loop(self) -> None:
         """Refreshes heartbeats every ``HEARTBEAT_INTERVAL`` and writes start markers
@@ -339,7 +343,10 @@ class Runner:
                     self._unmarked.pop(work.key, None)
 
     def _heartbeat_failing(self) -> bool:
-        return time.monotonic() - self._last_heartbeat > self.stale_after.total_seconds() / 2
+        # Half of STALE_AFTER, but never less than one and a half heartbeat intervals, so
+        # one heartbeat's own duration does not pause claiming at every beat.
+        limit = max(self.stale_after.total_seconds() / 2, 1.5 * self.heartbeat_interval)
+        return time.monotonic() - self._last_heartbeat > limit
 
     def _held(self) -> list[ClaimedWork]:
         with self._lock:
@@ -733,7 +740,7 @@ class Runner:
         # a write that keeps failing is left to go stale, like a running attempt).
         flush_deadline = max(deadline, time.monotonic() + min(self.shutdown_grace, 5.0))
         while not self._try_write_outcomes() and time.monotonic() < flush_deadline:
-            self._stop_now.wait(0.2)
+            self._helpers_stop.wait(0.2)  # events only: libfaketime breaks time.sleep
         with self._lock:
             still_running = len(self._running)
             unwritten = len(self._unwritten)
@@ -789,7 +796,7 @@ class Runner:
                         len(works),
                     )
                     return
-                self._stop_now.wait(0.2)
+                self._helpers_stop.wait(0.2)  # events only: libfaketime breaks time.sleep
                 continue
             self.stats.released += released
             if released:
