@@ -214,3 +214,24 @@ def write_blocker() -> Iterator[WriteBlocker]:
     blocker = WriteBlocker()
     yield blocker
     blocker.remove()
+
+
+# Figures the fault suite measures (durations, outages, attempts), printed at the end of
+# the run so they show in the test log even when the tests pass.
+FAULT_FIGURES: list[str] = []
+
+
+@pytest.fixture
+def report_figures() -> Callable[[str], None]:
+    def report(line: str) -> None:
+        FAULT_FIGURES.append(line)
+        print(line)
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if FAULT_FIGURES:
+        terminalreporter.section("fault figures")
+        for line in FAULT_FIGURES:
+            terminalreporter.write_line(line)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,9 @@ def unfinished() -> int:
     return DeferredWork.objects.filter(status__in=[Status.PENDING, Status.PROCESSING]).count()
 
 
-def test_twenty_kill_9s_during_a_three_step_drain_lose_nothing(tmp_path: Path) -> None:
+def test_twenty_kill_9s_during_a_three_step_drain_lose_nothing(
+    tmp_path: Path, report_figures: Callable[[str], None]
+) -> None:
     ledger = tmp_path / "ledger"
     trigger = {"ledger": str(ledger), "steps": STEPS, "step_seconds": 0.1}
     enqueue_many("test-interval", [{**trigger, "key": str(n)} for n in range(ITEMS)])
@@ -74,8 +77,8 @@ def test_twenty_kill_9s_during_a_three_step_drain_lose_nothing(tmp_path: Path) -
     lost_entries = Counter(
         entry.get("started") for row in rows for entry in row["history"] if entry.get("outcome") == "lost"
     )
-    print(
-        f"\n[fault figures] kill -9 loop: {KILLS} kills of 2 runners during a {ITEMS}-item, {STEPS}-step "
+    report_figures(
+        f"kill -9 loop: {KILLS} kills of 2 runners during a {ITEMS}-item, {STEPS}-step "
         f"drain, {drained:.1f}s; unfinished items at each kill {kills_at}; statuses {dict(statuses)}; "
         f"attempts {dict(Counter(row['attempt'] for row in rows))}; lost attempts in history: "
         f"{lost_entries.get(True, 0)} started, {lost_entries.get(False, 0)} before starting; "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ for start in range(0, len(triggers), 500):
 
 
 def test_postgresql_restarts_during_a_drain_consume_no_attempts(
-    private_postgres: PrivatePostgres, tmp_path: Path
+    private_postgres: PrivatePostgres, tmp_path: Path, report_figures: Callable[[str], None]
 ) -> None:
     private_postgres.create_database("nw_faults_drain")
     url = private_postgres.url("nw_faults_drain")
@@ -117,8 +117,8 @@ def test_postgresql_restarts_during_a_drain_consume_no_attempts(
     restarted = sum(1 for n in starts.values() if n > 1)
     unavailable_logs = sum(output.count("database unavailable (") for output in outputs)
 
-    print(
-        f"\n[fault figures] PostgreSQL restarts: {ITEMS} items drained by 2 runners in {drained:.1f}s; "
+    report_figures(
+        f"PostgreSQL restarts: {ITEMS} items drained by 2 runners in {drained:.1f}s; "
         + "; ".join(f"restart -m {mode} at {at} done, server away {away:.2f}s" for mode, at, away in outages)
         + f"; statuses {statuses}; attempts {attempts}; attempts released for the outage {released}; "
         f"claims lost and reclaimed {lost}; items started more than once {restarted}; "

@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -58,7 +58,7 @@ def run_every_job() -> int:
 
 
 def test_redis_killed_during_an_enqueue_burst_loses_nothing_and_runs_nothing_twice(
-    private_redis: PrivateRedis,
+    private_redis: PrivateRedis, report_figures: Callable[[str], None]
 ) -> None:
     sent = threading.Event()
     outage: dict[str, float] = {}
@@ -100,8 +100,8 @@ def test_redis_killed_during_an_enqueue_burst_loses_nothing_and_runs_nothing_twi
 
     runs = Counter(Ledger.objects.filter(kind="test-ff-ledger").values_list("key", flat=True))
     duplicates_refused = sum(1 for job_id in results.values() if job_id is None)
-    print(
-        f"\n[fault figures] Redis kill -9: {ENQUEUES} enqueues in {burst:.1f}s, server killed after "
+    report_figures(
+        f"Redis kill -9: {ENQUEUES} enqueues in {burst:.1f}s, server killed after "
         f"{KILL_AFTER} and back after {outage['back'] - outage['killed']:.2f}s; QueueUnavailable raised "
         f"{len(unavailable)} times for {len(retried_keys)} keys, each enqueued again; "
         f"{duplicates_refused} retries found the job already there; jobs run {ran}; "
