@@ -29,11 +29,10 @@ def _sanitise(text: str) -> str:
 
 def _message_of(error: BaseException) -> str:
     try:
-        message = str(error)
-        if not isinstance(message, str):  # a subclass of str may still misbehave
-            raise TypeError
-        # Bounded before sanitising, so a huge message costs no more than a short one.
-        return str.__str__(message)[: LAST_ERROR_MAX_LENGTH + 1]
+        # str() raises TypeError when __str__ returns a non-string. Bounded before
+        # sanitising, so a huge message costs no more than a short one; str.__str__ turns
+        # a str subclass (which could override slicing) into a plain str.
+        return str.__str__(str(error))[: LAST_ERROR_MAX_LENGTH + 1]
     except Exception:  # noqa: BLE001 - a broken __str__ must not break bookkeeping
         return "<the error's message could not be rendered>"
 
