@@ -315,3 +315,23 @@ def test_a_failing_guard_write_leaves_the_other_reclaimed_work_running(
         wait_for(lambda: row(doomed).status == Status.ABANDONED, timeout=10, what="the guard's retry")
     assert sorted(runs) == ["other-0", "other-1", "other-2"]  # the doomed item never ran
     assert f"{kind} #{doomed} attempt 3: writing its reclaim failed (" in caplog.text
+
+
+def test_the_admin_history_says_which_losses_and_releases_were_not_counted(register_workflow: Any) -> None:
+    from nexus_workflows.admin_display import history_rows
+
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    DeferredWork.objects.filter(pk=work_id).update(
+        history=[
+            {"attempt": 0, "outcome": "lost", "started": False, "error": "x"},
+            {"attempt": 0, "outcome": "lost", "started": True, "error": "x"},
+            {"attempt": 1, "outcome": "released", "reason": "database unavailable", "error": "x"},
+        ]
+    )
+    rows = history_rows(row(work_id))
+    assert [(r.attempt, r.label, r.detail) for r in rows] == [
+        ("1 of 2", "lost", "the runner stopped before this attempt started; not counted"),
+        ("1 of 2", "lost", "the runner stopped heart-beating"),
+        ("2 of 2", "released", "not counted: database unavailable"),
+    ]
