@@ -149,6 +149,7 @@ _OUTCOMES = {
     "abandoned": ("failed", "abandoned", "bad"),
     "lost": ("lost", "the runner stopped heart-beating", "bad"),
     "revived": ("revived", "", "good"),
+    "released": ("released", "not counted", "warn"),
 }
 
 
@@ -173,6 +174,8 @@ def history_rows(work: DeferredWork) -> list[HistoryRow]:
             continue
         what = str(entry.get("outcome") or entry.get("event") or "entry")
         label, detail, tone = _OUTCOMES.get(what, (what, "", ""))
+        if what == "lost" and entry.get("started") is False:
+            detail = "the runner stopped before this attempt started; not counted"
         if entry.get("reason"):
             detail = f"{detail}: {entry['reason']}" if detail else str(entry["reason"])
         if what == "revived":

@@ -117,6 +117,25 @@ def _check_schedules() -> list[CheckMessage]:
 
 
 @register(Tags.compatibility)
+def check_time_zone_support(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """Claims, heartbeats and due times are the database's time, compared with aware
+    datetimes; with USE_TZ off they would be read as local times and the admin fails."""
+    from django.conf import settings
+
+    if settings.USE_TZ:
+        return []
+    return [
+        Error(
+            "nexus_workflows needs USE_TZ = True.",
+            hint="Claims, heartbeats and due times are timestamps of the database's clock, "
+            "stored in UTC; with USE_TZ = False they are misread as local times (work runs "
+            "early or late, live work looks stale) and the admin's work pages fail.",
+            id="nexus_workflows.E020",
+        )
+    ]
+
+
+@register(Tags.compatibility)
 def check_rq_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """Fire-and-forget workflows need django-rq and the queue NEXUS_WORKFLOWS names."""
     from django.apps import apps

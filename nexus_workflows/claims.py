@@ -5,6 +5,9 @@ and stamps them with a fresh claim token. Every later write of that attempt filt
 ``id`` *and* the token and is judged by the rows it matched: a write that matches
 nothing means the claim was lost (another runner reclaimed the work, or an operator
 changed it), and nothing was written.
+
+Every time written here comes from the database (``Now()``), never from the runner's host:
+runners on hosts whose clocks disagree still agree on what is due and what is stale.
 """
 
 from __future__ import annotations
@@ -14,19 +17,52 @@ import random
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Coalesce, Now
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from .exceptions import ClaimLost, InvalidCheckpoint
 from .history import append_entry
 from .models import DeferredWork, Status
 
-_CLAIM_FIELDS = ("pk", "kind", "dedupe_key", "trigger", "checkpoints", "attempt", "history")
+_CLAIM_FIELDS = (
+    "pk",
+    "kind",
+    "dedupe_key",
+    "trigger",
+    "checkpoints",
+    "attempt",
+    "history",
+    "lost_unstarted",
+)
+
+
+def now_plus(delta: timedelta) -> Any:
+    """The database's current time plus ``delta``, as an expression."""
+    return ExpressionWrapper(Now() + Value(delta, output_field=DurationField()), output_field=DateTimeField())
+
+
+def database_now(using: str) -> datetime:
+    """The database's current time (one query): for a cut-off that must not move."""
+    connection = connections[using]
+    query = DeferredWork.objects.using(using).none().query
+    compiler = query.get_compiler(using)
+    sql, params = compiler.compile(Now().resolve_expression(query))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {sql}", params)
+        value = cursor.fetchone()[0]
+    if isinstance(value, str):  # SQLite: naive UTC text
+        value = parse_datetime(value)
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value
+
 
 # When a claim loses rows to another runner, the next claims pick at random among this
 # many times more candidates, so that runners sharing a table stop colliding.
@@ -46,6 +82,10 @@ class ClaimedWork:
     history: list[Any]
     claim_token: str
     reclaimed: bool = False
+    # Reclaimed only: whether the lost attempt's prepare had started (then it counted).
+    lost_started: bool = False
+    # Claims of this row lost before their prepare started (bounded by the guard).
+    lost_unstarted: int = 0
     # Set when ``history`` gained entries that only an individual write can persist.
     history_changed: bool = False
     using: str = "default"
@@ -53,6 +93,11 @@ class ClaimedWork:
     def fenced(self) -> Any:
         """The queryset matching this row only while our claim holds."""
         return DeferredWork.objects.using(self.using).held(self.claim_token).filter(pk=self.id)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """This attempt, as opposed to this row: a row may be claimed again."""
+        return (self.claim_token, self.id)
 
 
 class Claimer:
@@ -64,17 +109,25 @@ class Claimer:
         self.contended = False
 
     def _claim(
-        self, candidates: Any, limit: int, order_by: str, *, reclaimed: bool, **changes: Any
-    ) -> list[ClaimedWork]:
+        self,
+        candidates: Any,
+        limit: int,
+        order_by: str,
+        *,
+        reclaimed: bool,
+        variants: Sequence[tuple[Q | None, dict[str, Any]]] = ((None, {}),),
+        **changes: Any,
+    ) -> list[tuple[ClaimedWork, int]]:
         """Compare-and-set up to ``limit`` rows of ``candidates`` to a new claim token and
-        return them as claimed.
+        return them as claimed, each with the index of the variant that claimed it.
 
         The ids are read first and the ``UPDATE`` names them as literals and re-checks the
         candidate conditions, so its plan is a primary-key lookup whatever the table's
         statistics say (a one-statement ``UPDATE … IN (SELECT … LIMIT)`` can get a
         nested-loop plan on a freshly filled table and take hundreds of milliseconds).
         Where the database can, the ``UPDATE`` returns the rows it claimed
-        (``RETURNING``); elsewhere they are read back by their token.
+        (``RETURNING``); elsewhere they are read back by their token. ``variants`` split
+        the ``UPDATE`` by a condition re-checked in it, each with changes of its own.
         """
         candidates = candidates.filter(kind__in=self.kinds)
         spread = _CONTENTION_SPREAD if self.contended else 1
@@ -84,31 +137,43 @@ class Claimer:
         if not ids:
             return []
         token = uuid.uuid4().hex
-        claimed_at = timezone.now()
         changes.update(
-            claim_token=token, claimed_at=claimed_at, heartbeat_at=claimed_at, updated_at=claimed_at
+            claim_token=token,
+            claimed_at=Now(),
+            heartbeat_at=Now(),
+            updated_at=Now(),
+            started_at=None,
         )
         claimed = candidates.filter(pk__in=ids)
-        if _can_return_from_update(self.using):
-            rows = _update_returning(claimed, changes, self.using)
-        else:
-            matched = claimed.update(**changes)
-            rows = self._load(ids, token) if matched else []
-        self.contended = len(rows) < len(ids)
+        found: list[tuple[dict[str, Any], int]] = []
+        for index, (condition, extra) in enumerate(variants):
+            subset = claimed.filter(condition) if condition is not None else claimed
+            if _can_return_from_update(self.using):
+                rows = _update_returning(subset, {**changes, **extra}, self.using)
+            else:
+                before = {row["pk"] for row, _ in found}
+                matched = subset.update(**changes, **extra)
+                rows = [row for row in self._load(ids, token) if row["pk"] not in before] if matched else []
+            found.extend((row, index) for row in rows)
+        self.contended = len(found) < len(ids)
         return [
-            ClaimedWork(
-                id=row["pk"],
-                kind=row["kind"],
-                dedupe_key=row["dedupe_key"],
-                trigger=row["trigger"],
-                checkpoints=dict(row["checkpoints"] or {}),
-                attempt=row["attempt"],
-                history=list(row["history"] or []),
-                claim_token=token,
-                reclaimed=reclaimed,
-                using=self.using,
+            (
+                ClaimedWork(
+                    id=row["pk"],
+                    kind=row["kind"],
+                    dedupe_key=row["dedupe_key"],
+                    trigger=row["trigger"],
+                    checkpoints=dict(row["checkpoints"] or {}),
+                    attempt=row["attempt"],
+                    history=list(row["history"] or []),
+                    claim_token=token,
+                    reclaimed=reclaimed,
+                    lost_unstarted=row["lost_unstarted"],
+                    using=self.using,
+                ),
+                index,
             )
-            for row in rows
+            for row, index in found
         ]
 
     def _load(self, ids: list[int], token: str) -> list[dict[str, Any]]:
@@ -116,29 +181,52 @@ class Claimer:
         return list(rows.values(*_CLAIM_FIELDS))
 
     def claim_due(self, limit: int, *, now: datetime | None = None) -> list[ClaimedWork]:
-        """Claim up to ``limit`` pending rows whose time has come, oldest first."""
+        """Claim up to ``limit`` pending rows whose time has come (by the database's
+        clock, or ``now``), oldest first."""
         if limit <= 0 or not self.kinds:
             return []
-        due = DeferredWork.objects.using(self.using).due(now or timezone.now())
-        return self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
+        due = DeferredWork.objects.using(self.using).due(now or Now())
+        claimed = self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
+        return [work for work, _ in claimed]
 
     def claim_stale(
         self, limit: int, *, stale_after: timedelta, now: datetime | None = None
     ) -> list[ClaimedWork]:
         """Reclaim up to ``limit`` processing rows whose heartbeat is older than
-        ``stale_after``; the lost attempt counts, so ``attempt`` goes up by one."""
+        ``stale_after``.
+
+        The lost attempt counts (``attempt`` goes up by one) only when its prepare had
+        started; a claim lost before that raises ``lost_unstarted`` instead. The
+        ``UPDATE`` itself tells the two apart, so a late start marker cannot slip
+        between a read and the write. Each lost attempt gets a history entry (in memory:
+        the runner writes it before the work runs again).
+        """
         if limit <= 0 or not self.kinds:
             return []
-        stale = DeferredWork.objects.using(self.using).stale((now or timezone.now()) - stale_after)
-        works = self._claim(stale, limit, "heartbeat_at", reclaimed=True, attempt=F("attempt") + 1)
-        for work in works:
-            work.history = append_entry(
-                work.history,
-                attempt=work.attempt - 1,
-                outcome="lost",
-                error="the runner stopped heart-beating",
-            )
+        cutoff = now - stale_after if now is not None else now_plus(-stale_after)
+        stale = DeferredWork.objects.using(self.using).stale(cutoff)
+        claimed = self._claim(
+            stale,
+            limit,
+            "heartbeat_at",
+            reclaimed=True,
+            variants=(
+                (Q(started_at__isnull=False), {"attempt": F("attempt") + 1}),
+                (Q(started_at__isnull=True), {"lost_unstarted": F("lost_unstarted") + 1}),
+            ),
+        )
+        works = []
+        for work, variant in claimed:
+            work.lost_started = variant == 0
+            if work.lost_started:
+                entry = {"attempt": work.attempt - 1, "started": True}
+                error = "the runner stopped heart-beating"
+            else:
+                entry = {"attempt": work.attempt, "started": False}
+                error = "the runner stopped heart-beating before this attempt started; not counted"
+            work.history = append_entry(work.history, outcome="lost", error=error, **entry)
             work.history_changed = True
+            works.append(work)
         return works
 
 
@@ -150,15 +238,18 @@ def _can_return_from_update(using: str) -> bool:
     )
 
 
-def _update_returning(queryset: Any, changes: dict[str, Any], using: str) -> list[dict[str, Any]]:
-    """``queryset.update(**changes)`` that returns the updated rows' ``_CLAIM_FIELDS``: the
+def _update_returning(
+    queryset: Any, changes: dict[str, Any], using: str, names: Sequence[str] = _CLAIM_FIELDS
+) -> list[dict[str, Any]]:
+    """``queryset.update(**changes)`` that returns the updated rows' ``names`` (the first
+    is always ``"pk"``; by default ``_CLAIM_FIELDS``): the
     ORM compiles the ``UPDATE`` (so the candidate conditions stay defined in one place) and
     ``RETURNING`` saves reading the rows back with a second query."""
     connection = connections[using]
     query = queryset.query.chain(UpdateQuery)
     query.add_update_values(changes)
     sql, params = query.get_compiler(using).as_sql()
-    fields = [DeferredWork._meta.get_field(name) for name in _CLAIM_FIELDS[1:]]
+    fields = [DeferredWork._meta.get_field(name) for name in names[1:]]
     quote = connection.ops.quote_name
     columns = [DeferredWork._meta.pk.column, *(field.column for field in fields)]
     sql = f"{sql} RETURNING {', '.join(quote(column) for column in columns)}"
@@ -200,8 +291,13 @@ def save_checkpoints(work: ClaimedWork, patch: Any) -> dict[str, Any]:
     """Merge ``patch`` into the journal durably; raises :class:`ClaimLost`."""
     clean = validate_patch(patch)
     merged = {**work.checkpoints, **clean}
-    now = timezone.now()
-    matched = work.fenced().update(checkpoints=merged, heartbeat_at=now, updated_at=now)
+    matched = work.fenced().update(
+        checkpoints=merged,
+        heartbeat_at=Now(),
+        updated_at=Now(),
+        # A save proves the attempt started: it counts if its runner is lost.
+        started_at=Coalesce(F("started_at"), Now()),
+    )
     if matched != 1:
         raise ClaimLost(
             f"{work.kind} #{work.id}: this attempt no longer holds the work (it was "
@@ -215,7 +311,8 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
     """Mark finished work done; returns ``(written, lost)``.
 
     Rows of one claim are written by one statement. When it matches fewer rows than
-    it was given, the rows it did write are told apart by their ``updated_at``.
+    it was given, the rows it did write are the ones it returned (``RETURNING``) or,
+    elsewhere, the ones stamped with its ``updated_at``.
     """
     written: list[ClaimedWork] = []
     lost: list[ClaimedWork] = []
@@ -226,53 +323,78 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
         else:
             by_claim.setdefault((work.using, work.claim_token), []).append(work)
     for (using, token), group in by_claim.items():
-        now = timezone.now()
         ids = [work.id for work in group]
-        matched = DeferredWork.objects.using(using).held(token).filter(pk__in=ids).update(**_done_fields(now))
-        if matched == len(group):
-            written.extend(group)
-            continue
-        ours = set(
-            DeferredWork.objects.using(using)
-            .filter(pk__in=ids, status=Status.DONE, updated_at=now)
-            .values_list("pk", flat=True)
-        )
+        rows = DeferredWork.objects.using(using).held(token).filter(pk__in=ids)
+        if _can_return_from_update(using):
+            ours = {row["pk"] for row in _update_returning(rows, _done_fields(Now()), using, ("pk",))}
+        else:
+            now = database_now(using)
+            if rows.update(**_done_fields(now)) == len(group):
+                ours = set(ids)
+            else:
+                ours = set(
+                    DeferredWork.objects.using(using)
+                    .filter(pk__in=ids, status=Status.DONE, updated_at=now)
+                    .values_list("pk", flat=True)
+                )
         for work in group:
             (written if work.id in ours else lost).append(work)
     return written, lost
 
 
-def _unclaimed(now: datetime) -> dict[str, Any]:
+def _unclaimed(now: Any) -> dict[str, Any]:
     """The fields every write that ends an attempt sets: the claim is given up."""
-    return {"claim_token": "", "claimed_at": None, "heartbeat_at": None, "updated_at": now}
+    return {
+        "claim_token": "",
+        "claimed_at": None,
+        "heartbeat_at": None,
+        "started_at": None,
+        "updated_at": now,
+    }
 
 
-def _done_fields(now: datetime) -> dict[str, Any]:
+def _done_fields(now: Any) -> dict[str, Any]:
     return {"status": Status.DONE, "last_error": "", **_unclaimed(now)}
 
 
 def _finish_one(work: ClaimedWork) -> bool:
-    return work.fenced().update(history=work.history, **_done_fields(timezone.now())) == 1
+    return work.fenced().update(history=work.history, **_done_fields(Now())) == 1
 
 
 def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
-    now = timezone.now()
     history = append_entry(work.history, attempt=work.attempt, outcome="rescheduled", error=error)
     return (
         work.fenced().update(
             status=Status.PENDING,
             attempt=work.attempt + 1,
-            next_attempt_at=now + delay,
+            next_attempt_at=now_plus(delay),
             last_error=error,
             history=history,
-            **_unclaimed(now),
+            **_unclaimed(Now()),
+        )
+        == 1
+    )
+
+
+def release_after_outage(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
+    """The attempt failed only because the database was unreachable: pending again
+    soon, attempt unchanged, and the history says so."""
+    history = append_entry(
+        work.history, attempt=work.attempt, outcome="released", reason="database unavailable", error=error
+    )
+    return (
+        work.fenced().update(
+            status=Status.PENDING,
+            next_attempt_at=now_plus(delay),
+            last_error=error,
+            history=history,
+            **_unclaimed(Now()),
         )
         == 1
     )
 
 
 def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
-    now = timezone.now()
     history = append_entry(
         work.history, attempt=work.attempt, outcome="abandoned", reason=reason, error=error
     )
@@ -281,10 +403,20 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
             status=Status.ABANDONED,
             last_error=error,
             history=history,
-            **_unclaimed(now),
+            **_unclaimed(Now()),
         )
         == 1
     )
+
+
+def record_lost(work: ClaimedWork) -> bool:
+    """Write the history of a reclaimed row (its lost attempt) before it runs again."""
+    if not work.history_changed:
+        return True
+    if work.fenced().update(history=work.history) != 1:
+        return False
+    work.history_changed = False
+    return True
 
 
 def release(works: Iterable[ClaimedWork]) -> int:
@@ -294,12 +426,11 @@ def release(works: Iterable[ClaimedWork]) -> int:
     for work in works:
         by_claim.setdefault((work.using, work.claim_token), []).append(work.id)
     for (using, token), ids in by_claim.items():
-        now = timezone.now()
         released += (
             DeferredWork.objects.using(using)
             .held(token)
             .filter(pk__in=ids)
-            .update(status=Status.PENDING, next_attempt_at=now, **_unclaimed(now))
+            .update(status=Status.PENDING, next_attempt_at=Now(), **_unclaimed(Now()))
         )
     return released
 
@@ -313,5 +444,18 @@ def heartbeat(works: Sequence[ClaimedWork], *, using: str) -> int:
     return (
         DeferredWork.objects.using(using)
         .filter(pk__in=ids, claim_token__in=tokens, status=Status.PROCESSING)
-        .update(heartbeat_at=timezone.now())
+        .update(heartbeat_at=Now())
+    )
+
+
+def mark_started(works: Sequence[ClaimedWork], *, using: str) -> int:
+    """Record that these attempts' prepare started: from now on, losing them counts."""
+    if not works:
+        return 0
+    tokens = {work.claim_token for work in works}
+    ids = [work.id for work in works]
+    return (
+        DeferredWork.objects.using(using)
+        .filter(pk__in=ids, claim_token__in=tokens, status=Status.PROCESSING, started_at__isnull=True)
+        .update(started_at=Now())
     )

@@ -371,11 +371,13 @@ def revive_rows(queryset: Any, *, due: Any = None, history: list[Any] | None = N
     fields: dict[str, Any] = {
         "status": Status.PENDING,
         "attempt": 0,
+        "lost_unstarted": 0,
         "next_attempt_at": due or now,
         "last_error": "",
         "claim_token": "",
         "claimed_at": None,
         "heartbeat_at": None,
+        "started_at": None,
         "updated_at": now,
     }
     if history is not None:

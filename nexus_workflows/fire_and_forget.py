@@ -250,7 +250,9 @@ def _reachable(queue: Queue) -> Iterator[None]:
             reason = reason.replace(str(password), "***")
         raise QueueUnavailable(
             f"cannot reach Redis at {describe_server(queue.connection)} for queue {queue.name!r} "
-            f"({reason}); nothing was enqueued. Is the server running and REDIS_URL right?"
+            f"({reason}). The request may have reached Redis before the connection failed, so "
+            "the job may exist; enqueueing the same trigger again is safe (its dedupe key "
+            "makes it one job). Is the server running and REDIS_URL right?"
         ) from None
 
 

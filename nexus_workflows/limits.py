@@ -4,3 +4,9 @@ KIND_MAX_LENGTH = 100
 DEDUPE_KEY_MAX_LENGTH = 255
 LAST_ERROR_MAX_LENGTH = 2000
 HISTORY_MAX_ENTRIES = 25
+# An attempt that failed only because the database was unreachable is released (attempt
+# unchanged) at most this many times; after that it counts as a failed attempt.
+OUTAGE_RELEASES_MAX = 5
+# Claims of one item lost before their attempt started (they cost no attempt) allowed
+# before the crash-loop guard abandons it.
+UNSTARTED_LOSSES_MAX = 10

@@ -8,6 +8,7 @@ deduplication, and no ``select_for_update`` in the core paths.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.db import models
 from django.utils import timezone
@@ -27,15 +28,15 @@ FINISHED_STATUSES = (Status.DONE, Status.ABANDONED)
 
 
 class DeferredWorkQuerySet(models.QuerySet["DeferredWork"]):
-    def due(self, now: datetime) -> DeferredWorkQuerySet:
+    def due(self, now: datetime | Any) -> DeferredWorkQuerySet:
         """Pending work whose next attempt time has come (``nw_due_idx``)."""
         return self.filter(status=Status.PENDING, next_attempt_at__lte=now)
 
-    def stale(self, cutoff: datetime) -> DeferredWorkQuerySet:
+    def stale(self, cutoff: datetime | Any) -> DeferredWorkQuerySet:
         """Processing work whose runner stopped heart-beating before ``cutoff`` (``nw_stale_idx``)."""
         return self.filter(status=Status.PROCESSING, heartbeat_at__lt=cutoff)
 
-    def expired(self, cutoff: datetime) -> DeferredWorkQuerySet:
+    def expired(self, cutoff: datetime | Any) -> DeferredWorkQuerySet:
         """Done or abandoned work last updated before ``cutoff`` (``nw_expiry_idx``)."""
         return self.filter(status__in=FINISHED_STATUSES, updated_at__lt=cutoff)
 
@@ -58,6 +59,11 @@ class DeferredWork(models.Model):
     claim_token = models.CharField(max_length=32, blank=True, default="")
     claimed_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # When the current attempt's prepare started (written shortly after it does, and by
+    # every save()); a reclaim counts the lost attempt only if this is set.
+    started_at = models.DateTimeField(null=True, blank=True)
+    # Claims lost before their prepare started: they cost no attempt, but are bounded.
+    lost_unstarted = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     # Failed, lost and released attempts, newest last (bounded); successes leave no entry.
     history = models.JSONField(default=list, blank=True)

@@ -9,16 +9,20 @@ again does nothing (done) or revives it (abandoned).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import router
-from django.utils import timezone
 
+from .claims import now_plus
 from .conf import app_settings
 from .models import DeferredWork
 
 
-def expiry_cutoff(now: datetime | None = None) -> datetime:
-    return (now or timezone.now()) - timedelta(seconds=app_settings.RETENTION)
+def expiry_cutoff(now: datetime | None = None) -> Any:
+    """Rows last updated before this are expired: by the database's clock, unless
+    ``now`` is given."""
+    retention = timedelta(seconds=app_settings.RETENTION)
+    return now - retention if now is not None else now_plus(-retention)
 
 
 def purge_batch(
@@ -27,7 +31,11 @@ def purge_batch(
     """Delete at most one batch of expired rows; returns how many were deleted.
 
     Deleting by primary key in bounded batches keeps every statement short, so a large
-    backlog never holds locks or blocks a runner for long.
+    backlog never holds locks or blocks a runner for long. The ``DELETE`` itself re-checks
+    status and expiry, so a row revived (or otherwise changed) after the ids were read is
+    left alone. It is one statement, never Django's collector: that one deletes by primary
+    key only (whenever any ``pre_delete``/``post_delete`` receiver is connected), so no
+    delete signals are sent for purged rows, as ``QuerySet.update()`` sends no save signals.
     """
     using = using or router.db_for_write(DeferredWork)
     batch_size = batch_size or app_settings.PURGE_BATCH_SIZE
@@ -35,8 +43,8 @@ def purge_batch(
     ids = list(expired.values_list("pk", flat=True)[:batch_size])
     if not ids:
         return 0
-    deleted, _ = expired.filter(pk__in=ids).delete()
-    return deleted
+    # _raw_delete: DELETE … WHERE id IN (…) AND status IN (…) AND updated_at < cutoff.
+    return expired.filter(pk__in=ids)._raw_delete(using)
 
 
 def purge_expired(*, now: datetime | None = None, using: str | None = None) -> int:

@@ -11,7 +11,8 @@ One runner is one process with a main thread and a few helpers:
 
 Any number of runners may share one database: claims are compare-and-set updates, so
 no item is run twice at once. When the database goes away, the runner keeps what it has
-not yet written, waits, reconnects and carries on.
+not yet written, waits, reconnects and carries on. Nothing a workflow raises, and nothing
+one outcome's write raises, ends the main loop: only a signal (or ``request_stop``) does.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from types import FrameType
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connections, router
-from django.utils import timezone
 
 from . import __version__, claims, retention, wakeup
 from .attempts import attempt_number, describe_attempt
@@ -39,6 +39,7 @@ from .conf import app_settings
 from .exceptions import UnknownWorkflow, is_permanent
 from .execution import Outcome, Result, execute
 from .history import describe_error
+from .limits import OUTAGE_RELEASES_MAX, UNSTARTED_LOSSES_MAX
 from .models import DeferredWork
 from .observability.logs import start_line
 from .observability.observer import Observer
@@ -55,6 +56,16 @@ DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
 _PREFETCH_SECONDS = 0.05
 _RUNTIME_SMOOTHING = 0.2
 _MAX_BACKOFF = 10.0
+# An attempt that failed because the database was unreachable runs again this soon.
+_OUTAGE_RETRY_DELAY = timedelta(seconds=1)
+# Start markers wait this long for company, so quick attempts (which finish first) cost
+# no statement and slow ones are marked in one statement per batch.
+_MARK_STARTED_DELAY = 0.1
+_WRITE_RETRY_DELAY = 0.5
+_WRITE_RETRY_MAX_DELAY = 60.0
+# After this many failed writes of one failure outcome, its error text is replaced by
+# the exception type alone: a message the database rejects must not pin the item.
+_PLAIN_ERROR_AFTER = 2
 
 
 @dataclass
@@ -78,6 +89,19 @@ class RunStats:
 
     def as_dict(self) -> dict[str, int]:
         return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+def _is_database_unavailable(error: BaseException) -> bool:
+    return isinstance(error, DATABASE_UNAVAILABLE)
+
+
+@dataclass
+class _Pending:
+    """An outcome not written yet, and when its write may be tried again."""
+
+    outcome: Outcome
+    failures: int = 0
+    retry_at: float = 0.0
 
 
 def _close_connection(using: str) -> None:
@@ -125,8 +149,15 @@ class Runner:
         self._lock = threading.Lock()
         self._work_available = threading.Condition(self._lock)
         self._queued: deque[ClaimedWork] = deque()  # claimed, not started yet
-        self._running: dict[int, ClaimedWork] = {}  # prepare in progress
-        self._unwritten: list[Outcome] = []  # finished, outcome not written yet
+        # prepare in progress, by claim: a row may be reclaimed while an old attempt runs
+        self._running: dict[tuple[str, int], ClaimedWork] = {}
+        self._unmarked: dict[tuple[str, int], ClaimedWork] = {}  # started, marker not written
+        self._unwritten: list[_Pending] = []  # finished, outcome not written yet
+        self._unguarded: list[ClaimedWork] = []  # reclaimed, crash-loop guard not written yet
+        self._mark_wanted = threading.Event()
+        self._last_heartbeat = time.monotonic()  # last time the heartbeat was known good
+        self._claims_paused = False
+        self._outage_epoch = 0  # bumped by every outage: workers re-check their connection
         self._outcomes: SimpleQueue[Outcome] = SimpleQueue()
         self._workers_exit = False
         self._wake = threading.Event()
@@ -179,7 +210,8 @@ class Runner:
 
     def request_stop(self, *, now: bool = False) -> None:
         """Stop claiming; in-flight attempts get ``SHUTDOWN_GRACE`` seconds (none with
-        ``now``), then their claims are released."""
+        ``now``). Claims of work not started are released; attempts still running keep
+        their claims, unrefreshed, until they go stale (see :meth:`_shutdown`)."""
         self._stop_requested.set()
         if now:
             self._stop_now.set()
@@ -202,7 +234,7 @@ class Runner:
 
     def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stop_requested.is_set():
-            logger.warning("second %s: releasing claims and stopping now", signal.Signals(signum).name)
+            logger.warning("second %s: stopping now", signal.Signals(signum).name)
             self.request_stop(now=True)
         else:
             logger.info(
@@ -232,6 +264,7 @@ class Runner:
             self._listener.start()
 
     def _worker(self) -> None:
+        epoch = self._outage_epoch
         try:
             while True:
                 with self._work_available:
@@ -240,53 +273,124 @@ class Runner:
                     if not self._queued:
                         return
                     work = self._queued.popleft()
-                    self._running[work.id] = work
+                    self._running[work.key] = work
+                epoch = self._check_connection(epoch)
+                with self._lock:
+                    self._unmarked[work.key] = work
+                self._mark_wanted.set()
                 self._observer.attempt_started(work)
-                outcome = execute(registry.get(work.kind), work)
+                outcome = self._execute(work)
                 self._observer.attempt_ended(work, outcome.duration)
                 with self._lock:
-                    self._running.pop(work.id, None)
+                    self._running.pop(work.key, None)
+                    self._unmarked.pop(work.key, None)
                 self._outcomes.put(outcome)
                 self._wake.set()
                 if outcome.result is not Result.SUCCEEDED:
                     # prepare may have left this thread's connection broken.
-                    close_old_connections()
+                    with contextlib.suppress(Exception):
+                        close_old_connections()
         finally:
             connections.close_all()
 
-    def _heartbeat_loop(self) -> None:
+    @staticmethod
+    def _execute(work: ClaimedWork) -> Outcome:
         try:
-            while not self._helpers_stop.wait(self.heartbeat_interval):
-                self._observer.heartbeat()
-                held = self._held()
-                if not held:
-                    continue
+            return execute(registry.get(work.kind), work)
+        except BaseException as error:  # noqa: BLE001 - e.g. the kind was unregistered
+            return Outcome(work, Result.FAILED, error)
+
+    def _check_connection(self, epoch: int) -> int:
+        """Before an attempt: replace this thread's connections that saw errors and, after
+        an outage, the runner's database connection if it no longer answers. Costs no
+        query unless one of those happened (``close_old_connections`` would also close a
+        healthy connection on every attempt when ``CONN_MAX_AGE`` is 0)."""
+        outage = epoch != self._outage_epoch
+        for connection in connections.all(initialized_only=True):
+            if connection.connection is None or connection.in_atomic_block:
+                continue
+            if connection.errors_occurred or (outage and connection.alias == self.using):
                 try:
-                    claims.heartbeat(held, using=self.using)
-                except DATABASE_UNAVAILABLE as error:
+                    if connection.is_usable():
+                        connection.errors_occurred = False
+                    else:
+                        connection.close()
+                except Exception:  # noqa: BLE001 - a broken connection fails to close, too
+                    _close_connection(connection.alias)
+        return self._outage_epoch
+
+    def _heartbeat_loop(self) -> None:
+        """Refreshes heartbeats every ``HEARTBEAT_INTERVAL`` and writes start markers
+        shortly after attempts start. Survives any exception: a runner whose heartbeats
+        fail for half of ``STALE_AFTER`` stops claiming (see :meth:`_wants_more`)."""
+        next_beat = time.monotonic() + self.heartbeat_interval
+        failing = False
+        try:
+            while not self._helpers_stop.is_set():
+                self._mark_wanted.wait(max(0.0, next_beat - time.monotonic()))
+                if self._helpers_stop.is_set():
+                    return
+                try:
+                    if self._mark_wanted.is_set():
+                        self._helpers_stop.wait(min(_MARK_STARTED_DELAY, self.heartbeat_interval))
+                        self._mark_wanted.clear()
+                        self._mark_started()
+                    if time.monotonic() >= next_beat:
+                        next_beat = time.monotonic() + self.heartbeat_interval
+                        self._observer.heartbeat()
+                        held = self._held()
+                        if held:
+                            claims.heartbeat(held, using=self.using)
+                        self._last_heartbeat = time.monotonic()
+                    if failing:
+                        failing = False
+                        logger.warning("heartbeats work again")
+                except Exception as error:  # noqa: BLE001 - nothing may end the heartbeats
+                    failing = True
                     logger.warning(
                         "heartbeat failed (%s); retrying in %gs",
                         type(error).__name__,
                         self.heartbeat_interval,
                     )
                     _close_connection(self.using)
+                    next_beat = time.monotonic() + self.heartbeat_interval
         finally:
             connections.close_all()
 
+    def _mark_started(self) -> None:
+        with self._lock:
+            started = list(self._unmarked.values())
+        if started:
+            claims.mark_started(started, using=self.using)
+            with self._lock:
+                for work in started:
+                    self._unmarked.pop(work.key, None)
+
+    def _heartbeat_failing(self) -> bool:
+        # Half of STALE_AFTER, but never less than one and a half heartbeat intervals, so
+        # one heartbeat's own duration does not pause claiming at every beat.
+        limit = max(self.stale_after.total_seconds() / 2, 1.5 * self.heartbeat_interval)
+        return time.monotonic() - self._last_heartbeat > limit
+
     def _held(self) -> list[ClaimedWork]:
         with self._lock:
-            return [*self._queued, *self._running.values(), *(o.work for o in self._unwritten)]
+            return [
+                *self._queued,
+                *self._running.values(),
+                *(pending.outcome.work for pending in self._unwritten),
+                *self._unguarded,
+            ]
 
     def _held_count(self) -> int:
         with self._lock:
-            return len(self._queued) + len(self._running) + len(self._unwritten)
+            return len(self._queued) + len(self._running) + len(self._unwritten) + len(self._unguarded)
 
     # --- main loop --------------------------------------------------------------------
 
     def _loop(self) -> None:
-        # --once runs what is due when it starts, so rescheduled work is not retried
-        # within the same run.
-        cutoff = timezone.now() if self.once else None
+        # --once runs what is due when it starts (by the database's clock), so
+        # rescheduled work is not retried within the same run.
+        cutoff: datetime | None = None
         next_stale_check = 0.0
         next_purge = 0.0
         stale_check_every = min(self.poll_interval, self.stale_after.total_seconds() / 4)
@@ -296,20 +400,32 @@ class Runner:
             more_due = False
             purging = False
             try:
+                if self.once and cutoff is None:
+                    cutoff = claims.database_now(self.using)
                 self._write_outcomes()
+                self._guard_unguarded()
                 if time.monotonic() >= next_purge:
+                    next_purge = time.monotonic() + self.sweep_interval
                     deleted = retention.purge_batch(using=self.using)
                     self.stats.purged += deleted
                     purging = deleted >= app_settings.PURGE_BATCH_SIZE
-                    next_purge = 0.0 if purging else time.monotonic() + self.sweep_interval
+                    if purging:
+                        next_purge = 0.0
                 if self._wants_more():
                     check_stale = time.monotonic() >= next_stale_check
                     if check_stale:
                         next_stale_check = time.monotonic() + stale_check_every
                     claimed, more_due = self._claim(cutoff, check_stale=check_stale)
                 self._database_back()
+                self._backoff = 0.0
             except DATABASE_UNAVAILABLE as error:
                 self._database_lost(error)
+                self._stop_requested.wait(self._backoff)
+                continue
+            except Exception as error:  # noqa: BLE001 - only a signal ends the runner
+                # Its message may hold patient data (a trigger echoed by a constraint): type only.
+                logger.error("runner loop error (%s); carrying on", type(error).__name__)
+                self._backoff = min(max(self._backoff * 2, 0.5), _MAX_BACKOFF)
                 self._stop_requested.wait(self._backoff)
                 continue
             if self.once and not claimed and not purging and self._held_count() == 0:
@@ -318,7 +434,16 @@ class Runner:
             # otherwise wait, so the workers start the work just claimed right away.
             if purging or (more_due and self._wants_more()):
                 continue
-            self._wake.wait(self.poll_interval)
+            self._wake.wait(self._next_write_wait())
+
+    def _next_write_wait(self) -> float:
+        """How long the loop may sleep: until the next poll, or an outcome's retry."""
+        with self._lock:
+            retries = [pending.retry_at for pending in self._unwritten if pending.failures]
+        if not retries and not self._unguarded:
+            return self.poll_interval
+        soonest = min(retries, default=time.monotonic() + self.poll_interval)
+        return min(self.poll_interval, max(0.05, soonest - time.monotonic()))
 
     def _capacity(self) -> tuple[int, int]:
         """(most items to hold, refill when holding no more than this)."""
@@ -331,6 +456,15 @@ class Runner:
     def _wants_more(self) -> bool:
         if self._stop_requested.is_set():
             return False
+        if self._heartbeat_failing():
+            # Our claims may be going stale: taking more would only hand them out twice.
+            if not self._claims_paused:
+                self._claims_paused = True
+                logger.warning("no heartbeat for over half of STALE_AFTER; not claiming until one succeeds")
+            return False
+        if self._claims_paused:
+            self._claims_paused = False
+            logger.warning("heartbeats succeed again; claiming again")
         _, low_water = self._capacity()
         return self._held_count() <= low_water and self._held_count() < self._capacity()[0]
 
@@ -357,10 +491,36 @@ class Runner:
             more = more or len(stale) >= stale_limit
             self.stats.reclaimed += len(stale)
             self._observer.claimed(stale)
-            runnable = [work for work in stale if self._guard_crash_loop(work)]
-            self._dispatch(runnable)
-            claimed += len(runnable)
+            with self._lock:
+                self._unguarded.extend(stale)
+            claimed += self._guard_unguarded()
         return claimed, more
+
+    def _guard_unguarded(self) -> int:
+        """Run the crash-loop guard on reclaimed work; dispatch what may run. An item
+        whose guard write fails stays held (and heart-beaten) and is tried again on the
+        next turn of the loop; it never takes the batch's other claims with it."""
+        with self._lock:
+            works, self._unguarded = self._unguarded, []
+        runnable: list[ClaimedWork] = []
+        retry: list[ClaimedWork] = []
+        for number, work in enumerate(works):
+            try:
+                if self._guard_crash_loop(work):
+                    runnable.append(work)
+            except DATABASE_UNAVAILABLE:
+                retry.extend(works[number:])
+                with self._lock:
+                    self._unguarded.extend(retry)
+                self._dispatch(runnable)
+                raise
+            except Exception as error:  # noqa: BLE001 - contained to this item
+                self._log_write_error(work, "reclaim", error)
+                retry.append(work)
+        with self._lock:
+            self._unguarded.extend(retry)
+        self._dispatch(runnable)
+        return len(runnable)
 
     def _dispatch(self, works: list[ClaimedWork]) -> None:
         if works:
@@ -369,15 +529,26 @@ class Runner:
                 self._work_available.notify(len(works))
 
     def _guard_crash_loop(self, work: ClaimedWork) -> bool:
-        """Reclaimed work runs again unless its lost attempts used up the schedule."""
+        """Reclaimed work runs again unless its lost attempts used up the schedule (or
+        its claims were lost before starting too often); the lost attempt is in the
+        history before the work runs again."""
         workflow = registry.get(work.kind)
-        if work.attempt < workflow.max_attempts:
+        if work.attempt < workflow.max_attempts and work.lost_unstarted < UNSTARTED_LOSSES_MAX:
+            if not claims.record_lost(work):
+                self._log_lost(work)
+                return False
             self._log_outcome(work, "reclaimed from a runner that stopped heart-beating", logging.WARNING)
             return True
-        error = (
-            f"WorkerLost: the runner of attempt {work.attempt} stopped heart-beating and "
-            f"the retry schedule allows {workflow.max_attempts} attempts"
-        )
+        if work.attempt >= workflow.max_attempts:
+            error = (
+                f"WorkerLost: the runner of attempt {work.attempt} stopped heart-beating and "
+                f"the retry schedule allows {workflow.max_attempts} attempts"
+            )
+        else:
+            error = (
+                f"WorkerLost: {work.lost_unstarted} claims of this work were lost before their "
+                f"attempt started; at most {UNSTARTED_LOSSES_MAX} are allowed"
+            )
         if claims.abandon(work, error=error, reason="lost too many times"):
             self.stats.abandoned += 1
             self._observer.finished(work, "abandoned")
@@ -389,6 +560,12 @@ class Runner:
     # --- outcomes ---------------------------------------------------------------------
 
     def _write_outcomes(self) -> None:
+        """Write every finished attempt's outcome whose time has come.
+
+        An outage stops the round (raised: the loop waits and reconnects) and keeps what is
+        not written. Any other error is contained to its item: logged by kind, id and
+        exception type, and tried again later, while the other outcomes are written.
+        """
         while True:
             try:
                 outcome = self._outcomes.get_nowait()
@@ -396,29 +573,57 @@ class Runner:
                 break
             self._observe_runtime(outcome.duration)
             with self._lock:
-                self._unwritten.append(outcome)
-        while self._unwritten:
-            outcome = self._unwritten[0]
-            if outcome.result is Result.SUCCEEDED:
-                # Successes of one claim go in one statement; each batch leaves the list as
-                # soon as it is written, so an outage half-way never writes one twice.
-                batch = [
-                    o
-                    for o in self._unwritten
-                    if o.result is Result.SUCCEEDED and o.work.claim_token == outcome.work.claim_token
-                ]
-                self._write_successes(batch)
-                written = {id(o) for o in batch}
-                with self._lock:
-                    self._unwritten = [o for o in self._unwritten if id(o) not in written]
+                self._unwritten.append(_Pending(outcome))
+        now = time.monotonic()
+        with self._lock:
+            due = [pending for pending in self._unwritten if pending.retry_at <= now]
+        successes: dict[str, list[_Pending]] = {}
+        for pending in due:
+            if pending.outcome.result is Result.SUCCEEDED:
+                successes.setdefault(pending.outcome.work.claim_token, []).append(pending)
                 continue
-            self._write_failure(outcome)
-            with self._lock:
-                self._unwritten.pop(0)
+            self._write_one([pending], self._write_failure)
+        # Successes of one claim go in one statement; each batch leaves the list as soon
+        # as it is written, so an outage half-way never writes one twice.
+        for batch in successes.values():
+            self._write_one(batch, self._write_successes)
         self._observer.outcomes_written()
 
-    def _write_successes(self, batch: list[Outcome]) -> None:
-        written, lost = claims.finish_done(o.work for o in batch)
+    def _write_one(self, batch: list[_Pending], write: Any) -> None:
+        try:
+            write(batch)
+        except DATABASE_UNAVAILABLE:
+            raise
+        except Exception as error:  # noqa: BLE001 - contained to this item
+            if len(batch) > 1:  # one item's row may be the cause: write each on its own
+                for pending in batch:
+                    self._write_one([pending], write)
+                return
+            (pending,) = batch
+            pending.failures += 1
+            pending.retry_at = time.monotonic() + min(
+                _WRITE_RETRY_DELAY * 2 ** (pending.failures - 1), _WRITE_RETRY_MAX_DELAY
+            )
+            self._log_write_error(pending.outcome.work, "outcome", error)
+            return
+        done = {id(pending) for pending in batch}
+        with self._lock:
+            self._unwritten = [pending for pending in self._unwritten if id(pending) not in done]
+
+    def _log_write_error(self, work: ClaimedWork, what: str, error: BaseException) -> None:
+        # Kind, id and exception type only: the message may echo patient data.
+        logger.error(
+            "%s #%s attempt %d: writing its %s failed (%s); it stays held and is tried again",
+            work.kind,
+            work.id,
+            work.attempt,
+            what,
+            type(error).__name__,
+            extra={"workflow_kind": work.kind, "work_id": work.id, "attempt": work.attempt},
+        )
+
+    def _write_successes(self, batch: list[_Pending]) -> None:
+        written, lost = claims.finish_done(pending.outcome.work for pending in batch)
         self.stats.done += len(written)
         for work in written:
             self._observer.finished(work, "done")
@@ -426,17 +631,33 @@ class Runner:
         for work in lost:
             self._log_lost(work)
 
-    def _write_failure(self, outcome: Outcome) -> None:
+    def _write_failure(self, batch: list[_Pending]) -> None:
+        (pending,) = batch
+        outcome = pending.outcome
         work = outcome.work
         if outcome.result is Result.CLAIM_LOST:
             self._log_lost(work)
             return
         assert outcome.error is not None
-        workflow = registry.get(work.kind)
-        error = describe_error(outcome.error)
-        permanent = is_permanent(outcome.error)
-        delay = None if permanent else workflow.delay_after(work.attempt)
         error_type = type(outcome.error).__name__
+        error = describe_error(outcome.error)
+        if pending.failures >= _PLAIN_ERROR_AFTER:
+            error = f"{error_type}: (the message could not be stored)"
+        workflow = registry.get(work.kind)
+        permanent = is_permanent(outcome.error)
+        if not permanent and self._released_for_outage(work, outcome.error):
+            if claims.release_after_outage(work, delay=_OUTAGE_RETRY_DELAY, error=error):
+                self.stats.released += 1
+                self._observer.finished(work, "released")
+                self._log_outcome(
+                    work,
+                    f"failed ({error_type}: database unavailable); released, attempt unchanged",
+                    logging.WARNING,
+                )
+            else:
+                self._log_lost(work)
+            return
+        delay = None if permanent else workflow.delay_after(work.attempt)
         if delay is None:
             reason = "permanent error" if permanent else "retry schedule exhausted"
             if claims.abandon(work, error=error, reason=reason):
@@ -456,6 +677,23 @@ class Runner:
             )
         else:
             self._log_lost(work)
+
+    @staticmethod
+    def _released_for_outage(work: ClaimedWork, error: BaseException) -> bool:
+        """Whether a failure only says the database was unreachable, and this attempt
+        has not been released for that too often already (a workflow that always fails
+        so must still walk its schedule and end)."""
+        if not _is_database_unavailable(error):
+            return False
+        releases = sum(
+            1
+            for entry in work.history
+            if isinstance(entry, dict)
+            and entry.get("outcome") == "released"
+            and entry.get("reason") == "database unavailable"
+            and entry.get("attempt") == work.attempt
+        )
+        return releases < OUTAGE_RELEASES_MAX
 
     def _observe_runtime(self, duration: float) -> None:
         if self._average_runtime is None:
@@ -493,6 +731,7 @@ class Runner:
     def _database_lost(self, error: BaseException) -> None:
         _close_connection(self.using)
         if self._outage_started is None:
+            self._outage_epoch += 1
             self._outage_started = time.monotonic()
             self._observer.database_lost()
             self._backoff = min(0.5, self.poll_interval)
@@ -512,9 +751,18 @@ class Runner:
     # --- shutdown ---------------------------------------------------------------------
 
     def _shutdown(self) -> None:
+        """Stop claiming, release work not started, give running attempts the grace.
+
+        Never two executions of one item at once: an attempt still running when the
+        grace ends keeps its claim. Its heartbeats stop with this runner, so another
+        runner reclaims it after ``STALE_AFTER`` (counted as a lost attempt) — by then
+        this process has exited and the attempt with it. Releasing it instead would let
+        another runner start the item while this one still runs it.
+        """
         with self._work_available:
-            unstarted = list(self._queued)
+            unstarted = [*self._queued, *self._unguarded]
             self._queued.clear()
+            self._unguarded = []
             self._workers_exit = True
             self._work_available.notify_all()
         deadline = time.monotonic() + (0.0 if self._stop_now.is_set() else self.shutdown_grace)
@@ -523,14 +771,25 @@ class Runner:
             self._wake.wait(0.05)
             self._wake.clear()
             self._try_write_outcomes()
-        # Outcomes that arrived in time are written; attempts still running lose their claim.
+        # Outcomes that arrived in time are written (outcomes of finished attempts only:
+        # a write that keeps failing is left to go stale, like a running attempt).
         flush_deadline = max(deadline, time.monotonic() + min(self.shutdown_grace, 5.0))
         while not self._try_write_outcomes() and time.monotonic() < flush_deadline:
-            time.sleep(0.2)
+            self._helpers_stop.wait(0.2)  # events only: libfaketime breaks time.sleep
         with self._lock:
-            still_running = list(self._running.values())
-        self._release(still_running, flush_deadline)
+            still_running = len(self._running)
+            unwritten = len(self._unwritten)
+        if still_running or unwritten:
+            logger.warning(
+                "exiting with %d attempt(s) still running and %d outcome(s) unwritten: their "
+                "claims are kept and no longer refreshed, so other runners take them over "
+                "after STALE_AFTER (%gs), never while they may still run here",
+                still_running,
+                unwritten,
+                self.stale_after.total_seconds(),
+            )
         self._helpers_stop.set()
+        self._mark_wanted.set()
         wakeup.remove_local_waiter(self._wake)
         if self._listener is not None:
             self._listener.stop()
@@ -542,12 +801,17 @@ class Runner:
             return len(self._running)
 
     def _try_write_outcomes(self) -> bool:
+        """Write what can be written; whether nothing is left to write."""
         try:
             self._write_outcomes()
         except DATABASE_UNAVAILABLE as error:
             self._database_lost(error)
             return False
-        return True
+        except Exception as error:  # noqa: BLE001 - shutting down must not fail
+            logger.error("writing outcomes at shutdown failed (%s)", type(error).__name__)
+            return False
+        with self._lock:
+            return not self._unwritten
 
     def _release(self, works: Iterable[ClaimedWork], deadline: float) -> None:
         works = list(works)
@@ -556,7 +820,10 @@ class Runner:
         while True:
             try:
                 released = claims.release(works)
-            except DATABASE_UNAVAILABLE as error:
+            except Exception as error:  # noqa: BLE001 - unreleased claims go stale, no worse
+                if not _is_database_unavailable(error):
+                    logger.error("releasing claims failed (%s)", type(error).__name__)
+                    return
                 self._database_lost(error)
                 if time.monotonic() >= deadline:
                     logger.error(
@@ -565,12 +832,12 @@ class Runner:
                         len(works),
                     )
                     return
-                time.sleep(0.2)
+                self._helpers_stop.wait(0.2)  # events only: libfaketime breaks time.sleep
                 continue
             self.stats.released += released
             self._observer.released(works)
             if released:
-                with contextlib.suppress(*DATABASE_UNAVAILABLE):
+                with contextlib.suppress(Exception):
                     wakeup.notify(self.using)  # another runner can start them at once
             logger.info(
                 "released %d claim(s) at shutdown: pending again, due now, attempt unchanged",

@@ -164,3 +164,74 @@ def child_env() -> dict[str, str]:
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+
+
+class WriteBlocker:
+    """A real trigger that makes matching ``UPDATE``\\s of the work table fail, as a
+    constraint, a read-only primary or a bad value would: ``InternalError`` on
+    PostgreSQL, ``IntegrityError`` on SQLite. ``condition`` is SQL over ``NEW``/``OLD``."""
+
+    def __init__(self) -> None:
+        self.installed = False
+
+    def install(self, condition: str) -> None:
+        from nexus_workflows.models import DeferredWork
+
+        table = connection.ops.quote_name(DeferredWork._meta.db_table)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    "CREATE OR REPLACE FUNCTION nw_test_block() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                    "BEGIN RAISE EXCEPTION 'blocked by the test' USING ERRCODE = 'XX000'; END $$"
+                )
+                cursor.execute(
+                    f"CREATE TRIGGER nw_test_block BEFORE UPDATE ON {table} FOR EACH ROW "
+                    f"WHEN ({condition}) EXECUTE FUNCTION nw_test_block()"
+                )
+            else:
+                cursor.execute(
+                    f"CREATE TRIGGER nw_test_block BEFORE UPDATE ON {table} FOR EACH ROW "
+                    f"WHEN ({condition}) BEGIN SELECT RAISE(ABORT, 'blocked by the test'); END"
+                )
+        self.installed = True
+
+    def remove(self) -> None:
+        if not self.installed:
+            return
+        from nexus_workflows.models import DeferredWork
+
+        table = connection.ops.quote_name(DeferredWork._meta.db_table)
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_block ON {table}")
+            else:
+                cursor.execute("DROP TRIGGER IF EXISTS nw_test_block")
+        self.installed = False
+
+
+@pytest.fixture
+def write_blocker() -> Iterator[WriteBlocker]:
+    blocker = WriteBlocker()
+    yield blocker
+    blocker.remove()
+
+
+# Figures the fault suite measures (durations, outages, attempts), printed at the end of
+# the run so they show in the test log even when the tests pass.
+FAULT_FIGURES: list[str] = []
+
+
+@pytest.fixture
+def report_figures() -> Callable[[str], None]:
+    def report(line: str) -> None:
+        FAULT_FIGURES.append(line)
+        print(line)
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if FAULT_FIGURES:
+        terminalreporter.section("fault figures")
+        for line in FAULT_FIGURES:
+            terminalreporter.write_line(line)

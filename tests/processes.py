@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -50,6 +52,7 @@ class ManagePy:
         settings: dict[str, Any] | None = None,
         database_url: str | None = None,
         env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
     ) -> None:
         # Kept open for the process's lifetime; closed and removed by close().
         self.output_file = tempfile.NamedTemporaryFile(  # noqa: SIM115
@@ -64,7 +67,7 @@ class ManagePy:
             **(env or {}),
         }
         self.process = subprocess.Popen(
-            [sys.executable, "manage.py", *args],
+            [*(prefix or []), sys.executable, "manage.py", *args],
             cwd=PROJECT_ROOT,
             env=full_env,
             stdout=self.output_file,
@@ -101,3 +104,51 @@ class ManagePy:
             self.process.wait(10)
         self.output_file.close()
         Path(self.output_file.name).unlink(missing_ok=True)
+
+
+@dataclass
+class Interval:
+    """One execution of one item by one process, from a ledger file: from its ``start``
+    line to its last line (``end``, or the last ``tick`` before the process died)."""
+
+    key: str
+    pid: int
+    start: float
+    last: float
+    ended: bool
+    steps: list[str] = field(default_factory=list)  # journalled steps it completed
+
+
+def read_intervals(path: Path) -> list[Interval]:
+    intervals: list[Interval] = []
+    open_ones: dict[tuple[str, int], Interval] = {}
+    if not path.exists():
+        return intervals
+    for line in path.read_text().splitlines():
+        pid_text, key, event, when_text = line.split(" ")
+        pid, when = int(pid_text), float(when_text)
+        if event == "start":
+            interval = Interval(key, pid, when, when, False)
+            open_ones[(key, pid)] = interval
+            intervals.append(interval)
+            continue
+        interval = open_ones[(key, pid)]
+        interval.last = max(interval.last, when)
+        if event.startswith("step"):
+            interval.steps.append(event)
+        if event == "end":
+            interval.ended = True
+            del open_ones[(key, pid)]
+    return intervals
+
+
+def overlapping(intervals: list[Interval]) -> list[tuple[Interval, Interval]]:
+    """Pairs of executions of one item that ran at the same time."""
+    by_key: dict[str, list[Interval]] = {}
+    for interval in intervals:
+        by_key.setdefault(interval.key, []).append(interval)
+    pairs = []
+    for runs in by_key.values():
+        runs.sort(key=lambda interval: interval.start)
+        pairs.extend((a, b) for a, b in itertools.pairwise(runs) if b.start <= a.last)
+    return pairs

@@ -83,3 +83,13 @@ def test_commands_refuse_to_start_on_invalid_settings() -> None:
         pytest.raises(SystemCheckError, match="E003"),
     ):
         call_command("runworkflows", "--once", skip_checks=False)
+
+
+def test_use_tz_false_is_an_error() -> None:
+    from nexus_workflows.checks import check_time_zone_support
+
+    assert check_time_zone_support() == []
+    with override_settings(USE_TZ=False):
+        (message,) = check_time_zone_support()
+    assert message.id == "nexus_workflows.E020"
+    assert "USE_TZ = True" in message.msg

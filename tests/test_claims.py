@@ -16,6 +16,7 @@ from nexus_workflows.claims import (
     abandon,
     finish_done,
     heartbeat,
+    mark_started,
     release,
     reschedule,
     save_checkpoints,
@@ -164,16 +165,47 @@ def test_finish_done_tells_written_rows_from_lost_ones(kind: str) -> None:
     assert DeferredWork.objects.get(pk=ids[1]).status == Status.PROCESSING
 
 
-def test_claim_stale_counts_the_lost_attempt(kind: str) -> None:
+def test_claim_stale_counts_the_lost_attempt_only_if_it_had_started(kind: str) -> None:
     fresh = enqueue(kind, {"key": "fresh"})
-    dead = enqueue(kind, {"key": "dead"})
-    claimer(kind).claim_due(2)
-    DeferredWork.objects.filter(pk=dead).update(heartbeat_at=timezone.now() - timedelta(minutes=6))
-    (work,) = claimer(kind).claim_stale(10, stale_after=timedelta(minutes=5))
-    assert work.id == int(dead)
-    assert DeferredWork.objects.get(pk=dead).attempt == 1
-    assert DeferredWork.objects.get(pk=fresh).attempt == 0
-    assert work.history[-1]["outcome"] == "lost"
+    started = enqueue(kind, {"key": "started"})
+    unstarted = enqueue(kind, {"key": "unstarted"})
+    held = claimer(kind).claim_due(3)
+    assert mark_started([w for w in held if w.id == int(started)], using="default") == 1
+    DeferredWork.objects.filter(pk__in=[started, unstarted]).update(
+        heartbeat_at=timezone.now() - timedelta(minutes=6)
+    )
+    works = {work.id: work for work in claimer(kind).claim_stale(10, stale_after=timedelta(minutes=5))}
+    assert set(works) == {int(started), int(unstarted)}
+    rows = {row.pk: row for row in DeferredWork.objects.all()}
+    assert (rows[int(started)].attempt, rows[int(started)].lost_unstarted) == (1, 0)
+    assert (rows[int(unstarted)].attempt, rows[int(unstarted)].lost_unstarted) == (0, 1)
+    assert (rows[int(fresh)].attempt, rows[int(fresh)].lost_unstarted) == (0, 0)
+    assert rows[int(started)].started_at is None  # the new attempt has not started
+    assert works[int(started)].lost_started
+    assert not works[int(unstarted)].lost_started
+    assert works[int(started)].history[-1] == {
+        **works[int(started)].history[-1],
+        "outcome": "lost",
+        "attempt": 0,
+        "started": True,
+    }
+    assert works[int(unstarted)].history[-1] == {
+        **works[int(unstarted)].history[-1],
+        "outcome": "lost",
+        "attempt": 0,
+        "started": False,
+    }
+
+
+def test_a_save_marks_the_attempt_started(kind: str) -> None:
+    work_id = enqueue(kind, {"key": "a"})
+    (work,) = claimer(kind).claim_due(1)
+    assert DeferredWork.objects.get(pk=work_id).started_at is None
+    save_checkpoints(work, {"step": 1})
+    marked = DeferredWork.objects.get(pk=work_id).started_at
+    assert marked is not None
+    save_checkpoints(work, {"step": 2})
+    assert DeferredWork.objects.get(pk=work_id).started_at == marked  # the first save's time
 
 
 @pytest.mark.parametrize("returning", [True, False], ids=["update-returning", "read-back-by-token"])
@@ -194,6 +226,7 @@ def test_claimed_work_is_the_row_as_the_claim_left_it(kind: str, monkeypatch: An
     assert not work.reclaimed
     assert work.claim_token == DeferredWork.objects.get(pk=work_id).claim_token
 
+    mark_started([work], using="default")
     DeferredWork.objects.filter(pk=work_id).update(heartbeat_at=timezone.now() - timedelta(minutes=6))
     (again,) = claimer(kind).claim_stale(10, stale_after=timedelta(minutes=5))
     assert (again.id, again.attempt, again.reclaimed) == (int(work_id), 2, True)

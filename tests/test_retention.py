@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.db.models.signals import post_delete
 from django.test import override_settings
 from django.utils import timezone
 
@@ -51,3 +54,45 @@ def test_the_dedupe_horizon_is_the_retention(register_workflow: Any) -> None:
         DeferredWork.objects.filter(pk=work_id).update(updated_at=timezone.now() - timedelta(hours=2))
         assert purge_expired() == 1
     assert enqueue(kind, {"key": "a"}) not in (None, work_id)  # the key is free again
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("receiver_connected", [True, False], ids=["post-delete-receiver", "no-receiver"])
+def test_a_row_revived_between_the_purge_read_and_its_delete_survives(receiver_connected: bool) -> None:
+    """The DELETE itself re-checks status and expiry. Django's collector (used whenever a
+    delete receiver is connected) deletes by primary key only, so it would take the row."""
+    make_rows(Status.ABANDONED, 3, age=timedelta(days=2))
+    revived_pk = DeferredWork.objects.order_by("pk").values_list("pk", flat=True).first()
+    deleted_seen: list[int] = []
+
+    def receiver(sender: Any, instance: DeferredWork, **kwargs: Any) -> None:
+        deleted_seen.append(instance.pk)
+
+    def revive_from_another_connection() -> None:
+        def revive() -> None:
+            try:
+                DeferredWork.objects.filter(pk=revived_pk).update(
+                    status=Status.PENDING, attempt=0, updated_at=timezone.now()
+                )
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=revive)
+        thread.start()
+        thread.join()
+
+    def revive_just_before_the_delete(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip().upper().startswith("DELETE"):
+            revive_from_another_connection()  # committed inside the window
+        return execute(sql, params, many, context)
+
+    if receiver_connected:
+        post_delete.connect(receiver, sender=DeferredWork)
+    try:
+        with connection.execute_wrapper(revive_just_before_the_delete):
+            deleted = purge_batch()
+    finally:
+        post_delete.disconnect(receiver, sender=DeferredWork)
+    assert deleted == 2
+    assert list(DeferredWork.objects.values_list("pk", "status")) == [(revived_pk, Status.PENDING)]
+    assert revived_pk not in deleted_seen

@@ -19,6 +19,7 @@ from nexus_workflows.claims import Claimer
 from nexus_workflows.limits import LAST_ERROR_MAX_LENGTH
 from nexus_workflows.models import DeferredWork, Status
 from nexus_workflows.runner import Runner
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -254,14 +255,17 @@ def test_a_sync_prepare_returning_a_coroutine_is_a_failure_not_a_success(registe
     assert "not an 'async def' function" in row(work_id).last_error
 
 
-def stale(work_id: str, *, attempt: int) -> None:
+def stale(work_id: str, *, attempt: int, started: bool = True, lost_unstarted: int = 0) -> None:
+    """Make the row look held by a runner that died (after its prepare started, or not)."""
     long_ago = timezone.now() - timedelta(hours=1)
     DeferredWork.objects.filter(pk=int(work_id)).update(
         status=Status.PROCESSING,
         claim_token="deadrunner",
         claimed_at=long_ago,
         heartbeat_at=long_ago,
+        started_at=long_ago if started else None,
         attempt=attempt,
+        lost_unstarted=lost_unstarted,
     )
 
 
@@ -363,8 +367,17 @@ def test_logs_name_kind_id_attempt_and_outcome_but_no_contents(register_workflow
     assert "María López" in row(work_id).last_error  # the full error stays in the database
 
 
-@override_settings(NEXUS_WORKFLOWS={"SHUTDOWN_GRACE": 0.3, "POLL_INTERVAL": 0.05})
-def test_shutdown_releases_claims_still_held(register_workflow: Any) -> None:
+@override_settings(
+    NEXUS_WORKFLOWS={
+        "SHUTDOWN_GRACE": 0.3,
+        "POLL_INTERVAL": 0.05,
+        "HEARTBEAT_INTERVAL": 0.2,
+        "STALE_AFTER": 1.0,
+    }
+)
+def test_shutdown_keeps_the_claim_of_an_attempt_that_outlives_the_grace(register_workflow: Any) -> None:
+    """Never two executions at once: the claim of an attempt still running when the grace
+    ends is neither released nor refreshed, so nobody can take it until it goes stale."""
     started = threading.Event()
     finish = threading.Event()
     late_save: dict[str, Any] = {}
@@ -374,6 +387,7 @@ def test_shutdown_releases_claims_still_held(register_workflow: Any) -> None:
         finish.wait(10)
         try:
             save({"late": True})
+            late_save["saved"] = True
         except ClaimLost as error:
             late_save["error"] = error
             raise
@@ -384,20 +398,27 @@ def test_shutdown_releases_claims_still_held(register_workflow: Any) -> None:
     thread = threading.Thread(target=runner.run)
     thread.start()
     assert started.wait(10)
+    wait_for(lambda: row(work_id).started_at is not None, timeout=5, what="the start marker")
     runner.request_stop()
     thread.join(10)
     assert not thread.is_alive()
     work = row(work_id)
-    assert (work.status, work.attempt, work.claim_token) == (Status.PENDING, 0, "")
-    assert work.next_attempt_at <= timezone.now()
-    assert runner.stats.released == 1
+    assert (work.status, work.attempt) == (Status.PROCESSING, 0)
+    assert work.claim_token != ""
+    assert runner.stats.released == 0
+    claimer = Claimer(kinds=[kind], using="default")
+    assert claimer.claim_stale(10, stale_after=timedelta(seconds=1.0)) == []  # still fresh
     finish.set()
-    for _ in range(100):
-        if "error" in late_save:
-            break
-        time.sleep(0.02)
-    assert isinstance(late_save["error"], ClaimLost)
-    assert row(work_id).checkpoints == {}
+    wait_for(lambda: late_save, timeout=5, what="the late save")
+    assert late_save == {"saved": True}  # nobody took the claim while the attempt ran
+    assert row(work_id).checkpoints == {"late": True}
+    heartbeat_before = row(work_id).heartbeat_at
+    time.sleep(1.2)  # heartbeats stopped with the runner: the claim goes stale
+    assert row(work_id).heartbeat_at == heartbeat_before
+    (reclaimed,) = claimer.claim_stale(10, stale_after=timedelta(seconds=1.0))
+    assert reclaimed.attempt == 1  # the attempt had started, so it counts
+    lost = reclaimed.history[-1]
+    assert (lost["outcome"], lost["attempt"], lost["started"]) == ("lost", 0, True)
 
 
 @override_settings(NEXUS_WORKFLOWS={"HEARTBEAT_INTERVAL": 0.2, "STALE_AFTER": 1.0, "POLL_INTERVAL": 0.05})

@@ -4,6 +4,7 @@ crashes, shared work, shutdown and database outages."""
 from __future__ import annotations
 
 import io
+import sysconfig
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,7 +18,7 @@ from django.db.models import Count
 
 from nexus_workflows import enqueue
 from nexus_workflows.models import DeferredWork, Status
-from tests.processes import ManagePy, url_of_test_database, wait_for
+from tests.processes import ManagePy, overlapping, read_intervals, url_of_test_database, wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
 
@@ -172,12 +173,13 @@ def test_a_slow_prepare_with_a_live_runner_is_not_reclaimed(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_sigterm_releases_the_claim_of_an_attempt_that_outlives_the_grace(tmp_path: Path) -> None:
+def test_sigterm_keeps_the_claim_of_an_attempt_that_outlives_the_grace(tmp_path: Path) -> None:
     started = tmp_path / "started"
     work_id = enqueue("test-slow", {"key": "a", "seconds": 60, "started_file": str(started)})
     process = ManagePy("runworkflows", settings={**FAST, "SHUTDOWN_GRACE": 0.5})
     try:
         wait_for(started.exists, timeout=30, what="the slow prepare to start")
+        claim = DeferredWork.objects.get(pk=work_id).claim_token
         began = time.monotonic()
         assert process.terminate(timeout=20) == 0
         assert time.monotonic() - began < 10
@@ -185,9 +187,47 @@ def test_sigterm_releases_the_claim_of_an_attempt_that_outlives_the_grace(tmp_pa
     finally:
         process.close()
     work = DeferredWork.objects.get(pk=work_id)
-    assert (work.status, work.attempt, work.claim_token) == (Status.PENDING, 0, "")
-    assert "released 1 claim(s) at shutdown" in output
+    # Not released: the attempt may have been running until the process ended. It goes
+    # stale and is reclaimed (as a lost attempt) after STALE_AFTER.
+    assert (work.status, work.attempt, work.claim_token) == (Status.PROCESSING, 0, claim)
+    assert work.started_at is not None
+    assert "exiting with 1 attempt(s) still running" in output
+    assert "released" not in output
     assert Ledger.objects.count() == 0
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_short_grace_never_lets_two_runners_execute_one_item_at_once(
+    tmp_path: Path,
+) -> None:
+    """Two runners; the first gets SIGTERM while its attempts outlive the grace (and its
+    process takes a while to exit, like one flushing an error reporter): the second runner
+    starts those items only once the first cannot be running them any more."""
+    ledger, finish = tmp_path / "ledger", tmp_path / "finish"
+    settings = {**FAST, "SHUTDOWN_GRACE": 0.3, "CONCURRENCY": 2}
+    trigger = {"ledger": str(ledger), "until_file": str(finish), "seconds": 60, "linger_at_exit": 0.5}
+    ids = [enqueue("test-interval", {**trigger, "key": str(n)}) for n in range(2)]
+    first = ManagePy("runworkflows", settings=settings)
+    second = None
+    try:
+        first.wait_for_output("runner started")
+        wait_for(lambda: len(read_intervals(ledger)) == 2, timeout=30, what="both attempts to start")
+        second = ManagePy("runworkflows", settings=settings)
+        second.wait_for_output("runner started")
+        assert first.terminate(timeout=20) == 0
+        finish.touch()  # from now on, every attempt ends at once
+        for work_id in ids:
+            wait_for_status(work_id, Status.DONE, "the item to be taken over and finished", timeout=60)
+        assert second.terminate() == 0
+    finally:
+        first.close()
+        if second:
+            second.close()
+    intervals = read_intervals(ledger)
+    assert overlapping(intervals) == []
+    assert {(i.key, i.pid) for i in intervals} == {(k, p) for k in "01" for p in (first.pid, second.pid)}
+    assert all(i.ended for i in intervals if i.pid == second.pid)
+    assert {DeferredWork.objects.get(pk=work_id).attempt for work_id in ids} == {1}  # started, lost
 
 
 @pytest.mark.slow
@@ -232,3 +272,50 @@ def test_runner_survives_the_database_going_away() -> None:
     assert "database reachable again" in output
     assert DeferredWork.objects.filter(status=Status.DONE).count() == 400
     assert set(ledger_keys("test-ledger")) == {str(n) for n in range(400)}  # no work lost
+
+
+def under_faketime(offset: str) -> dict[str, Any]:
+    """ManagePy options that run the process with its wall clock moved by ``offset``:
+    Debian's libfaketime preloaded into the Python process itself (the ``faketime``
+    wrapper forks, so a test could not signal the runner by its pid), monotonic clocks
+    left alone so timeouts still work. (libfaketime 0.9.10 makes ``time.sleep`` fail with
+    EINVAL then; waits on events and conditions are fine, and the runner uses only those.)"""
+    library = Path(
+        f"/usr/lib/{sysconfig.get_config_var('MULTIARCH') or 'x86_64-linux-gnu'}/faketime/libfaketime.so.1"
+    )
+    if not library.exists():
+        pytest.fail(f"{library} is missing: bin/test installs Debian's faketime")
+    return {"env": {"LD_PRELOAD": str(library), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}}
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+@pytest.mark.parametrize("offset", ["+10m", "-10m"], ids=["ten-minutes-ahead", "ten-minutes-behind"])
+def test_runners_whose_clocks_disagree_still_run_each_item_exactly_once(offset: str, tmp_path: Path) -> None:
+    """Claims, heartbeats, due checks and the stale cut-off are the database's clock: a
+    runner whose host is ten minutes ahead does not see live work as stale, and one ten
+    minutes behind does not make its own work look stale to the others."""
+    ledger = tmp_path / "ledger"
+    settings = {**FAST, "STALE_AFTER": 3, "CONCURRENCY": 2}
+    runners = [
+        ManagePy("runworkflows", settings=settings),
+        ManagePy("runworkflows", settings=settings, **under_faketime(offset)),
+    ]
+    try:
+        for process in runners:
+            process.wait_for_output("runner started")
+        for number in range(40):
+            enqueue("test-interval", {"key": str(number), "ledger": str(ledger), "seconds": 0.3})
+        wait_for(lambda: unfinished() == 0, timeout=90, interval=0.2, what="40 items drained")
+        for process in runners:
+            assert process.terminate() == 0, process.output()
+        outputs = [process.output() for process in runners]
+    finally:
+        for process in runners:
+            process.close()
+    intervals = read_intervals(ledger)
+    assert Counter(interval.key for interval in intervals) == {str(n): 1 for n in range(40)}
+    assert all(interval.ended for interval in intervals)
+    assert {interval.pid for interval in intervals} == {process.pid for process in runners}
+    assert DeferredWork.objects.filter(status=Status.DONE, attempt=0).count() == 40
+    assert not any("reclaimed from" in output for output in outputs)

@@ -7,7 +7,9 @@ which is this.
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,49 @@ def outcomes(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) ->
         save({"failed_once": True})
         raise ConnectionError("upstream timed out")
     record("test-outcomes", trigger)
+
+
+def append_line(path: str, *fields: Any) -> None:
+    """One line appended to a ledger file shared by processes (O_APPEND: whole lines)."""
+    line = " ".join(str(field) for field in (os.getpid(), *fields)) + "\n"
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, line.encode())
+    finally:
+        os.close(descriptor)
+
+
+@workflow("test-interval", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def interval(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Writes ``start``, a ``tick`` every 10 ms for ``seconds`` (or until ``until_file``
+    exists), runs ``steps`` journalled steps of ``step_seconds`` (ticking too), then
+    writes ``end`` to the ledger file ``trigger["ledger"]``, each line with the wall-clock
+    time: the intervals in which the item was executing. ``linger_at_exit`` makes the
+    process take that long to exit, as a metrics or error-reporting client flushing at
+    exit does."""
+    ledger = trigger["ledger"]
+    key = trigger["key"]
+    if trigger.get("linger_at_exit"):
+        atexit.register(time.sleep, trigger["linger_at_exit"])
+    append_line(ledger, key, "start", time.time())
+    pause = threading.Event()  # not time.sleep: libfaketime breaks it (see under_faketime)
+    until = Path(trigger["until_file"]) if trigger.get("until_file") else None
+
+    def tick_for(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (until and until.exists()):
+            pause.wait(min(0.01, seconds))
+            append_line(ledger, key, "tick", time.time())
+
+    tick_for(trigger.get("seconds", 0))
+    # Steps, each journalled: a retry resumes after the last one saved.
+    for step in range(trigger.get("steps", 0)):
+        if checkpoints.get(f"step{step}"):
+            continue
+        tick_for(trigger.get("step_seconds", 0))
+        save({f"step{step}": True})
+        append_line(ledger, key, f"step{step}", time.time())
+    append_line(ledger, key, "end", time.time())
 
 
 # --- fire-and-forget (no retry schedule): run by RQ workers --------------------------------

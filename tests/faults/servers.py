@@ -1,0 +1,157 @@
+"""Private servers for the fault suite: a PostgreSQL cluster and a Redis server of the
+test's own, on free loopback ports, that the test may restart or kill without touching
+the machine's shared services."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IN_CI
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def missing(what: str) -> None:
+    """A missing tool fails in CI (bin/test installs it) and skips elsewhere."""
+    message = f"{what} is not available; bin/test installs it"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _postgres_bin() -> Path:
+    for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (candidate / "initdb").exists():
+            return candidate
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).resolve().parent
+    missing("PostgreSQL's initdb")
+    raise AssertionError("unreachable")
+
+
+class PrivatePostgres:
+    """``initdb`` as the ``postgres`` user into a temporary directory, its own port."""
+
+    def __init__(self) -> None:
+        self.bin = _postgres_bin()
+        self.port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="nw-faults-pg-"))
+        self.data = self.directory / "data"
+        self.log = self.directory / "server.log"
+        if os.geteuid() == 0:  # initdb refuses to run as root: the cluster is postgres's
+            shutil.chown(self.directory, "postgres", "postgres")
+        self._as_postgres(
+            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
+        )
+        options = (
+            f"-c port={self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.directory} "
+            "-c fsync=off -c max_connections=100"
+        )
+        (self.data / "nw-options").write_text(options)
+        self._options = options
+
+    def _as_postgres(self, *command: str, timeout: float = 120) -> None:
+        if os.geteuid() == 0:
+            command = ("runuser", "-u", "postgres", "--", *command)
+        subprocess.run(command, check=True, capture_output=True, timeout=timeout)
+
+    def start(self) -> None:
+        self._pg_ctl("start", "-w", "-l", str(self.log), "-o", self._options)
+
+    def restart(self, mode: str) -> float:
+        """``pg_ctl restart -m mode``; returns how long the server was away (seconds)."""
+        began = time.monotonic()
+        self._pg_ctl("restart", "-w", "-m", mode, "-l", str(self.log), "-o", self._options)
+        return time.monotonic() - began
+
+    def stop(self) -> None:
+        self._pg_ctl("stop", "-m", "immediate")
+
+    def _pg_ctl(self, *args: str) -> None:
+        self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), *args)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True) as connection:
+            connection.execute(f'CREATE DATABASE "{name}"')
+
+    def cleanup(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class PrivateRedis:
+    """``redis-server`` on its own port, appending every write to its log before it
+    answers (``appendfsync always``), so a ``kill -9`` loses nothing it acknowledged."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            missing("redis-server")
+        self.binary = str(binary)
+        self.port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="nw-faults-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--dir", str(self.directory),
+                "--appendonly", "yes",
+                "--appendfsync", "always",
+                "--save", "",
+                "--logfile", str(self.directory / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"redis-server did not answer on port {self.port}")
+
+    def kill(self) -> None:
+        """``kill -9`` by PID."""
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def cleanup(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,337 @@
+"""A runner nothing but a signal stops: poison errors, failing writes, failing heartbeats,
+database errors inside prepare, lost claims and the crash-loop guard (issue 20).
+
+In-process runners on the real database; a real trigger (``write_blocker``) makes chosen
+writes fail the way a constraint or a read-only primary would.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import OperationalError, connection
+from django.test import override_settings
+from django.utils import timezone
+
+from nexus_workflows import enqueue
+from nexus_workflows.history import describe_error
+from nexus_workflows.limits import LAST_ERROR_MAX_LENGTH, OUTAGE_RELEASES_MAX, UNSTARTED_LOSSES_MAX
+from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.runner import Runner
+from tests.processes import wait_for
+from tests.test_runner import make_due, row, run_once, stale
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"POLL_INTERVAL": 0.05, "HEARTBEAT_INTERVAL": 0.1, "STALE_AFTER": 1.0, "SHUTDOWN_GRACE": 2}
+
+
+@contextmanager
+def running(*kinds: str, concurrency: int = 2) -> Iterator[tuple[Runner, threading.Thread]]:
+    """A runner in a thread of this process; stopped (and checked to stop) on exit."""
+    runner = Runner(kinds=list(kinds), concurrency=concurrency, install_signal_handlers=False)
+    thread = threading.Thread(target=runner.run, name="test-runner")
+    thread.start()
+    try:
+        yield runner, thread
+    finally:
+        runner.request_stop()
+        thread.join(15)
+        connection.close()
+    assert not thread.is_alive()
+
+
+# --- 1. poison never spreads --------------------------------------------------------------
+
+
+class StrReturnsBytes(Exception):
+    def __str__(self) -> Any:
+        return b"not text"
+
+
+class StrRaises(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("cannot render")
+
+
+POISON = {
+    "lone-surrogate": lambda: ValueError("cut emoji \ud83d here"),
+    "nul": lambda: ValueError("before\x00after"),
+    "one-megabyte": lambda: ValueError("x" * 1_000_000),
+    "str-raises": StrRaises,
+    "str-returns-bytes": StrReturnsBytes,
+    "system-exit": lambda: SystemExit(3),
+    "keyboard-interrupt": KeyboardInterrupt,
+    "generator-exit": GeneratorExit,
+    "surrogate-in-type-name": lambda: type("Bad\udc80Name", (Exception,), {})("boom\ud800"),
+}
+
+
+@pytest.mark.parametrize("poison", list(POISON))
+def test_whatever_prepare_raises_only_its_own_item_fails(register_workflow: Any, poison: str) -> None:
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        if trigger["key"] == "poison":
+            raise POISON[poison]()
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    others = [enqueue(kind, {"key": f"ok-{n}"}) for n in range(5)]
+    poisoned = enqueue(kind, {"key": "poison"})
+    stats = run_once(kind, concurrency=2)
+    assert (stats.done, stats.rescheduled) == (5, 1)
+    assert {row(work_id).status for work_id in others} == {Status.DONE}
+    work = row(poisoned)
+    assert (work.status, work.attempt, work.claim_token) == (Status.PENDING, 1, "")
+    for text in (work.last_error, work.history[-1]["error"]):
+        assert "\x00" not in text
+        text.encode("utf-8")  # no lone surrogate survived
+        assert len(text) <= LAST_ERROR_MAX_LENGTH
+
+
+def test_describe_error_is_bounded_storable_text() -> None:
+    assert describe_error(ValueError("a\x00b")) == "ValueError: a\ufffdb"
+    assert describe_error(ValueError("x\ud800y")) == "ValueError: x?y"
+    assert describe_error(StrReturnsBytes()) == "StrReturnsBytes: <the error's message could not be rendered>"
+    assert len(describe_error(ValueError("x" * 1_000_000))) == LAST_ERROR_MAX_LENGTH
+
+
+def test_a_failing_outcome_write_is_contained_to_its_item_and_retried(
+    register_workflow: Any, write_blocker: Any, caplog: Any
+) -> None:
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    others = [enqueue(kind, {"key": f"ok-{n}"}) for n in range(6)]
+    stuck = enqueue(kind, {"key": "stuck"})
+    write_blocker.install("NEW.dedupe_key = 'stuck' AND NEW.status = 'done'")
+    with (
+        override_settings(NEXUS_WORKFLOWS=FAST),
+        caplog.at_level(logging.ERROR, logger="nexus_workflows"),
+        running(kind) as (runner, thread),
+    ):
+        wait_for(
+            lambda: all(row(work_id).status == Status.DONE for work_id in others),
+            timeout=10,
+            what="the other items to be done",
+        )
+        wait_for(lambda: "writing its outcome failed" in caplog.text, timeout=10, what="the logged error")
+        time.sleep(0.5)  # several more turns of the loop with the write still failing
+        assert thread.is_alive()
+        assert row(stuck).status == Status.PROCESSING  # held, still heart-beaten
+        write_blocker.remove()
+        wait_for(lambda: row(stuck).status == Status.DONE, timeout=10, what="the retried write")
+    assert f"{kind} #{stuck} attempt 0: writing its outcome failed (" in caplog.text
+    assert runner.stats.done == 7
+
+
+def test_an_error_message_the_database_rejects_is_stored_as_its_type_alone(
+    register_workflow: Any, write_blocker: Any
+) -> None:
+    class Upstream(Exception):
+        pass
+
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        raise Upstream("this text is refused")
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    write_blocker.install("NEW.last_error LIKE '%refused%'")
+    with override_settings(NEXUS_WORKFLOWS=FAST), running(kind):
+        wait_for(lambda: row(work_id).attempt == 1, timeout=15, what="the fallback write")
+    work = row(work_id)
+    assert (work.attempt, work.last_error) == (1, "Upstream: (the message could not be stored)")
+
+
+# --- 3. heartbeats survive any exception ----------------------------------------------------
+
+
+def test_heartbeats_survive_errors_and_a_runner_without_them_stops_claiming(
+    register_workflow: Any, write_blocker: Any, caplog: Any
+) -> None:
+    release_slow = threading.Event()
+    runs: list[str] = []
+
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        runs.append(trigger["key"])
+        if trigger["key"] == "slow":
+            release_slow.wait(20)
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    slow = enqueue(kind, {"key": "slow"})
+    # Heartbeat-only updates fail (InternalError on PostgreSQL, as on a read-only primary).
+    heartbeat_only = (
+        "NEW.heartbeat_at <> OLD.heartbeat_at AND NEW.updated_at = OLD.updated_at "
+        "AND NEW.claim_token = OLD.claim_token"
+    )
+    with (
+        override_settings(NEXUS_WORKFLOWS=FAST),
+        caplog.at_level(logging.WARNING, logger="nexus_workflows"),
+        running(kind) as (runner, thread),
+    ):
+        wait_for(lambda: runs == ["slow"], timeout=10, what="the slow attempt to start")
+        write_blocker.install(heartbeat_only)
+        wait_for(lambda: "not claiming until one succeeds" in caplog.text, timeout=10, what="the pause")
+        quick = enqueue(kind, {"key": "quick"})
+        time.sleep(1.0)  # more than STALE_AFTER: the slow attempt's own claim is stale now
+        assert row(quick).status == Status.PENDING  # not claimed while heartbeats fail
+        assert runner.stats.reclaimed == 0  # nor its own stale attempt
+        write_blocker.remove()
+        wait_for(lambda: row(quick).status == Status.DONE, timeout=10, what="claiming to resume")
+        release_slow.set()
+        wait_for(lambda: row(slow).status == Status.DONE, timeout=10, what="the slow attempt")
+        assert thread.is_alive()
+    assert "heartbeats work again" in caplog.text
+    assert runs == ["slow", "quick"]  # the slow item ran once
+    assert (row(slow).attempt, runner.stats.reclaimed) == (0, 0)
+
+
+# --- 4. an unreachable database does not consume the schedule ------------------------------
+
+
+def test_a_database_outage_inside_prepare_releases_the_attempt_a_bounded_number_of_times(
+    register_workflow: Any,
+) -> None:
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    for _ in range(OUTAGE_RELEASES_MAX):
+        stats = run_once(kind)
+        assert (stats.released, stats.rescheduled) == (1, 0)
+        work = row(work_id)
+        assert (work.status, work.attempt) == (Status.PENDING, 0)
+        assert work.next_attempt_at <= timezone.now() + timedelta(seconds=2)  # due soon
+        assert work.history[-1] == {
+            **work.history[-1],
+            "outcome": "released",
+            "reason": "database unavailable",
+            "attempt": 0,
+        }
+        make_due(work_id)
+    # A workflow that always fails this way still walks its schedule and ends.
+    assert run_once(kind).rescheduled == 1
+    assert row(work_id).attempt == 1
+    make_due(work_id)
+    for _ in range(OUTAGE_RELEASES_MAX):
+        run_once(kind)
+        make_due(work_id)
+    assert run_once(kind).abandoned == 1
+    assert row(work_id).status == Status.ABANDONED
+
+
+# --- 5. only attempts that started count ----------------------------------------------------
+
+
+def test_a_claim_lost_before_prepare_started_costs_no_attempt(register_workflow: Any) -> None:
+    runs: list[int] = []
+    kind = register_workflow(lambda t, c, s: runs.append(1), retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    stale(work_id, attempt=1, started=False)  # the last allowed attempt, never started
+    stats = run_once(kind)
+    assert (stats.reclaimed, stats.done, stats.abandoned) == (1, 1, 0)
+    assert runs == [1]
+    work = row(work_id)
+    assert (work.status, work.attempt, work.lost_unstarted) == (Status.DONE, 1, 1)
+    assert work.history[-1] == {**work.history[-1], "outcome": "lost", "attempt": 1, "started": False}
+
+
+def test_a_lost_attempt_is_in_the_history_before_the_work_runs_again(register_workflow: Any) -> None:
+    seen: list[Any] = []
+    kind = register_workflow(lambda t, c, s: seen.append(row(t["id"]).history), retry_schedule=[1, 1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    DeferredWork.objects.filter(pk=work_id).update(trigger={"key": "a", "id": int(work_id)})
+    stale(work_id, attempt=0, started=True)
+    run_once(kind)
+    entries = [(entry["outcome"], entry["attempt"], entry["started"]) for entry in seen[0]]
+    assert entries == [("lost", 0, True)]
+
+
+def test_work_whose_claims_are_always_lost_before_starting_still_ends(register_workflow: Any) -> None:
+    runs: list[int] = []
+    kind = register_workflow(lambda t, c, s: runs.append(1), retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    stale(work_id, attempt=0, started=False, lost_unstarted=UNSTARTED_LOSSES_MAX - 1)
+    stats = run_once(kind)
+    assert (stats.reclaimed, stats.abandoned) == (1, 1)
+    assert runs == []
+    work = row(work_id)
+    assert (work.status, work.attempt) == (Status.ABANDONED, 0)
+    assert work.last_error.startswith(f"WorkerLost: {UNSTARTED_LOSSES_MAX} claims of this work were lost")
+
+
+@override_settings(NEXUS_WORKFLOWS={"HEARTBEAT_INTERVAL": 5, "POLL_INTERVAL": 0.05})
+def test_a_started_attempt_is_marked_soon_after_it_starts(register_workflow: Any) -> None:
+    marked: list[Any] = []
+
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        time.sleep(0.4)
+        try:
+            marked.append(row(trigger["id"]).started_at)
+        finally:
+            connection.close()
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    DeferredWork.objects.filter(pk=work_id).update(trigger={"key": "a", "id": int(work_id)})
+    run_once(kind)
+    assert marked[0] is not None  # well before the first heartbeat (5 s)
+    assert row(work_id).started_at is None  # the finished attempt left no marker
+
+
+# --- 8. the crash-loop guard cannot orphan claims -------------------------------------------
+
+
+def test_a_failing_guard_write_leaves_the_other_reclaimed_work_running(
+    register_workflow: Any, write_blocker: Any, caplog: Any
+) -> None:
+    runs: list[str] = []
+    kind = register_workflow(lambda t, c, s: runs.append(t["key"]), retry_schedule=[1]).kind
+    doomed = enqueue(kind, {"key": "doomed"})
+    others = [enqueue(kind, {"key": f"other-{n}"}) for n in range(3)]
+    stale(doomed, attempt=2)  # beyond the schedule: the guard abandons it
+    for work_id in others:
+        stale(work_id, attempt=0)
+    # The doomed row's heartbeat is the oldest, so the guard handles it first.
+    DeferredWork.objects.filter(pk=doomed).update(heartbeat_at=timezone.now() - timedelta(days=1))
+    write_blocker.install("NEW.dedupe_key = 'doomed' AND NEW.status = 'abandoned'")
+    with (
+        override_settings(NEXUS_WORKFLOWS=FAST),
+        caplog.at_level(logging.ERROR, logger="nexus_workflows"),
+        running(kind) as (_, thread),
+    ):
+        wait_for(
+            lambda: all(row(work_id).status == Status.DONE for work_id in others),
+            timeout=10,
+            what="the other reclaimed items to run",
+        )
+        assert row(doomed).status == Status.PROCESSING
+        assert thread.is_alive()
+        write_blocker.remove()
+        wait_for(lambda: row(doomed).status == Status.ABANDONED, timeout=10, what="the guard's retry")
+    assert sorted(runs) == ["other-0", "other-1", "other-2"]  # the doomed item never ran
+    assert f"{kind} #{doomed} attempt 3: writing its reclaim failed (" in caplog.text
+
+
+def test_the_admin_history_says_which_losses_and_releases_were_not_counted(register_workflow: Any) -> None:
+    from nexus_workflows.admin_display import history_rows
+
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    DeferredWork.objects.filter(pk=work_id).update(
+        history=[
+            {"attempt": 0, "outcome": "lost", "started": False, "error": "x"},
+            {"attempt": 0, "outcome": "lost", "started": True, "error": "x"},
+            {"attempt": 1, "outcome": "released", "reason": "database unavailable", "error": "x"},
+        ]
+    )
+    rows = history_rows(row(work_id))
+    assert [(r.attempt, r.label, r.detail) for r in rows] == [
+        ("1 of 2", "lost", "the runner stopped before this attempt started; not counted"),
+        ("1 of 2", "lost", "the runner stopped heart-beating"),
+        ("2 of 2", "released", "not counted: database unavailable"),
+    ]
