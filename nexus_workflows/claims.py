@@ -6,7 +6,7 @@ and stamps them with a fresh claim token. Every later write of that attempt filt
 nothing means the claim was lost (another runner reclaimed the work, or an operator
 changed it), and nothing was written.
 
-Every time written here comes from the database (``Now()``), never from the runner's host:
+Every time written here comes from the database (``DatabaseNow()``), never from the runner's host:
 runners on hosts whose clocks disagree still agree on what is due and what is stale.
 """
 
@@ -17,16 +17,15 @@ import random
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
-from django.db.models.functions import Coalesce, Now
+from django.db.models.functions import Coalesce
 from django.db.models.sql import UpdateQuery
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
+from .clock import DatabaseNow, database_now
 from .exceptions import ClaimLost, InvalidCheckpoint
 from .history import append_entry
 from .models import DeferredWork, Status
@@ -45,23 +44,8 @@ _CLAIM_FIELDS = (
 
 def now_plus(delta: timedelta) -> Any:
     """The database's current time plus ``delta``, as an expression."""
-    return ExpressionWrapper(Now() + Value(delta, output_field=DurationField()), output_field=DateTimeField())
-
-
-def database_now(using: str) -> datetime:
-    """The database's current time (one query): for a cut-off that must not move."""
-    connection = connections[using]
-    query = DeferredWork.objects.using(using).none().query
-    compiler = query.get_compiler(using)
-    sql, params = compiler.compile(Now().resolve_expression(query))
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {sql}", params)
-        value = cursor.fetchone()[0]
-    if isinstance(value, str):  # SQLite: naive UTC text
-        value = parse_datetime(value)
-    if timezone.is_naive(value):
-        value = timezone.make_aware(value, UTC)
-    return value
+    later = DatabaseNow() + Value(delta, output_field=DurationField())
+    return ExpressionWrapper(later, output_field=DateTimeField())
 
 
 # When a claim loses rows to another runner, the next claims pick at random among this
@@ -139,9 +123,9 @@ class Claimer:
         token = uuid.uuid4().hex
         changes.update(
             claim_token=token,
-            claimed_at=Now(),
-            heartbeat_at=Now(),
-            updated_at=Now(),
+            claimed_at=DatabaseNow(),
+            heartbeat_at=DatabaseNow(),
+            updated_at=DatabaseNow(),
             started_at=None,
         )
         claimed = candidates.filter(pk__in=ids)
@@ -185,7 +169,7 @@ class Claimer:
         clock, or ``now``), oldest first."""
         if limit <= 0 or not self.kinds:
             return []
-        due = DeferredWork.objects.using(self.using).due(now or Now())
+        due = DeferredWork.objects.using(self.using).due(now or DatabaseNow())
         claimed = self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
         return [work for work, _ in claimed]
 
@@ -293,10 +277,10 @@ def save_checkpoints(work: ClaimedWork, patch: Any) -> dict[str, Any]:
     merged = {**work.checkpoints, **clean}
     matched = work.fenced().update(
         checkpoints=merged,
-        heartbeat_at=Now(),
-        updated_at=Now(),
+        heartbeat_at=DatabaseNow(),
+        updated_at=DatabaseNow(),
         # A save proves the attempt started: it counts if its runner is lost.
-        started_at=Coalesce(F("started_at"), Now()),
+        started_at=Coalesce(F("started_at"), DatabaseNow()),
     )
     if matched != 1:
         raise ClaimLost(
@@ -326,7 +310,7 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
         ids = [work.id for work in group]
         rows = DeferredWork.objects.using(using).held(token).filter(pk__in=ids)
         if _can_return_from_update(using):
-            ours = {row["pk"] for row in _update_returning(rows, _done_fields(Now()), using, ("pk",))}
+            ours = {row["pk"] for row in _update_returning(rows, _done_fields(DatabaseNow()), using, ("pk",))}
         else:
             now = database_now(using)
             if rows.update(**_done_fields(now)) == len(group):
@@ -358,7 +342,7 @@ def _done_fields(now: Any) -> dict[str, Any]:
 
 
 def _finish_one(work: ClaimedWork) -> bool:
-    return work.fenced().update(history=work.history, **_done_fields(Now())) == 1
+    return work.fenced().update(history=work.history, **_done_fields(DatabaseNow())) == 1
 
 
 def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
@@ -370,7 +354,7 @@ def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
             next_attempt_at=now_plus(delay),
             last_error=error,
             history=history,
-            **_unclaimed(Now()),
+            **_unclaimed(DatabaseNow()),
         )
         == 1
     )
@@ -388,7 +372,7 @@ def release_after_outage(work: ClaimedWork, *, delay: timedelta, error: str) -> 
             next_attempt_at=now_plus(delay),
             last_error=error,
             history=history,
-            **_unclaimed(Now()),
+            **_unclaimed(DatabaseNow()),
         )
         == 1
     )
@@ -403,7 +387,7 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
             status=Status.ABANDONED,
             last_error=error,
             history=history,
-            **_unclaimed(Now()),
+            **_unclaimed(DatabaseNow()),
         )
         == 1
     )
@@ -430,7 +414,7 @@ def release(works: Iterable[ClaimedWork]) -> int:
             DeferredWork.objects.using(using)
             .held(token)
             .filter(pk__in=ids)
-            .update(status=Status.PENDING, next_attempt_at=Now(), **_unclaimed(Now()))
+            .update(status=Status.PENDING, next_attempt_at=DatabaseNow(), **_unclaimed(DatabaseNow()))
         )
     return released
 
@@ -444,7 +428,7 @@ def heartbeat(works: Sequence[ClaimedWork], *, using: str) -> int:
     return (
         DeferredWork.objects.using(using)
         .filter(pk__in=ids, claim_token__in=tokens, status=Status.PROCESSING)
-        .update(heartbeat_at=Now())
+        .update(heartbeat_at=DatabaseNow())
     )
 
 
@@ -457,5 +441,5 @@ def mark_started(works: Sequence[ClaimedWork], *, using: str) -> int:
     return (
         DeferredWork.objects.using(using)
         .filter(pk__in=ids, claim_token__in=tokens, status=Status.PROCESSING, started_at__isnull=True)
-        .update(started_at=Now())
+        .update(started_at=DatabaseNow())
     )

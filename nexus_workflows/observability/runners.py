@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
-from django.db.models.functions import Now
 
+from ..clock import DatabaseNow
 from ..conf import app_settings
 from .models import Runner
 
@@ -26,7 +26,7 @@ def stale_after() -> timedelta:
 
 def alive_q() -> Q:
     """Runners seen within ``STALE_AFTER`` by the database's clock."""
-    return Q(last_seen_at__gte=Now() - stale_after())
+    return Q(last_seen_at__gte=DatabaseNow() - stale_after())
 
 
 def with_liveness(queryset: QuerySet[Runner]) -> QuerySet[Runner]:
@@ -48,8 +48,8 @@ def register(*, kinds: Sequence[str], concurrency: int, using: str) -> int:
         version=version(),
         kinds=list(kinds),
         concurrency=concurrency,
-        started_at=Now(),
-        last_seen_at=Now(),
+        started_at=DatabaseNow(),
+        last_seen_at=DatabaseNow(),
     )
     return row.pk
 
@@ -59,7 +59,7 @@ def refresh(pk: int, *, in_flight: int, done: int, failed: int, using: str) -> b
     return bool(
         Runner.objects.using(using)
         .filter(pk=pk)
-        .update(last_seen_at=Now(), in_flight=in_flight, done=done, failed=failed)
+        .update(last_seen_at=DatabaseNow(), in_flight=in_flight, done=done, failed=failed)
     )
 
 

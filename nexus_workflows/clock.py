@@ -1,0 +1,51 @@
+"""The database's clock: every time the app decides by comes from here, never from a host.
+
+``DatabaseNow`` is Django's ``Now()`` except on SQLite, where Django's own ``Now()`` writes
+``2026-12-03 09:38:46.047`` while a datetime parameter is written ``2026-12-03
+09:38:46.047000`` (``str(datetime)``). SQLite compares those as text, so a row stamped by
+``Now()`` would never equal the very value read back from it, and a compare-and-set on a
+timestamp (the admin's revive) would never match. ``DatabaseNow`` writes what
+``str(datetime)`` writes: six fractional digits, none when they are all zero.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connections
+from django.db.models.functions import Now
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+_SQLITE_NOW = (
+    "CASE WHEN STRFTIME('%%%%f', 'NOW') LIKE '%%%%.000' "
+    "THEN STRFTIME('%%%%Y-%%%%m-%%%%d %%%%H:%%%%M:%%%%S', 'NOW') "
+    "ELSE STRFTIME('%%%%Y-%%%%m-%%%%d %%%%H:%%%%M:%%%%f000', 'NOW') END"
+)
+
+
+class DatabaseNow(Now):
+    """The database's current time, stored as Django stores a datetime parameter."""
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        # 'NOW' is the same instant for every call within one statement step.
+        return self.as_sql(compiler, connection, template=_SQLITE_NOW, **extra_context)
+
+
+def database_now(using: str) -> datetime:
+    """The database's current time (aware, UTC), in one query: for a cut-off that must
+    not move, or a figure computed outside a statement."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT statement_timestamp()")
+            value = cursor.fetchone()[0]
+        elif connection.vendor == "sqlite":
+            cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
+            value = parse_datetime(cursor.fetchone()[0])
+        else:
+            return timezone.now()
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value
