@@ -20,6 +20,7 @@ _SECONDS = {
     "STALE_AFTER": ("greater than 0", lambda v: v > 0),
     "HEARTBEAT_INTERVAL": ("greater than 0", lambda v: v > 0),
     "POLL_INTERVAL": ("greater than 0", lambda v: v > 0),
+    "WAKEUP_FALLBACK_POLL_INTERVAL": ("greater than 0", lambda v: v > 0),
     "SWEEP_INTERVAL": ("greater than 0", lambda v: v > 0),
     "SHUTDOWN_GRACE": ("0 or more", lambda v: v >= 0),
 }
@@ -92,7 +93,41 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
         )
     if valid:
         messages.extend(_check_schedules())
+    messages.extend(_check_wakeup_database())
     return messages
+
+
+def _check_wakeup_database() -> list[CheckMessage]:
+    """WAKEUP_DATABASE names a PostgreSQL alias of DATABASES (or is None)."""
+    from django.db import connections
+
+    alias = app_settings.WAKEUP_DATABASE
+    if alias is None:
+        return []
+    hint = (
+        "Name an alias of DATABASES that connects straight to PostgreSQL (not through a "
+        "pooler in transaction mode), or leave it None to listen on the runner's own database."
+    )
+    if not isinstance(alias, str) or alias not in connections.settings:
+        what = "an alias of DATABASES" if isinstance(alias, str) else "a string or None"
+        return [
+            Error(
+                f"{SETTINGS_NAME}['WAKEUP_DATABASE'] must be {what}; got {alias!r}. "
+                f"DATABASES has: {', '.join(map(repr, connections.settings))}.",
+                hint=hint,
+                id="nexus_workflows.E020",
+            )
+        ]
+    if connections[alias].vendor != "postgresql":
+        return [
+            Error(
+                f"{SETTINGS_NAME}['WAKEUP_DATABASE'] names {alias!r}, a "
+                f"{connections[alias].vendor} database; wake-ups (LISTEN/NOTIFY) need PostgreSQL.",
+                hint=hint,
+                id="nexus_workflows.E021",
+            )
+        ]
+    return []
 
 
 def _check_schedules() -> list[CheckMessage]:

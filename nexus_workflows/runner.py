@@ -7,7 +7,9 @@ One runner is one process with a main thread and a few helpers:
 * **worker threads** (``CONCURRENCY``) run ``prepare``; ``save(patch)`` writes from there;
 * a **heartbeat thread** refreshes ``heartbeat_at`` of everything the runner holds, so a
   slow but live attempt is never reclaimed, and only a dead runner's work goes stale;
-* on PostgreSQL, a **listener thread** wakes the main thread on ``NOTIFY``.
+* on PostgreSQL, a **listener thread** wakes the main thread on ``NOTIFY``; it proves
+  that wake-ups arrive, and while they do not the main thread polls every
+  ``WAKEUP_FALLBACK_POLL_INTERVAL`` instead of ``POLL_INTERVAL`` (see :mod:`.wakeup`).
 
 Any number of runners may share one database: claims are compare-and-set updates, so
 no item is run twice at once. When the database goes away, the runner keeps what it has
@@ -141,9 +143,10 @@ class Runner:
         previous_handlers = self._install_signal_handlers()
         self._start_threads()
         logger.info(
-            "runner started: kinds %s, concurrency %d%s",
+            "runner started: kinds %s, concurrency %d, wake-ups: %s%s",
             ", ".join(self.kinds) or "(none)",
             self.concurrency,
+            self.wakeup_mode,
             ", once" if self.once else "",
         )
         try:
@@ -155,6 +158,17 @@ class Runner:
                 self._restore_signal_handlers(previous_handlers)
         logger.info("runner stopped: %s", self.stats.summary())
         return self.stats
+
+    @property
+    def wakeup_mode(self) -> wakeup.WakeupMode:
+        """How this runner learns of new work (``listening`` once its probe arrived)."""
+        return self._listener.mode if self._listener is not None else wakeup.WakeupMode.POLL
+
+    def idle_interval(self) -> float:
+        """Seconds to sleep when nothing is due: short while wake-ups do not arrive."""
+        if self._listener is None or self._listener.mode is wakeup.WakeupMode.LISTENING:
+            return self.poll_interval
+        return min(self.poll_interval, float(app_settings.WAKEUP_FALLBACK_POLL_INTERVAL))
 
     def request_stop(self, *, now: bool = False) -> None:
         """Stop claiming; in-flight attempts get ``SHUTDOWN_GRACE`` seconds (none with
@@ -209,6 +223,9 @@ class Runner:
         if not self.once and app_settings.WAKEUP and connections[self.using].vendor == "postgresql":
             self._listener = wakeup.PostgresListener(self.using, self._wake)
             self._listener.start()
+            # The start line says whether wake-ups work; the probe takes milliseconds
+            # when they do, PROBE_TIMEOUT when they do not.
+            self._listener.decided.wait(wakeup.PROBE_TIMEOUT + 5.0)
 
     def _worker(self) -> None:
         try:
@@ -294,7 +311,7 @@ class Runner:
             # otherwise wait, so the workers start the work just claimed right away.
             if purging or (more_due and self._wants_more()):
                 continue
-            self._wake.wait(self.poll_interval)
+            self._wake.wait(self.idle_interval())
 
     def _capacity(self) -> tuple[int, int]:
         """(most items to hold, refill when holding no more than this)."""
