@@ -7,7 +7,7 @@ when started by root it runs as the ``postgres`` user.
 
 As a program, it serves until SIGTERM (``bin/test`` runs a test leg through it)::
 
-    python -m tests.pgbouncer --upstream postgres://postgres@127.0.0.1:5432 --port-file F
+    python -m tests.pgbouncer --upstream postgres://postgres@127.0.0.1:5432/db --url-file F
 """
 
 from __future__ import annotations
@@ -144,8 +144,10 @@ def serve() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--upstream", required=True, help="postgres://user@host:port[/database]")
-    parser.add_argument("--port-file", required=True, help="written with the port once PgBouncer listens")
+    parser.add_argument("--upstream", required=True, help="postgres://user@host:port/database")
+    parser.add_argument(
+        "--url-file", required=True, help="gets the database's URL through PgBouncer once it listens"
+    )
     options = parser.parse_args()
     upstream = urlsplit(options.upstream)
     bouncer = PgBouncer(
@@ -161,7 +163,7 @@ def serve() -> None:
     signal.signal(signal.SIGINT, stop)
     bouncer.start()
     try:
-        Path(options.port_file).write_text(f"{bouncer.port}\n")
+        Path(options.url_file).write_text(bouncer.url(upstream.path.lstrip("/")) + "\n")
         while not stopping and bouncer.process is not None and bouncer.process.poll() is None:
             time.sleep(0.2)
     finally:
