@@ -99,4 +99,24 @@ class DeferredWork(models.Model):
         return f"{self.kind} #{self.pk} ({self.status})"
 
 
+class RunnerWakeup(models.Model):
+    """How one live runner learns of new work (its wake-up mode), for ``workflows status``.
+
+    Written by the runner's wake-up listener (PostgreSQL with WAKEUP on) when the mode
+    changes and every HEARTBEAT_INTERVAL; deleted when the runner stops cleanly. Times
+    are the database's. Runners without a listener poll and keep no row.
+    """
+
+    runner = models.CharField(max_length=255, unique=True)  # host:pid
+    mode = models.CharField(max_length=20)
+    changed_at = models.DateTimeField()
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "runner wake-up mode"
+
+    def __str__(self) -> str:
+        return f"{self.runner}: {self.mode}"
+
+
 from .phi.models import PhiToken, TokenMap  # noqa: E402,F401

@@ -1,16 +1,20 @@
-"""What ``manage.py workflows status`` reports: counts, the oldest due item, abandoned work."""
+"""What ``manage.py workflows status`` reports: counts, the oldest due item, abandoned work,
+and how each live runner learns of new work (its wake-up mode)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db.models import Count
+from django.db.models.functions import Now
 from django.utils import timezone
 
+from .conf import app_settings
 from .history import first_line
-from .models import DeferredWork, Status
+from .models import DeferredWork, RunnerWakeup, Status
+from .wakeup import WakeupMode
 
 
 @dataclass
@@ -19,6 +23,7 @@ class StatusReport:
     oldest_due: DeferredWork | None = None
     abandoned: list[DeferredWork] = field(default_factory=list)
     abandoned_total: int = 0
+    runners: list[RunnerWakeup] = field(default_factory=list)
     generated_at: datetime = field(default_factory=timezone.now)
 
 
@@ -40,7 +45,19 @@ def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
     report.abandoned = list(
         abandoned.only("pk", "kind", "dedupe_key", "attempt", "last_error", "updated_at")[:abandoned_limit]
     )
+    # Rows of runners that stopped without removing theirs age out after STALE_AFTER, on
+    # the database's clock like the rows' own times.
+    cutoff = Now() - timedelta(seconds=float(app_settings.STALE_AFTER))
+    report.runners = list(RunnerWakeup.objects.filter(seen_at__gte=cutoff).order_by("runner"))
     return report
+
+
+_MODE_NOTES = {
+    WakeupMode.LISTENING: "new work starts at once (LISTEN/NOTIFY, proven by a probe)",
+    WakeupMode.SHORT_POLL: "wake-ups do not arrive: polling every WAKEUP_FALLBACK_POLL_INTERVAL; "
+    "behind a pooler, set WAKEUP_DATABASE",
+    WakeupMode.STARTING: "proving its wake-ups",
+}
 
 
 def render_status_report(report: StatusReport) -> str:
@@ -70,4 +87,17 @@ def render_status_report(report: StatusReport) -> str:
         )
     if report.abandoned_total > len(report.abandoned):
         lines.append(f"  … and {report.abandoned_total - len(report.abandoned)} more")
+    if report.runners:
+        lines.append(f"Runners' wake-ups: {len(report.runners)}")
+        for runner in report.runners:
+            note = _MODE_NOTES.get(runner.mode, "")  # type: ignore[call-overload]
+            lines.append(
+                f"  {runner.runner} {runner.mode} since {runner.changed_at:%Y-%m-%d %H:%M:%S %Z}"
+                + (f": {note}" if note else "")
+            )
+    else:
+        lines.append(
+            "Runners' wake-ups: no runner listening (runners on PostgreSQL with WAKEUP on list "
+            "themselves here; others poll every POLL_INTERVAL)"
+        )
     return "\n".join(lines)

@@ -20,11 +20,15 @@ that does not arrive is reported once, and the runner polls every
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
+import socket
 import threading
 import time
 import uuid
 import weakref
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -91,6 +95,9 @@ class WakeupMode(StrEnum):
     POLL = "poll"
 
 
+_listener_numbers = itertools.count(1)
+
+
 def wakeup_alias(using: str) -> str:
     """The database alias a runner of ``using`` LISTENs on."""
     return app_settings.WAKEUP_DATABASE or using
@@ -112,11 +119,25 @@ class PostgresListener(threading.Thread):
         self.event = event
         self.mode = WakeupMode.STARTING
         self.decided = threading.Event()  # set once the first probe has an answer
+        number = next(_listener_numbers)
+        self.runner_id = f"{socket.gethostname()}:{os.getpid()}" + (f"/{number}" if number > 1 else "")
         self._stopping = threading.Event()
         self._reported_lost = False
+        self._recorded_at = -float("inf")
+        self._recorded_mode: WakeupMode | None = None
+        self._record_ok = True
 
     def stop(self) -> None:
+        """Stop listening and remove this runner's row (from the calling thread)."""
         self._stopping.set()
+        if self.is_alive():
+            self.join(2.0)  # it notices within half a second; then it writes no more
+        from .models import RunnerWakeup
+
+        try:
+            RunnerWakeup.objects.using(self.using).filter(runner=self.runner_id).delete()
+        except Exception as error:  # noqa: BLE001 - status only; the row ages out
+            logger.debug("could not remove this runner's wake-up row (%s)", type(error).__name__)
 
     def _connect(self) -> Any:
         import psycopg
@@ -143,6 +164,7 @@ class PostgresListener(threading.Thread):
                     app_settings.WAKEUP_FALLBACK_POLL_INTERVAL,
                 )
                 self._set_mode(WakeupMode.SHORT_POLL)
+                self._record()
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
@@ -171,6 +193,7 @@ class PostgresListener(threading.Thread):
                 else:
                     self._probe_answered(arrived)
                     next_probe = float("inf") if arrived else time.monotonic() + REPROBE_INTERVAL
+            self._record()
             for notification in connection.notifies(timeout=0.5):
                 self._received(notification.payload)
 
@@ -241,6 +264,37 @@ class PostgresListener(threading.Thread):
             "and probes again every "
             f"{REPROBE_INTERVAL:g}s"
         )
+
+    def _record(self) -> None:
+        """Keep this runner's row for ``workflows status`` (its mode, and that it is alive)
+        current: at once when the mode changed, else every HEARTBEAT_INTERVAL. Best effort:
+        the row is only shown, so a failure is logged at debug level and retried."""
+        due = time.monotonic() - self._recorded_at >= float(app_settings.HEARTBEAT_INTERVAL)
+        changed = self.mode is not self._recorded_mode and self._record_ok
+        if self._stopping.is_set() or not (due or changed):
+            return
+        from django.db.models.functions import Now
+
+        from .models import RunnerWakeup
+
+        rows = RunnerWakeup.objects.using(self.using)
+        try:
+            if self._recorded_mode is None:  # first write: forget runners that died
+                cutoff = Now() - timedelta(seconds=float(app_settings.STALE_AFTER))
+                rows.filter(seen_at__lt=cutoff).delete()
+            if not rows.filter(runner=self.runner_id, mode=self.mode).update(seen_at=Now()):
+                rows.update_or_create(
+                    runner=self.runner_id,
+                    defaults={"mode": self.mode, "changed_at": Now(), "seen_at": Now()},
+                )
+            self._recorded_mode = self.mode
+            self._record_ok = True
+        except Exception as error:  # noqa: BLE001
+            logger.debug("could not record this runner's wake-up mode (%s)", type(error).__name__)
+            self._record_ok = False  # retry at the next interval, not at every loop
+        finally:
+            self._recorded_at = time.monotonic()
+            connections[self.using].close()
 
     def _set_mode(self, mode: WakeupMode) -> None:
         changed = mode is not self.mode

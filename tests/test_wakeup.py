@@ -4,10 +4,13 @@ that reconnects proves its connection again."""
 
 from __future__ import annotations
 
+import io
+import socket
 import statistics
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, connections
 
 from nexus_workflows.models import DeferredWork
@@ -44,6 +47,14 @@ def start_runner(pgbouncer: Any, settings: dict[str, Any], *, direct: str | None
     return runner
 
 
+def status_line(runner: ManagePy) -> str | None:
+    """The runner's line in ``manage.py workflows status``, if it has one."""
+    out = io.StringIO()
+    call_command("workflows", "status", stdout=out)
+    name = f"{socket.gethostname()}:{runner.pid}"
+    return next((line.strip() for line in out.getvalue().splitlines() if name in line), None)
+
+
 def latencies_through_the_pooler(pgbouncer: Any, prefix: str) -> list[float]:
     """Enqueue SAMPLES items one by one through PgBouncer, as a web process behind it does
     (the runner idle at each arrival); seconds from each enqueue to its prepare."""
@@ -73,8 +84,12 @@ def test_lost_wakeups_behind_pgbouncer_are_reported_once_and_polled_short(pgboun
     runner = start_runner(pgbouncer, {"WAKEUP_FALLBACK_POLL_INTERVAL": 0.1})
     try:
         latencies = latencies_through_the_pooler(pgbouncer, "lost")
+        line = wait_for(lambda: status_line(runner), timeout=10, what="the runner in status")
+        assert " short-poll since " in line, line
+        assert "set WAKEUP_DATABASE" in line, line
         assert runner.terminate() == 0
         output = runner.output()
+        assert status_line(runner) is None  # a runner that stops removes its line
     finally:
         runner.close()
     assert output.count(LOST_WARNING) == 1, output
@@ -90,6 +105,8 @@ def test_a_direct_wakeup_database_makes_wakeups_work_behind_pgbouncer(pgbouncer:
     runner = start_runner(pgbouncer, {"WAKEUP_DATABASE": "direct", "WAKEUP_FALLBACK_POLL_INTERVAL": 5})
     try:
         latencies = latencies_through_the_pooler(pgbouncer, "direct")
+        line = wait_for(lambda: status_line(runner), timeout=10, what="the runner in status")
+        assert " listening since " in line, line
         assert runner.terminate() == 0
         output = runner.output()
     finally:
