@@ -127,7 +127,44 @@ def _check_wakeup_database() -> list[CheckMessage]:
                 id="nexus_workflows.E021",
             )
         ]
-    return []
+    return _check_pooled_database()
+
+
+def _check_pooled_database() -> list[CheckMessage]:
+    """With WAKEUP_DATABASE set, the work's own alias presumably goes through a pooler in
+    transaction mode: warn about Django options that keep state in a server session."""
+    from django.db import connections, router
+
+    from .models import DeferredWork
+
+    using = router.db_for_write(DeferredWork)
+    if using == app_settings.WAKEUP_DATABASE or connections[using].vendor != "postgresql":
+        return []
+    settings_dict = connections.settings[using]
+    messages: list[CheckMessage] = []
+    if settings_dict.get("OPTIONS", {}).get("prepare_threshold") is not None:
+        messages.append(
+            Warning(
+                f"DATABASES[{using!r}]['OPTIONS']['prepare_threshold'] is set, so psycopg prepares "
+                "statements in the server session; behind a pooler in transaction mode the next "
+                "transaction may run on another session that lacks them.",
+                hint="Remove it (Django's default, None, prepares nothing), or use PgBouncer 1.21 "
+                "or later with max_prepared_statements set.",
+                id="nexus_workflows.W020",
+            )
+        )
+    if not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        messages.append(
+            Warning(
+                f"DATABASES[{using!r}] lacks DISABLE_SERVER_SIDE_CURSORS = True; QuerySet.iterator() "
+                "then opens a server-side cursor, which a pooler in transaction mode loses between "
+                "transactions.",
+                hint="Set it on every alias that goes through the pooler (WAKEUP_DATABASE is set, "
+                "so this one presumably does); nexus_workflows itself uses no server-side cursor.",
+                id="nexus_workflows.W021",
+            )
+        )
+    return messages
 
 
 def _check_schedules() -> list[CheckMessage]:
