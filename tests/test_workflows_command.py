@@ -80,3 +80,23 @@ def test_status_of_an_empty_table() -> None:
     output = run("status")
     assert "No deferred work in the database." in output
     assert "Oldest due: nothing is due." in output
+
+
+def test_status_shows_live_runners_wakeup_modes_only() -> None:
+    from nexus_workflows.models import RunnerWakeup
+
+    now = timezone.now()
+    RunnerWakeup.objects.create(runner="web-1:41", mode="listening", changed_at=now, seen_at=now)
+    RunnerWakeup.objects.create(runner="web-2:42", mode="short-poll", changed_at=now, seen_at=now)
+    gone = now - timedelta(seconds=301)  # STALE_AFTER is 300 s
+    RunnerWakeup.objects.create(runner="web-3:43", mode="listening", changed_at=gone, seen_at=gone)
+    output = run("status")
+    assert "Runners' wake-ups: 2" in output
+    assert "web-1:41 listening since" in output
+    assert "web-2:42 short-poll since" in output
+    assert "behind a pooler, set WAKEUP_DATABASE" in output
+    assert "web-3:43" not in output  # not seen for STALE_AFTER: stopped without cleaning up
+
+
+def test_status_without_listening_runners_says_so() -> None:
+    assert "Runners' wake-ups: no runner listening" in run("status")
