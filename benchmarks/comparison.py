@@ -23,7 +23,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("ours", "django-tasks", "procrastinate")
 LABELS = {"ours": "nexus_workflows", "django-tasks": "django-tasks-db", "procrastinate": "Procrastinate"}
-SECTIONS = ("compare", "scaling", "growth", "purge", "limit")
+SECTIONS = ("compare", "scaling", "growth", "purge", "limit", "pgbouncer")
+DEFAULT_SECTIONS = SECTIONS[:-1]  # pgbouncer: with --via-pgbouncer (or --sections pgbouncer)
+# Behind PgBouncer (transaction pooling), beside direct runs of the same systems.
+VARIANTS = {
+    "ours-direct": ("ours", "direct", "nexus_workflows, direct"),
+    "ours-pooled": ("ours", "pooled", "nexus_workflows via PgBouncer"),
+    "ours-pooled-wakeup": ("ours", "pooled+wakeup", "nexus_workflows via PgBouncer, WAKEUP_DATABASE direct"),
+    "procrastinate-direct": ("procrastinate", "direct", "Procrastinate, direct"),
+    "procrastinate-pooled": ("procrastinate", "pooled", "Procrastinate via PgBouncer"),
+}
 
 # The issue's targets.
 TARGET_DRAIN = 2000
@@ -33,6 +42,8 @@ TARGET_BULK = 20_000
 TARGET_LATENCY_MS = 5
 TARGET_GROWTH = 0.20
 TARGET_STALL_MS = 1000
+TARGET_POOLED_LATENCY_MULTIPLE = 1.5  # with WAKEUP_DATABASE, of the direct latency
+TARGET_POOLED_DRAIN = 0.80  # of the direct drain
 
 
 def log(message: str) -> None:
@@ -56,7 +67,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--growth-sizes", type=int, nargs="+", default=[0, 100_000, 1_000_000])
     parser.add_argument("--purge-expired", type=int, default=1_000_000)
     parser.add_argument("--purge-backlog", type=int, default=300_000)
-    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS))
+    parser.add_argument(
+        "--via-pgbouncer",
+        action="store_true",
+        help="also run ours and Procrastinate through a private PgBouncer in transaction mode "
+        "(Debian's pgbouncer), beside direct runs: the pgbouncer section",
+    )
     parser.add_argument(
         "--postgres-url",
         default=os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432"),
@@ -71,7 +88,10 @@ def parse_args() -> argparse.Namespace:
         help="first wait (up to --wait-max seconds) until the 1-minute load average is below LOAD",
     )
     parser.add_argument("--wait-max", type=float, default=1200)
-    return parser.parse_args()
+    options = parser.parse_args()
+    if options.via_pgbouncer and "pgbouncer" not in options.sections:
+        options.sections.append("pgbouncer")
+    return options
 
 
 # --- Environment ----------------------------------------------------------------------------
@@ -366,6 +386,128 @@ def report_limit(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]] |
 # --- Main -----------------------------------------------------------------------------------
 
 
+SHORT_POLL = 0.1  # WAKEUP_FALLBACK_POLL_INTERVAL's default, which the benchmark keeps
+
+
+def pgbouncer_version() -> str:
+    from tests.pgbouncer import BINARY
+
+    completed = subprocess.run([BINARY, "--version"], capture_output=True, text=True, check=False)
+    return completed.stdout.split()[1] if completed.stdout else "?"
+
+
+def run_pgbouncer(options: argparse.Namespace, server: str) -> dict[str, list[dict[str, Any]]]:
+    """Each run of each variant with a fresh private PgBouncer (so the benchmark's check that
+    nothing else is connected sees no idle server sessions of an earlier one)."""
+    from urllib.parse import urlsplit
+
+    sys.path.insert(0, str(ROOT))
+    from tests.pgbouncer import PgBouncer
+
+    upstream = urlsplit(server)
+    runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
+    names = list(VARIANTS)
+    for run in range(options.runs):
+        order = names[run % len(names) :] + names[: run % len(names)]
+        for variant in order:
+            system, route, _ = VARIANTS[variant]
+            database = f"nw_cmp_pgb_{system}"
+            direct = ensure_database(server, database)
+            python = sys.executable if system == "ours" else options.peers_python
+            log(f"run {run + 1}/{options.runs}: {variant}")
+            with PgBouncer(
+                upstream.hostname or "127.0.0.1", upstream.port or 5432, user=upstream.username or "postgres"
+            ) as bouncer:
+                args = [
+                    python,
+                    "benchmarks/run_system.py",
+                    system,
+                    "--database-url",
+                    direct if route == "direct" else bouncer.url(database),
+                    "--items",
+                    str(options.items),
+                    "--latency-samples",
+                    str(options.latency_samples),
+                    "--procrastinate-concurrency",
+                    str(options.procrastinate_concurrency),
+                ]
+                if route == "pooled+wakeup":
+                    args += ["--wakeup-database-url", direct]
+                runs[variant].append(run_json(args))
+    return runs
+
+
+def report_pgbouncer(runs: dict[str, list[dict[str, Any]]], poll: float) -> tuple[str, list[str]]:
+    def values(variant: str, key: str) -> list[float]:
+        return [run[key] for run in runs[variant] if key in run]
+
+    def ratios(variant: str, baseline: str, key: str) -> list[float]:
+        pairs = zip(runs[variant], runs[baseline], strict=True)
+        return [v[key] / b[key] for v, b in pairs if key in v and key in b]
+
+    rows = [
+        ["enqueue one by one (/s)", *(spread(values(v, "enqueue_per_s")) for v in VARIANTS)],
+        ["bulk enqueue (/s)", *(spread(values(v, "bulk_enqueue_per_s")) for v in VARIANTS)],
+        ["drain, 1 worker process (/s)", *(spread(values(v, "drain_per_s")) for v in VARIANTS)],
+        [
+            "idle enqueue-to-start latency, median (ms)",
+            *(spread(values(v, "latency_median_ms"), ",.1f") for v in VARIANTS),
+        ],
+        [
+            "idle latency, slowest sample (ms)",
+            *(spread([max(run["latency_ms"]) for run in runs[v]], ",.1f") for v in VARIANTS),
+        ],
+        [
+            "runner's wake-up mode",
+            *(
+                ", ".join(sorted({str(run.get("wakeup_mode")) for run in runs[v]}))
+                if VARIANTS[v][0] == "ours"
+                else "—"
+                for v in VARIANTS
+            ),
+        ],
+    ]
+    lines = [table(["", *(VARIANTS[v][2] for v in VARIANTS)], rows), ""]
+    ratio_rows = [
+        [
+            VARIANTS[variant][2],
+            spread(ratios(variant, baseline, "enqueue_per_s"), ".2f") + "x",
+            spread(ratios(variant, baseline, "bulk_enqueue_per_s"), ".2f") + "x",
+            spread(ratios(variant, baseline, "drain_per_s"), ".2f") + "x",
+            spread(ratios(variant, baseline, "latency_median_ms"), ".2f") + "x",
+        ]
+        for variant, baseline in (
+            ("ours-pooled", "ours-direct"),
+            ("ours-pooled-wakeup", "ours-direct"),
+            ("procrastinate-pooled", "procrastinate-direct"),
+        )
+    ]
+    lines += [
+        "Through PgBouncer relative to direct, same system, same run (median (min-max)):",
+        "",
+        table(["", "enqueue", "bulk enqueue", "drain", "idle latency"], ratio_rows),
+    ]
+
+    def median_ratio(variant: str, key: str) -> float:
+        return statistics.median(ratios(variant, "ours-direct", key))
+
+    wakeup_latency = median_ratio("ours-pooled-wakeup", "latency_median_ms")
+    pooled_latency = statistics.median(values("ours-pooled", "latency_median_ms"))
+    targets = [
+        f"via PgBouncer with WAKEUP_DATABASE: idle latency ≤ {TARGET_POOLED_LATENCY_MULTIPLE}x direct: "
+        + verdict(wakeup_latency <= TARGET_POOLED_LATENCY_MULTIPLE, f"{wakeup_latency:.2f}x"),
+        f"via PgBouncer without it: idle latency ≤ the short poll ({poll * 1000:g} ms): "
+        + verdict(pooled_latency <= poll * 1000, f"{pooled_latency:.1f} ms"),
+    ]
+    for variant in ("ours-pooled", "ours-pooled-wakeup"):
+        drain = median_ratio(variant, "drain_per_s")
+        targets.append(
+            f"{VARIANTS[variant][2]}: drain ≥ {TARGET_POOLED_DRAIN:.0%} of direct: "
+            + verdict(drain >= TARGET_POOLED_DRAIN, f"{drain:.0%}")
+        )
+    return "\n".join(lines), targets
+
+
 def main() -> None:
     options = parse_args()
     server = options.postgres_url.rstrip("/")
@@ -435,6 +577,7 @@ def main() -> None:
         ),
     )
     limit = section("limit", lambda: run_json([*growth_script, "limit", "--database-url", urls["ours"]]))
+    pooled = section("pgbouncer", lambda: run_pgbouncer(options, server))
     load_at_end = os.getloadavg()
 
     info = raw["machine"]
@@ -442,6 +585,10 @@ def main() -> None:
     if runs:
         for peer in SYSTEMS[1:]:
             versions.update(runs[peer][0]["versions"])
+    if pooled:
+        for variant_runs in pooled.values():
+            versions.update(variant_runs[0]["versions"])
+        versions["PgBouncer"] = pgbouncer_version()
     out = [
         f"## Benchmarks ({started:%Y-%m-%d %H:%M} UTC)",
         "",
@@ -487,6 +634,21 @@ def main() -> None:
         out += ["### Purge of expired rows while a runner drains", "", text, ""]
     if limit:
         out += ["### The physical limit", "", report_limit(limit, runs), ""]
+    if pooled:
+        text, met = report_pgbouncer(pooled, poll=SHORT_POLL)
+        targets += met
+        out += [
+            f"### Behind PgBouncer (transaction pooling): {options.items:,} no-op jobs, "
+            f"{options.runs} runs per variant (alternating), median (min-max)",
+            "",
+            "A private PgBouncer (`pool_mode = transaction`, default pool size 20) in front of the same "
+            "PostgreSQL; the systems' DATABASE_URL points at it, everything else default. "
+            "\"WAKEUP_DATABASE direct\": the runner LISTENs on a second alias that connects "
+            "straight to PostgreSQL.",
+            "",
+            text,
+            "",
+        ]
     if targets:
         out += ["### Targets", "", *(f"- {line}" for line in targets), ""]
     report = "\n".join(out)

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -182,7 +183,10 @@ class Ours(System):
         self.table = DeferredWork._meta.db_table
 
     def worker(self) -> WorkerProcess:
-        return WorkerProcess([sys.executable, "manage.py", "runworkflows"], env=self.worker_env(), cwd=ROOT)
+        self._worker = WorkerProcess(
+            [sys.executable, "manage.py", "runworkflows"], env=self.worker_env(), cwd=ROOT
+        )
+        return self._worker
 
     def reset(self) -> None:
         self.execute(f"TRUNCATE {self.table}")
@@ -229,7 +233,10 @@ class Ours(System):
             f"SELECT count(DISTINCT updated_at) FROM {self.table} "
             "WHERE kind = 'bench-noop' AND status = 'done'"
         )
-        return {"done_batches": batches}
+        # The runner's start line says how it learns of new work (wake-ups: listening,
+        # short-poll when its probe NOTIFY did not arrive, ...).
+        mode = re.search(r"wake-ups: ([\w-]+)", self._worker.output())
+        return {"done_batches": batches, "wakeup_mode": mode.group(1) if mode else None}
 
 
 class DjangoTasks(System):
@@ -473,7 +480,15 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=5000)
     parser.add_argument("--latency-samples", type=int, default=30)
     parser.add_argument("--procrastinate-concurrency", type=int, default=1)
+    parser.add_argument(
+        "--wakeup-database-url",
+        default="",
+        help="ours only: NEXUS_WORKFLOWS['WAKEUP_DATABASE'] points at this URL (a direct "
+        "connection while --database-url goes through a pooler)",
+    )
     options = parser.parse_args()
+    if options.wakeup_database_url:
+        os.environ["WAKEUP_DATABASE_URL"] = options.wakeup_database_url
     system = SYSTEMS[options.system](options.database_url, options)
     result = measure(system, options.items, options.latency_samples)
     print(json.dumps(result))

@@ -16,6 +16,12 @@ if "PHI_HMAC_KEY" not in os.environ and "PHI_ENCRYPTION_KEYS" not in os.environ:
     os.environ["PHI_ENCRYPTION_KEYS"] = Fernet.generate_key().decode()
 
 from project.settings import *  # noqa: F403
-from project.settings import INSTALLED_APPS
+from project.settings import DATABASES, INSTALLED_APPS, NEXUS_WORKFLOWS, env
 
 INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.benchapp"]
+
+# Behind PgBouncer (benchmarks/compare --via-pgbouncer): DATABASE_URL goes through the
+# pooler, WAKEUP_DATABASE_URL (when set) straight to PostgreSQL for the runner's LISTEN.
+if env.str("WAKEUP_DATABASE_URL", default=""):
+    DATABASES["wakeup"] = env.db("WAKEUP_DATABASE_URL")
+    NEXUS_WORKFLOWS = {**NEXUS_WORKFLOWS, "WAKEUP_DATABASE": "wakeup"}

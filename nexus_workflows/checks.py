@@ -20,6 +20,7 @@ _SECONDS = {
     "STALE_AFTER": ("greater than 0", lambda v: v > 0),
     "HEARTBEAT_INTERVAL": ("greater than 0", lambda v: v > 0),
     "POLL_INTERVAL": ("greater than 0", lambda v: v > 0),
+    "WAKEUP_FALLBACK_POLL_INTERVAL": ("greater than 0", lambda v: v > 0),
     "SWEEP_INTERVAL": ("greater than 0", lambda v: v > 0),
     "SHUTDOWN_GRACE": ("0 or more", lambda v: v >= 0),
 }
@@ -92,6 +93,77 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
         )
     if valid:
         messages.extend(_check_schedules())
+    messages.extend(_check_wakeup_database())
+    return messages
+
+
+def _check_wakeup_database() -> list[CheckMessage]:
+    """WAKEUP_DATABASE names a PostgreSQL alias of DATABASES (or is None)."""
+    from django.db import connections
+
+    alias = app_settings.WAKEUP_DATABASE
+    if alias is None:
+        return []
+    hint = (
+        "Name an alias of DATABASES that connects straight to PostgreSQL (not through a "
+        "pooler in transaction mode), or leave it None to listen on the runner's own database."
+    )
+    if not isinstance(alias, str) or alias not in connections.settings:
+        what = "an alias of DATABASES" if isinstance(alias, str) else "a string or None"
+        return [
+            Error(
+                f"{SETTINGS_NAME}['WAKEUP_DATABASE'] must be {what}; got {alias!r}. "
+                f"DATABASES has: {', '.join(map(repr, connections.settings))}.",
+                hint=hint,
+                id="nexus_workflows.E020",
+            )
+        ]
+    if connections[alias].vendor != "postgresql":
+        return [
+            Error(
+                f"{SETTINGS_NAME}['WAKEUP_DATABASE'] names {alias!r}, a "
+                f"{connections[alias].vendor} database; wake-ups (LISTEN/NOTIFY) need PostgreSQL.",
+                hint=hint,
+                id="nexus_workflows.E021",
+            )
+        ]
+    return _check_pooled_database()
+
+
+def _check_pooled_database() -> list[CheckMessage]:
+    """With WAKEUP_DATABASE set, the work's own alias presumably goes through a pooler in
+    transaction mode: warn about Django options that keep state in a server session."""
+    from django.db import connections, router
+
+    from .models import DeferredWork
+
+    using = router.db_for_write(DeferredWork)
+    if using == app_settings.WAKEUP_DATABASE or connections[using].vendor != "postgresql":
+        return []
+    settings_dict = connections.settings[using]
+    messages: list[CheckMessage] = []
+    if settings_dict.get("OPTIONS", {}).get("prepare_threshold") is not None:
+        messages.append(
+            Warning(
+                f"DATABASES[{using!r}]['OPTIONS']['prepare_threshold'] is set, so psycopg prepares "
+                "statements in the server session; behind a pooler in transaction mode the next "
+                "transaction may run on another session that lacks them.",
+                hint="Remove it (Django's default, None, prepares nothing), or use PgBouncer 1.21 "
+                "or later with max_prepared_statements set.",
+                id="nexus_workflows.W020",
+            )
+        )
+    if not settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        messages.append(
+            Warning(
+                f"DATABASES[{using!r}] lacks DISABLE_SERVER_SIDE_CURSORS = True; QuerySet.iterator() "
+                "then opens a server-side cursor, which a pooler in transaction mode loses between "
+                "transactions.",
+                hint="Set it on every alias that goes through the pooler (WAKEUP_DATABASE is set, "
+                "so this one presumably does); nexus_workflows itself uses no server-side cursor.",
+                id="nexus_workflows.W021",
+            )
+        )
     return messages
 
 

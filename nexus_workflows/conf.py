@@ -47,6 +47,14 @@ DEFAULTS: dict[str, Any] = {
     # PostgreSQL only: enqueue sends NOTIFY and idle runners LISTEN, so new work
     # starts within milliseconds instead of at the next poll.
     "WAKEUP": True,
+    # PostgreSQL only: the Django database alias whose connection runners LISTEN on; None
+    # means the runner's own database. Behind a pooler in transaction mode (PgBouncer),
+    # point it at an alias that connects straight to the same PostgreSQL database: LISTEN
+    # is session state, and a pooler loses it.
+    "WAKEUP_DATABASE": None,
+    # Seconds a runner sleeps between polls while its wake-ups do not arrive (it proves
+    # them with a NOTIFY to itself after every LISTEN, and says so when they fail).
+    "WAKEUP_FALLBACK_POLL_INTERVAL": 0.1,
     # django-rq queue used by fire-and-forget workflows.
     "RQ_QUEUE": "default",
     # --- Airtable helpers (nexus_workflows.airtable); the API key is the Django setting

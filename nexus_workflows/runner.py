@@ -7,7 +7,9 @@ One runner is one process with a main thread and a few helpers:
 * **worker threads** (``CONCURRENCY``) run ``prepare``; ``save(patch)`` writes from there;
 * a **heartbeat thread** refreshes ``heartbeat_at`` of everything the runner holds, so a
   slow but live attempt is never reclaimed, and only a dead runner's work goes stale;
-* on PostgreSQL, a **listener thread** wakes the main thread on ``NOTIFY``.
+* on PostgreSQL, a **listener thread** wakes the main thread on ``NOTIFY``; it proves
+  that wake-ups arrive, and while they do not the main thread polls every
+  ``WAKEUP_FALLBACK_POLL_INTERVAL`` instead of ``POLL_INTERVAL`` (see :mod:`.wakeup`).
 
 Any number of runners may share one database: claims are compare-and-set updates, so
 no item is run twice at once. When the database goes away, the runner keeps what it has
@@ -175,6 +177,7 @@ class Runner:
             concurrency=self.concurrency,
             using=self.using,
             in_flight=self._running_count,
+            wakeup_mode=lambda: self.wakeup_mode,
             metrics_host=metrics_host,
             metrics_port=metrics_port,
         )
@@ -193,7 +196,7 @@ class Runner:
                 using=self.using,
                 kinds=self.kinds,
                 concurrency=self.concurrency,
-                wakeup="LISTEN/NOTIFY" if self._listener else f"polling every {self.poll_interval:g}s",
+                wakeup=self.describe_wakeup(),
                 once=self.once,
                 metrics=metrics,
             ),
@@ -207,6 +210,24 @@ class Runner:
                 self._restore_signal_handlers(previous_handlers)
         logger.info("runner stopped: %s", self.stats.summary())
         return self.stats
+
+    @property
+    def wakeup_mode(self) -> wakeup.WakeupMode:
+        """How this runner learns of new work (``listening`` once its probe arrived)."""
+        return self._listener.mode if self._listener is not None else wakeup.WakeupMode.POLL
+
+    def describe_wakeup(self) -> str:
+        """The wake-up mode for the start line, with the interval it polls at."""
+        mode = self.wakeup_mode
+        if mode is wakeup.WakeupMode.LISTENING:
+            return f"{mode} (LISTEN/NOTIFY)"
+        return f"{mode} (polling every {self.idle_interval():g}s)"
+
+    def idle_interval(self) -> float:
+        """Seconds to sleep when nothing is due: short while wake-ups do not arrive."""
+        if self._listener is None or self._listener.mode is wakeup.WakeupMode.LISTENING:
+            return self.poll_interval
+        return min(self.poll_interval, float(app_settings.WAKEUP_FALLBACK_POLL_INTERVAL))
 
     def request_stop(self, *, now: bool = False) -> None:
         """Stop claiming; in-flight attempts get ``SHUTDOWN_GRACE`` seconds (none with
@@ -260,8 +281,13 @@ class Runner:
         self._threads.append(heartbeat)
         wakeup.add_local_waiter(self._wake)
         if not self.once and app_settings.WAKEUP and connections[self.using].vendor == "postgresql":
-            self._listener = wakeup.PostgresListener(self.using, self._wake)
+            self._listener = wakeup.PostgresListener(
+                self.using, self._wake, on_mode_change=self._observer.heartbeat
+            )
             self._listener.start()
+            # The start line says whether wake-ups work; the probe takes milliseconds
+            # when they do, PROBE_TIMEOUT when they do not.
+            self._listener.decided.wait(wakeup.PROBE_TIMEOUT + 5.0)
 
     def _worker(self) -> None:
         epoch = self._outage_epoch
@@ -441,9 +467,9 @@ class Runner:
         with self._lock:
             retries = [pending.retry_at for pending in self._unwritten if pending.failures]
         if not retries and not self._unguarded:
-            return self.poll_interval
-        soonest = min(retries, default=time.monotonic() + self.poll_interval)
-        return min(self.poll_interval, max(0.05, soonest - time.monotonic()))
+            return self.idle_interval()
+        soonest = min(retries, default=time.monotonic() + self.idle_interval())
+        return min(self.idle_interval(), max(0.05, soonest - time.monotonic()))
 
     def _capacity(self) -> tuple[int, int]:
         """(most items to hold, refill when holding no more than this)."""

@@ -1,4 +1,5 @@
-"""What ``manage.py workflows status`` reports: counts, the oldest due item, abandoned work."""
+"""What ``manage.py workflows status`` reports: counts, the oldest due item, abandoned work,
+and how each live runner learns of new work (its wake-up mode)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from django.utils import timezone
 from .attempts import describe_attempt
 from .history import first_line
 from .models import DeferredWork, Status
+from .observability import runners as live_runners
+from .observability.models import Runner
+from .wakeup import WakeupMode
 
 
 @dataclass
@@ -20,6 +24,7 @@ class StatusReport:
     oldest_due: DeferredWork | None = None
     abandoned: list[DeferredWork] = field(default_factory=list)
     abandoned_total: int = 0
+    runners: list[Runner] = field(default_factory=list)
     generated_at: datetime = field(default_factory=timezone.now)
 
 
@@ -41,7 +46,19 @@ def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
     report.abandoned = list(
         abandoned.only("pk", "kind", "dedupe_key", "attempt", "last_error", "updated_at")[:abandoned_limit]
     )
+    # Rows of runners that stopped without removing theirs are left out after STALE_AFTER,
+    # on the database's clock like the rows' own times.
+    report.runners = list(Runner.objects.filter(live_runners.alive_q()).order_by("host", "pid"))
     return report
+
+
+_MODE_NOTES = {
+    WakeupMode.LISTENING: "new work starts at once (LISTEN/NOTIFY, proven by a probe)",
+    WakeupMode.SHORT_POLL: "wake-ups do not arrive: polling every WAKEUP_FALLBACK_POLL_INTERVAL; "
+    "behind a pooler, set WAKEUP_DATABASE",
+    WakeupMode.STARTING: "proving its wake-ups",
+    WakeupMode.POLL: "polls every POLL_INTERVAL (no LISTEN: not PostgreSQL, WAKEUP off, or --once)",
+}
 
 
 def render_status_report(report: StatusReport) -> str:
@@ -71,4 +88,17 @@ def render_status_report(report: StatusReport) -> str:
         )
     if report.abandoned_total > len(report.abandoned):
         lines.append(f"  … and {report.abandoned_total - len(report.abandoned)} more")
+    if report.runners:
+        lines.append(f"Runners' wake-ups: {len(report.runners)}")
+        for runner in report.runners:
+            note = _MODE_NOTES.get(runner.wakeup_mode, "")  # type: ignore[call-overload]
+            lines.append(
+                f"  {runner.host}:{runner.pid} {runner.wakeup_mode} since "
+                f"{runner.wakeup_mode_since:%Y-%m-%d %H:%M:%S %Z}"
+                + (f": {note}" if note else "")
+            )
+    else:
+        lines.append(
+            "Runners' wake-ups: no runner listening (no runworkflows process is alive)"
+        )
     return "\n".join(lines)

@@ -235,3 +235,44 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("fault figures")
         for line in FAULT_FIGURES:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(django_db_setup: Any, django_db_blocker: Any) -> Iterator[Any]:
+    """A private PgBouncer in transaction mode in front of the PostgreSQL server the
+    "direct" alias connects to. Missing ``pgbouncer``: a failure in CI, a skip elsewhere
+    (``bin/test`` installs it)."""
+    from django.conf import settings
+
+    from tests.pgbouncer import PgBouncer
+
+    if not PgBouncer.available():
+        message = "Debian's pgbouncer is not installed (bin/test installs it)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    direct = settings.DATABASES["direct"]
+    bouncer = PgBouncer(
+        direct["HOST"] or "127.0.0.1", int(direct["PORT"] or 5432), user=direct["USER"] or "postgres"
+    )
+    bouncer.start()
+    yield bouncer
+    bouncer.stop()
+    # Its server sessions end a moment after it does; the test database is dropped next.
+    with django_db_blocker.unblock():
+        from django.db import connections
+
+        from tests.processes import wait_for
+
+        test_database = connections["direct"].settings_dict["NAME"]
+
+        def others() -> int:
+            with connections["direct"].cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                    [test_database],
+                )
+                return cursor.fetchone()[0]
+
+        wait_for(lambda: others() == 0, timeout=10, what="PgBouncer's server sessions to end")
+        connections["direct"].close()

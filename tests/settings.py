@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nexus_workflows.embedded import embedded_queue
 from project.settings import *  # noqa: F403
-from project.settings import BASE_DIR, DATABASES, INSTALLED_APPS
+from project.settings import BASE_DIR, DATABASES, INSTALLED_APPS, env
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
 
@@ -20,6 +20,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     _test_database = Path(os.environ.get("SQLITE_TEST_NAME", BASE_DIR / "var" / "test-db.sqlite3"))
     _test_database.parent.mkdir(parents=True, exist_ok=True)
     DATABASES["default"]["TEST"] = {"NAME": str(_test_database)}
+
+# "direct" connects straight to PostgreSQL (a runner's WAKEUP_DATABASE in the tests of
+# wake-ups behind PgBouncer) while "default" may go through the pooler (the PgBouncer leg of
+# bin/test). Under pytest it is the same test database as "default".
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["direct"] = {
+        **env.db("DIRECT_DATABASE_URL", default=env.str("DATABASE_URL")),
+        "TEST": {"MIRROR": "default"},
+    }
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

@@ -56,6 +56,17 @@ def test_unknown_settings_are_a_warning_naming_them() -> None:
         ({"BATCH_SIZE": 2.5}, "nexus_workflows.E003", "BATCH_SIZE"),
         ({"WAKEUP": "yes"}, "nexus_workflows.E005", "WAKEUP'] must be True or False"),
         (
+            {"WAKEUP_FALLBACK_POLL_INTERVAL": 0},
+            "nexus_workflows.E002",
+            "WAKEUP_FALLBACK_POLL_INTERVAL'] must be a number of seconds greater than 0",
+        ),
+        (
+            {"WAKEUP_DATABASE": "replica"},
+            "nexus_workflows.E020",
+            "must be an alias of DATABASES; got 'replica'",
+        ),
+        ({"WAKEUP_DATABASE": 1}, "nexus_workflows.E020", "must be a string or None; got 1"),
+        (
             {"STALE_AFTER": 60, "HEARTBEAT_INTERVAL": 31},
             "nexus_workflows.E004",
             "must be at most half of STALE_AFTER",
@@ -93,3 +104,38 @@ def test_use_tz_false_is_an_error() -> None:
         (message,) = check_time_zone_support()
     assert message.id == "nexus_workflows.E020"
     assert "USE_TZ = True" in message.msg
+
+
+def test_a_wakeup_database_must_be_postgresql() -> None:
+    from django.db import connection
+
+    with override_settings(NEXUS_WORKFLOWS={"WAKEUP_DATABASE": "default"}):
+        messages = check_settings()
+    if connection.vendor == "postgresql":
+        assert messages == []  # the runner's own alias: nothing to warn about
+    else:
+        assert ids(messages) == ["nexus_workflows.E021"]
+        assert "wake-ups (LISTEN/NOTIFY) need PostgreSQL" in messages[0].msg
+
+
+@pytest.mark.postgresql
+def test_a_pooled_alias_is_warned_about_session_state() -> None:
+    """WAKEUP_DATABASE set: the runner's alias presumably goes through a pooler."""
+    from django.db import connections
+
+    settings_dict = connections.settings["default"]
+    saved = {key: settings_dict.get(key) for key in ("OPTIONS", "DISABLE_SERVER_SIDE_CURSORS")}
+    try:
+        settings_dict["OPTIONS"] = {**(saved["OPTIONS"] or {}), "prepare_threshold": 5}
+        settings_dict["DISABLE_SERVER_SIDE_CURSORS"] = False
+        with override_settings(NEXUS_WORKFLOWS={"WAKEUP_DATABASE": "direct"}):
+            messages = check_settings()
+        assert ids(messages) == ["nexus_workflows.W020", "nexus_workflows.W021"]
+        assert "prepare_threshold" in messages[0].msg
+        assert "DISABLE_SERVER_SIDE_CURSORS" in messages[1].msg
+        settings_dict["OPTIONS"] = saved["OPTIONS"] or {}
+        settings_dict["DISABLE_SERVER_SIDE_CURSORS"] = True
+        with override_settings(NEXUS_WORKFLOWS={"WAKEUP_DATABASE": "direct"}):
+            assert check_settings() == []
+    finally:
+        settings_dict.update(saved)

@@ -444,3 +444,45 @@ def test_heartbeats_keep_slow_work_from_being_reclaimed(register_workflow: Any) 
     assert reclaimed == []
     assert stats.done == 1
     assert row(work_id).attempt == 0
+
+
+def behind_the_test_pooler() -> bool:
+    """True in bin/test's PgBouncer leg: "default" goes through the pooler, "direct" not."""
+    from django.db import connections
+
+    if connection.vendor != "postgresql":
+        return False
+    direct = connections["direct"].settings_dict
+    return (direct["HOST"], direct["PORT"]) != (
+        connection.settings_dict["HOST"],
+        connection.settings_dict["PORT"],
+    )
+
+
+@override_settings(NEXUS_WORKFLOWS={"POLL_INTERVAL": 5, "WAKEUP_FALLBACK_POLL_INTERVAL": 0.1})
+def test_the_runner_knows_and_logs_its_wakeup_mode(register_workflow: Any, caplog: Any) -> None:
+    from nexus_workflows.wakeup import WakeupMode
+
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
+    thread = threading.Thread(target=runner.run)
+    with caplog.at_level(logging.INFO, logger="nexus_workflows"):
+        thread.start()
+        try:
+            deadline = time.monotonic() + 15
+            while "runner started" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if connection.vendor != "postgresql":
+                expected, interval = WakeupMode.POLL, 5
+            elif behind_the_test_pooler():  # LISTEN through the pooler: its probe is lost
+                expected, interval = WakeupMode.SHORT_POLL, 0.1
+            else:
+                expected, interval = WakeupMode.LISTENING, 5
+            assert runner.wakeup_mode == expected
+            assert f"wake-ups: {expected}" in caplog.text
+            assert runner.idle_interval() == interval
+        finally:
+            runner.request_stop(now=True)
+            thread.join(15)
+    assert not thread.is_alive()
+    assert Runner(once=True, kinds=[kind], install_signal_handlers=False).wakeup_mode == WakeupMode.POLL

@@ -80,3 +80,36 @@ def test_status_of_an_empty_table() -> None:
     output = run("status")
     assert "No deferred work in the database." in output
     assert "Oldest due: nothing is due." in output
+
+
+def test_status_shows_live_runners_wakeup_modes_only() -> None:
+    from nexus_workflows.observability.models import Runner
+
+    now = timezone.now()
+
+    def runner(host: str, pid: int, mode: str, seen: Any) -> None:
+        Runner.objects.create(
+            host=host,
+            pid=pid,
+            version="0",
+            kinds=[],
+            concurrency=1,
+            started_at=seen,
+            last_seen_at=seen,
+            wakeup_mode=mode,
+            wakeup_mode_since=seen,
+        )
+
+    runner("web-1", 41, "listening", now)
+    runner("web-2", 42, "short-poll", now)
+    runner("web-3", 43, "listening", now - timedelta(seconds=301))  # STALE_AFTER is 300 s
+    output = run("status")
+    assert "Runners' wake-ups: 2" in output
+    assert "web-1:41 listening since" in output
+    assert "web-2:42 short-poll since" in output
+    assert "behind a pooler, set WAKEUP_DATABASE" in output
+    assert "web-3:43" not in output  # not seen for STALE_AFTER: stopped without cleaning up
+
+
+def test_status_without_listening_runners_says_so() -> None:
+    assert "Runners' wake-ups: no runner listening" in run("status")

@@ -74,7 +74,7 @@ def start_line(
         f"database {describe_database(using)}",
         f"kinds {', '.join(kinds) or '(none)'}",
         f"concurrency {concurrency}",
-        f"wake-up {wakeup}",
+        f"wake-ups: {wakeup}",
     ]
     if once:
         parts.append("once")

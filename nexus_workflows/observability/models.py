@@ -27,6 +27,9 @@ class Runner(models.Model):
     # Outcomes this runner wrote since it started: done, and failed (rescheduled or abandoned).
     done = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
+    # How it learns of new work (nexus_workflows.wakeup.WakeupMode), and since when.
+    wakeup_mode = models.CharField(max_length=20, default="poll")
+    wakeup_mode_since = models.DateTimeField(null=True)
 
     class Meta:
         verbose_name = "runner"

@@ -45,6 +45,7 @@ class Observer:
         concurrency: int,
         using: str,
         in_flight: Callable[[], int],
+        wakeup_mode: Callable[[], str] = lambda: "poll",
         metrics_host: str = "127.0.0.1",
         metrics_port: int | None = None,
     ) -> None:
@@ -52,6 +53,7 @@ class Observer:
         self.concurrency = concurrency
         self.using = using
         self.in_flight = in_flight
+        self.wakeup_mode = wakeup_mode
         self.metrics_host = metrics_host
         self.metrics_port = metrics_port
         self.metrics: RunnerMetrics | None = None
@@ -105,7 +107,10 @@ class Observer:
     def _register(self) -> None:
         try:
             self.runner_id = runners.register(
-                kinds=self.kinds, concurrency=self.concurrency, using=self.using
+                kinds=self.kinds,
+                concurrency=self.concurrency,
+                wakeup_mode=str(self.wakeup_mode()),
+                using=self.using,
             )
         except DatabaseError as error:
             # The heartbeat tries again; the runner itself need not wait for it.
@@ -218,6 +223,7 @@ class Observer:
                 in_flight=self.in_flight(),
                 done=self.done,
                 failed=self.failed,
+                wakeup_mode=str(self.wakeup_mode()),
                 using=self.using,
             ):
                 self._register()

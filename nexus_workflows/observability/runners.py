@@ -7,7 +7,7 @@ import socket
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
+from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, QuerySet, When
 
 from ..clock import DatabaseNow
 from ..conf import app_settings
@@ -41,8 +41,10 @@ def count_alive(using: str | None = None) -> tuple[int, int]:
     return alive, total - alive
 
 
-def register(*, kinds: Sequence[str], concurrency: int, using: str) -> int:
+def register(*, kinds: Sequence[str], concurrency: int, using: str, wakeup_mode: str = "poll") -> int:
     row = Runner.objects.using(using).create(
+        wakeup_mode=wakeup_mode,
+        wakeup_mode_since=DatabaseNow(),
         host=socket.gethostname()[:255],
         pid=os.getpid(),
         version=version(),
@@ -54,12 +56,21 @@ def register(*, kinds: Sequence[str], concurrency: int, using: str) -> int:
     return row.pk
 
 
-def refresh(pk: int, *, in_flight: int, done: int, failed: int, using: str) -> bool:
+def refresh(pk: int, *, in_flight: int, done: int, failed: int, wakeup_mode: str, using: str) -> bool:
     """Mark the runner seen now; ``False`` when its row is gone (purged while it was away)."""
     return bool(
         Runner.objects.using(using)
         .filter(pk=pk)
-        .update(last_seen_at=DatabaseNow(), in_flight=in_flight, done=done, failed=failed)
+        .update(
+            last_seen_at=DatabaseNow(),
+            in_flight=in_flight,
+            done=done,
+            failed=failed,
+            wakeup_mode=wakeup_mode,
+            wakeup_mode_since=Case(
+                When(wakeup_mode=wakeup_mode, then=F("wakeup_mode_since")), default=DatabaseNow()
+            ),
+        )
     )
 
 

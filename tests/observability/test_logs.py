@@ -55,7 +55,7 @@ def test_without_logging_settings_the_start_line_and_each_state_change_go_to_std
     start = [line for line in lines if "runner started:" in line]
     assert len(start) == 1, result.stderr
     assert f"nexus_workflows {__version__}; database " in start[0]
-    assert "; kinds test-outcomes; concurrency 4; wake-up polling every 0.1s; once" in start[0]
+    assert "; kinds test-outcomes; concurrency 4; wake-ups: poll (polling every 0.1s); once" in start[0]
     assert " INFO " in start[0]
     for expected in (
         f"test-outcomes #{ids['done']} attempt 1 of 4: done",

@@ -215,7 +215,7 @@ def test_an_outage_is_counted_once_and_no_outcome_count_is_lost_or_doubled() -> 
     reported = {name: int(n) for n, name in re.findall(r"(\d+) (\w+)", summary)}
     assert written == {
         outcome: reported[outcome]
-        for outcome in ("done", "rescheduled", "abandoned", "lost")
+        for outcome in ("done", "rescheduled", "abandoned", "lost", "released")
         if reported.get(outcome)
     }, output
     assert reported["done"] + reported.get("lost", 0) == 300, output

@@ -1,0 +1,174 @@
+"""A private PgBouncer (Debian's ``pgbouncer``) in transaction-pooling mode, on a free port,
+in front of a PostgreSQL server: for the tests and the benchmarks.
+
+Authentication is ``trust`` towards the clients; PgBouncer logs in to PostgreSQL as the
+client's user (the shared server trusts loopback). PgBouncer refuses to run as root, so
+when started by root it runs as the ``postgres`` user.
+
+As a program, it serves until SIGTERM (``bin/test`` runs a test leg through it)::
+
+    python -m tests.pgbouncer --upstream postgres://postgres@127.0.0.1:5432/db --url-file F
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+BINARY = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class PgBouncer:
+    """``start()`` / ``stop()``; ``url(database)`` is a DATABASE_URL through it."""
+
+    def __init__(
+        self,
+        upstream_host: str = "127.0.0.1",
+        upstream_port: int = 5432,
+        *,
+        user: str = "postgres",
+        pool_mode: str = "transaction",
+        pool_size: int = 20,
+    ) -> None:
+        self.upstream_host = upstream_host
+        self.upstream_port = upstream_port
+        self.user = user
+        self.pool_mode = pool_mode
+        self.pool_size = pool_size
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.directory = Path(tempfile.mkdtemp(prefix="nw-pgbouncer-"))
+
+    @classmethod
+    def available(cls) -> bool:
+        return Path(BINARY).exists()
+
+    def url(self, database: str) -> str:
+        return f"postgres://{self.user}@127.0.0.1:{self.port}/{database}"
+
+    def log(self) -> str:
+        path = self.directory / "pgbouncer.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def start(self, timeout: float = 20) -> PgBouncer:
+        run_as = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+        for _ in range(5):  # another process may take the free port first
+            self.port = free_port()
+            self._write_config()
+            if run_as is not None:
+                os.chown(self.directory, run_as.pw_uid, run_as.pw_gid)
+                for path in self.directory.iterdir():
+                    os.chown(path, run_as.pw_uid, run_as.pw_gid)
+            self.process = subprocess.Popen(
+                [BINARY, str(self.directory / "pgbouncer.ini")],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                user=run_as.pw_uid if run_as else None,
+                group=run_as.pw_gid if run_as else None,
+            )
+            if self._wait_until_listening(timeout):
+                return self
+            self.stop(remove=False)
+        raise RuntimeError(f"pgbouncer did not start; its log:\n{self.log()[-3000:]}")
+
+    def _wait_until_listening(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                return False
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return True
+            except OSError:
+                time.sleep(0.05)
+        return False
+
+    def _write_config(self) -> None:
+        (self.directory / "userlist.txt").write_text(f'"{self.user}" ""\n')
+        (self.directory / "pgbouncer.ini").write_text(
+            "\n".join(
+                [
+                    "[databases]",
+                    f"* = host={self.upstream_host} port={self.upstream_port}",
+                    "[pgbouncer]",
+                    "listen_addr = 127.0.0.1",
+                    f"listen_port = {self.port}",
+                    "unix_socket_dir =",
+                    "auth_type = trust",
+                    f"auth_file = {self.directory / 'userlist.txt'}",
+                    f"pool_mode = {self.pool_mode}",
+                    "max_client_conn = 500",
+                    f"default_pool_size = {self.pool_size}",
+                    "ignore_startup_parameters = extra_float_digits,options",
+                    f"logfile = {self.directory / 'pgbouncer.log'}",
+                    "",
+                ]
+            )
+        )
+
+    def stop(self, *, remove: bool = True) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # immediate shutdown
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        if remove:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> PgBouncer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def serve() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--upstream", required=True, help="postgres://user@host:port/database")
+    parser.add_argument(
+        "--url-file", required=True, help="gets the database's URL through PgBouncer once it listens"
+    )
+    options = parser.parse_args()
+    upstream = urlsplit(options.upstream)
+    bouncer = PgBouncer(
+        upstream.hostname or "127.0.0.1", upstream.port or 5432, user=upstream.username or "postgres"
+    )
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    bouncer.start()
+    try:
+        Path(options.url_file).write_text(bouncer.url(upstream.path.lstrip("/")) + "\n")
+        while not stopping and bouncer.process is not None and bouncer.process.poll() is None:
+            time.sleep(0.2)
+    finally:
+        bouncer.stop()
+
+
+if __name__ == "__main__":
+    serve()
