@@ -22,6 +22,9 @@ class Status(models.TextChoices):
     ABANDONED = "abandoned", "Abandoned"
 
 
+#: The unique constraint on (kind, dedupe_key): the only IntegrityError that is a dedupe race.
+DEDUPE_CONSTRAINT = "nw_unique_dedupe_key"
+
 #: Statuses whose rows are purged once RETENTION has passed since their last update.
 FINISHED_STATUSES = (Status.DONE, Status.ABANDONED)
 
@@ -71,7 +74,7 @@ class DeferredWork(models.Model):
         verbose_name = "deferred work"
         verbose_name_plural = "deferred work"
         constraints = [
-            models.UniqueConstraint(fields=["kind", "dedupe_key"], name="nw_unique_dedupe_key"),
+            models.UniqueConstraint(fields=["kind", "dedupe_key"], name=DEDUPE_CONSTRAINT),
         ]
         indexes = [
             # The due-work query (status = pending AND next_attempt_at <= now) and the
