@@ -96,6 +96,7 @@ class DeferredWork(models.Model):
         ]
         permissions = [
             ("revive_deferredwork", "Can revive abandoned work and run pending work now"),
+            ("reveal_deferredwork", "Can reveal triggers, checkpoints and error messages"),
         ]
 
     def __str__(self) -> str:
