@@ -1,4 +1,9 @@
-"""What ``manage.py workflows status`` reports: counts, the oldest due item, abandoned work."""
+"""What ``manage.py workflows status`` reports: counts, the oldest due item, abandoned work.
+
+Dedupe keys and error messages may carry patient data: the report names work by kind and
+id and errors by exception type, unless it is rendered with ``reveal=True``
+(``workflows status --reveal``).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from django.utils import timezone
 
 from .history import first_line
 from .models import DeferredWork, Status
+from .redaction import error_type
 
 
 @dataclass
@@ -43,7 +49,7 @@ def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
     return report
 
 
-def render_status_report(report: StatusReport) -> str:
+def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
     statuses = [status.value for status in Status]
     lines = []
     if not report.counts:
@@ -64,9 +70,11 @@ def render_status_report(report: StatusReport) -> str:
         lines.append("Oldest due: nothing is due.")
     lines.append(f"Abandoned: {report.abandoned_total}")
     for work in report.abandoned:
+        key = f" key={work.dedupe_key}" if reveal else ""
+        error = first_line(work.last_error) if reveal else error_type(work.last_error)
         lines.append(
-            f"  #{work.pk} {work.kind} key={work.dedupe_key} attempt {work.attempt} "
-            f"updated {work.updated_at:%Y-%m-%d %H:%M:%S %Z}: {first_line(work.last_error)}"
+            f"  #{work.pk} {work.kind}{key} attempt {work.attempt} "
+            f"updated {work.updated_at:%Y-%m-%d %H:%M:%S %Z}: {error}"
         )
     if report.abandoned_total > len(report.abandoned):
         lines.append(f"  … and {report.abandoned_total - len(report.abandoned)} more")
