@@ -189,6 +189,7 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
     )
     change_list_template = "admin/nexus_workflows/deferredwork/change_list.html"
     change_form_template = "admin/nexus_workflows/deferredwork/change_form.html"
+    delete_confirmation_template = "admin/nexus_workflows/deferredwork/delete_confirmation.html"
 
     class Media:
         css = {"all": ("nexus_workflows/admin/triage.css",)}
@@ -292,6 +293,13 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
     @admin.action(description="Run selected pending work now", permissions=["revive"])
     def run_selected_now(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
         self._run_now(request, queryset)
+
+    def render_delete_form(self, request: HttpRequest, context: dict[str, Any]) -> HttpResponse:
+        # One item's delete page says what is lost too, like the bulk action's.
+        work = context.get("object")
+        if isinstance(work, DeferredWork):
+            context["losses"] = _describe_losses({work.status: 1})
+        return super().render_delete_form(request, context)
 
     @admin.action(description="Delete selected deferred work", permissions=["delete"])
     def delete_selected(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> HttpResponse | None:
@@ -427,13 +435,13 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
 
 
 _LOSSES = {
-    Status.PENDING: "will never run: their triggers and checkpoints are deleted, and their dedupe "
-    "keys are free again (the next enqueue of one creates new work)",
-    Status.PROCESSING: "may be running right now: the runner's results are discarded when it finishes, "
-    "and they will never be retried",
-    Status.ABANDONED: "can no longer be revived; their errors and history are gone",
-    Status.DONE: "lose their record and history, and their dedupe keys are free again (they would be "
-    "purged after the retention period anyway)",
+    Status.PENDING: "will never run; triggers and checkpoints are deleted, and the dedupe keys are free "
+    "again (the next enqueue of one creates new work)",
+    Status.PROCESSING: "may be running right now; the runner's result is discarded when it finishes, and "
+    "it is never retried",
+    Status.ABANDONED: "can no longer be revived; errors and history are gone",
+    Status.DONE: "records and history are gone, and the dedupe keys are free again (they would be purged "
+    "after the retention period anyway)",
 }
 
 

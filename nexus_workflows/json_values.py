@@ -35,7 +35,7 @@ INT_MAX = 2**63 - 1
 FLOAT_LIMIT = 1e16
 
 ALLOWED = (
-    "allowed: dicts with string keys, lists, strings, booleans, None inside the trigger, "
+    "allowed: dicts with string keys, lists, strings, booleans, None (not as the whole value), "
     f"integers from -2**63 to 2**63-1 and finite floats below 1e16 in magnitude (not -0.0), "
     f"nested at most {MAX_DEPTH} deep"
 )

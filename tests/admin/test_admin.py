@@ -593,3 +593,11 @@ def test_bulk_delete_needs_the_delete_permission(triager, make_work):
     assert "delete_selected" not in client.get(reverse(CHANGELIST)).content.decode()
     _delete(client, [pending], post="yes")
     assert DeferredWork.objects.filter(pk=pending.pk).exists()
+
+
+def test_one_items_delete_page_says_what_is_lost(changer, make_work):
+    pending = make_work(Status.PENDING)
+    url = reverse("admin:nexus_workflows_deferredwork_delete", args=[pending.pk])
+    html = client_for(changer).get(url).content.decode()
+    assert '<li data-status="pending"><strong>Pending work</strong> — will never run' in html
+    assert DeferredWork.objects.filter(pk=pending.pk).exists()
