@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.views.main import IS_FACETS_VAR, SEARCH_VAR, ChangeList
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
-from django.http import HttpRequest, QueryDict
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, QueryDict
+from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 
 from ..admin_reveal import RevealFailed, RevealMixin
@@ -91,8 +93,8 @@ class TokenMapAdmin(CodeSearchMixin, admin.ModelAdmin):
     # Searched by the code's keyed hash (see get_search_results): exact codes only.
     search_fields = ("code_hash",)
     search_help_text = (
-        "Type a conversation code exactly to find its map. Codes are stored only as keyed "
-        "hashes, so parts of a code find nothing."
+        "Type a conversation code exactly to go to its map. Codes are stored only as keyed "
+        "hashes, so parts of a code find nothing; the code is not kept in any URL."
     )
     code_hash_lookup = "code_hash"
     ordering = ("-updated_at",)
@@ -102,6 +104,31 @@ class TokenMapAdmin(CodeSearchMixin, admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TokenMap]:
         return super().get_queryset(request).annotate(_token_count=Count("tokens"))
+
+    change_list_template = "admin/nexus_workflows/tokenmap/change_list.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path("find/", self.admin_site.admin_view(self.find_view), name="nexus_workflows_tokenmap_find"),
+            *super().get_urls(),
+        ]
+
+    def find_view(self, request: HttpRequest) -> HttpResponse:
+        """The list's search box: a POSTed code, hashed, leads to its map's page. The code
+        is in no URL, so no access log or browser history keeps it."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        found = self.code_q(request.POST.get("code", ""))
+        token_map = self.get_queryset(request).filter(found).first() if found is not None else None
+        if token_map is None:
+            self.message_user(request, "No token map has that conversation code.", messages.WARNING)
+            changelist = reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_changelist")
+            return HttpResponseRedirect(changelist)
+        return HttpResponseRedirect(
+            reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_change", args=[token_map.pk])
+        )
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[TokenMap], search_term: str
@@ -137,7 +164,9 @@ class PhiTokenAdmin(RevealMixin, CodeSearchMixin, admin.ModelAdmin):
     # Tokens, and maps by their exact code (hashed): surfaces are encrypted and must never
     # be searchable.
     search_fields = ("token",)
-    search_help_text = "Search by token, or type a conversation code exactly to list its tokens."
+    search_help_text = (
+        "Search by token. To find a conversation's tokens, find its map by code under PHI token maps."
+    )
     code_hash_lookup = "token_map__code_hash"
     ordering = ("token_map", "number")
     fields = ("token_map", "token", "category", "number", "created_at", "updated_at")
