@@ -131,14 +131,15 @@ def main() -> None:
 
         # Reference: one durable commit of a one-row UPDATE on this database, the floor
         # of any allocation that is durable before its token is returned.
-        reference = TokenMap.objects.get(code=new_code)
+        reference = TokenMap.objects.for_code(new_code).get()
         commits = time_calls(
             lambda i: TokenMap.objects.filter(pk=reference.pk).update(updated_at=timezone.now()),
             min(args.new, 500),
         )
         print(f"  reference: bare commit      {describe(commits, 1e-3, 'ms')}")
     finally:
-        TokenMap.objects.filter(code__in=[warm_code, new_code]).delete()
+        for used in (warm_code, new_code):
+            TokenMap.objects.for_code(used).delete()
 
 
 if __name__ == "__main__":

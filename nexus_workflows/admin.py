@@ -4,8 +4,12 @@ Rows are never added or edited by hand. Reviving abandoned work and making pendi
 due now need the dedicated ``nexus_workflows.revive_deferredwork`` permission ("change"
 is not enough), and every such action leaves an admin log entry naming the user.
 
-The trigger and the checkpoints may hold patient data: they are shown on the detail page
-only, never on the list, and are not searchable.
+Minimum necessary: the dedupe key, the trigger, the checkpoints and error messages may
+hold patient data. List and detail pages show kind, id, status, attempts, times and the
+exception *type* only. Users with ``nexus_workflows.reveal_deferredwork`` see the rest
+after a POST from the detail page, audited (see :mod:`nexus_workflows.admin_reveal`).
+Work is found by typing its dedupe key exactly. Deleting selected work always goes
+through a confirmation page that says what will be lost.
 """
 
 from __future__ import annotations
@@ -14,13 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import PAGE_VAR, ChangeList
+from django.core import signing
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
@@ -29,11 +37,16 @@ from django.utils.safestring import SafeString
 
 from . import admin_display as display
 from . import triage
+from .admin_reveal import RevealMixin
 from .models import DeferredWork, Status
 from .observability import admin as observability_admin  # registers the runners' admin
 from .phi import admin as phi_admin  # noqa: F401 - registers the PHI token map admin
 
 REVIVE_PERMISSION = "nexus_workflows.revive_deferredwork"
+REVEAL_PERMISSION = "nexus_workflows.reveal_deferredwork"
+# A delete confirmation is good for this long, for the selection and counts it showed.
+DELETE_CONFIRMATION_MAX_AGE = 600
+_DELETE_SALT = "nexus_workflows.admin.delete_selected"
 
 #: Query-string value of the status filter that shows abandoned and stale work.
 NEEDS_ATTENTION = "attention"
@@ -118,36 +131,35 @@ class TriageChangeList(ChangeList):
 
 
 @admin.register(DeferredWork)
-class DeferredWorkAdmin(admin.ModelAdmin):
+class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
     list_display = (
         "id_column",
         "kind",
-        "dedupe_key_column",
         "status_column",
         "attempts_column",
         "next_attempt_column",
-        "last_error_column",
+        "error_type_column",
         "updated_column",
     )
-    list_display_links = ("id_column", "dedupe_key_column")
+    list_display_links = ("id_column",)
     list_filter = (StatusFilter, "kind")
-    search_fields = ("dedupe_key",)
-    search_help_text = "Search by dedupe key. Triggers and checkpoints are not searchable."
+    # Exact match only: a partial search would tell which keys contain what was typed.
+    search_fields = ("=dedupe_key",)
+    search_help_text = (
+        "Type a dedupe key exactly to find its work. Triggers, checkpoints and errors are not searchable."
+    )
     ordering = ("-created_at", "-pk")
     list_per_page = 50
-    actions = ("revive_selected", "run_selected_now")
+    actions = ("revive_selected", "run_selected_now", "delete_selected")
     readonly_fields = (
         "status_column",
         "kind",
-        "dedupe_key",
         "attempts_column",
         "next_attempt_detail",
         "created_column",
         "updated_detail",
-        "last_error_full",
+        "error_type_detail",
         "history_table",
-        "trigger_json",
-        "checkpoints_json",
         "claim_token",
         "claimed_column",
         "heartbeat_column",
@@ -158,28 +170,19 @@ class DeferredWorkAdmin(admin.ModelAdmin):
             {
                 "fields": (
                     ("status_column", "attempts_column", "next_attempt_detail"),
-                    ("kind", "dedupe_key"),
-                    ("created_column", "updated_detail"),
+                    ("kind", "created_column", "updated_detail"),
                 )
             },
         ),
-        ("Last error", {"fields": ("last_error_full",)}),
+        (
+            "Last error",
+            {
+                "fields": ("error_type_detail",),
+                "description": "The exception type. Its message, the dedupe key, the trigger and the "
+                "checkpoints may hold patient data: they are revealed on request (see above).",
+            },
+        ),
         ("Attempt history", {"fields": ("history_table",)}),
-        (
-            "Trigger",
-            {
-                "fields": ("trigger_json",),
-                "description": "What the work was enqueued with. It may hold patient data: "
-                "it is shown on this page only.",
-            },
-        ),
-        (
-            "Checkpoints",
-            {
-                "fields": ("checkpoints_json",),
-                "description": "Steps the workflow journalled; a revived attempt resumes after them.",
-            },
-        ),
         (
             "Claim",
             {"fields": ("claim_token", "claimed_column", "heartbeat_column"), "classes": ("collapse",)},
@@ -187,6 +190,7 @@ class DeferredWorkAdmin(admin.ModelAdmin):
     )
     change_list_template = "admin/nexus_workflows/deferredwork/change_list.html"
     change_form_template = "admin/nexus_workflows/deferredwork/change_form.html"
+    delete_confirmation_template = "admin/nexus_workflows/deferredwork/delete_confirmation.html"
 
     class Media:
         css = {"all": ("nexus_workflows/admin/triage.css",)}
@@ -202,6 +206,22 @@ class DeferredWorkAdmin(admin.ModelAdmin):
     def has_revive_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(REVIVE_PERMISSION)
 
+    # The reveal page (admin_reveal.RevealMixin): GET confirms, POST shows and logs.
+    reveal_permission = REVEAL_PERMISSION
+    reveal_template = "admin/nexus_workflows/deferredwork/reveal.html"
+    reveal_what = "dedupe key, trigger, checkpoints and error messages"
+
+    def reveal_payload(self, request: HttpRequest, work: DeferredWork) -> dict[str, Any]:
+        return {
+            "last_error": display.error_block(work.last_error),
+            "history": render_to_string(
+                "admin/nexus_workflows/deferredwork/history.html",
+                {"rows": display.history_rows(work, reveal=True)},
+            ),
+            "trigger": display.json_block(work.trigger, empty="No trigger."),
+            "checkpoints": display.json_block(work.checkpoints, empty="No checkpoints saved yet."),
+        }
+
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return TriageChangeList
 
@@ -210,10 +230,6 @@ class DeferredWorkAdmin(admin.ModelAdmin):
     @admin.display(description="ID", ordering="pk")
     def id_column(self, work: DeferredWork) -> str:
         return f"#{work.pk}"
-
-    @admin.display(description="dedupe key", ordering="dedupe_key")
-    def dedupe_key_column(self, work: DeferredWork) -> SafeString:
-        return format_html('<span class="nw-key" title="{}">{}</span>', work.dedupe_key, work.dedupe_key)
 
     @admin.display(description="status", ordering="status")
     def status_column(self, work: DeferredWork) -> SafeString:
@@ -232,8 +248,8 @@ class DeferredWorkAdmin(admin.ModelAdmin):
         return display.next_attempt(work)
 
     @admin.display(description="last error")
-    def last_error_column(self, work: DeferredWork) -> SafeString:
-        return display.error_summary(work.last_error)
+    def error_type_column(self, work: DeferredWork) -> SafeString:
+        return display.error_type_badge(work.last_error)
 
     @admin.display(description="last update", ordering="updated_at")
     def updated_column(self, work: DeferredWork) -> SafeString:
@@ -257,23 +273,17 @@ class DeferredWorkAdmin(admin.ModelAdmin):
     def heartbeat_column(self, work: DeferredWork) -> SafeString:
         return display.when(work.heartbeat_at)
 
-    @admin.display(description="last error")
-    def last_error_full(self, work: DeferredWork) -> SafeString:
-        return display.error_block(work.last_error)
+    @admin.display(description="exception type")
+    def error_type_detail(self, work: DeferredWork) -> SafeString:
+        if not work.last_error:
+            return format_html('<p class="nw-muted">{}</p>', "No error recorded.")
+        return display.error_type_badge(work.last_error)
 
     @admin.display(description="history")
     def history_table(self, work: DeferredWork) -> SafeString:
         return render_to_string(
             "admin/nexus_workflows/deferredwork/history.html", {"rows": display.history_rows(work)}
         )
-
-    @admin.display(description="trigger")
-    def trigger_json(self, work: DeferredWork) -> SafeString:
-        return display.json_block(work.trigger, empty="No trigger.")
-
-    @admin.display(description="checkpoints")
-    def checkpoints_json(self, work: DeferredWork) -> SafeString:
-        return display.json_block(work.checkpoints, empty="No checkpoints saved yet.")
 
     # --- actions ------------------------------------------------------------------------
 
@@ -284,6 +294,40 @@ class DeferredWorkAdmin(admin.ModelAdmin):
     @admin.action(description="Run selected pending work now", permissions=["revive"])
     def run_selected_now(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
         self._run_now(request, queryset)
+
+    def render_delete_form(self, request: HttpRequest, context: dict[str, Any]) -> HttpResponse:
+        # One item's delete page says what is lost too, like the bulk action's.
+        work = context.get("object")
+        if isinstance(work, DeferredWork):
+            context["losses"] = _describe_losses({work.status: 1})
+        return super().render_delete_form(request, context)
+
+    @admin.action(description="Delete selected deferred work", permissions=["delete"])
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> HttpResponse | None:
+        """Django's bulk delete, but only after a confirmation page that says what will be
+        lost, confirmed for exactly the selection and counts it showed (a bare
+        ``post=yes`` is not enough)."""
+        summary = _delete_summary(queryset)
+        token = request.POST.get("confirm", "")
+        if token and _confirmed(token, request, summary):
+            return django_delete_selected(self, request, queryset)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Delete selected deferred work?",
+            "opts": self.opts,
+            "summary": summary,
+            "losses": _describe_losses(summary["counts"]),
+            "total": len(summary["pks"]),
+            "active": sum(summary["counts"].get(status, 0) for status in (Status.PENDING, Status.PROCESSING)),
+            "confirm": signing.dumps(
+                {**summary, "user": request.user.pk}, salt=_DELETE_SALT, compress=True
+            ),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media,
+        }
+        return TemplateResponse(
+            request, "admin/nexus_workflows/deferredwork/delete_selected_confirmation.html", context
+        )
 
     def _revive(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
         result = triage.revive(queryset, by="admin", user=request.user.get_username())
@@ -321,7 +365,7 @@ class DeferredWorkAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[Any]:
         info = self.opts.app_label, self.opts.model_name
-        return [
+        return [  # the mixin's reveal URL comes with super().get_urls()
             path(
                 "dashboard/",
                 self.admin_site.admin_view(self.dashboard_view),
@@ -394,7 +438,44 @@ class DeferredWorkAdmin(admin.ModelAdmin):
             "revive_url": reverse(f"admin:{info[0]}_{info[1]}_revive", args=[work.pk]),
             "run_now_url": reverse(f"admin:{info[0]}_{info[1]}_run_now", args=[work.pk]),
             "due": due,
+            "may_reveal": self.has_reveal_permission(request, work),
+            "reveal_url": self.reveal_url(work),
         }
+
+
+_LOSSES = {
+    Status.PENDING: "will never run; triggers and checkpoints are deleted, and the dedupe keys are free "
+    "again (the next enqueue of one creates new work)",
+    Status.PROCESSING: "may be running right now; the runner's result is discarded when it finishes, and "
+    "it is never retried",
+    Status.ABANDONED: "can no longer be revived; errors and history are gone",
+    Status.DONE: "records and history are gone, and the dedupe keys are free again (they would be purged "
+    "after the retention period anyway)",
+}
+
+
+def _delete_summary(queryset: QuerySet[DeferredWork]) -> dict[str, Any]:
+    rows = list(queryset.order_by("pk").values_list("pk", "status"))
+    counts: dict[str, int] = {}
+    for _, status in rows:
+        counts[status] = counts.get(status, 0) + 1
+    return {"pks": [pk for pk, _ in rows], "counts": counts}
+
+
+def _describe_losses(counts: dict[str, int]) -> list[tuple[str, int, str]]:
+    order = (Status.PENDING, Status.PROCESSING, Status.ABANDONED, Status.DONE)
+    return [
+        (str(status.label).lower(), counts[status], _LOSSES[status]) for status in order if counts.get(status)
+    ]
+
+
+def _confirmed(token: str, request: HttpRequest, summary: dict[str, Any]) -> bool:
+    """Whether ``token`` is this user's confirmation of exactly this selection and counts."""
+    try:
+        confirmed = signing.loads(token, salt=_DELETE_SALT, max_age=DELETE_CONFIRMATION_MAX_AGE)
+    except signing.BadSignature:
+        return False
+    return confirmed == {**summary, "user": request.user.pk}
 
 
 def describe_result(result: triage.TriageResult, verb: str, wanted: str) -> str:

@@ -23,6 +23,7 @@ from . import attempts as attempts_module
 from .attempts import max_attempts
 from .history import first_line
 from .models import DeferredWork, Status
+from .redaction import APP_REASONS, error_type
 from .triage import is_stale
 
 DATETIME_FORMAT = "Y-m-d H:i:s"
@@ -105,6 +106,14 @@ def next_attempt(work: DeferredWork, *, now: datetime | None = None, compact: bo
     return EMPTY
 
 
+def error_type_badge(text: str) -> SafeString:
+    """The recorded error's exception type only: its message may carry patient data."""
+    name = error_type(text)
+    if not name:
+        return EMPTY
+    return format_html('<code class="nw-error-type">{}</code>', name)
+
+
 def error_summary(text: str, *, length: int = 110) -> SafeString:
     line = first_line(text)
     if not line:
@@ -163,20 +172,23 @@ class HistoryRow:
     error: str
 
 
-def history_rows(work: DeferredWork) -> list[HistoryRow]:
+def history_rows(work: DeferredWork, *, reveal: bool = False) -> list[HistoryRow]:
     """The row's history entries, oldest first, in words. Unknown entry shapes are
-    shown as they are rather than dropped."""
+    shown as they are rather than dropped — with ``reveal`` only: without it, errors are
+    reduced to their type and only the runner's own reasons are shown."""
     allowed = max_attempts(work.kind)
     rows = []
     for entry in work.history or []:
         if not isinstance(entry, dict):
-            rows.append(HistoryRow(None, "", "entry", str(entry), "", ""))
+            rows.append(HistoryRow(None, "", "entry", str(entry) if reveal else "", "", ""))
             continue
         what = str(entry.get("outcome") or entry.get("event") or "entry")
         label, detail, tone = _OUTCOMES.get(what, (what, "", ""))
         if what == "lost" and entry.get("started") is False:
             detail = "the runner stopped before this attempt started; not counted"
-        if entry.get("reason"):
+        if what not in _OUTCOMES and not reveal:
+            label = "entry"
+        if entry.get("reason") and (reveal or entry["reason"] in APP_REASONS):
             detail = f"{detail}: {entry['reason']}" if detail else str(entry["reason"])
         if what == "revived":
             who = entry.get("by", "")
@@ -186,6 +198,8 @@ def history_rows(work: DeferredWork) -> list[HistoryRow]:
         if isinstance(attempt, int) and not isinstance(attempt, bool):
             number = f"{attempt + 1} of {allowed}" if allowed else str(attempt + 1)
         error = str(entry.get("error") or "")
+        if not reveal:
+            error = error_type(error)
         rows.append(HistoryRow(_parse_time(entry.get("at")), number, label, detail, tone, error))
     return rows
 

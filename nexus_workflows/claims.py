@@ -25,6 +25,7 @@ from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F,
 from django.db.models.functions import Coalesce
 from django.db.models.sql import UpdateQuery
 
+from . import json_values
 from .clock import DatabaseNow, database_now
 from .exceptions import ClaimLost, InvalidCheckpoint
 from .history import append_entry
@@ -262,13 +263,15 @@ def validate_patch(patch: Any) -> dict[str, Any]:
     for key in patch:
         if not isinstance(key, str):
             raise InvalidCheckpoint(f"save() takes string checkpoint names; got a {type(key).__name__} key")
+    # The same rules as triggers: what is journalled comes back exactly, or is refused.
     try:
-        return json.loads(json.dumps(patch, allow_nan=False))
-    except (TypeError, ValueError):
+        json_values.check(patch)
+    except json_values.Rejected as problem:
         raise InvalidCheckpoint(
-            "save() takes JSON values only (dicts, lists, strings, finite numbers, "
-            "booleans, None); the patch holds something else"
+            f"save() takes JSON values only, ones that come back exactly: the patch {problem}; "
+            f"{json_values.ALLOWED}"
         ) from None
+    return json.loads(json_values.dumps(patch))
 
 
 def save_checkpoints(work: ClaimedWork, patch: Any) -> dict[str, Any]:

@@ -13,12 +13,12 @@ from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import DatabaseError, DataError, IntegrityError, connections, router, transaction
 from django.utils import timezone
 
-from . import signals
-from .exceptions import InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
-from .limits import DEDUPE_KEY_MAX_LENGTH
+from . import json_values, signals
+from .exceptions import EnqueueRejected, InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
+from .limits import DEDUPE_KEY_MAX_LENGTH, MAX_DELAY
 from .registry import Workflow, registry
 
 logger = logging.getLogger(__name__)
@@ -53,14 +53,14 @@ def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
     """
     workflow = registry.get(kind)
     dedupe_key = compute_dedupe_key(workflow, trigger)
-    stored_trigger = to_json(workflow, trigger)
     if workflow.is_deferred:
+        check_trigger(workflow, trigger)
         delay = _deferred_options(workflow, options)
-        return _enqueue_deferred(workflow, stored_trigger, dedupe_key, delay)
+        return _enqueue_deferred(workflow, trigger, dedupe_key, delay)
 
     from .fire_and_forget import enqueue_job
 
-    return enqueue_job(workflow, stored_trigger, dedupe_key, options)
+    return enqueue_job(workflow, to_json(workflow, trigger), dedupe_key, options)
 
 
 def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str | None]:
@@ -93,11 +93,27 @@ def _enqueue_many_deferred(
     workflow: Workflow, by_key: dict[str, str], delay: timedelta
 ) -> dict[str, str | None]:
     from .models import DeferredWork
-    from .wakeup import notify
 
     using = router.db_for_write(DeferredWork)
     results: dict[str, str | None] = {}
     keys = list(by_key)
+    try:
+        _insert_many(workflow, by_key, keys, delay, using, results)
+    except (IntegrityError, DataError) as error:  # never the dedupe race: ON CONFLICT skips it
+        raise _rejected(workflow, error) from None
+    return results
+
+
+def _insert_many(
+    workflow: Workflow,
+    by_key: dict[str, str],
+    keys: list[str],
+    delay: timedelta,
+    using: str,
+    results: dict[str, str | None],
+) -> None:
+    from .wakeup import notify
+
     with transaction.atomic(using=using):
         for start in range(0, len(keys), _BULK_CHUNK):
             chunk = keys[start : start + _BULK_CHUNK]
@@ -111,7 +127,6 @@ def _enqueue_many_deferred(
                     f"{_DEDUPE_ROUNDS} rounds; rows kept changing under concurrent writers"
                 )
         notify(using, inserted=True)
-    return results
 
 
 def _settle_chunk(
@@ -221,64 +236,59 @@ def compute_dedupe_key(workflow: Workflow, trigger: Any) -> str:
             f"workflow {kind!r}: dedupe_key returned {len(key)} characters; at most "
             f"{DEDUPE_KEY_MAX_LENGTH} are allowed"
         )
-    if "\x00" in key:
+    problem = json_values.text_problem(key)
+    if problem:
         raise InvalidDedupeKey(
-            f"workflow {kind!r}: dedupe_key returned a string containing a NUL character, "
-            "which databases cannot store"
+            f"workflow {kind!r}: dedupe_key returned a string that {problem}; it must return "
+            "valid Unicode text without NUL characters"
         )
     return key
 
 
-def _reject_type(value: object) -> Any:
-    raise InvalidTrigger(f"found a value of type {type(value).__name__}")
+def check_trigger(workflow: Workflow, trigger: Any) -> None:
+    """Refuse a trigger that would not come back equal and of the same types.
+
+    The one check of every enqueue path (deferred, many, fire-and-forget); the rules are
+    in :mod:`nexus_workflows.json_values`. The message names the kind and the rule, never
+    the trigger.
+    """
+    try:
+        json_values.check(trigger)
+    except json_values.Rejected as problem:
+        raise InvalidTrigger(
+            f"workflow {workflow.kind!r}: the trigger {problem}; {json_values.ALLOWED}"
+        ) from None
 
 
 def to_json(workflow: Workflow, trigger: Any) -> Any:
-    """The trigger as it will be stored and later handed to ``prepare``."""
+    """A checked copy of the trigger, as it will be stored and later handed to ``prepare``."""
     return json.loads(json_text(workflow, trigger))
 
 
 def json_text(workflow: Workflow, trigger: Any) -> str:
     """The trigger as JSON text, after checking that it can be stored."""
-    allowed = "dicts, lists, strings, finite numbers, booleans and None"
-    try:
-        text = json.dumps(trigger, allow_nan=False, default=_reject_type)
-    except InvalidTrigger as error:
-        raise InvalidTrigger(
-            f"workflow {workflow.kind!r}: the trigger must be JSON-serialisable ({allowed}); {error}"
-        ) from None
-    except ValueError as error:
-        reason = "a circular reference" if "ircular" in str(error) else "NaN or infinity"
-        raise InvalidTrigger(
-            f"workflow {workflow.kind!r}: the trigger must be JSON-serialisable ({allowed}); "
-            f"it contains {reason}"
-        ) from None
-    except TypeError as error:  # e.g. dict keys that are tuples
-        raise InvalidTrigger(
-            f"workflow {workflow.kind!r}: the trigger must be JSON-serialisable ({allowed}) "
-            "with string keys; "
-            + ("found a key that is not a string" if "keys must be" in str(error) else "it is not")
-        ) from None
-    if "\\u0000" in text:
-        raise InvalidTrigger(
-            f"workflow {workflow.kind!r}: the trigger contains a NUL character, which "
-            "PostgreSQL cannot store in JSON"
-        )
-    return text
+    check_trigger(workflow, trigger)
+    return json_values.dumps(trigger)
 
 
 def parse_delay(kind: str, value: Any) -> timedelta:
+    """``delay`` as a timedelta: seconds (int or float) or a timedelta, 0 to MAX_DELAY."""
+    allowed = f"allowed: 0 to {MAX_DELAY.days} days ({MAX_DELAY.days // 365} years)"
     if isinstance(value, timedelta):
-        delay = value
-    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        delay = timedelta(seconds=value)
+        negative, too_long = value < timedelta(0), value > MAX_DELAY
+    elif type(value) is int or (type(value) is float and math.isfinite(value)):
+        # Compared before any conversion: timedelta(seconds=1e20) would overflow.
+        negative, too_long = value < 0, value > MAX_DELAY.total_seconds()
     else:
         raise InvalidEnqueueOption(
-            f"workflow {kind!r}: delay must be a number of seconds or a timedelta; got {type(value).__name__}"
+            f"workflow {kind!r}: delay must be a finite number of seconds or a timedelta; "
+            f"got {type(value).__name__}"
         )
-    if delay < timedelta(0):
-        raise InvalidEnqueueOption(f"workflow {kind!r}: delay must not be negative")
-    return delay
+    if negative:
+        raise InvalidEnqueueOption(f"workflow {kind!r}: delay must not be negative; {allowed}")
+    if too_long:
+        raise InvalidEnqueueOption(f"workflow {kind!r}: delay is too long; {allowed}")
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
 
 
 def _deferred_options(workflow: Workflow, options: dict[str, Any]) -> timedelta:
@@ -314,7 +324,9 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
                     now=now,
                 )
             notify(using, inserted=True)
-        except IntegrityError:
+        except IntegrityError as error:
+            if not is_dedupe_conflict(error, connection):
+                raise _rejected(workflow, error) from None
             existing = (
                 DeferredWork.objects.using(using)
                 .filter(kind=workflow.kind, dedupe_key=dedupe_key)
@@ -336,6 +348,8 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
                 logger.info("%s #%s revived by enqueue: pending, attempt 0", workflow.kind, existing["pk"])
                 return str(existing["pk"])
             continue  # someone else changed it first: look again
+        except DataError as error:
+            raise _rejected(workflow, error) from None
         else:
             logger.debug("%s #%s enqueued", workflow.kind, work_id)
             signals.send(signals.work_enqueued, kind=workflow.kind, id=work_id, attempt=1)
@@ -343,6 +357,39 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
     raise RuntimeError(
         f"workflow {workflow.kind!r}: could not settle the dedupe key after {_DEDUPE_ROUNDS} "
         "rounds; the row kept changing under concurrent writers"
+    )
+
+
+def is_dedupe_conflict(error: IntegrityError, connection: Any) -> bool:
+    """Whether ``error`` is the dedupe constraint refusing a second row for a key.
+
+    Only that is the dedupe race; any other constraint (NOT NULL, a CHECK or trigger added
+    by the project) is a real refusal and must not be retried as if it were one.
+    """
+    from .models import DEDUPE_CONSTRAINT, DeferredWork
+
+    cause = error.__cause__
+    diag = getattr(cause, "diag", None)
+    if diag is not None:  # psycopg: the constraint is named
+        return getattr(diag, "constraint_name", None) == DEDUPE_CONSTRAINT
+    text = str(error)
+    if connection.vendor == "sqlite":  # SQLite names the columns, not the constraint
+        table = DeferredWork._meta.db_table
+        return text.startswith("UNIQUE constraint failed") and all(
+            f"{table}.{column}" in text for column in ("kind", "dedupe_key")
+        )
+    return DEDUPE_CONSTRAINT in text
+
+
+def _rejected(workflow: Workflow, error: DatabaseError) -> EnqueueRejected:
+    """The app's error for a database refusal: the constraint's name, never the row."""
+    diag = getattr(error.__cause__, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    what = f"constraint {name!r}" if name else type(error).__name__
+    return EnqueueRejected(
+        f"workflow {workflow.kind!r}: the database refused the new work ({what}); nothing was "
+        "written. Every documented input rule was met, so this is a constraint or trigger added "
+        "to the table outside nexus_workflows"
     )
 
 

@@ -41,6 +41,11 @@ class InvalidEnqueueOption(EnqueueError, TypeError):
     """An option passed to ``enqueue`` is unknown or has a bad value."""
 
 
+class EnqueueRejected(EnqueueError):
+    """The database refused new work for a reason other than the dedupe key (a constraint
+    or trigger added outside the app); nothing was written."""
+
+
 class QueueUnavailable(WorkflowError):
     """The Redis server behind the fire-and-forget queue cannot be reached."""
 

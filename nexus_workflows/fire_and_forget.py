@@ -61,6 +61,7 @@ from .embedded import warn_if_embedded
 from .enqueueing import parse_delay
 from .exceptions import InvalidEnqueueOption, JobFailed, QueueUnavailable, UnknownWorkflow, WorkflowError
 from .history import describe_error
+from .limits import MAX_DELAY
 from .registry import Workflow, registry
 
 logger = logging.getLogger(__name__)
@@ -185,15 +186,18 @@ def parse_options(workflow: Workflow, options: dict[str, Any]) -> JobOptions:
 def _parse_job_timeout(kind: str, value: Any) -> int:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        seconds = float(value)
+    elif type(value) is int or (type(value) is float and math.isfinite(value)):
+        seconds = value  # an int is compared as it is: float() of a huge one overflows
     else:
         raise InvalidEnqueueOption(
             f"workflow {kind!r}: job_timeout must be a number of seconds or a timedelta; "
             f"got {type(value).__name__}"
         )
-    if seconds <= 0:
-        raise InvalidEnqueueOption(f"workflow {kind!r}: job_timeout must be greater than 0 seconds")
+    if not 0 < seconds <= MAX_DELAY.total_seconds():
+        raise InvalidEnqueueOption(
+            f"workflow {kind!r}: job_timeout must be greater than 0 seconds and at most "
+            f"{MAX_DELAY.days} days"
+        )
     return math.ceil(seconds)
 
 

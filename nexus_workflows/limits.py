@@ -1,5 +1,7 @@
 """Sizes shared by the models and the validation that runs before the app is loaded."""
 
+from datetime import timedelta
+
 KIND_MAX_LENGTH = 100
 DEDUPE_KEY_MAX_LENGTH = 255
 LAST_ERROR_MAX_LENGTH = 2000
@@ -10,3 +12,6 @@ OUTAGE_RELEASES_MAX = 5
 # Claims of one item lost before their attempt started (they cost no attempt) allowed
 # before the crash-loop guard abandons it.
 UNSTARTED_LOSSES_MAX = 10
+#: Longest ``delay`` (and fire-and-forget ``job_timeout``) accepted: ten years, far
+#: inside what datetimes and Redis can represent.
+MAX_DELAY = timedelta(days=3653)

@@ -23,6 +23,9 @@ class Status(models.TextChoices):
     ABANDONED = "abandoned", "Abandoned"
 
 
+#: The unique constraint on (kind, dedupe_key): the only IntegrityError that is a dedupe race.
+DEDUPE_CONSTRAINT = "nw_unique_dedupe_key"
+
 #: Statuses whose rows are purged once RETENTION has passed since their last update.
 FINISHED_STATUSES = (Status.DONE, Status.ABANDONED)
 
@@ -77,7 +80,7 @@ class DeferredWork(models.Model):
         verbose_name = "deferred work"
         verbose_name_plural = "deferred work"
         constraints = [
-            models.UniqueConstraint(fields=["kind", "dedupe_key"], name="nw_unique_dedupe_key"),
+            models.UniqueConstraint(fields=["kind", "dedupe_key"], name=DEDUPE_CONSTRAINT),
         ]
         indexes = [
             # The due-work query (status = pending AND next_attempt_at <= now) and the
@@ -99,6 +102,7 @@ class DeferredWork(models.Model):
         ]
         permissions = [
             ("revive_deferredwork", "Can revive abandoned work and run pending work now"),
+            ("reveal_deferredwork", "Can reveal triggers, checkpoints and error messages"),
         ]
 
     def __str__(self) -> str:

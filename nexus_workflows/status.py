@@ -1,5 +1,10 @@
 """What ``manage.py workflows status`` reports: counts, the oldest due item, abandoned work,
-and how each live runner learns of new work (its wake-up mode)."""
+and how each live runner learns of new work (its wake-up mode).
+
+Dedupe keys and error messages may carry patient data: the report names work by kind and
+id and errors by exception type, unless it is rendered with ``reveal=True``
+(``workflows status --reveal``).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from .history import first_line
 from .models import DeferredWork, Status
 from .observability import runners as live_runners
 from .observability.models import Runner
+from .redaction import error_type
 from .wakeup import WakeupMode
 
 
@@ -61,7 +67,7 @@ _MODE_NOTES = {
 }
 
 
-def render_status_report(report: StatusReport) -> str:
+def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
     statuses = [status.value for status in Status]
     lines = []
     if not report.counts:
@@ -82,9 +88,11 @@ def render_status_report(report: StatusReport) -> str:
         lines.append("Oldest due: nothing is due.")
     lines.append(f"Abandoned: {report.abandoned_total}")
     for work in report.abandoned:
+        key = f" key={work.dedupe_key}" if reveal else ""
+        error = first_line(work.last_error) if reveal else error_type(work.last_error)
         lines.append(
-            f"  #{work.pk} {work.kind} key={work.dedupe_key} {describe_attempt(work.kind, work.attempt)} "
-            f"updated {work.updated_at:%Y-%m-%d %H:%M:%S %Z}: {first_line(work.last_error)}"
+            f"  #{work.pk} {work.kind}{key} {describe_attempt(work.kind, work.attempt)} "
+            f"updated {work.updated_at:%Y-%m-%d %H:%M:%S %Z}: {error}"
         )
     if report.abandoned_total > len(report.abandoned):
         lines.append(f"  … and {report.abandoned_total - len(report.abandoned)} more")

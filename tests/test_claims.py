@@ -21,7 +21,9 @@ from nexus_workflows.claims import (
     reschedule,
     save_checkpoints,
 )
+from nexus_workflows.json_values import MAX_DEPTH
 from nexus_workflows.models import DeferredWork, Status
+from tests.json_like import nested
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,6 +121,12 @@ def test_rewriting_an_unchanged_checkpoint_is_not_a_lost_claim(kind: str) -> Non
         ({1: "int key"}, "string checkpoint names"),
         ({"x": object()}, "JSON values only"),
         ({"x": float("nan")}, "JSON values only"),
+        ({"x": -0.0}, "JSON values only, ones that come back exactly: the patch contains -0.0"),
+        ({"x": 1e20}, "1e16 or more"),
+        ({"x": "\ud800"}, "not valid Unicode"),
+        ({"x": "a\x00"}, "NUL character"),
+        ({"x": nested(MAX_DEPTH + 1)}, "nested more than"),
+        ({"x": (1, 2)}, "type tuple"),
     ],
 )
 def test_bad_patches_are_rejected_before_writing(kind: str, patch: Any, rule: str) -> None:

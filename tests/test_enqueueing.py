@@ -133,7 +133,7 @@ class Opaque:
         ({"key": "a", "object": Opaque()}, "found a value of type Opaque"),
         ({"key": "a", "ratio": float("nan")}, "NaN or infinity"),
         ({"key": "a", "ratio": float("inf")}, "NaN or infinity"),
-        ({"key": "a", ("tuple", "key"): 1}, "found a key that is not a string"),
+        ({"key": "a", ("tuple", "key"): 1}, "dict key of type tuple; keys must be strings"),
         ({"key": "a", "text": "nul\x00byte"}, "NUL character"),
     ],
 )

@@ -514,7 +514,7 @@ def test_delay_schedules_the_job_and_a_worker_with_the_scheduler_runs_it_when_du
         ({"job_timeout": "1h"}, "job_timeout must be a number of seconds or a timedelta; got str"),
         ({"at_front": 1}, "at_front must be True or False; got int"),
         ({"delay": -1}, "delay must not be negative"),
-        ({"delay": "soon"}, "delay must be a number of seconds or a timedelta; got str"),
+        ({"delay": "soon"}, "delay must be a finite number of seconds or a timedelta; got str"),
     ],
 )
 def test_bad_options_are_rejected_before_anything_is_sent(

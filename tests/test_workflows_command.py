@@ -71,9 +71,18 @@ def test_status_counts_by_kind_and_lists_abandoned_and_oldest_due(kind: str) -> 
     oldest = DeferredWork.objects.get(dedupe_key="b")
     assert f"Oldest due: {kind} #{oldest.pk} (attempt 1 of 2)" in output
     assert "Abandoned: 1" in output
-    assert "key=a attempt 2 of 2" in output
-    assert "PermanentError: HTTP 422" in output
-    assert "Traceback detail" not in output  # first line only
+    abandoned = DeferredWork.objects.get(dedupe_key="a")
+    assert f"#{abandoned.pk} {kind} attempt 2 of 2 updated " in output
+    assert f"attempt 2 of 2 updated " in output
+    assert ": PermanentError\n" in output  # the exception type only
+    assert "key=" not in output  # dedupe keys may be patient data
+    assert "HTTP 422" not in output
+    assert "Traceback detail" not in output
+
+    revealed = run("status", "--reveal")
+    assert f"#{abandoned.pk} {kind} key=a attempt 2 of 2" in revealed
+    assert "PermanentError: HTTP 422" in revealed
+    assert "Traceback detail" not in revealed  # first line only
 
 
 def test_status_of_an_empty_table() -> None:

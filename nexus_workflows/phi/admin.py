@@ -1,8 +1,11 @@
-"""Admin for PHI token maps: codes, counts and tokens, never surfaces.
+"""Admin for PHI token maps: maps by id, counts and tokens; never codes or surfaces.
 
-Maps and tokens are read-only: tokens are made by ``encode`` alone. A surface is shown
-only on a dedicated page, to users with the ``reveal_phitoken`` permission, after a POST,
-and every reveal is written to the admin log (the token's history) — never the surface.
+Maps and tokens are read-only and cannot be deleted here: tokens are made by ``encode``
+alone, and a deleted map would leave text already sent out undecodable. A map is found by
+typing its conversation code exactly (it is looked up by the code's keyed hash and never
+echoed back). A surface is shown only on a dedicated page, to users with the
+``reveal_phitoken`` permission, after a POST, and every reveal is written to the admin
+log (the token's history) — never the surface (see :mod:`nexus_workflows.admin_reveal`).
 """
 
 from __future__ import annotations
@@ -10,19 +13,62 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import IS_FACETS_VAR, SEARCH_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, QueryDict
 from django.urls import URLPattern, path, reverse
-from django.utils.cache import add_never_cache_headers
+from django.utils.http import urlencode
 
-from .exceptions import SurfaceDecryptionError
-from .keys import keyring
+from ..admin_reveal import RevealFailed, RevealMixin
+from .exceptions import PhiError, SurfaceDecryptionError
+from .keys import code_hash, keyring
 from .models import PhiToken, TokenMap
+from .tokens import check_code
 
 REVEAL_PERMISSION = "nexus_workflows.reveal_phitoken"
+
+
+class _CodeNotEchoedChangeList(ChangeList):
+    """A change list that searches by conversation code but never shows what was typed:
+    the search box is left empty, and the term is not carried into links."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.query = ""
+        self.params.pop(SEARCH_VAR, None)  # sort, filter and page links drop it too
+        self.filter_params.pop(SEARCH_VAR, None)
+        self.remove_facet_link = self.get_query_string(remove=[IS_FACETS_VAR])
+        self.add_facet_link = self.get_query_string({IS_FACETS_VAR: True})
+
+
+class CodeSearchMixin:
+    """Find maps (or their tokens) by the exact conversation code, through its keyed hash.
+
+    Only hashes are stored, so a code matches only when typed exactly; nothing can be
+    found by part of a code, and the code is never echoed back into the page or links.
+    """
+
+    code_hash_lookup: str
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _CodeNotEchoedChangeList
+
+    def code_q(self, search_term: str) -> Q | None:
+        try:
+            code = check_code(search_term)
+            return Q(**{self.code_hash_lookup: code_hash(code)})
+        except PhiError:  # not a possible code, or the keys are not configured
+            return None
+
+    def get_preserved_filters(self, request: HttpRequest) -> str:
+        preserved = super().get_preserved_filters(request)  # type: ignore[misc]
+        if not preserved:
+            return preserved
+        # The typed code must not travel on into the change page's links.
+        filters = QueryDict(QueryDict(preserved).get("_changelist_filters", ""), mutable=True)
+        filters.pop(SEARCH_VAR, None)
+        return urlencode({"_changelist_filters": filters.urlencode()}) if filters else ""
 
 
 class PhiTokenInline(admin.TabularInline):
@@ -42,16 +88,59 @@ class PhiTokenInline(admin.TabularInline):
 
 
 @admin.register(TokenMap)
-class TokenMapAdmin(admin.ModelAdmin):
-    list_display = ("code", "token_count", "sequence", "created_at", "updated_at")
-    search_fields = ("code",)
+class TokenMapAdmin(CodeSearchMixin, admin.ModelAdmin):
+    list_display = ("map_column", "token_count", "sequence", "created_at", "updated_at")
+    # Searched by the code's keyed hash (see get_search_results): exact codes only.
+    search_fields = ("code_hash",)
+    search_help_text = (
+        "Type a conversation code exactly to go to its map. Codes are stored only as keyed "
+        "hashes, so parts of a code find nothing; the code is not kept in any URL."
+    )
+    code_hash_lookup = "code_hash"
     ordering = ("-updated_at",)
-    fields = ("code", "token_count", "sequence", "created_at", "updated_at")
+    fields = ("map_column", "token_count", "sequence", "created_at", "updated_at")
     readonly_fields = fields
     inlines = (PhiTokenInline,)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[TokenMap]:
         return super().get_queryset(request).annotate(_token_count=Count("tokens"))
+
+    change_list_template = "admin/nexus_workflows/tokenmap/change_list.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path("find/", self.admin_site.admin_view(self.find_view), name="nexus_workflows_tokenmap_find"),
+            *super().get_urls(),
+        ]
+
+    def find_view(self, request: HttpRequest) -> HttpResponse:
+        """The list's search box: a POSTed code, hashed, leads to its map's page. The code
+        is in no URL, so no access log or browser history keeps it."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        found = self.code_q(request.POST.get("code", ""))
+        token_map = self.get_queryset(request).filter(found).first() if found is not None else None
+        if token_map is None:
+            self.message_user(request, "No token map has that conversation code.", messages.WARNING)
+            changelist = reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_changelist")
+            return HttpResponseRedirect(changelist)
+        return HttpResponseRedirect(
+            reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_change", args=[token_map.pk])
+        )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[TokenMap], search_term: str
+    ) -> tuple[QuerySet[TokenMap], bool]:
+        if not search_term:
+            return queryset, False
+        found = self.code_q(search_term)
+        return (queryset.filter(found) if found is not None else queryset.none()), False
+
+    @admin.display(description="token map", ordering="pk")
+    def map_column(self, token_map: TokenMap) -> str:
+        return str(token_map)
 
     @admin.display(description="tokens", ordering="_token_count")
     def token_count(self, token_map: TokenMap) -> int:
@@ -63,18 +152,42 @@ class TokenMapAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Deleting a map deletes its tokens: text already sent out could never be decoded.
+        return False
+
 
 @admin.register(PhiToken)
-class PhiTokenAdmin(admin.ModelAdmin):
-    list_display = ("token", "category", "token_map", "created_at", "updated_at")
+class PhiTokenAdmin(RevealMixin, CodeSearchMixin, admin.ModelAdmin):
+    list_display = ("token", "category", "map_column", "created_at", "updated_at")
     list_filter = ("category",)
-    # Tokens and codes only: surfaces are encrypted and must never be searchable.
-    search_fields = ("token", "token_map__code")
-    list_select_related = ("token_map",)
+    # Tokens, and maps by their exact code (hashed): surfaces are encrypted and must never
+    # be searchable.
+    search_fields = ("token",)
+    search_help_text = (
+        "Search by token. To find a conversation's tokens, find its map by code under PHI token maps."
+    )
+    code_hash_lookup = "token_map__code_hash"
     ordering = ("token_map", "number")
     fields = ("token_map", "token", "category", "number", "created_at", "updated_at")
     readonly_fields = fields
     change_form_template = "admin/nexus_workflows/phitoken/change_form.html"
+    reveal_permission = REVEAL_PERMISSION
+    reveal_template = "admin/nexus_workflows/phitoken/reveal_surface.html"
+    reveal_what = "surface"
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[PhiToken], search_term: str
+    ) -> tuple[QuerySet[PhiToken], bool]:
+        by_token, duplicates = super().get_search_results(request, queryset, search_term)
+        by_code = self.code_q(search_term) if search_term else None
+        if by_code is None:
+            return by_token, duplicates
+        return by_token | queryset.filter(by_code), duplicates
+
+    @admin.display(description="token map", ordering="token_map")
+    def map_column(self, token: PhiToken) -> str:
+        return f"token map #{token.token_map_id}"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -86,53 +199,19 @@ class PhiTokenAdmin(admin.ModelAdmin):
         # A token goes with its map; deleting one alone would leave text undecodable.
         return False
 
-    def has_reveal_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(REVEAL_PERMISSION) and self.has_view_permission(request, obj)
-
-    def get_urls(self) -> list[URLPattern]:
-        info = self.opts.app_label, self.opts.model_name
-        return [
-            path(
-                "<path:object_id>/reveal/",
-                self.admin_site.admin_view(self.reveal_view),
-                name="{}_{}_reveal".format(*info),
-            ),
-            *super().get_urls(),
-        ]
-
     def change_view(
         self,
         request: HttpRequest,
         object_id: str,
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
+    ) -> Any:
         extra_context = {**(extra_context or {}), "can_reveal_surface": self.has_reveal_permission(request)}
         return super().change_view(request, object_id, form_url, extra_context)
 
-    def reveal_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        token = self.get_object(request, unquote(object_id))
-        if token is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
-        if not self.has_reveal_permission(request, token):
-            raise PermissionDenied
-        surface = None
-        if request.method == "POST":
-            try:
-                surface = keyring().decrypt(token.lookup_key, token.encrypted_surface, label=str(token))
-            except SurfaceDecryptionError as error:
-                self.message_user(request, str(error), messages.ERROR)
-                return HttpResponseRedirect(
-                    reverse(f"{self.admin_site.name}:nexus_workflows_phitoken_change", args=[token.pk])
-                )
-            self.log_change(request, token, f"Revealed the surface of {token} (nothing was changed).")
-        context = {
-            **self.admin_site.each_context(request),
-            "title": f"Reveal the surface of {token}",
-            "opts": self.opts,
-            "original": token,
-            "surface": surface,
-        }
-        response = TemplateResponse(request, "admin/nexus_workflows/phitoken/reveal_surface.html", context)
-        add_never_cache_headers(response)
-        return response
+    def reveal_payload(self, request: HttpRequest, token: PhiToken) -> dict[str, Any]:
+        try:
+            surface = keyring().decrypt(token.lookup_key, token.encrypted_surface, label=str(token))
+        except SurfaceDecryptionError as error:
+            raise RevealFailed(str(error)) from None
+        return {"surface": surface}

@@ -169,12 +169,21 @@ def key_problems() -> list[KeyProblem]:
     return problems
 
 
+#: What the conversation-code key is derived from PHI_HMAC_KEY with. Changing it (or the
+#: HMAC key) makes every stored map unreachable: codes are only stored as these hashes.
+CODE_HASH_CONTEXT = b"nexus_workflows.phi conversation code v1"
+
+
 class Keyring:
-    """The usable keys and the three operations on them."""
+    """The usable keys and the operations on them."""
 
     def __init__(self, hmac_key: bytes, fernet_keys: list[bytes | str]) -> None:
         # Keyed once; each lookup key copies this state instead of re-keying.
         self._hmac = hmac.new(hmac_key, digestmod=hashlib.sha256)
+        # Codes get a key of their own, derived from the HMAC key, so a code's hash can
+        # never equal any lookup key.
+        code_key = hmac.new(hmac_key, CODE_HASH_CONTEXT, hashlib.sha256).digest()
+        self._code_hmac = hmac.new(code_key, digestmod=hashlib.sha256)
         fernets = [Fernet(key) for key in fernet_keys]
         self._newest = fernets[0]
         self._fernet = MultiFernet(fernets)
@@ -188,6 +197,13 @@ class Keyring:
         """
         mac = self._hmac.copy()
         mac.update(f"{len(code)}:{code}|{category}|{normalized}".encode())
+        return mac.hexdigest()
+
+    def code_hash(self, code: str) -> str:
+        """HMAC-SHA256 of a conversation code under its own key, hex: how a map is stored
+        and found. The code itself is never stored."""
+        mac = self._code_hmac.copy()
+        mac.update(code.encode())
         return mac.hexdigest()
 
     def encrypt(self, lookup_key: str, surface: str) -> str:
@@ -293,3 +309,8 @@ def _settings_changed(*, setting: str, **kwargs: Any) -> None:
             from .cache import token_cache
 
             token_cache.clear()
+
+
+def code_hash(code: str) -> str:
+    """The stored form of a (validated) conversation code."""
+    return keyring().code_hash(code)

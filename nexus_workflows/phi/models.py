@@ -13,27 +13,43 @@ from django.db import models
 from django.utils import timezone
 
 from .normalization import CATEGORIES
-from .tokens import CODE_MAX_LENGTH, TOKEN_MAX_LENGTH
+from .tokens import TOKEN_MAX_LENGTH
 
 CATEGORY_CHOICES = [(category, category) for category in CATEGORIES]
 
 
-class TokenMap(models.Model):
-    """The token map of one conversation code."""
+class TokenMapQuerySet(models.QuerySet["TokenMap"]):
+    def for_code(self, code: str) -> TokenMapQuerySet:
+        """The map of a conversation code, found by the code's keyed hash."""
+        from .keys import code_hash
 
-    code = models.CharField(max_length=CODE_MAX_LENGTH, unique=True)
+        return self.filter(code_hash=code_hash(code))
+
+
+class TokenMap(models.Model):
+    """The token map of one conversation code.
+
+    The code is often the patient's messaging address, so only its keyed hash is stored
+    (HMAC-SHA256 under a key derived from ``PHI_HMAC_KEY``): a map is found from the code,
+    never the other way round.
+    """
+
+    code_hash = models.CharField(max_length=64, unique=True)
     # The last token number handed out; tokens of every category share it.
     sequence = models.PositiveBigIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     # Set explicitly by every write: QuerySet.update() does not apply auto_now.
     updated_at = models.DateTimeField(default=timezone.now)
 
+    objects = TokenMapQuerySet.as_manager()
+
     class Meta:
         verbose_name = "PHI token map"
         verbose_name_plural = "PHI token maps"
 
     def __str__(self) -> str:
-        return self.code
+        # Never the code: this is what admin pages and log entries show.
+        return f"token map #{self.pk}"
 
 
 class PhiToken(models.Model):

@@ -40,15 +40,15 @@ def value_text(value: Any, category: str) -> str:
         raise InvalidPhiValue(f"{category} value is None; pass a non-empty string or a number")
     if isinstance(value, str):
         text = value
+        if not text.isascii() and not is_valid_unicode(text):
+            raise InvalidPhiValue(
+                f"{category} value is not valid Unicode (it has a lone surrogate); pass text that "
+                "can be encoded as UTF-8"
+            )
     elif isinstance(value, bool):
         raise InvalidPhiValue(f"{category} value is a bool; pass a non-empty string or a number")
-    elif isinstance(value, int):
-        text = str(value)
-    elif isinstance(value, float | Decimal):
-        if not math.isfinite(value):
-            raise InvalidPhiValue(f"{category} value is not a finite number")
-        # 5512345678.0 is the number 5512345678, not a string with a decimal point.
-        text = str(int(value)) if value == int(value) else str(value)
+    elif isinstance(value, int | float | Decimal):
+        text = _number_text(value, category)
     else:
         raise InvalidPhiValue(
             f"{category} value is a {type(value).__name__}; pass a non-empty string or a number"
@@ -56,6 +56,43 @@ def value_text(value: Any, category: str) -> str:
     if not text.strip():
         raise InvalidPhiValue(f"{category} value is empty or only whitespace")
     return text
+
+
+#: Numbers given as values may have at most this many digits before the decimal point
+#: (phone numbers and IDs have far fewer; a bound keeps huge ones from costing time).
+NUMBER_MAX_DIGITS = 64
+_NUMBER_LIMIT = 10**NUMBER_MAX_DIGITS
+
+
+def is_valid_unicode(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8, i.e. has no lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _number_text(value: int | float | Decimal, category: str) -> str:
+    """A number as the text it stands for; bounded before anything is converted."""
+    rule = f"pass a finite number of at most {NUMBER_MAX_DIGITS} digits, or a string"
+    if isinstance(value, Decimal):
+        # is_finite, not math.isfinite: float(Decimal("sNaN")) raises.
+        if not value.is_finite():
+            raise InvalidPhiValue(f"{category} value is not a finite number; {rule}")
+        if value and value.adjusted() >= NUMBER_MAX_DIGITS:
+            raise InvalidPhiValue(f"{category} value is too large; {rule}")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidPhiValue(f"{category} value is not a finite number; {rule}")
+        if abs(value) >= _NUMBER_LIMIT:
+            raise InvalidPhiValue(f"{category} value is too large; {rule}")
+    elif not -_NUMBER_LIMIT < value < _NUMBER_LIMIT:
+        raise InvalidPhiValue(f"{category} value is too large; {rule}")
+    if isinstance(value, int):
+        return str(value)
+    # 5512345678.0 is the number 5512345678, not a string with a decimal point.
+    return str(int(value)) if value == int(value) else str(value)
 
 
 def _fold_persona(text: str) -> str:

@@ -32,7 +32,7 @@ from django.utils import timezone
 from ..conf import app_settings
 from .cache import MapState, TokenRow, token_cache
 from .exceptions import InvalidPhiValue, InvalidSpan, InvalidText, TokenAllocationError
-from .keys import keyring
+from .keys import code_hash, keyring
 from .models import PhiToken, TokenMap
 from .normalization import check_category, is_richer, normalize_text, surface_form, value_text
 from .recognizers import find as recognize
@@ -58,7 +58,7 @@ def _load(alias: str, code: str) -> MapState:
     """One query: the map and all its tokens (a LEFT JOIN, so an empty map loads too)."""
     rows = (
         TokenMap.objects.using(alias)
-        .filter(code=code)
+        .for_code(code)
         .values_list(
             "pk", "sequence", "tokens__pk", "tokens__token", "tokens__lookup_key", "tokens__encrypted_surface"
         )
@@ -294,7 +294,9 @@ class _Writer:
         for _ in range(_ALLOCATION_ROUNDS):
             self.insert_failed = False
             if map_id is None:
-                token_map, created = TokenMap.objects.using(self.alias).get_or_create(code=self.code)
+                token_map, created = TokenMap.objects.using(self.alias).get_or_create(
+                    code_hash=code_hash(self.code)
+                )
                 map_id, sequence = token_map.pk, 0
                 if created:
                     self.publish(map_id=map_id, sequence=0)
@@ -482,7 +484,7 @@ def decode(code: str, text: str) -> str:
         fresh = [
             TokenRow(pk, token, lookup_key, ciphertext)
             for pk, token, lookup_key, ciphertext in PhiToken.objects.using(connection.alias)
-            .filter(token_map__code=code, token__in=missing)
+            .filter(token_map__code_hash=code_hash(code), token__in=missing)
             .values_list("pk", "token", "lookup_key", "encrypted_surface")
         ]
         if fresh:

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from .exceptions import InvalidCode
-from .normalization import CATEGORIES
+from .normalization import CATEGORIES, is_valid_unicode
 
 CODE_MAX_LENGTH = 255
 TOKEN_MAX_LENGTH = 40  # "<<TELEFONO_" + up to 27 digits + ">>"
@@ -31,4 +31,8 @@ def check_code(code: Any) -> str:
         raise InvalidCode(f"the conversation code has {len(code)} characters; it must be {allowed}")
     if "\x00" in code:
         raise InvalidCode("the conversation code contains a NUL character, which databases cannot store")
+    if not code.isascii() and not is_valid_unicode(code):
+        raise InvalidCode(
+            f"the conversation code is not valid Unicode (it has a lone surrogate); it must be {allowed}"
+        )
     return code

@@ -1,4 +1,4 @@
-"""Rows in every state and users with and without the revive permission."""
+"""Rows in every state and users with and without the revive and reveal permissions."""
 
 from __future__ import annotations
 
@@ -100,6 +100,12 @@ def changer(db: None) -> User:
 @pytest.fixture
 def viewer(db: None) -> User:
     return _user("viewer", "view_deferredwork")
+
+
+@pytest.fixture
+def revealer(db: None) -> User:
+    """Staff who may view deferred work and reveal its patient data, and nothing else."""
+    return _user("revealer", "view_deferredwork", "reveal_deferredwork")
 
 
 def client_for(user: User) -> Client:

@@ -42,7 +42,9 @@ def message_texts(response) -> list[tuple[str, str]]:
 # --- the list ---------------------------------------------------------------------------
 
 
-def test_list_shows_the_triage_columns_and_no_trigger_or_checkpoints(superuser, make_work, workflow):
+def test_list_shows_the_triage_columns_and_no_key_trigger_checkpoints_or_message(
+    superuser, make_work, workflow
+):
     abandoned = make_work(
         Status.ABANDONED,
         dedupe_key="visit-9",
@@ -56,15 +58,16 @@ def test_list_shows_the_triage_columns_and_no_trigger_or_checkpoints(superuser, 
     assert response.status_code == 200
     html = response.content.decode()
     assert SECRET not in html
-    assert "visit-9" in html
+    assert "visit-9" not in html  # dedupe keys are often derived from patient data
     assert workflow.kind in html
     assert 'class="nw-badge nw-badge--abandoned"' in html
     assert 'class="nw-badge nw-badge--pending"' in html
     # abandoned after attempt 3 of 3 (attempt counts failures: 2), pending retry 2 of 3
     assert "3 of 3" in html
     assert "2 of 3" in html
-    # only the first line of the error
-    assert "UpstreamError: HTTP 503 from the scheduler" in html
+    # the exception type only, never its message (not even to a superuser on a list)
+    assert '<code class="nw-error-type">UpstreamError</code>' in html
+    assert "HTTP 503" not in html
     assert "retry budget exhausted" not in html
     assert f"#{abandoned.pk}" in html
 
@@ -95,15 +98,17 @@ def test_rows_of_unregistered_kinds_still_display(superuser, make_work):
     assert ">?</span>" in html
 
 
-def test_search_matches_the_dedupe_key_and_never_the_trigger(superuser, make_work):
+def test_search_matches_the_exact_dedupe_key_and_never_the_trigger(superuser, make_work):
     make_work(Status.DONE, dedupe_key="visit-777", trigger={"patient": SECRET})
-    make_work(Status.DONE, dedupe_key="visit-888")
+    make_work(Status.DONE, dedupe_key="visit-7770")
     client = client_for(superuser)
 
     by_key = client.get(reverse(CHANGELIST), {"q": "visit-777"})
+    by_part = client.get(reverse(CHANGELIST), {"q": "visit-77"})
     by_trigger = client.get(reverse(CHANGELIST), {"q": SECRET})
 
     assert [w.dedupe_key for w in by_key.context["cl"].result_list] == ["visit-777"]
+    assert list(by_part.context["cl"].result_list) == []  # no probing keys by their parts
     assert list(by_trigger.context["cl"].result_list) == []
 
 
@@ -184,50 +189,114 @@ def test_summary_follows_the_search(superuser, make_work):
     make_work(Status.PENDING, dedupe_key="clinic-a-2")
     make_work(Status.PENDING, dedupe_key="clinic-b-1")
 
-    response = client_for(superuser).get(reverse(CHANGELIST), {"q": "clinic-a"})
+    response = client_for(superuser).get(reverse(CHANGELIST), {"q": "clinic-a-1"})
 
     counts = {item.value: item.count for item in response.context["cl"].status_summary}
-    assert counts[None] == 2
-    assert counts["pending"] == 1
+    assert counts[None] == 1
+    assert counts["pending"] == 0
     assert counts["abandoned"] == 1
 
 
 # --- the detail page --------------------------------------------------------------------
 
 
-def test_detail_shows_trigger_checkpoints_full_error_and_history(superuser, make_work):
+def test_detail_shows_state_and_error_type_but_no_patient_data(superuser, viewer, make_work):
     work = make_work(
         Status.ABANDONED,
+        dedupe_key="visit-4242",
+        trigger={"patient": SECRET, "visit": 12},
+        checkpoints={"summary_id": "S-1", "sent": True},
+        history=[
+            {"attempt": 0, "outcome": "rescheduled", "error": f"ValueError: no slot for {SECRET}"},
+            {"attempt": 1, "outcome": "abandoned", "reason": "retry schedule exhausted", "error": "Boom: x"},
+            {"event": "note", "reason": f"written by hand about {SECRET}"},
+        ],
+    )
+    for user in (viewer, superuser):  # even with every permission: only after a POST
+        response = client_for(user).get(change_url(work))
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert SECRET not in html
+        assert "visit-4242" not in html
+        assert "summary_id" not in html
+        assert "HTTP 503" not in html
+        assert "retry budget exhausted" not in html
+        assert 'class="nw-json"' not in html
+        assert '<code class="nw-error-type">UpstreamError</code>' in html
+        assert "retry schedule exhausted" in html  # the runner's own reason
+        assert "ValueError" in html  # the history's exception types
+        assert f"#{work.pk}" in html
+        assert work.kind in html
+        assert "3 of 3" in html
+        # read-only: no save buttons
+        assert 'name="_save"' not in html
+        assert 'name="_continue"' not in html
+    assert 'name="revive"' in html  # the superuser's page
+    assert reverse("admin:nexus_workflows_deferredwork_revive", args=[work.pk]) in html
+
+
+def test_reveal_needs_the_dedicated_permission(superuser, viewer, triager, changer, make_work):
+    work = make_work(Status.ABANDONED, trigger={"patient": SECRET})
+    url = reverse("admin:nexus_workflows_deferredwork_reveal", args=[work.pk])
+    for user in (viewer, triager, changer):
+        client = client_for(user)
+        detail = client.get(change_url(work)).content.decode()
+        assert url not in detail
+        assert "Can reveal triggers, checkpoints and error messages" in detail  # says why
+        for response in (client.get(url), client.post(url)):
+            assert response.status_code == 403
+            assert SECRET not in response.content.decode()
+    assert not LogEntry.objects.exists()
+
+
+def test_reveal_shows_the_payload_after_a_post_no_store_and_audited(revealer, make_work):
+    work = make_work(
+        Status.ABANDONED,
+        dedupe_key="visit-4242",
         trigger={"patient": SECRET, "visit": 12},
         checkpoints={"summary_id": "S-1", "sent": True},
     )
+    client = client_for(revealer)
+    detail = client.get(change_url(work)).content.decode()
+    url = reverse("admin:nexus_workflows_deferredwork_reveal", args=[work.pk])
+    assert f'action="{url}"' in detail  # a POST form on the detail page
+    assert 'method="post"' in detail
 
-    response = client_for(superuser).get(change_url(work))
+    confirm = client.get(url)
+    assert confirm.status_code == 200
+    assert SECRET not in confirm.content.decode()
+    assert not LogEntry.objects.exists()  # looking at the confirmation reveals nothing
 
+    response = client.post(url)
     assert response.status_code == 200
+    assert "no-store" in response["Cache-Control"]
     html = response.content.decode()
-    assert SECRET in html  # the detail page is where the trigger is shown
-    assert 'class="nw-json"' in html
+    assert SECRET in html
+    assert "visit-4242" in html
     assert '<span class="nw-json-key">&quot;summary_id&quot;</span>' in html
     assert '<span class="nw-json-literal">true</span>' in html
     assert "UpstreamError: HTTP 503 from the scheduler\nretry budget exhausted" in html
-    assert "retry schedule exhausted" in html  # the history entry's reason
-    assert "UpstreamError: timeout" in html  # the first failure
-    assert 'name="revive"' in html
-    assert reverse("admin:nexus_workflows_deferredwork_revive", args=[work.pk]) in html
-    # read-only: no save buttons
-    assert 'name="_save"' not in html
-    assert 'name="_continue"' not in html
+    assert "UpstreamError: timeout" in html  # the history's messages
+
+    entry = LogEntry.objects.get()
+    assert (entry.object_id, entry.user, entry.action_flag) == (str(work.pk), revealer, CHANGE)
+    assert "Revealed the dedupe key, trigger, checkpoints and error messages" in entry.get_change_message()
+    assert SECRET not in entry.change_message + entry.object_repr
+    assert "visit-4242" not in entry.change_message + entry.object_repr
+    client.post(url)
+    assert LogEntry.objects.count() == 2  # one entry per reveal
 
 
-def test_detail_escapes_what_it_shows(superuser, make_work):
+def test_revealed_payload_is_escaped(revealer, make_work):
     work = make_work(
         Status.ABANDONED,
         trigger={"note": "<script>alert(1)</script>"},
         last_error="Boom: <img src=x onerror=alert(1)>",
     )
 
-    html = client_for(superuser).get(change_url(work)).content.decode()
+    html = client_for(revealer).post(
+        reverse("admin:nexus_workflows_deferredwork_reveal", args=[work.pk])
+    ).content.decode()
 
     assert "<script>alert(1)</script>" not in html
     assert "<img src=x" not in html
@@ -455,3 +524,80 @@ def test_branding(superuser):
     html = client_for(superuser).get(reverse("admin:index")).content.decode()
     assert "Nexus operations" in html
     assert "<title>Site administration | Nexus operations</title>" in html
+
+
+# --- bulk delete ------------------------------------------------------------------------
+
+
+def _confirm_token(html: str) -> str:
+    import re
+
+    return re.search(r'name="confirm" value="([^"]+)"', html).group(1)
+
+
+def _delete(client, works, **extra):
+    data = {"action": "delete_selected", "_selected_action": [w.pk for w in works], "index": 0, **extra}
+    return client.post(reverse(CHANGELIST), data)
+
+
+def test_bulk_delete_shows_what_will_be_lost_before_deleting(changer, make_work):
+    works = [make_work(Status.PENDING), make_work(Status.PENDING), make_work(Status.PROCESSING)]
+    works.append(make_work(Status.DONE))
+    client = client_for(changer)
+
+    page = _delete(client, works)
+
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert DeferredWork.objects.count() == 4  # nothing deleted yet
+    assert "delete <strong>4</strong> deferred work items" in html
+    assert "3 of them are not finished" in html
+    assert '<li data-status="pending"><strong>2 pending</strong>: will never run' in html
+    assert '<li data-status="processing"><strong>1 processing</strong>: may be running right now' in html
+    assert '<li data-status="done"><strong>1 done</strong>' in html
+    assert "abandoned" not in html.split('class="nw-losses"')[1].split("</ul>")[0]
+
+    done = _delete(client, works, post="yes", confirm=_confirm_token(html))
+
+    assert done.status_code == 302
+    assert not DeferredWork.objects.exists()
+    deletions = LogEntry.objects.filter(action_flag=3, user=changer)
+    assert sorted(int(entry.object_id) for entry in deletions) == sorted(w.pk for w in works)
+
+
+def test_bulk_delete_is_not_done_by_one_crafted_post(changer, make_work):
+    pending = make_work(Status.PENDING)
+    response = _delete(client_for(changer), [pending], post="yes")
+    assert response.status_code == 200  # the confirmation page, again
+    assert "will never run" in response.content.decode()
+    assert DeferredWork.objects.filter(pk=pending.pk).exists()
+
+
+def test_a_confirmation_holds_only_for_its_user_selection_and_counts(changer, superuser, make_work):
+    pending, done, other = make_work(Status.PENDING), make_work(Status.DONE), make_work(Status.PENDING)
+    client = client_for(changer)
+    token = _confirm_token(_delete(client, [pending, done]).content.decode())
+
+    # Another selection, another user, or counts that changed since: shown again, kept.
+    assert _delete(client, [pending, done, other], post="yes", confirm=token).status_code == 200
+    assert _delete(client_for(superuser), [pending, done], post="yes", confirm=token).status_code == 200
+    DeferredWork.objects.filter(pk=done.pk).update(status=Status.ABANDONED)
+    assert _delete(client, [pending, done], post="yes", confirm=token).status_code == 200
+    assert _delete(client, [pending, done], post="yes", confirm=token + "x").status_code == 200
+    assert DeferredWork.objects.count() == 3
+
+
+def test_bulk_delete_needs_the_delete_permission(triager, make_work):
+    pending = make_work(Status.PENDING)
+    client = client_for(triager)
+    assert "delete_selected" not in client.get(reverse(CHANGELIST)).content.decode()
+    _delete(client, [pending], post="yes")
+    assert DeferredWork.objects.filter(pk=pending.pk).exists()
+
+
+def test_one_items_delete_page_says_what_is_lost(changer, make_work):
+    pending = make_work(Status.PENDING)
+    url = reverse("admin:nexus_workflows_deferredwork_delete", args=[pending.pk])
+    html = client_for(changer).get(url).content.decode()
+    assert '<li data-status="pending"><strong>Pending work</strong> — will never run' in html
+    assert DeferredWork.objects.filter(pk=pending.pk).exists()

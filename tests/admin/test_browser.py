@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.contrib.staticfiles.testing import StaticLiveServerTestCase
 from django.utils import timezone
@@ -102,7 +103,10 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
 
             rows = driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
             assert len(rows) == 1  # the done row is not in "needs attention"
-            assert "visit-4711" in rows[0].text
+            assert f"#{self.abandoned.pk}" in rows[0].text
+            assert "UpstreamError" in rows[0].text  # the exception type only
+            assert "visit-4711" not in rows[0].text
+            assert "HTTP 503" not in rows[0].text
             assert "abandoned" in rows[0].text
             assert "3 of 3" in rows[0].text
             driver.find_element(By.CSS_SELECTOR, f"input.action-select[value='{self.abandoned.pk}']").click()
@@ -139,7 +143,7 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
             self._log_in(driver, "watcher")
             self._open_needs_attention(driver)
 
-            assert "visit-4711" in driver.find_element(By.ID, "result_list").text
+            assert f"#{self.abandoned.pk}" in driver.find_element(By.ID, "result_list").text
             action_selects = driver.find_elements(By.NAME, "action")
             offered = (
                 {option.get_attribute("value") for option in Select(action_selects[0]).options}
@@ -192,3 +196,23 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
             driver.find_element(By.ID, "nw-dashboard-runners").click()
             WebDriverWait(driver, 10).until(ec.title_contains("Runners"))
 
+    def test_reveal_from_the_detail_page(self) -> None:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        self._user("revealer", "view_deferredwork", "reveal_deferredwork")
+        with browser.chromium() as driver:
+            self._log_in(driver, "revealer")
+            driver.get(f"{self.live_server_url}/admin/nexus_workflows/deferredwork/{self.abandoned.pk}/change/")
+            page = driver.find_element(By.ID, "content").text
+            assert "visit-4711" not in page
+            assert "HTTP 503" not in page
+            driver.find_element(By.NAME, "reveal").click()
+            WebDriverWait(driver, 10).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".nw-reveal")))
+            revealed = driver.find_element(By.ID, "content").text
+            assert "visit-4711" in revealed
+            assert "UpstreamError: HTTP 503" in revealed
+            assert "S-88" in revealed  # the checkpoints
+        entry = LogEntry.objects.get(object_id=str(self.abandoned.pk))
+        assert entry.user.username == "revealer"

@@ -37,15 +37,43 @@ def assert_no_plaintext(html: str, *extra: str) -> None:
         assert text not in html
 
 
-def test_maps_are_listed_by_code_with_token_count_and_sequence(code: str, tokens: list[str]) -> None:
-    TokenMap.objects.filter(code=code).update(sequence=7)  # a gap left by a deleted token, say
+def test_maps_are_listed_by_id_with_token_count_and_sequence_never_the_code(
+    code: str, tokens: list[str]
+) -> None:
+    token_map = TokenMap.objects.for_code(code).get()
+    TokenMap.objects.filter(pk=token_map.pk).update(sequence=7)  # a gap left by a deleted token, say
     response = staff_client(*VIEWER).get(reverse("admin:nexus_workflows_tokenmap_changelist"))
     assert response.status_code == 200
     html = response.content.decode()
-    assert code in html
+    assert f"token map #{token_map.pk}" in html
+    assert code not in html
     assert '<td class="field-token_count">3</td>' in html
     assert '<td class="field-sequence">7</td>' in html
     assert_no_plaintext(html)
+
+
+def test_a_map_is_found_by_its_exact_code_which_is_never_echoed(code: str, tokens: list[str]) -> None:
+    client = staff_client(*VIEWER)
+    other = f"{code}-other"
+    encode(other, "Someone Else", "PERSONA")
+    url = reverse("admin:nexus_workflows_tokenmap_changelist")
+    response = client.get(url, {"q": code, "o": "1"})
+    found = [row.pk for row in response.context["cl"].result_list]
+    assert found == [TokenMap.objects.for_code(code).get().pk]
+    html = response.content.decode()
+    assert code not in html  # not in the search box, nor in sort, filter or change links
+    # Parts of a code, or another spelling, find nothing: only hashes are stored.
+    for near in (code[:-1], code.upper(), f" {code}", code[5:]):
+        assert client.get(url, {"q": near}).context["cl"].result_count == 0
+    # Tokens can be listed by their map's code too.
+    tokens_url = reverse("admin:nexus_workflows_phitoken_changelist")
+    response = client.get(tokens_url, {"q": code})
+    assert sorted(row.token for row in response.context["cl"].result_list) == sorted(tokens)
+    assert code not in response.content.decode()
+    # A change page reached from a search does not carry the code on.
+    change = reverse("admin:nexus_workflows_tokenmap_change", args=[TokenMap.objects.for_code(code).get().pk])
+    page = client.get(change, {"_changelist_filters": f"q={code}&o=1"}).content.decode()
+    assert code not in page
 
 
 def test_tokens_list_shows_token_and_category_never_the_surface(code: str, tokens: list[str]) -> None:
@@ -73,7 +101,7 @@ def test_surfaces_are_not_searchable(code: str, tokens: list[str], query: str) -
 
 def test_map_and_token_pages_never_show_the_surface(code: str, tokens: list[str]) -> None:
     client = staff_client(*VIEWER)
-    token_map = TokenMap.objects.get(code=code)
+    token_map = TokenMap.objects.for_code(code).get()
     html = client.get(reverse("admin:nexus_workflows_tokenmap_change", args=[token_map.pk])).content.decode()
     assert "&lt;&lt;PERSONA_1&gt;&gt;" in html
     assert_no_plaintext(html)
@@ -115,14 +143,15 @@ def test_reveal_shows_the_surface_after_a_post_and_logs_it(code: str, tokens: li
     assert entry.object_id == str(token.pk)
     assert entry.user.username == "staff-3"
     assert "Revealed the surface of <<PERSONA_1>>" in entry.get_change_message()
-    assert_no_plaintext(entry.change_message + entry.object_repr)
+    assert_no_plaintext(entry.change_message + entry.object_repr, code)
+    assert "no-store" in revealed["Cache-Control"]
 
     history = client.get(reverse("admin:nexus_workflows_phitoken_history", args=[token.pk]))
     assert "Revealed the surface" in history.content.decode()
     assert_no_plaintext(history.content.decode())
 
 
-def test_maps_and_tokens_cannot_be_added_or_edited_in_the_admin(code: str, tokens: list[str]) -> None:
+def test_maps_and_tokens_cannot_be_added_edited_or_deleted_in_the_admin(code: str, tokens: list[str]) -> None:
     client = Client()
     client.force_login(User.objects.create_superuser("root", password="x"))
     assert client.get(reverse("admin:nexus_workflows_tokenmap_add")).status_code == 403
@@ -133,3 +162,38 @@ def test_maps_and_tokens_cannot_be_added_or_edited_in_the_admin(code: str, token
     token.refresh_from_db()
     assert (token.token, token.encrypted_surface) == (tokens[0], before)
     assert client.get(reverse("admin:nexus_workflows_phitoken_delete", args=[token.pk])).status_code == 403
+    token_map = TokenMap.objects.for_code(code).get()
+    delete = reverse("admin:nexus_workflows_tokenmap_delete", args=[token_map.pk])
+    assert client.get(delete).status_code == 403
+    assert client.post(delete).status_code == 403
+    changelist = reverse("admin:nexus_workflows_tokenmap_changelist")
+    assert "delete_selected" not in client.get(changelist).content.decode()
+    client.post(changelist, {"action": "delete_selected", "_selected_action": [token_map.pk], "post": "yes"})
+    assert TokenMap.objects.filter(pk=token_map.pk).exists()
+    assert PhiToken.objects.filter(token_map=token_map).count() == 3
+
+
+def test_the_search_box_posts_the_code_so_no_url_carries_it(code: str, tokens: list[str]) -> None:
+    client = staff_client(*VIEWER)
+    changelist = client.get(reverse("admin:nexus_workflows_tokenmap_changelist")).content.decode()
+    find = reverse("admin:nexus_workflows_tokenmap_find")
+    assert f'method="post" action="{find}"' in changelist
+    assert client.get(find).status_code == 405
+
+    found = client.post(find, {"code": code})
+    token_map = TokenMap.objects.for_code(code).get()
+    assert found.status_code == 302
+    assert found["Location"] == reverse("admin:nexus_workflows_tokenmap_change", args=[token_map.pk])
+    page = client.get(found["Location"]).content.decode()
+    assert code not in page
+    assert "&lt;&lt;PERSONA_1&gt;&gt;" in page  # its tokens
+
+    missing = client.post(find, {"code": code[:-1]}, follow=True)
+    assert missing.redirect_chain[-1][0] == reverse("admin:nexus_workflows_tokenmap_changelist")
+    assert "No token map has that conversation code." in missing.content.decode()
+    assert code[:-1] not in missing.content.decode()
+
+
+def test_finding_a_map_needs_the_view_permission(code: str, tokens: list[str]) -> None:
+    client = staff_client("view_phitoken")
+    assert client.post(reverse("admin:nexus_workflows_tokenmap_find"), {"code": code}).status_code == 403

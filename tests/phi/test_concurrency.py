@@ -101,7 +101,7 @@ def test_eight_processes_encoding_overlapping_values_agree() -> None:
         assert tokens[position].startswith(f"<<{category}_")
 
     # Each value exactly one token in the database, numbered from one sequence, no gaps.
-    token_map = TokenMap.objects.get(code=code)
+    token_map = TokenMap.objects.for_code(code).get()
     rows = list(PhiToken.objects.filter(token_map=token_map).values_list("token", "number"))
     assert len(rows) == 500
     assert {token for token, _ in rows} == set(tokens.values())

@@ -29,9 +29,15 @@ class Command(BaseCommand):
         enqueue_parser.add_argument(
             "--delay", type=float, metavar="SECONDS", help="Make the work due this many seconds from now."
         )
-        subcommands.add_parser(
+        status_parser = subcommands.add_parser(
             "status",
             help="Counts by kind and status, the oldest due item and the abandoned work.",
+            description="Counts by kind and status, the oldest due item and the abandoned work, "
+            "named by kind and id with their errors' exception types. Dedupe keys and error "
+            "messages may carry patient data: they are printed only with --reveal.",
+        )
+        status_parser.add_argument(
+            "--reveal", action="store_true", help="Also print dedupe keys and error messages (patient data)."
         )
         revive_parser = subcommands.add_parser(
             "revive",
@@ -46,6 +52,9 @@ class Command(BaseCommand):
         revive_parser.add_argument("--key", metavar="KEY", help="The dedupe key (needs --kind).")
         revive_parser.add_argument(
             "--all-abandoned", action="store_true", help="Every abandoned item (of --kind, when given)."
+        )
+        revive_parser.add_argument(
+            "--reveal", action="store_true", help="Also print the dedupe keys (they may be patient data)."
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -73,11 +82,18 @@ class Command(BaseCommand):
         else:
             self.stdout.write(f"enqueued job {result}")
 
-    def handle_status(self, **_: Any) -> None:
-        self.stdout.write(render_status_report(build_status_report()))
+    def handle_status(self, *, reveal: bool = False, **_: Any) -> None:
+        self.stdout.write(render_status_report(build_status_report(), reveal=reveal))
 
     def handle_revive(
-        self, *, ids: list[int], kind: str | None, key: str | None, all_abandoned: bool, **_: Any
+        self,
+        *,
+        ids: list[int],
+        kind: str | None,
+        key: str | None,
+        all_abandoned: bool,
+        reveal: bool = False,
+        **_: Any,
     ) -> None:
         ways = sum([bool(ids), key is not None, all_abandoned])
         if ways != 1:
@@ -98,13 +114,17 @@ class Command(BaseCommand):
             if kind is not None:
                 queryset = queryset.filter(kind=kind)
         result = triage.revive(queryset, by="command line")
+
+        def key_of(ref: triage.WorkRef) -> str:
+            return f" (key {ref.dedupe_key})" if reveal else ""  # keys may be patient data
+
         for ref in result.changed:
-            self.stdout.write(f"revived {ref} (key {ref.dedupe_key})")
+            self.stdout.write(f"revived {ref}{key_of(ref)}")
         for ref in result.skipped:
             reason = (
                 "it is gone (purged or deleted)" if ref.status == "gone" else f"{ref.status}, not abandoned"
             )
-            self.stdout.write(f"skipped {ref} (key {ref.dedupe_key}): {reason}")
+            self.stdout.write(f"skipped {ref}{key_of(ref)}: {reason}")
         found = {ref.pk for ref in [*result.changed, *result.skipped]}
         for missing in sorted(set(ids) - found):
             self.stdout.write(f"skipped #{missing}: no such deferred work")

@@ -1,0 +1,26 @@
+"""What may be shown of deferred work without the reveal permission.
+
+Error messages are where patient names and phone numbers end up, so the admin without
+``reveal_deferredwork`` and ``manage.py workflows status`` without ``--reveal`` show an
+error's *type* only. ``last_error`` is written as ``"<ExceptionType>: <message>"``
+(:func:`nexus_workflows.history.describe_error`); the type is what precedes the colon.
+"""
+
+from __future__ import annotations
+
+import re
+
+# An exception class name, possibly dotted; anything else is not shown.
+_TYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+#: History reasons the runner writes itself (never from a workflow): safe to show.
+APP_REASONS = frozenset({"permanent error", "retry schedule exhausted", "lost too many times"})
+
+
+def error_type(text: str | None) -> str:
+    """The exception type of a recorded error, ``"error"`` when it has no recognisable
+    type, or ``""`` when nothing was recorded. Never any part of the message."""
+    if not text or not text.strip():
+        return ""
+    head = text.strip().split("\n", 1)[0].split(":", 1)[0].strip()
+    return head if _TYPE.fullmatch(head) else "error"

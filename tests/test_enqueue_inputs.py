@@ -1,0 +1,320 @@
+"""Hostile inputs to enqueue and enqueue_many: the app's own error, or an exact round trip.
+
+For every trigger, either :class:`InvalidTrigger` (nothing written, the caller's
+transaction still usable) or a stored trigger that comes back equal and of the same
+types, recursively. Run on SQLite and on PostgreSQL (whose jsonb is the one that changes
+numbers), by hand-written cases and by Hypothesis.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections import OrderedDict
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nexus_workflows import (
+    EnqueueRejected,
+    InvalidDedupeKey,
+    InvalidEnqueueOption,
+    InvalidTrigger,
+    enqueue,
+    enqueue_many,
+)
+from nexus_workflows.fire_and_forget import get_queue
+from nexus_workflows.json_values import MAX_DEPTH
+from nexus_workflows.limits import MAX_DELAY
+from nexus_workflows.models import DeferredWork
+from tests.json_like import json_like, nested, same
+
+pytestmark = pytest.mark.django_db
+
+_keys = itertools.count(1)
+
+
+def noop(trigger: Any, checkpoints: Any = None, save: Any = None) -> None:
+    pass
+
+
+@pytest.fixture
+def deferred(register_workflow: Any) -> str:
+    """A deferred kind whose dedupe key does not depend on the trigger (so any trigger,
+    however odd, reaches the trigger checks)."""
+    return register_workflow(noop, dedupe_key=lambda trigger: f"k{next(_keys)}", retry_schedule=[1]).kind
+
+
+class Colour(enum.IntEnum):
+    RED = 1
+
+
+class Text(str):
+    pass
+
+
+def cyclic() -> dict[str, Any]:
+    value: dict[str, Any] = {"a": []}
+    value["a"].append(value)
+    return value
+
+
+STORED = [
+    {"k": None},
+    "C:\\u0000\\dir",  # a backslash and "u0000": text, not a NUL
+    {"path": "C:\\u0000\\dir"},
+    "null",
+    0.0,
+    9999999999999998.0,
+    -9999999999999998.0,
+    1e15 + 0.5,
+    5e-324,
+    1e-7,
+    2**63 - 1,
+    -(2**63),
+    True,
+    "\U0001f600 \uffff \u2028 é",
+    [],
+    {},
+    nested(MAX_DEPTH),
+    {"shared": [[1], [1]]},
+]
+
+REFUSED = [
+    (None, "is None"),
+    ({1: "a"}, "dict key of type int"),
+    ({True: 1}, "dict key of type bool"),
+    ({1: "a", "1": "b"}, "dict key of type int"),
+    ({None: 1}, "dict key of type NoneType"),
+    ("\ud800", "not valid Unicode"),
+    ({"\udfff": 1}, "dict key that contains text that is not valid Unicode"),
+    ("a\x00b", "NUL character"),
+    ({"a\x00": 1}, "NUL character"),
+    (1e16, "1e16 or more"),
+    (1e20, "1e16 or more"),
+    (1e308, "1e16 or more"),
+    (-1e20, "1e16 or more"),
+    (-0.0, "-0.0"),
+    ([1, -0.0], "-0.0"),
+    (float("nan"), "NaN or infinity"),
+    (float("-inf"), "NaN or infinity"),
+    (2**63, "outside -2\\*\\*63"),
+    (-(2**63) - 1, "outside -2\\*\\*63"),
+    (10**5000, "outside -2\\*\\*63"),
+    (nested(MAX_DEPTH + 1), f"nested more than {MAX_DEPTH}"),
+    (nested(10_000), f"nested more than {MAX_DEPTH}"),
+    (cyclic(), "circular reference"),
+    ((1, 2), "type tuple; use a list"),
+    (OrderedDict(a=1), "type OrderedDict, a subclass"),
+    (Colour.RED, "type Colour, a subclass"),
+    (Text("x"), "type Text, a subclass"),
+    (b"bytes", "type bytes"),
+    ({1, 2}, "type set"),
+]
+
+
+@pytest.mark.parametrize("trigger", STORED, ids=repr)
+def test_accepted_triggers_come_back_equal_and_of_the_same_types(deferred: str, trigger: Any) -> None:
+    work_id = enqueue(deferred, trigger)
+    assert same(DeferredWork.objects.get(pk=work_id).trigger, trigger)
+    (many_id,) = enqueue_many(deferred, [trigger])
+    assert same(DeferredWork.objects.get(pk=many_id).trigger, trigger)
+
+
+@pytest.mark.parametrize(("trigger", "rule"), REFUSED, ids=[rule for _, rule in REFUSED])
+def test_refused_triggers_raise_invalid_trigger_and_write_nothing(
+    deferred: str, trigger: Any, rule: str
+) -> None:
+    with pytest.raises(InvalidTrigger, match=rule) as raised:
+        enqueue(deferred, trigger)
+    message = str(raised.value)
+    assert f"workflow {deferred!r}" in message
+    assert "allowed:" in message
+    with pytest.raises(InvalidTrigger, match=rule):
+        enqueue_many(deferred, [{"fine": 1}, trigger])
+    assert not DeferredWork.objects.exists()
+    # The test's transaction (a caller's, for enqueue) is still usable.
+    assert enqueue(deferred, {"fine": 1}) is not None
+
+
+def test_refusals_never_echo_the_value(deferred: str) -> None:
+    for trigger in ({"María López": 1.5e300}, {"name": "María\x00López"}, {1: "María López"}):
+        with pytest.raises(InvalidTrigger) as raised:
+            enqueue(deferred, trigger)
+        assert "María" not in str(raised.value)
+        assert "López" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "rule"),
+    [("\ud800", "not valid Unicode"), ("a\udc80b", "not valid Unicode"), ("a\x00", "NUL character")],
+)
+def test_dedupe_keys_that_are_not_valid_unicode_text_are_refused(
+    register_workflow: Any, key: str, rule: str
+) -> None:
+    kind = register_workflow(noop, dedupe_key=lambda trigger: key, retry_schedule=[1]).kind
+    with pytest.raises(InvalidDedupeKey, match=rule):
+        enqueue(kind, {"a": 1})
+    with pytest.raises(InvalidDedupeKey, match=rule):
+        enqueue_many(kind, [{"a": 1}])
+    assert not DeferredWork.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("delay", "rule"),
+    [
+        (1e20, "too long"),
+        (10**30, "too long"),
+        (10**400, "too long"),
+        (timedelta.max, "too long"),
+        (MAX_DELAY + timedelta(seconds=1), "too long"),
+        (MAX_DELAY.total_seconds() + 1, "too long"),
+        (-1, "must not be negative"),
+        (timedelta.min, "must not be negative"),
+        (float("nan"), "finite number of seconds or a timedelta"),
+        (float("inf"), "finite number of seconds or a timedelta"),
+        (True, "finite number of seconds or a timedelta; got bool"),
+        ("soon", "finite number of seconds or a timedelta; got str"),
+    ],
+)
+def test_delays_outside_the_allowed_range_are_refused(deferred: str, delay: Any, rule: str) -> None:
+    with pytest.raises(InvalidEnqueueOption, match=rule) as raised:
+        enqueue(deferred, {"a": 1}, delay=delay)
+    assert "allowed" in str(raised.value) or "got" in str(raised.value)
+    with pytest.raises(InvalidEnqueueOption, match=rule):
+        enqueue_many(deferred, [{"a": 1}], delay=delay)
+    assert not DeferredWork.objects.exists()
+
+
+def test_the_longest_delay_is_accepted(deferred: str) -> None:
+    for delay in (MAX_DELAY, MAX_DELAY.total_seconds(), 0, 0.5):
+        assert enqueue(deferred, {"a": 1}, delay=delay) is not None
+
+
+# --- database refusals that are not the dedupe race -----------------------------------------
+
+
+def _refuse_key_in_the_database(key: str) -> None:
+    """A constraint the app does not know about, added the way a project might."""
+    table = DeferredWork._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"ALTER TABLE {table} ADD CONSTRAINT nw_test_refused CHECK (dedupe_key <> %s)", [key]
+            )
+        else:
+            cursor.execute(
+                f"CREATE TRIGGER nw_test_refused BEFORE INSERT ON {table} WHEN NEW.dedupe_key = '{key}' "
+                "BEGIN SELECT RAISE(ABORT, 'refused by a project trigger'); END"
+            )
+
+
+def test_an_integrity_error_that_is_not_the_dedupe_constraint_is_the_apps_error(
+    register_workflow: Any,
+) -> None:
+    kind = register_workflow(noop, dedupe_key=lambda trigger: trigger["key"], retry_schedule=[1]).kind
+    _refuse_key_in_the_database("forbidden-key")
+    with transaction.atomic():  # the caller's transaction
+        with pytest.raises(EnqueueRejected, match="the database refused the new work") as raised:
+            enqueue(kind, {"key": "forbidden-key"})
+        assert raised.value.__cause__ is None  # the driver's message may quote the row
+        assert "forbidden-key" not in str(raised.value)
+        # Not retried as a dedupe race, nothing written, and the transaction goes on.
+        assert enqueue(kind, {"key": "fine"}) is not None
+    with pytest.raises(EnqueueRejected):
+        enqueue_many(kind, [{"key": "also-fine"}, {"key": "forbidden-key"}])
+    assert list(DeferredWork.objects.values_list("dedupe_key", flat=True)) == ["fine"]
+    if connection.vendor == "postgresql":
+        assert "nw_test_refused" in str(raised.value)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_refusals_outside_a_transaction_write_nothing(register_workflow: Any) -> None:
+    kind = register_workflow(noop, dedupe_key=lambda trigger: trigger["key"], retry_schedule=[1]).kind
+    for trigger in ({"key": "a", "n": 2**64}, {"key": "b", "s": "\ud800"}, {"key": "c", 1: 2}):
+        with pytest.raises(InvalidTrigger):
+            enqueue(kind, trigger)
+    assert not DeferredWork.objects.exists()
+    assert enqueue(kind, {"key": "d"}) is not None
+
+
+# --- fire-and-forget follows the same rules -------------------------------------------------
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(("trigger", "rule"), REFUSED[:12], ids=[rule for _, rule in REFUSED[:12]])
+def test_fire_and_forget_refuses_the_same_triggers(
+    register_workflow: Any, rq_redis: Any, trigger: Any, rule: str
+) -> None:
+    kind = register_workflow(noop, dedupe_key=lambda trigger: "one").kind
+    with pytest.raises(InvalidTrigger, match=rule):
+        enqueue(kind, trigger)
+    with pytest.raises(InvalidTrigger, match=rule):
+        enqueue_many(kind, [trigger])
+    assert rq_redis.dbsize() == 0
+
+
+@pytest.mark.redis
+@pytest.mark.django_db(transaction=True)  # outside a transaction the job is sent at once
+def test_fire_and_forget_stores_accepted_triggers_exactly(register_workflow: Any, rq_redis: Any) -> None:
+    kind = register_workflow(noop, dedupe_key=lambda trigger: f"k{next(_keys)}").kind
+    queue = get_queue("default")
+    for trigger in STORED:
+        job_id = enqueue(kind, trigger)
+        assert job_id is not None
+        job = queue.fetch_job(job_id)
+        assert same(job.args[1], trigger)
+
+
+# --- property: any JSON-like value ---------------------------------------------------------
+
+# Modest, so the suite stays fast; PostgreSQL's leg is the one that matters for numbers.
+PROPERTY = settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+@PROPERTY
+@given(trigger=json_like)
+def test_any_trigger_is_refused_or_stored_exactly(deferred: str, trigger: Any) -> None:
+    before = DeferredWork.objects.count()
+    try:
+        work_id = enqueue(deferred, trigger)
+    except InvalidTrigger:
+        assert DeferredWork.objects.count() == before  # a query: the transaction is usable
+        return
+    assert same(DeferredWork.objects.get(pk=work_id).trigger, trigger)
+
+
+@PROPERTY
+@given(triggers=st.lists(json_like, min_size=1, max_size=3))
+def test_any_batch_is_refused_or_stored_exactly(deferred: str, triggers: list[Any]) -> None:
+    before = DeferredWork.objects.count()
+    try:
+        ids = enqueue_many(deferred, triggers)
+    except InvalidTrigger:
+        assert DeferredWork.objects.count() == before
+        return
+    stored = DeferredWork.objects.in_bulk([int(work_id) for work_id in ids])
+    for work_id, trigger in zip(ids, triggers, strict=True):
+        assert same(stored[int(work_id)].trigger, trigger)
+
+
+@pytest.mark.postgresql
+def test_the_number_rules_are_what_jsonb_does(deferred: str) -> None:
+    """Written past the checks, straight through the ORM: where the rules draw the line is
+    where PostgreSQL's jsonb starts to change numbers."""
+    changed = {"big": 1e16, "huge": 1e308, "minus_zero": -0.0}
+    kept = {"below": 9999999999999998.0, "tiny": 5e-324, "small": 1e-7, "int": 2**63 - 1}
+    work = DeferredWork.objects.create(kind=deferred, dedupe_key="raw", trigger={**changed, **kept})
+    stored = DeferredWork.objects.get(pk=work.pk).trigger
+    assert type(stored["big"]) is int
+    assert type(stored["huge"]) is int
+    assert str(stored["minus_zero"]) == "0.0"
+    assert all(same(stored[name], value) for name, value in kept.items())
