@@ -73,7 +73,7 @@ def test_status_counts_by_kind_and_lists_abandoned_and_oldest_due(kind: str) -> 
     assert "Abandoned: 1" in output
     abandoned = DeferredWork.objects.get(dedupe_key="a")
     assert f"#{abandoned.pk} {kind} attempt 2 of 2 updated " in output
-    assert f"attempt 2 of 2 updated " in output
+    assert "attempt 2 of 2 updated " in output
     assert ": PermanentError\n" in output  # the exception type only
     assert "key=" not in output  # dedupe keys may be patient data
     assert "HTTP 422" not in output
