@@ -23,6 +23,7 @@ from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from .exceptions import ClaimLost, InvalidCheckpoint
+from .flow.claiming import FlowClaimer
 from .history import append_entry
 from .models import DeferredWork, Status
 
@@ -62,6 +63,10 @@ class Claimer:
         self.kinds = list(kinds)
         self.using = using
         self.contended = False
+        # Kinds with flow limits are claimed by the flow claimer, only as far as their
+        # limits let them start; every other kind keeps the plain claim below.
+        self.flow = FlowClaimer.for_kinds(self.kinds, using)
+        self.plain_kinds = [k for k in self.kinds if not self.flow or k not in self.flow.kinds]
 
     def _claim(
         self, candidates: Any, limit: int, order_by: str, *, reclaimed: bool, **changes: Any
@@ -76,13 +81,20 @@ class Claimer:
         Where the database can, the ``UPDATE`` returns the rows it claimed
         (``RETURNING``); elsewhere they are read back by their token.
         """
-        candidates = candidates.filter(kind__in=self.kinds)
+        candidates = candidates.filter(kind__in=self.plain_kinds)
         spread = _CONTENTION_SPREAD if self.contended else 1
         ids = list(candidates.order_by(order_by).values_list("pk", flat=True)[: limit * spread])
         if spread > 1 and len(ids) > limit:
             ids = random.sample(ids, limit)
         if not ids:
             return []
+        return self.claim_rows(candidates, ids, reclaimed=reclaimed, **changes)
+
+    def claim_rows(
+        self, candidates: Any, ids: list[int], *, reclaimed: bool, **changes: Any
+    ) -> list[ClaimedWork]:
+        """Compare-and-set the rows ``ids`` of ``candidates`` (the conditions are checked
+        again by the ``UPDATE``) to a new claim token; returns those it got."""
         token = uuid.uuid4().hex
         claimed_at = timezone.now()
         changes.update(
@@ -115,12 +127,23 @@ class Claimer:
         rows = DeferredWork.objects.using(self.using).held(token).filter(pk__in=ids)
         return list(rows.values(*_CLAIM_FIELDS))
 
-    def claim_due(self, limit: int, *, now: datetime | None = None) -> list[ClaimedWork]:
-        """Claim up to ``limit`` pending rows whose time has come, oldest first."""
+    def claim_due(
+        self, limit: int, *, now: datetime | None = None, startable: int | None = None
+    ) -> list[ClaimedWork]:
+        """Claim up to ``limit`` pending rows whose time has come, oldest first; of kinds
+        with flow limits, at most ``startable`` (the runner's free threads)."""
         if limit <= 0 or not self.kinds:
             return []
-        due = DeferredWork.objects.using(self.using).due(now or timezone.now())
-        return self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
+        works: list[ClaimedWork] = []
+        if self.flow is not None:
+            # Limited kinds: only what can start now, and never more than free threads.
+            startable = limit if startable is None else min(limit, startable)
+            works = self.flow.claim_due(self, startable, now) if startable > 0 else []
+            limit -= len(works)
+        if limit > 0 and self.plain_kinds:
+            due = DeferredWork.objects.using(self.using).due(now or timezone.now())
+            works += self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
+        return works
 
     def claim_stale(
         self, limit: int, *, stale_after: timedelta, now: datetime | None = None
@@ -129,8 +152,15 @@ class Claimer:
         ``stale_after``; the lost attempt counts, so ``attempt`` goes up by one."""
         if limit <= 0 or not self.kinds:
             return []
-        stale = DeferredWork.objects.using(self.using).stale((now or timezone.now()) - stale_after)
-        works = self._claim(stale, limit, "heartbeat_at", reclaimed=True, attempt=F("attempt") + 1)
+        cutoff = (now or timezone.now()) - stale_after
+        works: list[ClaimedWork] = []
+        if self.flow is not None:
+            works = self.flow.claim_stale(self, limit, cutoff=cutoff)
+        if len(works) < limit and self.plain_kinds:
+            stale = DeferredWork.objects.using(self.using).stale(cutoff)
+            works += self._claim(
+                stale, limit - len(works), "heartbeat_at", reclaimed=True, attempt=F("attempt") + 1
+            )
         for work in works:
             work.history = append_entry(
                 work.history,

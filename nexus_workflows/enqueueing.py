@@ -17,6 +17,7 @@ from django.db import IntegrityError, connections, router, transaction
 from django.utils import timezone
 
 from .exceptions import InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
+from .flow.keys import flow_key_hashes
 from .limits import DEDUPE_KEY_MAX_LENGTH
 from .registry import Workflow, registry
 
@@ -55,7 +56,8 @@ def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
     stored_trigger = to_json(workflow, trigger)
     if workflow.is_deferred:
         delay = _deferred_options(workflow, options)
-        return _enqueue_deferred(workflow, stored_trigger, dedupe_key, delay)
+        flow_hashes = flow_key_hashes(workflow.kind, workflow.flow, trigger)
+        return _enqueue_deferred(workflow, stored_trigger, dedupe_key, delay, flow_hashes)
 
     from .fire_and_forget import enqueue_job
 
@@ -78,18 +80,25 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
         return [enqueue_job(workflow, trigger, key, options) for key, trigger in prepared]
     delay = _deferred_options(workflow, options)
     by_key: dict[str, str] = {}  # dedupe key -> the trigger's JSON text
+    hashes: dict[str, tuple[str | None, str | None]] = {}  # dedupe key -> flow key hashes
     order: list[str] = []
     for trigger in triggers:
         key = compute_dedupe_key(workflow, trigger)
         text = json_text(workflow, trigger)
-        by_key.setdefault(key, text)  # the first trigger of a key wins, as with enqueue
+        if key not in by_key:  # the first trigger of a key wins, as with enqueue
+            by_key[key] = text
+            if workflow.flow is not None:
+                hashes[key] = flow_key_hashes(workflow.kind, workflow.flow, trigger)
         order.append(key)
-    results = _enqueue_many_deferred(workflow, by_key, delay)
+    results = _enqueue_many_deferred(workflow, by_key, delay, hashes)
     return [results[key] for key in order]
 
 
 def _enqueue_many_deferred(
-    workflow: Workflow, by_key: dict[str, str], delay: timedelta
+    workflow: Workflow,
+    by_key: dict[str, str],
+    delay: timedelta,
+    hashes: dict[str, tuple[str | None, str | None]],
 ) -> dict[str, str | None]:
     from .models import DeferredWork
     from .wakeup import notify
@@ -101,7 +110,7 @@ def _enqueue_many_deferred(
         for start in range(0, len(keys), _BULK_CHUNK):
             chunk = keys[start : start + _BULK_CHUNK]
             for _ in range(_DEDUPE_ROUNDS):
-                chunk = _settle_chunk(workflow, by_key, chunk, delay, using, results)
+                chunk = _settle_chunk(workflow, by_key, hashes, chunk, delay, using, results)
                 if not chunk:
                     break
             else:
@@ -116,6 +125,7 @@ def _enqueue_many_deferred(
 def _settle_chunk(
     workflow: Workflow,
     by_key: dict[str, str],
+    hashes: dict[str, tuple[str | None, str | None]],
     chunk: list[str],
     delay: timedelta,
     using: str,
@@ -132,7 +142,13 @@ def _settle_chunk(
     # IGNORE), so concurrent writers cannot make this fail half-way.
     if connections[using].vendor == "postgresql":
         inserted = insert_pending_many_postgresql(
-            using, kind=workflow.kind, keys=chunk, triggers=by_key, due=now + delay, now=now
+            using,
+            kind=workflow.kind,
+            keys=chunk,
+            triggers=by_key,
+            due=now + delay,
+            now=now,
+            flow_hashes=hashes,
         )
         results.update((key, str(pk)) for key, pk in inserted.items())
         chunk = [key for key in chunk if key not in inserted]
@@ -148,6 +164,8 @@ def _settle_chunk(
                     next_attempt_at=now + delay,
                     created_at=now,
                     updated_at=now,
+                    serial_key_hash=hashes.get(key, (None, None))[0],
+                    rate_key_hash=hashes.get(key, (None, None))[1],
                 )
                 for key in chunk
             ],
@@ -278,7 +296,13 @@ def _deferred_options(workflow: Workflow, options: dict[str, Any]) -> timedelta:
     return parse_delay(workflow.kind, options.get("delay", 0))
 
 
-def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: timedelta) -> str | None:
+def _enqueue_deferred(
+    workflow: Workflow,
+    trigger: Any,
+    dedupe_key: str,
+    delay: timedelta,
+    flow_hashes: tuple[str | None, str | None] = (None, None),
+) -> str | None:
     from .inserts import insert_pending
     from .models import DeferredWork, Status
     from .wakeup import notify
@@ -299,6 +323,7 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
                     trigger=trigger,
                     due=now + delay,
                     now=now,
+                    flow_hashes=flow_hashes,
                 )
             notify(using, inserted=True)
         except IntegrityError:

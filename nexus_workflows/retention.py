@@ -14,6 +14,7 @@ from django.db import router
 from django.utils import timezone
 
 from .conf import app_settings
+from .flow import windows
 from .models import DeferredWork
 
 
@@ -34,6 +35,9 @@ def purge_batch(
     expired = DeferredWork.objects.using(using).expired(expiry_cutoff(now))
     ids = list(expired.values_list("pk", flat=True)[:batch_size])
     if not ids:
+        # Nothing expired left: also drop rate-window rows unused for an hour (windows of
+        # keys that came and went); a missing slot row is as free as an old one.
+        windows.prune(using=using)
         return 0
     deleted, _ = expired.filter(pk__in=ids).delete()
     return deleted

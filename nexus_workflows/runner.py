@@ -253,6 +253,12 @@ class Runner:
         with self._lock:
             return [*self._queued, *self._running.values(), *(o.work for o in self._unwritten)]
 
+    def _free_threads(self) -> int:
+        """Threads with nothing to run: kinds with flow limits are claimed only this far,
+        so a claimed row of theirs never waits in this runner for a thread."""
+        with self._lock:
+            return self.concurrency - len(self._queued) - len(self._running)
+
     def _held_count(self) -> int:
         with self._lock:
             return len(self._queued) + len(self._running) + len(self._unwritten)
@@ -320,7 +326,7 @@ class Runner:
         beyond a full claim, so a busy runner still reclaims a dead runner's work.
         """
         limit = min(self._capacity()[0] - self._held_count(), max(self.batch_size, self.concurrency))
-        due = self._claimer.claim_due(limit, now=cutoff) if limit > 0 else []
+        due = self._claimer.claim_due(limit, now=cutoff, startable=self._free_threads()) if limit > 0 else []
         self._dispatch(due)
         for work in due:
             self._log_outcome(work, "started", logging.INFO)

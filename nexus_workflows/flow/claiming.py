@@ -1,0 +1,307 @@
+"""Claiming work of kinds with limits: only what can start now, decided by the database.
+
+The runner's plain claim (``claims.Claimer``) takes due rows oldest first. For a kind
+with flow limits the same claim is narrowed, in this order:
+
+* **serial key**: a row whose key has a processing row, or an earlier-enqueued ready row
+  (``ordered``: any earlier pending or processing row), is not a candidate; so at most
+  one row per key is picked, the earliest enqueued. The partial unique index
+  ``nw_serial_key_running_once`` makes a second processing row of a key impossible even
+  when two runners pick at the same instant: the second claim fails and is retried.
+* **concurrency**: the free slot numbers ``0 … N-1`` are read and one is written into
+  each claimed row (``flow_slot``); the partial unique index ``nw_flow_slot_held_once``
+  holds a slot to one processing row. A slot is given back by the write that ends the
+  attempt and kept by a reclaim, so a dead runner's slots come back exactly when its work
+  is reclaimed.
+* **rate**: starts are taken from the kind's (or the rate key's) sliding window in the
+  same transaction as the claim; if fewer are granted than rows were claimed, the whole
+  transaction is rolled back and the claim retried smaller, so a start is never counted
+  without a claim nor a claim made without its start.
+
+Nothing here locks rows (no ``SELECT … FOR UPDATE``): unique constraints and
+compare-and-set updates decide, as everywhere else in the app.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Case, Count, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models.functions import Coalesce, Now
+
+from ..models import DeferredWork, FlowWindowSlot, Status
+from . import windows
+
+if TYPE_CHECKING:
+    from ..claims import ClaimedWork, Claimer
+    from ..registry import Workflow
+    from .options import FlowLimits
+
+logger = logging.getLogger(__name__)
+
+# Rounds of read-then-claim when another runner took a slot, a key or a start first.
+_ROUNDS = 3
+# Candidates read per row wanted when a rate key may be full: enough to find rows of
+# other keys behind a key that has used its window.
+_RATE_KEY_SPREAD = 4
+
+
+def window_name(kind: str) -> str:
+    """The sliding window of a kind's ``rate_limit`` (per rate key hash)."""
+    return f"workflow:{kind}"
+
+
+def now_or_database(now: datetime | None) -> Any:
+    return now if now is not None else Now()
+
+
+class _Shortfall(Exception):
+    """The rate window granted fewer starts than rows were claimed: roll back."""
+
+    def __init__(self, granted: int) -> None:
+        self.granted = granted
+
+
+def key_conditions(flow: FlowLimits, now: Any) -> Q:
+    """Rows whose serial key lets them start now (for a kind with a serial key)."""
+    if flow.serial_key is None:
+        return Q()
+    same_key = DeferredWork.objects.filter(kind=OuterRef("kind"), serial_key_hash=OuterRef("serial_key_hash"))
+    running = Exists(same_key.filter(status=Status.PROCESSING))
+    if flow.ordered:
+        earlier = Exists(
+            same_key.filter(status__in=[Status.PENDING, Status.PROCESSING], pk__lt=OuterRef("pk"))
+        )
+    else:
+        earlier = Exists(
+            same_key.filter(status=Status.PENDING, next_attempt_at__lte=now, pk__lt=OuterRef("pk"))
+        )
+    return ~running & ~earlier
+
+
+def busy_starts_subquery(kind: str, flow: FlowLimits) -> Any:
+    """Starts in the window of each row's rate key (or the kind's), as a subquery."""
+    assert flow.rate_limit is not None
+    limit, period = flow.rate_limit
+    busy = (
+        FlowWindowSlot.objects.filter(
+            name=window_name(kind),
+            key_hash=OuterRef("window_key"),
+            slot__lt=limit,
+            started_at__gt=Now() - timedelta(seconds=period),
+        )
+        .order_by()
+        .values("name")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Coalesce(Subquery(busy), Value(0))
+
+
+def window_key_of(row_hash: str | None) -> str:
+    # An item whose rate_key returned None counts against the kind's own window.
+    return row_hash or ""
+
+
+class FlowClaimer:
+    """Claims the due and stale work of the kinds of one runner that have limits."""
+
+    def __init__(self, workflows: Sequence[Workflow], using: str) -> None:
+        self.workflows = list(workflows)
+        self.using = using
+        self._turn = itertools.count()
+
+    @classmethod
+    def for_kinds(cls, kinds: Sequence[str], using: str) -> FlowClaimer | None:
+        from ..registry import registry
+
+        limited = [registry.get(kind) for kind in kinds if kind in registry and registry.get(kind).flow]
+        return cls(limited, using) if limited else None
+
+    @property
+    def kinds(self) -> list[str]:
+        return [workflow.kind for workflow in self.workflows]
+
+    def _in_turn(self) -> list[Workflow]:
+        # Start with a different kind each claim, so no limited kind starves another.
+        start = next(self._turn) % len(self.workflows)
+        return self.workflows[start:] + self.workflows[:start]
+
+    # --- due work -----------------------------------------------------------------------
+
+    def claim_due(self, claimer: Claimer, limit: int, now: datetime | None) -> list[ClaimedWork]:
+        works: list[ClaimedWork] = []
+        for workflow in self._in_turn():
+            if len(works) >= limit:
+                break
+            works += self._claim_kind(claimer, workflow, limit - len(works), now)
+        return works
+
+    def _claim_kind(
+        self, claimer: Claimer, workflow: Workflow, limit: int, now: datetime | None
+    ) -> list[ClaimedWork]:
+        for _ in range(_ROUNDS):
+            try:
+                return self._claim_kind_once(claimer, workflow, limit, now)
+            except _Shortfall as shortfall:
+                claimer.contended = True
+                limit = shortfall.granted
+                if limit <= 0:
+                    return []
+            except IntegrityError:
+                # Another runner took one of our slot numbers or keys at the same instant.
+                claimer.contended = True
+        return []
+
+    def _claim_kind_once(
+        self, claimer: Claimer, workflow: Workflow, limit: int, now: datetime | None
+    ) -> list[ClaimedWork]:
+        flow = workflow.flow
+        assert flow is not None
+        kind = workflow.kind
+        due_at = now_or_database(now)
+        slots: list[int] = []
+        if flow.concurrency is not None:
+            slots = self.free_slots(kind, flow.concurrency)
+            limit = min(limit, len(slots))
+        if limit <= 0:
+            return []
+        candidates = (
+            DeferredWork.objects.using(self.using)
+            .filter(kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at)
+            .filter(key_conditions(flow, due_at))
+        )
+        ids = self._pick(kind, flow, candidates.order_by("next_attempt_at", "pk"), limit)
+        if not ids:
+            return []
+        changes: dict[str, Any] = {"status": Status.PROCESSING}
+        if flow.concurrency is not None:
+            changes["flow_slot"] = Case(
+                *(When(pk=pk, then=Value(slot)) for pk, slot in zip(ids, slots, strict=False)),
+                default=Value(None),
+            )
+        return self._claim_and_start(claimer, kind, flow, candidates, ids, reclaimed=False, changes=changes)
+
+    def free_slots(self, kind: str, concurrency: int) -> list[int]:
+        """Slot numbers no processing row of ``kind`` holds, in random order (so runners
+        that read at the same time mostly pick different ones)."""
+        held = list(
+            DeferredWork.objects.using(self.using)
+            .filter(kind=kind, status=Status.PROCESSING)
+            .values_list("flow_slot", flat=True)
+        )
+        free = [slot for slot in range(concurrency) if slot not in set(held)]
+        random.shuffle(free)
+        # Rows claimed before the kind had a cap hold no slot number but still run.
+        return free[: max(0, concurrency - len(held))]
+
+    def _pick(self, kind: str, flow: FlowLimits, candidates: Any, limit: int) -> list[int]:
+        """Up to ``limit`` candidate ids whose rate windows have room."""
+        if flow.rate_limit is None:
+            return list(candidates.values_list("pk", flat=True)[:limit])
+        rate_limit, period = flow.rate_limit
+        if flow.rate_key is None:
+            room = len(windows.free_slots(window_name(kind), "", rate_limit, period, using=self.using))
+            return list(candidates.values_list("pk", flat=True)[: min(limit, room)])
+        rows = (
+            candidates.annotate(window_key=Coalesce(F("rate_key_hash"), Value("")))
+            .annotate(busy=busy_starts_subquery(kind, flow))
+            .filter(busy__lt=rate_limit)
+            .values_list("pk", "window_key", "busy")[: limit * _RATE_KEY_SPREAD]
+        )
+        picked: list[int] = []
+        taken: dict[str, int] = defaultdict(int)
+        for pk, key, busy in rows:
+            if busy + taken[key] < rate_limit:
+                taken[key] += 1
+                picked.append(pk)
+                if len(picked) >= limit:
+                    break
+        return picked
+
+    def _claim_and_start(
+        self,
+        claimer: Claimer,
+        kind: str,
+        flow: FlowLimits,
+        candidates: Any,
+        ids: list[int],
+        *,
+        reclaimed: bool,
+        changes: dict[str, Any],
+    ) -> list[ClaimedWork]:
+        # One transaction: a claim that a unique index refuses, or whose starts the window
+        # cannot grant, leaves nothing behind (and inside a caller's transaction it is a
+        # savepoint, so the refusal does not break it).
+        with transaction.atomic(using=self.using):
+            works = claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **changes)
+            if flow.rate_limit is not None:
+                granted = self._take_starts(kind, flow, works)
+                if granted < len(works):
+                    raise _Shortfall(granted)
+        return works
+
+    def _take_starts(self, kind: str, flow: FlowLimits, works: list[ClaimedWork]) -> int:
+        assert flow.rate_limit is not None
+        limit, period = flow.rate_limit
+        by_key: dict[str, int] = defaultdict(int)
+        if flow.rate_key is None:
+            by_key[""] = len(works)
+        else:
+            hashes = dict(
+                DeferredWork.objects.using(self.using)
+                .filter(pk__in=[work.id for work in works])
+                .values_list("pk", "rate_key_hash")
+            )
+            for work in works:
+                by_key[window_key_of(hashes.get(work.id))] += 1
+        granted = 0
+        for key, wanted in by_key.items():
+            got = windows.take_starts(window_name(kind), key, limit, period, wanted, using=self.using)
+            granted += got
+            if got < wanted:
+                break  # the transaction rolls back: no need to take the rest
+        return granted
+
+    # --- stale work ---------------------------------------------------------------------
+
+    def claim_stale(self, claimer: Claimer, limit: int, *, cutoff: Any) -> list[ClaimedWork]:
+        """Reclaim stale rows of limited kinds. A reclaimed row keeps its slot and its key
+        (it never stopped being processing); a reclaim is a start, so it needs a start of
+        its rate window, and waits stale until one is free."""
+        works: list[ClaimedWork] = []
+        for workflow in self._in_turn():
+            if len(works) >= limit:
+                break
+            flow = workflow.flow
+            assert flow is not None
+            stale = DeferredWork.objects.using(self.using).filter(
+                kind=workflow.kind, status=Status.PROCESSING, heartbeat_at__lt=cutoff
+            )
+            budget = limit - len(works)
+            for _ in range(_ROUNDS):
+                ids = self._pick(workflow.kind, flow, stale.order_by("heartbeat_at", "pk"), budget)
+                if not ids:
+                    break
+                try:
+                    works += self._claim_and_start(
+                        claimer,
+                        workflow.kind,
+                        flow,
+                        stale,
+                        ids,
+                        reclaimed=True,
+                        changes={"attempt": F("attempt") + 1},
+                    )
+                    break
+                except _Shortfall as shortfall:
+                    claimer.contended = True
+                    budget = shortfall.granted
+        return works
