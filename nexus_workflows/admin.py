@@ -29,6 +29,7 @@ from django.utils.safestring import SafeString
 
 from . import admin_display as display
 from . import triage
+from .flow.report import waiting_on_limit_q, waiting_reason
 from .models import DeferredWork, Status
 from .phi import admin as phi_admin  # noqa: F401 - registers the PHI token map admin
 
@@ -37,6 +38,7 @@ REVIVE_PERMISSION = "nexus_workflows.revive_deferredwork"
 #: Query-string value of the status filter that shows abandoned and stale work.
 NEEDS_ATTENTION = "attention"
 STALE = "stale"
+WAITING_ON_A_LIMIT = "waiting"
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -63,6 +65,21 @@ class StatusFilter(admin.SimpleListFilter):
             return queryset.filter(triage.stale_q())
         if value in Status.values:
             return queryset.filter(status=value)
+        return queryset
+
+
+class FlowLimitFilter(admin.SimpleListFilter):
+    """Due items that a flow limit (serial key, concurrency, rate) holds back."""
+
+    title = "flow control"
+    parameter_name = "flow"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(WAITING_ON_A_LIMIT, "Waiting on a limit")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
+        if self.value() == WAITING_ON_A_LIMIT:
+            return queryset.filter(waiting_on_limit_q(using=queryset.db))
         return queryset
 
 
@@ -129,7 +146,7 @@ class DeferredWorkAdmin(admin.ModelAdmin):
         "updated_column",
     )
     list_display_links = ("id_column", "dedupe_key_column")
-    list_filter = (StatusFilter, "kind")
+    list_filter = (StatusFilter, FlowLimitFilter, "kind")
     search_fields = ("dedupe_key",)
     search_help_text = "Search by dedupe key. Triggers and checkpoints are not searchable."
     ordering = ("-created_at", "-pk")
@@ -385,6 +402,7 @@ class DeferredWorkAdmin(admin.ModelAdmin):
             "revive_url": reverse(f"admin:{info[0]}_{info[1]}_revive", args=[work.pk]),
             "run_now_url": reverse(f"admin:{info[0]}_{info[1]}_run_now", args=[work.pk]),
             "due": due,
+            "held_by": waiting_reason(work) if due else None,
         }
 
 

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, Count, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models import Case, Count, F, Min, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce, Now
 
 from ..models import DeferredWork, FlowWindowSlot, Status
@@ -69,21 +69,27 @@ class _Shortfall(Exception):
         self.granted = granted
 
 
-def key_conditions(flow: FlowLimits, now: Any) -> Q:
-    """Rows whose serial key lets them start now (for a kind with a serial key)."""
+def key_conditions(kind: str, flow: FlowLimits, now: Any) -> Q:
+    """Rows of ``kind`` whose serial key lets them start now (everything, without a key).
+
+    Written as two uncorrelated subqueries (the keys that are running; the first row of
+    each key) rather than correlated ``NOT EXISTS``: each is computed once per claim, so
+    the plan stays linear whatever the table's statistics say (a freshly filled table
+    gets a nested-loop anti-join from ``NOT EXISTS`` that takes seconds).
+    """
     if flow.serial_key is None:
         return Q()
-    same_key = DeferredWork.objects.filter(kind=OuterRef("kind"), serial_key_hash=OuterRef("serial_key_hash"))
-    running = Exists(same_key.filter(status=Status.PROCESSING))
+    of_kind = DeferredWork.objects.filter(kind=kind, serial_key_hash__isnull=False).order_by()
+    running_keys = of_kind.filter(status=Status.PROCESSING).values("serial_key_hash")
     if flow.ordered:
-        earlier = Exists(
-            same_key.filter(status__in=[Status.PENDING, Status.PROCESSING], pk__lt=OuterRef("pk"))
-        )
+        # The earliest pending or processing row of each key; if that row is processing,
+        # no pending row of the key is first.
+        waiting = of_kind.filter(status__in=[Status.PENDING, Status.PROCESSING])
     else:
-        earlier = Exists(
-            same_key.filter(status=Status.PENDING, next_attempt_at__lte=now, pk__lt=OuterRef("pk"))
-        )
-    return ~running & ~earlier
+        # The earliest ready row of each key.
+        waiting = of_kind.filter(status=Status.PENDING, next_attempt_at__lte=now)
+    firsts = waiting.values("serial_key_hash").annotate(first=Min("pk")).values("first")
+    return Q(serial_key_hash__isnull=True) | (Q(pk__in=firsts) & ~Q(serial_key_hash__in=running_keys))
 
 
 def busy_starts_subquery(kind: str, flow: FlowLimits) -> Any:
@@ -176,7 +182,7 @@ class FlowClaimer:
         candidates = (
             DeferredWork.objects.using(self.using)
             .filter(kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at)
-            .filter(key_conditions(flow, due_at))
+            .filter(key_conditions(kind, flow, due_at))
         )
         ids = self._pick(kind, flow, candidates.order_by("next_attempt_at", "pk"), limit)
         if not ids:
