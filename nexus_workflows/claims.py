@@ -136,14 +136,18 @@ class Claimer:
             return []
         works: list[ClaimedWork] = []
         if self.flow is not None:
-            # Limited kinds: only what can start now, and never more than free threads.
+            # Limited kinds: only what their limits let start now.
             startable = limit if startable is None else min(limit, startable)
-            works = self.flow.claim_due(self, startable, now) if startable > 0 else []
+            works = self.flow.claim_due(self, limit, now, startable)
             limit -= len(works)
         if limit > 0 and self.plain_kinds:
             due = DeferredWork.objects.using(self.using).due(now or timezone.now())
             works += self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
         return works
+
+    def retry_in(self) -> float | None:
+        """Seconds until a rate window the last claim found full has a start again."""
+        return self.flow.retry_in if self.flow is not None else None
 
     def claim_stale(
         self, limit: int, *, stale_after: timedelta, now: datetime | None = None

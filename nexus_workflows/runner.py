@@ -300,7 +300,15 @@ class Runner:
             # otherwise wait, so the workers start the work just claimed right away.
             if purging or (more_due and self._wants_more()):
                 continue
-            self._wake.wait(self.poll_interval)
+            self._wake.wait(self._next_poll())
+
+    def _next_poll(self) -> float:
+        """The poll interval, or less when a rate window that held work back frees a start
+        sooner."""
+        retry_in = self._claimer.retry_in()
+        if retry_in is None:
+            return self.poll_interval
+        return min(self.poll_interval, max(retry_in, 0.005))
 
     def _capacity(self) -> tuple[int, int]:
         """(most items to hold, refill when holding no more than this)."""

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Rounds of read-then-claim when another runner took a slot, a key or a start first.
-_ROUNDS = 3
+_ROUNDS = 6
 # Candidates read per row wanted when a rate key may be full: enough to find rows of
 # other keys behind a key that has used its window.
 _RATE_KEY_SPREAD = 4
@@ -123,6 +123,9 @@ class FlowClaimer:
         self.workflows = list(workflows)
         self.using = using
         self._turn = itertools.count()
+        # Seconds until a full rate window of the last claim has a start again, if known:
+        # the runner polls again then rather than after its whole poll interval.
+        self.retry_in: float | None = None
 
     @classmethod
     def for_kinds(cls, kinds: Sequence[str], using: str) -> FlowClaimer | None:
@@ -142,12 +145,23 @@ class FlowClaimer:
 
     # --- due work -----------------------------------------------------------------------
 
-    def claim_due(self, claimer: Claimer, limit: int, now: datetime | None) -> list[ClaimedWork]:
+    def claim_due(
+        self, claimer: Claimer, limit: int, now: datetime | None, startable: int
+    ) -> list[ClaimedWork]:
+        """Claim due rows of the limited kinds: kinds with a slot or a rate window only as
+        many as the runner can start now (``startable``), so a claimed row never holds a
+        slot or a counted start while it waits for a thread; serial-key-only kinds as
+        many as ``limit`` (one per key), like plain kinds."""
         works: list[ClaimedWork] = []
+        self.retry_in = None
         for workflow in self._in_turn():
-            if len(works) >= limit:
-                break
-            works += self._claim_kind(claimer, workflow, limit - len(works), now)
+            flow = workflow.flow
+            assert flow is not None
+            counted = flow.concurrency is not None or flow.rate_limit is not None
+            budget = min(limit, startable) if counted else limit
+            budget -= len(works)
+            if budget > 0:
+                works += self._claim_kind(claimer, workflow, budget, now)
         return works
 
     def _claim_kind(
@@ -193,7 +207,12 @@ class FlowClaimer:
                 *(When(pk=pk, then=Value(slot)) for pk, slot in zip(ids, slots, strict=False)),
                 default=Value(None),
             )
-        return self._claim_and_start(claimer, kind, flow, candidates, ids, reclaimed=False, changes=changes)
+        # The UPDATE re-checks the plain due conditions only: the unique indexes guard
+        # keys and slots, and repeating the key subqueries would double the claim's cost.
+        due = DeferredWork.objects.using(self.using).filter(
+            kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at
+        )
+        return self._claim_and_start(claimer, kind, flow, due, ids, reclaimed=False, changes=changes)
 
     def free_slots(self, kind: str, concurrency: int) -> list[int]:
         """Slot numbers no processing row of ``kind`` holds, in random order (so runners
@@ -214,7 +233,11 @@ class FlowClaimer:
             return list(candidates.values_list("pk", flat=True)[:limit])
         rate_limit, period = flow.rate_limit
         if flow.rate_key is None:
-            room = len(windows.free_slots(window_name(kind), "", rate_limit, period, using=self.using))
+            name = window_name(kind)
+            room = len(windows.free_slots(name, "", rate_limit, period, using=self.using))
+            if not room:
+                wait = windows.seconds_until_free(name, "", rate_limit, period, using=self.using)
+                self.retry_in = wait if self.retry_in is None else min(self.retry_in, wait)
             return list(candidates.values_list("pk", flat=True)[: min(limit, room)])
         rows = (
             candidates.annotate(window_key=Coalesce(F("rate_key_hash"), Value("")))
