@@ -28,8 +28,10 @@ def latency(trigger: Any, checkpoints: Any, save: Any) -> None:
 
 @workflow("bench-capped", dedupe_key=by_key, retry_schedule=[1], concurrency=4)
 def capped(trigger: Any, checkpoints: Any, save: Any) -> None:
-    """A 200 ms attempt of a kind capped at four running at once."""
+    """A 200 ms attempt of a kind capped at four running at once; journals its start."""
+    started = time.time()
     time.sleep(0.2)
+    save({"started": started, "ended": time.time()})
 
 
 @workflow("bench-rate", dedupe_key=by_key, retry_schedule=[1], rate_limit=(20, 1))

@@ -207,12 +207,18 @@ class FlowClaimer:
                 *(When(pk=pk, then=Value(slot)) for pk, slot in zip(ids, slots, strict=False)),
                 default=Value(None),
             )
-        # The UPDATE re-checks the plain due conditions only: the unique indexes guard
-        # keys and slots, and repeating the key subqueries would double the claim's cost.
-        due = DeferredWork.objects.using(self.using).filter(
-            kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at
+        # The unique indexes guard keys and slots whatever the UPDATE re-checks, so it
+        # re-checks only the due conditions (the key subqueries would double the claim's
+        # cost) — except for ordered kinds, whose order no index guards: their UPDATE
+        # re-checks that nothing earlier of the key became pending meanwhile.
+        recheck = (
+            candidates
+            if flow.ordered
+            else candidates.model.objects.using(self.using).filter(
+                kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at
+            )
         )
-        return self._claim_and_start(claimer, kind, flow, due, ids, reclaimed=False, changes=changes)
+        return self._claim_and_start(claimer, kind, flow, recheck, ids, reclaimed=False, changes=changes)
 
     def free_slots(self, kind: str, concurrency: int) -> list[int]:
         """Slot numbers no processing row of ``kind`` holds, in random order (so runners
