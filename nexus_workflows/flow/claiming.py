@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -48,6 +49,10 @@ logger = logging.getLogger(__name__)
 
 # Rounds of read-then-claim when another runner took a slot, a key or a start first.
 _ROUNDS = 6
+# Seconds a kind that had nothing to start (no due row free of its key, or a full rate
+# window) is not asked again within one runner: what a busy runner saves in queries, and
+# the longest extra wait for work of that kind (a full window is asked again when it frees).
+_REST = 0.05
 # Candidates read per row wanted when a rate key may be full: enough to find rows of
 # other keys behind a key that has used its window.
 _RATE_KEY_SPREAD = 4
@@ -126,6 +131,9 @@ class FlowClaimer:
         # Seconds until a full rate window of the last claim has a start again, if known:
         # the runner polls again then rather than after its whole poll interval.
         self.retry_in: float | None = None
+        # Kinds whose last claim found nothing that could start, until when (monotonic).
+        self._rest_until: dict[str, float] = {}
+        self._found_nothing = False
 
     @classmethod
     def for_kinds(cls, kinds: Sequence[str], using: str) -> FlowClaimer | None:
@@ -154,15 +162,28 @@ class FlowClaimer:
         many as ``limit`` (one per key), like plain kinds."""
         works: list[ClaimedWork] = []
         self.retry_in = None
+        clock = time.monotonic()
         for workflow in self._in_turn():
             flow = workflow.flow
             assert flow is not None
+            resting = self._rest_until.get(workflow.kind, 0.0) - clock
+            if resting > 0 and now is None:
+                self._retry_within(resting)
+                continue
             counted = flow.concurrency is not None or flow.rate_limit is not None
             budget = min(limit, startable) if counted else limit
             budget -= len(works)
             if budget > 0:
+                self._found_nothing = False
                 works += self._claim_kind(claimer, workflow, budget, now)
+                if self._found_nothing:
+                    # Nothing of this kind can start: a busy runner claims its other kinds
+                    # many times a second, and need not ask again for a moment.
+                    self._rest_until[workflow.kind] = clock + _REST
         return works
+
+    def _retry_within(self, seconds: float) -> None:
+        self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
 
     def _claim_kind(
         self, claimer: Claimer, workflow: Workflow, limit: int, now: datetime | None
@@ -200,6 +221,7 @@ class FlowClaimer:
         )
         ids = self._pick(kind, flow, candidates.order_by("next_attempt_at", "pk"), limit)
         if not ids:
+            self._found_nothing = True
             return []
         changes: dict[str, Any] = {"status": Status.PROCESSING}
         if flow.concurrency is not None:
@@ -243,7 +265,9 @@ class FlowClaimer:
             room = len(windows.free_slots(name, "", rate_limit, period, using=self.using))
             if not room:
                 wait = windows.seconds_until_free(name, "", rate_limit, period, using=self.using)
-                self.retry_in = wait if self.retry_in is None else min(self.retry_in, wait)
+                self._retry_within(wait)
+                self._rest_until[kind] = time.monotonic() + min(wait, _REST)
+                return []
             return list(candidates.values_list("pk", flat=True)[: min(limit, room)])
         rows = (
             candidates.annotate(window_key=Coalesce(F("rate_key_hash"), Value("")))
