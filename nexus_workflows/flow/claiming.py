@@ -49,10 +49,12 @@ logger = logging.getLogger(__name__)
 
 # Rounds of read-then-claim when another runner took a slot, a key or a start first.
 _ROUNDS = 6
-# Seconds a kind that had nothing to start (no due row free of its key, or a full rate
-# window) is not asked again within one runner: what a busy runner saves in queries, and
-# the longest extra wait for work of that kind (a full window is asked again when it frees).
-_REST = 0.05
+# Seconds a kind with nothing due (or a full rate window) is not asked again by one
+# runner: a busy runner claims many times a second, and asking every idle limited kind
+# each time halved the drain of unlimited kinds. It is the longest extra wait before a
+# runner that just found nothing notices new work of that kind (a full window is asked
+# again when it frees).
+_REST = 0.2
 # Candidates read per row wanted when a rate key may be full: enough to find rows of
 # other keys behind a key that has used its window.
 _RATE_KEY_SPREAD = 4
@@ -220,8 +222,15 @@ class FlowClaimer:
             .filter(key_conditions(kind, flow, due_at))
         )
         ids = self._pick(kind, flow, candidates.order_by("next_attempt_at", "pk"), limit)
+        if ids is None:  # a full rate window: it rests until the window frees (_pick)
+            return []
         if not ids:
-            self._found_nothing = True
+            # Rest only when nothing of the kind is due at all: due rows held by a key or
+            # a rate key's window can start as soon as one of our own attempts ends.
+            due = DeferredWork.objects.using(self.using).filter(
+                kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at
+            )
+            self._found_nothing = not (flow.keyed or flow.rate_key) or not due.exists()
             return []
         changes: dict[str, Any] = {"status": Status.PROCESSING}
         if flow.concurrency is not None:
@@ -255,8 +264,9 @@ class FlowClaimer:
         # Rows claimed before the kind had a cap hold no slot number but still run.
         return free[: max(0, concurrency - len(held))]
 
-    def _pick(self, kind: str, flow: FlowLimits, candidates: Any, limit: int) -> list[int]:
-        """Up to ``limit`` candidate ids whose rate windows have room."""
+    def _pick(self, kind: str, flow: FlowLimits, candidates: Any, limit: int) -> list[int] | None:
+        """Up to ``limit`` candidate ids whose rate windows have room; None when the
+        kind's own window is full."""
         if flow.rate_limit is None:
             return list(candidates.values_list("pk", flat=True)[:limit])
         rate_limit, period = flow.rate_limit
@@ -267,7 +277,7 @@ class FlowClaimer:
                 wait = windows.seconds_until_free(name, "", rate_limit, period, using=self.using)
                 self._retry_within(wait)
                 self._rest_until[kind] = time.monotonic() + min(wait, _REST)
-                return []
+                return None
             return list(candidates.values_list("pk", flat=True)[: min(limit, room)])
         rows = (
             candidates.annotate(window_key=Coalesce(F("rate_key_hash"), Value("")))
@@ -347,7 +357,7 @@ class FlowClaimer:
             budget = limit - len(works)
             for _ in range(_ROUNDS):
                 ids = self._pick(workflow.kind, flow, stale.order_by("heartbeat_at", "pk"), budget)
-                if not ids:
+                if not ids:  # nothing stale, or no start free in the window
                     break
                 try:
                     works += self._claim_and_start(

@@ -27,7 +27,7 @@ FAST = {"POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.5, "STALE_AFTER": 3, "SHUT
 # Start stamps are taken by the bodies, a few milliseconds after the database granted the
 # start; windows are checked this much shorter than the period so that dispatch jitter
 # between two runners is not mistaken for a breach.
-JITTER = 0.1
+JITTER = 0.2
 
 
 def unfinished(kind: str) -> int:
