@@ -69,6 +69,7 @@ def main() -> None:
     ensure_postgres_database(args.database_url)
     os.environ["DATABASE_URL"] = args.database_url
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    os.environ["BENCH_FLOW"] = "1"  # the limited kinds of benchmarks/flowapp
     import django
 
     django.setup()

@@ -19,3 +19,7 @@ from project.settings import *  # noqa: F403
 from project.settings import INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.benchapp"]
+# The kinds with flow limits (benchmarks/flow_control.py sets BENCH_FLOW=1, and its runner
+# processes inherit it); left out elsewhere so other runners claim only what they did.
+if os.environ.get("BENCH_FLOW") == "1":
+    INSTALLED_APPS.append("benchmarks.flowapp")

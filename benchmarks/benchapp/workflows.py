@@ -22,24 +22,3 @@ def latency(trigger: Any, checkpoints: Any, save: Any) -> None:
     """Journals the moment it started, for enqueue-to-start latency."""
     save({"started": time.time()})
 
-
-# --- flow control (benchmarks/flow_control.py) ----------------------------------------
-
-
-@workflow("bench-capped", dedupe_key=by_key, retry_schedule=[1], concurrency=4)
-def capped(trigger: Any, checkpoints: Any, save: Any) -> None:
-    """A 200 ms attempt of a kind capped at four running at once; journals its start."""
-    started = time.time()
-    time.sleep(0.2)
-    save({"started": started, "ended": time.time()})
-
-
-@workflow("bench-rate", dedupe_key=by_key, retry_schedule=[1], rate_limit=(20, 1))
-def rated(trigger: Any, checkpoints: Any, save: Any) -> None:
-    """Journals the moment it started: the benchmark counts starts per second from these."""
-    save({"started": time.time()})
-
-
-@workflow("bench-serial", dedupe_key=by_key, retry_schedule=[1], serial_key=lambda t: t["to"])
-def serial(trigger: Any, checkpoints: Any, save: Any) -> None:
-    """Does nothing, one at a time per key."""
