@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, Count, F, Min, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce, Now
 
@@ -306,9 +306,13 @@ class FlowClaimer:
         reclaimed: bool,
         changes: dict[str, Any],
     ) -> list[ClaimedWork]:
-        # One transaction: a claim that a unique index refuses, or whose starts the window
-        # cannot grant, leaves nothing behind (and inside a caller's transaction it is a
-        # savepoint, so the refusal does not break it).
+        connection = connections[self.using]
+        if flow.rate_limit is None and connection.get_autocommit() and not connection.in_atomic_block:
+            # One statement: a claim a unique index refuses leaves nothing behind.
+            return claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **changes)
+        # One transaction: a claim whose starts the window cannot grant leaves nothing
+        # behind (inside a caller's transaction it is a savepoint, so a refusal by a
+        # unique index does not break that transaction).
         with transaction.atomic(using=self.using):
             works = claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **changes)
             if flow.rate_limit is not None:
