@@ -58,6 +58,8 @@ _REST = 0.2
 # Candidates read per row wanted when a rate key may be full: enough to find rows of
 # other keys behind a key that has used its window.
 _RATE_KEY_SPREAD = 4
+# After losing rows to another runner, pick at random among this many times more.
+_SPREAD = 4
 
 
 def window_name(kind: str) -> str:
@@ -136,6 +138,7 @@ class FlowClaimer:
         # Kinds whose last claim found nothing that could start, until when (monotonic).
         self._rest_until: dict[str, float] = {}
         self._found_nothing = False
+        self._spread = False
 
     @classmethod
     def for_kinds(cls, kinds: Sequence[str], using: str) -> FlowClaimer | None:
@@ -190,22 +193,35 @@ class FlowClaimer:
     def _claim_kind(
         self, claimer: Claimer, workflow: Workflow, limit: int, now: datetime | None
     ) -> list[ClaimedWork]:
+        """Claim up to ``limit`` rows of one kind, reading again (a few rounds) when another
+        runner took a slot number, a key, a start or a row first: a runner that gives up
+        here sleeps until its next poll while a slot may stand free."""
+        works: list[ClaimedWork] = []
+        self._spread = False
         for _ in range(_ROUNDS):
+            wanted = limit - len(works)
+            if wanted <= 0:
+                break
             try:
-                return self._claim_kind_once(claimer, workflow, limit, now)
+                got, asked = self._claim_kind_once(claimer, workflow, wanted, now)
             except _Shortfall as shortfall:
-                claimer.contended = True
-                limit = shortfall.granted
-                if limit <= 0:
-                    return []
+                claimer.contended = self._spread = True
+                limit = len(works) + shortfall.granted
+                continue
             except IntegrityError:
                 # Another runner took one of our slot numbers or keys at the same instant.
-                claimer.contended = True
-        return []
+                claimer.contended = self._spread = True
+                continue
+            works += got
+            if len(got) == asked:
+                break
+            claimer.contended = self._spread = True  # rows lost to another runner
+        return works
 
     def _claim_kind_once(
         self, claimer: Claimer, workflow: Workflow, limit: int, now: datetime | None
-    ) -> list[ClaimedWork]:
+    ) -> tuple[list[ClaimedWork], int]:
+        """One read-and-claim; returns (rows claimed, rows asked for)."""
         flow = workflow.flow
         assert flow is not None
         kind = workflow.kind
@@ -215,7 +231,7 @@ class FlowClaimer:
             slots = self.free_slots(kind, flow.concurrency)
             limit = min(limit, len(slots))
         if limit <= 0:
-            return []
+            return [], 0
         candidates = (
             DeferredWork.objects.using(self.using)
             .filter(kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at)
@@ -223,7 +239,7 @@ class FlowClaimer:
         )
         ids = self._pick(kind, flow, candidates.order_by("next_attempt_at", "pk"), limit)
         if ids is None:  # a full rate window: it rests until the window frees (_pick)
-            return []
+            return [], 0
         if not ids:
             # Rest only when nothing of the kind is due at all: due rows held by a key or
             # a rate key's window can start as soon as one of our own attempts ends.
@@ -231,7 +247,7 @@ class FlowClaimer:
                 kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at
             )
             self._found_nothing = not (flow.keyed or flow.rate_key) or not due.exists()
-            return []
+            return [], 0
         changes: dict[str, Any] = {"status": Status.PROCESSING}
         if flow.concurrency is not None:
             changes["flow_slot"] = Case(
@@ -249,7 +265,8 @@ class FlowClaimer:
                 kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at
             )
         )
-        return self._claim_and_start(claimer, kind, flow, recheck, ids, reclaimed=False, changes=changes)
+        works = self._claim_and_start(claimer, kind, flow, recheck, ids, reclaimed=False, changes=changes)
+        return works, len(ids)
 
     def free_slots(self, kind: str, concurrency: int) -> list[int]:
         """Slot numbers no processing row of ``kind`` holds, in random order (so runners
@@ -264,11 +281,18 @@ class FlowClaimer:
         # Rows claimed before the kind had a cap hold no slot number but still run.
         return free[: max(0, concurrency - len(held))]
 
+    def _first(self, candidates: Any, limit: int) -> list[int]:
+        """The first ``limit`` candidate ids; after losing rows to another runner, a random
+        ``limit`` of the first few times as many, so runners stop picking the same rows."""
+        spread = _SPREAD if self._spread else 1
+        ids = list(candidates.values_list("pk", flat=True)[: limit * spread])
+        return random.sample(ids, limit) if len(ids) > limit else ids
+
     def _pick(self, kind: str, flow: FlowLimits, candidates: Any, limit: int) -> list[int] | None:
         """Up to ``limit`` candidate ids whose rate windows have room; None when the
         kind's own window is full."""
         if flow.rate_limit is None:
-            return list(candidates.values_list("pk", flat=True)[:limit])
+            return self._first(candidates, limit)
         rate_limit, period = flow.rate_limit
         if flow.rate_key is None:
             name = window_name(kind)
@@ -278,7 +302,7 @@ class FlowClaimer:
                 self._retry_within(wait)
                 self._rest_until[kind] = time.monotonic() + min(wait, _REST)
                 return None
-            return list(candidates.values_list("pk", flat=True)[: min(limit, room)])
+            return self._first(candidates, min(limit, room))
         rows = (
             candidates.annotate(window_key=Coalesce(F("rate_key_hash"), Value("")))
             .annotate(busy=busy_starts_subquery(kind, flow))
