@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +32,14 @@ from benchmarks.deferred_throughput import (  # noqa: E402
     _vacuum,
     ensure_postgres_database,
 )
+
+
+def read_journal(path: Path) -> list[tuple[float, float]]:
+    spans = []
+    for line in path.read_text().splitlines():
+        started, ended = line.split()
+        spans.append((float(started), float(ended)))
+    return spans
 
 
 def most_in_window(starts: list[float], period: float) -> int:
@@ -102,21 +111,24 @@ def main() -> None:
         time.sleep(1.0)
 
         # 1. concurrency=4, 200 ms attempts.
-        wall = drain("bench-capped", [{"key": f"c{n}"} for n in range(args.capped_items)])
+        journals = Path(tempfile.mkdtemp(prefix="flow-bench-"))
+        capped_journal = journals / "capped.txt"
+        wall = drain(
+            "bench-capped",
+            [{"key": f"c{n}", "journal": str(capped_journal)} for n in range(args.capped_items)],
+        )
         busy = args.capped_items * 0.2 / (4 * wall)
-        spans = list(DeferredWork.objects.filter(kind="bench-capped").values_list("checkpoints", flat=True))
-        first_start = min(span["started"] for span in spans)
-        last_end = max(span["ended"] for span in spans)
-        attempt_seconds = sum(span["ended"] - span["started"] for span in spans)
+        spans = read_journal(capped_journal)
+        first_start = min(started for started, _ in spans)
+        last_end = max(ended for _, ended in spans)
+        attempt_seconds = sum(ended - started for started, ended in spans)
         busy_while_backlog = attempt_seconds / (4 * (last_end - first_start))
-        peak = max_overlap([(span["started"], span["ended"]) for span in spans])
+        peak = max_overlap(spans)
 
         # 2. rate_limit=(20, 1) with a backlog.
-        drain("bench-rate", [{"key": f"r{n}"} for n in range(args.rate_items)])
-        starts = sorted(
-            row["started"]
-            for row in DeferredWork.objects.filter(kind="bench-rate").values_list("checkpoints", flat=True)
-        )
+        rate_journal = journals / "rate.txt"
+        drain("bench-rate", [{"key": f"r{n}", "journal": str(rate_journal)} for n in range(args.rate_items)])
+        starts = sorted(started for started, _ in read_journal(rate_journal))
         rate = (len(starts) - 1) / (starts[-1] - starts[0])
         most = most_in_window(starts, 1.0)
         most_09 = most_in_window(starts, 0.9)
