@@ -25,3 +25,8 @@ INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.benchapp"]
 if env.str("WAKEUP_DATABASE_URL", default=""):
     DATABASES["wakeup"] = env.db("WAKEUP_DATABASE_URL")
     NEXUS_WORKFLOWS = {**NEXUS_WORKFLOWS, "WAKEUP_DATABASE": "wakeup"}
+
+# The kinds with flow limits (benchmarks/flow_control.py sets BENCH_FLOW=1, and its runner
+# processes inherit it); left out elsewhere so other runners claim only what they did.
+if os.environ.get("BENCH_FLOW") == "1":
+    INSTALLED_APPS.append("benchmarks.flowapp")

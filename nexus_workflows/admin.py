@@ -38,6 +38,7 @@ from django.utils.safestring import SafeString
 from . import admin_display as display
 from . import triage
 from .admin_reveal import RevealMixin
+from .flow.report import waiting_on_limit_q, waiting_reason
 from .models import DeferredWork, Status
 from .observability import admin as observability_admin  # registers the runners' admin
 from .phi import admin as phi_admin  # noqa: F401 - registers the PHI token map admin
@@ -51,6 +52,7 @@ _DELETE_SALT = "nexus_workflows.admin.delete_selected"
 #: Query-string value of the status filter that shows abandoned and stale work.
 NEEDS_ATTENTION = "attention"
 STALE = "stale"
+WAITING_ON_A_LIMIT = "waiting"
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -77,6 +79,21 @@ class StatusFilter(admin.SimpleListFilter):
             return queryset.filter(triage.stale_q())
         if value in Status.values:
             return queryset.filter(status=value)
+        return queryset
+
+
+class FlowLimitFilter(admin.SimpleListFilter):
+    """Due items that a flow limit (serial key, concurrency, rate) holds back."""
+
+    title = "flow control"
+    parameter_name = "flow"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(WAITING_ON_A_LIMIT, "Waiting on a limit")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
+        if self.value() == WAITING_ON_A_LIMIT:
+            return queryset.filter(waiting_on_limit_q(using=queryset.db))
         return queryset
 
 
@@ -142,7 +159,7 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
         "updated_column",
     )
     list_display_links = ("id_column",)
-    list_filter = (StatusFilter, "kind")
+    list_filter = (StatusFilter, FlowLimitFilter, "kind")
     # Exact match only: a partial search would tell which keys contain what was typed.
     search_fields = ("=dedupe_key",)
     search_help_text = (
@@ -440,6 +457,7 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
             "due": due,
             "may_reveal": self.has_reveal_permission(request, work),
             "reveal_url": self.reveal_url(work),
+            "held_by": waiting_reason(work) if due else None,
         }
 
 

@@ -28,6 +28,7 @@ from django.db.models.sql import UpdateQuery
 from . import json_values
 from .clock import DatabaseNow, database_now
 from .exceptions import ClaimLost, InvalidCheckpoint
+from .flow.claiming import FlowClaimer
 from .history import append_entry
 from .models import DeferredWork, Status
 
@@ -48,6 +49,15 @@ def now_plus(delta: timedelta) -> Any:
     later = DatabaseNow() + Value(delta, output_field=DurationField())
     return ExpressionWrapper(later, output_field=DateTimeField())
 
+
+_ONE_VARIANT: tuple[tuple[Q | None, dict[str, Any]], ...] = ((None, {}),)
+
+#: A reclaim counts the lost attempt only if its prepare had started (``started_at`` set);
+#: otherwise it counts a claim lost before starting (bounded by the crash-loop guard).
+STALE_VARIANTS: tuple[tuple[Q | None, dict[str, Any]], ...] = (
+    (Q(started_at__isnull=False), {"attempt": F("attempt") + 1}),
+    (Q(started_at__isnull=True), {"lost_unstarted": F("lost_unstarted") + 1}),
+)
 
 # When a claim loses rows to another runner, the next claims pick at random among this
 # many times more candidates, so that runners sharing a table stop colliding.
@@ -71,6 +81,8 @@ class ClaimedWork:
     lost_started: bool = False
     # Claims of this row lost before their prepare started (bounded by the guard).
     lost_unstarted: int = 0
+    # Which of the claim's variants took the row (see ``Claimer.claim_rows``).
+    claim_variant: int = 0
     # Set when ``history`` gained entries that only an individual write can persist.
     history_changed: bool = False
     using: str = "default"
@@ -92,6 +104,10 @@ class Claimer:
         self.kinds = list(kinds)
         self.using = using
         self.contended = False
+        # Kinds with flow limits are claimed by the flow claimer, only as far as their
+        # limits let them start; every other kind keeps the plain claim below.
+        self.flow = FlowClaimer.for_kinds(self.kinds, using)
+        self.plain_kinds = [k for k in self.kinds if not self.flow or k not in self.flow.kinds]
 
     def _claim(
         self,
@@ -100,27 +116,43 @@ class Claimer:
         order_by: str,
         *,
         reclaimed: bool,
-        variants: Sequence[tuple[Q | None, dict[str, Any]]] = ((None, {}),),
+        variants: Sequence[tuple[Q | None, dict[str, Any]]] = _ONE_VARIANT,
         **changes: Any,
-    ) -> list[tuple[ClaimedWork, int]]:
-        """Compare-and-set up to ``limit`` rows of ``candidates`` to a new claim token and
-        return them as claimed, each with the index of the variant that claimed it.
+    ) -> list[ClaimedWork]:
+        """Compare-and-set up to ``limit`` rows of ``candidates`` (of the kinds without flow
+        limits) to a new claim token and return them as claimed.
 
         The ids are read first and the ``UPDATE`` names them as literals and re-checks the
         candidate conditions, so its plan is a primary-key lookup whatever the table's
         statistics say (a one-statement ``UPDATE … IN (SELECT … LIMIT)`` can get a
         nested-loop plan on a freshly filled table and take hundreds of milliseconds).
-        Where the database can, the ``UPDATE`` returns the rows it claimed
-        (``RETURNING``); elsewhere they are read back by their token. ``variants`` split
-        the ``UPDATE`` by a condition re-checked in it, each with changes of its own.
         """
-        candidates = candidates.filter(kind__in=self.kinds)
+        candidates = candidates.filter(kind__in=self.plain_kinds)
         spread = _CONTENTION_SPREAD if self.contended else 1
         ids = list(candidates.order_by(order_by).values_list("pk", flat=True)[: limit * spread])
         if spread > 1 and len(ids) > limit:
             ids = random.sample(ids, limit)
         if not ids:
             return []
+        return self.claim_rows(candidates, ids, reclaimed=reclaimed, variants=variants, **changes)
+
+    def claim_rows(
+        self,
+        candidates: Any,
+        ids: list[int],
+        *,
+        reclaimed: bool,
+        variants: Sequence[tuple[Q | None, dict[str, Any]]] = _ONE_VARIANT,
+        **changes: Any,
+    ) -> list[ClaimedWork]:
+        """Compare-and-set the rows ``ids`` of ``candidates`` (the conditions are checked
+        again by the ``UPDATE``) to a new claim token; returns those it got.
+
+        Where the database can, the ``UPDATE`` returns the rows it claimed
+        (``RETURNING``); elsewhere they are read back by their token. ``variants`` split
+        the ``UPDATE`` by a condition re-checked in it, each with changes of its own; each
+        claimed row says which one claimed it (``claim_variant``).
+        """
         token = uuid.uuid4().hex
         changes.update(
             claim_token=token,
@@ -142,21 +174,19 @@ class Claimer:
             found.extend((row, index) for row in rows)
         self.contended = len(found) < len(ids)
         return [
-            (
-                ClaimedWork(
-                    id=row["pk"],
-                    kind=row["kind"],
-                    dedupe_key=row["dedupe_key"],
-                    trigger=row["trigger"],
-                    checkpoints=dict(row["checkpoints"] or {}),
-                    attempt=row["attempt"],
-                    history=list(row["history"] or []),
-                    claim_token=token,
-                    reclaimed=reclaimed,
-                    lost_unstarted=row["lost_unstarted"],
-                    using=self.using,
-                ),
-                index,
+            ClaimedWork(
+                id=row["pk"],
+                kind=row["kind"],
+                dedupe_key=row["dedupe_key"],
+                trigger=row["trigger"],
+                checkpoints=dict(row["checkpoints"] or {}),
+                attempt=row["attempt"],
+                history=list(row["history"] or []),
+                claim_token=token,
+                reclaimed=reclaimed,
+                lost_unstarted=row["lost_unstarted"],
+                claim_variant=index,
+                using=self.using,
             )
             for row, index in found
         ]
@@ -165,14 +195,28 @@ class Claimer:
         rows = DeferredWork.objects.using(self.using).held(token).filter(pk__in=ids)
         return list(rows.values(*_CLAIM_FIELDS))
 
-    def claim_due(self, limit: int, *, now: datetime | None = None) -> list[ClaimedWork]:
-        """Claim up to ``limit`` pending rows whose time has come (by the database's
-        clock, or ``now``), oldest first."""
+    def claim_due(
+        self, limit: int, *, now: datetime | None = None, startable: int | None = None
+    ) -> list[ClaimedWork]:
+        """Claim up to ``limit`` pending rows whose time has come (by the database's clock,
+        or ``now``), oldest first; of kinds with flow limits, at most ``startable`` (the
+        runner's free threads)."""
         if limit <= 0 or not self.kinds:
             return []
-        due = DeferredWork.objects.using(self.using).due(now or DatabaseNow())
-        claimed = self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
-        return [work for work, _ in claimed]
+        works: list[ClaimedWork] = []
+        if self.flow is not None:
+            # Limited kinds: only what their limits let start now.
+            startable = limit if startable is None else min(limit, startable)
+            works = self.flow.claim_due(self, limit, now, startable)
+            limit -= len(works)
+        if limit > 0 and self.plain_kinds:
+            due = DeferredWork.objects.using(self.using).due(now or DatabaseNow())
+            works += self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
+        return works
+
+    def retry_in(self) -> float | None:
+        """Seconds until a rate window the last claim found full has a start again."""
+        return self.flow.retry_in if self.flow is not None else None
 
     def claim_stale(
         self, limit: int, *, stale_after: timedelta, now: datetime | None = None
@@ -181,28 +225,24 @@ class Claimer:
         ``stale_after``.
 
         The lost attempt counts (``attempt`` goes up by one) only when its prepare had
-        started; a claim lost before that raises ``lost_unstarted`` instead. The
-        ``UPDATE`` itself tells the two apart, so a late start marker cannot slip
-        between a read and the write. Each lost attempt gets a history entry (in memory:
-        the runner writes it before the work runs again).
+        started; a claim lost before that raises ``lost_unstarted`` instead
+        (``STALE_VARIANTS``). The ``UPDATE`` itself tells the two apart, so a late start
+        marker cannot slip between a read and the write. Each lost attempt gets a history
+        entry (in memory: the runner writes it before the work runs again).
         """
         if limit <= 0 or not self.kinds:
             return []
         cutoff = now - stale_after if now is not None else now_plus(-stale_after)
-        stale = DeferredWork.objects.using(self.using).stale(cutoff)
-        claimed = self._claim(
-            stale,
-            limit,
-            "heartbeat_at",
-            reclaimed=True,
-            variants=(
-                (Q(started_at__isnull=False), {"attempt": F("attempt") + 1}),
-                (Q(started_at__isnull=True), {"lost_unstarted": F("lost_unstarted") + 1}),
-            ),
-        )
-        works = []
-        for work, variant in claimed:
-            work.lost_started = variant == 0
+        works: list[ClaimedWork] = []
+        if self.flow is not None:
+            works = self.flow.claim_stale(self, limit, cutoff=cutoff, variants=STALE_VARIANTS)
+        if len(works) < limit and self.plain_kinds:
+            stale = DeferredWork.objects.using(self.using).stale(cutoff)
+            works += self._claim(
+                stale, limit - len(works), "heartbeat_at", reclaimed=True, variants=STALE_VARIANTS
+            )
+        for work in works:
+            work.lost_started = work.claim_variant == 0
             if work.lost_started:
                 entry = {"attempt": work.attempt - 1, "started": True}
                 error = "the runner stopped heart-beating"
@@ -211,7 +251,6 @@ class Claimer:
                 error = "the runner stopped heart-beating before this attempt started; not counted"
             work.history = append_entry(work.history, outcome="lost", error=error, **entry)
             work.history_changed = True
-            works.append(work)
         return works
 
 

@@ -73,6 +73,13 @@ DEFAULTS: dict[str, Any] = {
     "AIRTABLE_MAX_RETRY_AFTER": 60,
     # Seconds to connect and to wait for a response: one number or (connect, read).
     "AIRTABLE_TIMEOUT": (5, 30),
+    # Requests per period the Airtable helpers send to one base, across every process
+    # of the database: a (limit, period seconds) pair, or None for no limit. Airtable
+    # allows 5 per second per base and answers a sixth with 429 and a 30 s penalty.
+    "AIRTABLE_RATE_LIMIT": (5, 1),
+    # Seconds a request of the Airtable helpers waits for a slot of its base's window
+    # before failing with RateLimitTimeout (transient: a deferred workflow retries).
+    "AIRTABLE_RATE_LIMIT_TIMEOUT": 60,
     # PHI token maps: region (ISO 3166 code) assumed for phone numbers written without
     # a country code.
     "PHI_DEFAULT_REGION": "MX",

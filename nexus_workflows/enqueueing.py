@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from . import json_values, signals
 from .exceptions import EnqueueRejected, InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
+from .flow.keys import flow_key_hashes
 from .limits import DEDUPE_KEY_MAX_LENGTH, MAX_DELAY
 from .registry import Workflow, registry
 
@@ -56,7 +57,8 @@ def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
     if workflow.is_deferred:
         check_trigger(workflow, trigger)
         delay = _deferred_options(workflow, options)
-        return _enqueue_deferred(workflow, trigger, dedupe_key, delay)
+        flow_hashes = flow_key_hashes(workflow.kind, workflow.flow, trigger)
+        return _enqueue_deferred(workflow, trigger, dedupe_key, delay, flow_hashes)
 
     from .fire_and_forget import enqueue_job
 
@@ -79,18 +81,25 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
         return [enqueue_job(workflow, trigger, key, options) for key, trigger in prepared]
     delay = _deferred_options(workflow, options)
     by_key: dict[str, str] = {}  # dedupe key -> the trigger's JSON text
+    hashes: dict[str, tuple[str | None, str | None]] = {}  # dedupe key -> flow key hashes
     order: list[str] = []
     for trigger in triggers:
         key = compute_dedupe_key(workflow, trigger)
         text = json_text(workflow, trigger)
-        by_key.setdefault(key, text)  # the first trigger of a key wins, as with enqueue
+        if key not in by_key:  # the first trigger of a key wins, as with enqueue
+            by_key[key] = text
+            if workflow.flow is not None:
+                hashes[key] = flow_key_hashes(workflow.kind, workflow.flow, trigger)
         order.append(key)
-    results = _enqueue_many_deferred(workflow, by_key, delay)
+    results = _enqueue_many_deferred(workflow, by_key, delay, hashes)
     return [results[key] for key in order]
 
 
 def _enqueue_many_deferred(
-    workflow: Workflow, by_key: dict[str, str], delay: timedelta
+    workflow: Workflow,
+    by_key: dict[str, str],
+    delay: timedelta,
+    hashes: dict[str, tuple[str | None, str | None]],
 ) -> dict[str, str | None]:
     from .models import DeferredWork
 
@@ -98,7 +107,7 @@ def _enqueue_many_deferred(
     results: dict[str, str | None] = {}
     keys = list(by_key)
     try:
-        _insert_many(workflow, by_key, keys, delay, using, results)
+        _insert_many(workflow, by_key, hashes, keys, delay, using, results)
     except (IntegrityError, DataError) as error:  # never the dedupe race: ON CONFLICT skips it
         raise _rejected(workflow, error) from None
     return results
@@ -107,6 +116,7 @@ def _enqueue_many_deferred(
 def _insert_many(
     workflow: Workflow,
     by_key: dict[str, str],
+    hashes: dict[str, tuple[str | None, str | None]],
     keys: list[str],
     delay: timedelta,
     using: str,
@@ -118,7 +128,7 @@ def _insert_many(
         for start in range(0, len(keys), _BULK_CHUNK):
             chunk = keys[start : start + _BULK_CHUNK]
             for _ in range(_DEDUPE_ROUNDS):
-                chunk = _settle_chunk(workflow, by_key, chunk, delay, using, results)
+                chunk = _settle_chunk(workflow, by_key, hashes, chunk, delay, using, results)
                 if not chunk:
                     break
             else:
@@ -132,6 +142,7 @@ def _insert_many(
 def _settle_chunk(
     workflow: Workflow,
     by_key: dict[str, str],
+    hashes: dict[str, tuple[str | None, str | None]],
     chunk: list[str],
     delay: timedelta,
     using: str,
@@ -148,7 +159,13 @@ def _settle_chunk(
     # IGNORE), so concurrent writers cannot make this fail half-way.
     if connections[using].vendor == "postgresql":
         inserted = insert_pending_many_postgresql(
-            using, kind=workflow.kind, keys=chunk, triggers=by_key, due=now + delay, now=now
+            using,
+            kind=workflow.kind,
+            keys=chunk,
+            triggers=by_key,
+            due=now + delay,
+            now=now,
+            flow_hashes=hashes,
         )
         results.update((key, str(pk)) for key, pk in inserted.items())
         for pk in inserted.values():
@@ -166,6 +183,8 @@ def _settle_chunk(
                     next_attempt_at=now + delay,
                     created_at=now,
                     updated_at=now,
+                    serial_key_hash=hashes.get(key, (None, None))[0],
+                    rate_key_hash=hashes.get(key, (None, None))[1],
                 )
                 for key in chunk
             ],
@@ -301,7 +320,13 @@ def _deferred_options(workflow: Workflow, options: dict[str, Any]) -> timedelta:
     return parse_delay(workflow.kind, options.get("delay", 0))
 
 
-def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: timedelta) -> str | None:
+def _enqueue_deferred(
+    workflow: Workflow,
+    trigger: Any,
+    dedupe_key: str,
+    delay: timedelta,
+    flow_hashes: tuple[str | None, str | None] = (None, None),
+) -> str | None:
     from .inserts import insert_pending
     from .models import DeferredWork, Status
     from .wakeup import notify
@@ -322,6 +347,7 @@ def _enqueue_deferred(workflow: Workflow, trigger: Any, dedupe_key: str, delay: 
                     trigger=trigger,
                     due=now + delay,
                     now=now,
+                    flow_hashes=flow_hashes,
                 )
             notify(using, inserted=True)
         except IntegrityError as error:

@@ -46,6 +46,25 @@ class EnqueueRejected(EnqueueError):
     or trigger added outside the app); nothing was written."""
 
 
+class InvalidFlowKey(EnqueueError):
+    """A workflow's ``serial_key`` or ``rate_key`` function failed or returned something
+    other than a string or ``None``."""
+
+
+class InvalidRateLimit(WorkflowError, ValueError):
+    """``rate_limited`` was called with a bad name, limit, period or timeout."""
+
+
+class RateLimitTimeout(TimeoutError):
+    """``rate_limited`` waited ``timeout`` seconds without getting a slot of its window.
+
+    Transient (not ``permanent``): a deferred workflow that lets it escape walks its
+    retry schedule.
+    """
+
+    permanent = False
+
+
 class QueueUnavailable(WorkflowError):
     """The Redis server behind the fire-and-forget queue cannot be reached."""
 

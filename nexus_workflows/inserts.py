@@ -26,7 +26,16 @@ from .models import DeferredWork
 
 # The columns whose values differ between new rows, in the order the statements use. Every
 # other column's model default is prepared once, so it must be a constant (or dict/list).
-_VARYING = ("kind", "dedupe_key", "trigger", "next_attempt_at", "created_at", "updated_at")
+_VARYING = (
+    "kind",
+    "dedupe_key",
+    "trigger",
+    "next_attempt_at",
+    "created_at",
+    "updated_at",
+    "serial_key_hash",
+    "rate_key_hash",
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,16 @@ def _plan(using: str) -> _Plan:
         def typed(field: Field[Any, Any]) -> str:
             return f"CAST(%s AS {field.db_type(connection)})"
 
-        select = [typed(varying[0]), "item ->> 0", "item -> 1", *(typed(f) for f in varying[3:] + others)]
+        # Each item is [dedupe key, trigger, serial key hash, rate key hash].
+        select = [
+            typed(varying[0]),
+            "item ->> 0",
+            "item -> 1",
+            *(typed(f) for f in varying[3:6]),
+            "item ->> 2",
+            "item ->> 3",
+            *(typed(f) for f in others),
+        ]
         many_rows_sql = (
             f"INSERT INTO {quote(opts.db_table)} ({', '.join(quote(f.column) for f in varying + others)}) "
             f"SELECT {', '.join(select)} FROM jsonb_array_elements(CAST(%s AS jsonb)) AS item "
@@ -87,7 +105,14 @@ def _plan(using: str) -> _Plan:
 
 
 def insert_pending(
-    using: str, *, kind: str, dedupe_key: str, trigger: Any, due: datetime, now: datetime
+    using: str,
+    *,
+    kind: str,
+    dedupe_key: str,
+    trigger: Any,
+    due: datetime,
+    now: datetime,
+    flow_hashes: tuple[str | None, str | None] = (None, None),
 ) -> int:
     """Insert one pending row; returns its id. A taken key raises ``IntegrityError``."""
     connection = connections[using]
@@ -100,6 +125,8 @@ def insert_pending(
             next_attempt_at=due,
             created_at=now,
             updated_at=now,
+            serial_key_hash=flow_hashes[0],
+            rate_key_hash=flow_hashes[1],
         )
         return work.pk
     stamp = plan.columns[4]
@@ -112,6 +139,7 @@ def insert_pending(
         prepared_due,
         prepared_now,
         prepared_now,
+        *flow_hashes,
         *plan.defaults,
         *plan.returning_params,
     )
@@ -121,16 +149,32 @@ def insert_pending(
 
 
 def insert_pending_many_postgresql(
-    using: str, *, kind: str, keys: list[str], triggers: dict[str, str], due: datetime, now: datetime
+    using: str,
+    *,
+    kind: str,
+    keys: list[str],
+    triggers: dict[str, str],
+    due: datetime,
+    now: datetime,
+    flow_hashes: dict[str, tuple[str | None, str | None]] | None = None,
 ) -> dict[str, int]:
     """Insert pending rows for ``keys`` with one statement, skipping keys that exist;
-    ``triggers`` maps each key to its trigger's JSON text. Returns the ids inserted."""
+    ``triggers`` maps each key to its trigger's JSON text, ``flow_hashes`` (when the kind
+    has keyed limits) to its (serial, rate) key hashes. Returns the ids inserted."""
     connection = connections[using]
     plan = _plan(using)
     assert plan.many_rows_sql is not None, "PostgreSQL only"
     stamp = plan.columns[4]
     # The document is put together as text: each trigger is JSON text already.
-    document = "[" + ",".join(f"[{json.dumps(key)},{triggers[key]}]" for key in keys) + "]"
+    hashes = flow_hashes or {}
+    document = (
+        "["
+        + ",".join(
+            f"[{json.dumps(key)},{triggers[key]},{json.dumps(hashes.get(key, (None, None)))[1:-1]}]"
+            for key in keys
+        )
+        + "]"
+    )
     prepared_now = stamp.get_db_prep_save(now, connection=connection)
     prepared_due = stamp.get_db_prep_save(due, connection=connection)
     params = [kind, prepared_due, prepared_now, prepared_now, *plan.defaults, document]

@@ -73,6 +73,13 @@ class DeferredWork(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     # Set explicitly by every write: QuerySet.update() does not apply auto_now.
     updated_at = models.DateTimeField(default=timezone.now)
+    # Flow control (nexus_workflows.flow): keyed hashes of the serial and rate keys, set
+    # at enqueue (never the keys themselves: they are often phone numbers), and the
+    # concurrency slot a processing row holds.
+    # NULL, not "", means "no key": NULLs never collide in the unique index below.
+    serial_key_hash = models.CharField(max_length=64, null=True, blank=True, editable=False)  # noqa: DJ001
+    rate_key_hash = models.CharField(max_length=64, null=True, blank=True, editable=False)  # noqa: DJ001
+    flow_slot = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
 
     objects = DeferredWorkQuerySet.as_manager()
 
@@ -81,6 +88,20 @@ class DeferredWork(models.Model):
         verbose_name_plural = "deferred work"
         constraints = [
             models.UniqueConstraint(fields=["kind", "dedupe_key"], name=DEDUPE_CONSTRAINT),
+            # Flow control, enforced by the database whatever the runners believe: a
+            # concurrency slot is held by one processing row at a time, and so is a
+            # serial key. Both are released by the write that ends the attempt (the row
+            # leaves "processing") and kept by a reclaim (it stays "processing").
+            models.UniqueConstraint(
+                fields=["kind", "flow_slot"],
+                name="nw_flow_slot_held_once",
+                condition=models.Q(status="processing", flow_slot__isnull=False),
+            ),
+            models.UniqueConstraint(
+                fields=["kind", "serial_key_hash"],
+                name="nw_serial_key_running_once",
+                condition=models.Q(status="processing", serial_key_hash__isnull=False),
+            ),
         ]
         indexes = [
             # The due-work query (status = pending AND next_attempt_at <= now) and the
@@ -97,6 +118,13 @@ class DeferredWork(models.Model):
                 name="nw_stale_idx",
                 condition=models.Q(status="processing"),
             ),
+            # Flow control's key look-ups: "an earlier item of this key is pending or
+            # processing" and "the earliest ready item of this key".
+            models.Index(
+                fields=["kind", "serial_key_hash", "id"],
+                name="nw_serial_idx",
+                condition=models.Q(status__in=["pending", "processing"], serial_key_hash__isnull=False),
+            ),
             # The purge: status IN (done, abandoned) AND updated_at < cutoff.
             models.Index(fields=["status", "updated_at"], name="nw_expiry_idx"),
         ]
@@ -107,6 +135,32 @@ class DeferredWork(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.pk} ({self.status})"
+
+
+class FlowWindowSlot(models.Model):
+    """One of the ``limit`` slots of a sliding window (``rate_limit``, ``rate_limited``).
+
+    A window of ``limit`` starts per ``period`` is a ring of ``limit`` rows per (name,
+    key hash); a start takes a row whose last start is at least ``period`` old by
+    compare-and-set (``UPDATE … WHERE started_at <= now - period``, on the database's
+    clock). Two starts on one row are thus at least ``period`` apart, so no window of
+    ``period`` seconds ever holds more than ``limit`` starts.
+    """
+
+    name = models.CharField(max_length=200)
+    key_hash = models.CharField(max_length=64, blank=True, default="")
+    slot = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "flow window slot"
+        constraints = [
+            models.UniqueConstraint(fields=["name", "key_hash", "slot"], name="nw_window_slot_unique"),
+        ]
+        indexes = [models.Index(fields=["started_at"], name="nw_window_prune_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.name} slot {self.slot}"
 
 
 from .observability.models import OutcomeCount, OutcomeFlush, Runner  # noqa: E402,F401

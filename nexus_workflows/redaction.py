@@ -14,7 +14,9 @@ import re
 _TYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 #: History reasons the runner writes itself (never from a workflow): safe to show.
-APP_REASONS = frozenset({"permanent error", "retry schedule exhausted", "lost too many times"})
+APP_REASONS = frozenset(
+    {"permanent error", "retry schedule exhausted", "lost too many times", "database unavailable"}
+)
 
 
 def error_type(text: str | None) -> str:

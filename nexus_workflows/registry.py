@@ -21,6 +21,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from .conf import app_settings
 from .exceptions import AlreadyRegistered, RegistrationError, UnknownWorkflow
+from .flow.options import FlowLimits, KeyFunction, build_flow_limits
 from .limits import KIND_MAX_LENGTH
 
 # A kind becomes part of an RQ job id (``<kind>__<dedupe key>``), which RQ limits to
@@ -39,6 +40,8 @@ class Workflow:
     dedupe_key: DedupeKeyFunction
     prepare: PrepareFunction
     retry_schedule: tuple[float, ...] | None = None
+    # Flow control (concurrency, serial key, rate limit); None for an unlimited kind.
+    flow: FlowLimits | None = None
 
     @property
     def is_deferred(self) -> bool:
@@ -159,6 +162,11 @@ class WorkflowRegistry:
         dedupe_key: DedupeKeyFunction,
         prepare: PrepareFunction,
         retry_schedule: Sequence[float] | None = None,
+        concurrency: int | None = None,
+        serial_key: KeyFunction | None = None,
+        ordered: bool = False,
+        rate_limit: tuple[int, float] | None = None,
+        rate_key: KeyFunction | None = None,
     ) -> Workflow:
         """Register a workflow and return it; raises :class:`RegistrationError`."""
         kind = _validate_kind(kind)
@@ -182,7 +190,16 @@ class WorkflowRegistry:
             raise RegistrationError(
                 f"workflow {kind!r}: a fire-and-forget workflow's prepare must accept (trigger)"
             )
-        workflow = Workflow(kind, dedupe_key, prepare, schedule)
+        flow = build_flow_limits(
+            kind,
+            deferred=schedule is not None,
+            concurrency=concurrency,
+            serial_key=serial_key,
+            ordered=ordered,
+            rate_limit=rate_limit,
+            rate_key=rate_key,
+        )
+        workflow = Workflow(kind, dedupe_key, prepare, schedule, flow)
         with self._lock:
             if kind in self._workflows:
                 raise AlreadyRegistered(f"workflow {kind!r} is already registered")
@@ -224,10 +241,34 @@ def register(
     dedupe_key: DedupeKeyFunction,
     prepare: PrepareFunction,
     retry_schedule: Sequence[float] | None = None,
+    concurrency: int | None = None,
+    serial_key: KeyFunction | None = None,
+    ordered: bool = False,
+    rate_limit: tuple[int, float] | None = None,
+    rate_key: KeyFunction | None = None,
 ) -> Workflow:
     """Register a workflow. With ``retry_schedule`` (minutes) it is deferred and durable;
-    without, it is fire-and-forget on django-rq."""
-    return registry.register(kind, dedupe_key=dedupe_key, prepare=prepare, retry_schedule=retry_schedule)
+    without, it is fire-and-forget on django-rq.
+
+    Deferred workflows may limit how their attempts start, across every runner of the
+    database (see the README's "Flow control"): ``concurrency`` (attempts running at
+    once), ``serial_key`` (a function of the trigger; equal keys run one at a time,
+    earliest enqueued first), ``ordered`` (with ``serial_key``: an item waits for every
+    earlier item of its key), ``rate_limit`` (``(limit, period_seconds)``: starts per
+    sliding window) and ``rate_key`` (a function of the trigger giving each key its own
+    rate limit).
+    """
+    return registry.register(
+        kind,
+        dedupe_key=dedupe_key,
+        prepare=prepare,
+        retry_schedule=retry_schedule,
+        concurrency=concurrency,
+        serial_key=serial_key,
+        ordered=ordered,
+        rate_limit=rate_limit,
+        rate_key=rate_key,
+    )
 
 
 def workflow(
@@ -235,6 +276,7 @@ def workflow(
     *,
     dedupe_key: DedupeKeyFunction,
     retry_schedule: Sequence[float] | None = None,
+    **flow: Any,
 ) -> Callable[[PrepareFunction], PrepareFunction]:
     """Decorator form of :func:`register`; the decorated function is ``prepare``::
 
@@ -242,10 +284,12 @@ def workflow(
         def send_summary(trigger, checkpoints, save): ...
 
     The function is returned unchanged, so it can still be called directly in tests.
+    Flow-control options (``concurrency``, ``serial_key``, ``ordered``, ``rate_limit``,
+    ``rate_key``) are passed on to :func:`register`.
     """
 
     def decorator(prepare: PrepareFunction) -> PrepareFunction:
-        register(kind, dedupe_key=dedupe_key, prepare=prepare, retry_schedule=retry_schedule)
+        register(kind, dedupe_key=dedupe_key, prepare=prepare, retry_schedule=retry_schedule, **flow)
         return prepare
 
     return decorator

@@ -15,6 +15,7 @@ from django.db import router
 
 from .claims import now_plus
 from .conf import app_settings
+from .flow import windows
 from .models import DeferredWork
 
 
@@ -42,6 +43,9 @@ def purge_batch(
     expired = DeferredWork.objects.using(using).expired(expiry_cutoff(now))
     ids = list(expired.values_list("pk", flat=True)[:batch_size])
     if not ids:
+        # Nothing expired left: also drop rate-window rows unused for an hour (windows of
+        # keys that came and went); a missing slot row is as free as an old one.
+        windows.prune(using=using)
         return 0
     # _raw_delete: DELETE … WHERE id IN (…) AND status IN (…) AND updated_at < cutoff.
     return expired.filter(pk__in=ids)._raw_delete(using)

@@ -407,6 +407,12 @@ class Runner:
                 *self._unguarded,
             ]
 
+    def _free_threads(self) -> int:
+        """Threads with nothing to run: kinds with flow limits are claimed only this far,
+        so a claimed row of theirs never waits in this runner for a thread."""
+        with self._lock:
+            return self.concurrency - len(self._queued) - len(self._running)
+
     def _held_count(self) -> int:
         with self._lock:
             return len(self._queued) + len(self._running) + len(self._unwritten) + len(self._unguarded)
@@ -460,16 +466,22 @@ class Runner:
             # otherwise wait, so the workers start the work just claimed right away.
             if purging or (more_due and self._wants_more()):
                 continue
-            self._wake.wait(self._next_write_wait())
+            self._wake.wait(self._next_wait())
 
-    def _next_write_wait(self) -> float:
-        """How long the loop may sleep: until the next poll, or an outcome's retry."""
+    def _next_wait(self) -> float:
+        """How long the loop may sleep: until the next poll (short while wake-ups do not
+        arrive), an outcome's retry, or a rate window that held work back freeing a start."""
+        wait = self.idle_interval()
+        retry_in = self._claimer.retry_in()
+        if retry_in is not None:
+            wait = min(wait, max(retry_in, 0.005))
         with self._lock:
             retries = [pending.retry_at for pending in self._unwritten if pending.failures]
-        if not retries and not self._unguarded:
-            return self.idle_interval()
-        soonest = min(retries, default=time.monotonic() + self.idle_interval())
-        return min(self.idle_interval(), max(0.05, soonest - time.monotonic()))
+        if self._unguarded:
+            wait = min(wait, 0.05)
+        if retries:
+            wait = min(wait, max(0.05, min(retries) - time.monotonic()))
+        return wait
 
     def _capacity(self) -> tuple[int, int]:
         """(most items to hold, refill when holding no more than this)."""
@@ -504,7 +516,7 @@ class Runner:
         beyond a full claim, so a busy runner still reclaims a dead runner's work.
         """
         limit = min(self._capacity()[0] - self._held_count(), max(self.batch_size, self.concurrency))
-        due = self._claimer.claim_due(limit, now=cutoff) if limit > 0 else []
+        due = self._claimer.claim_due(limit, now=cutoff, startable=self._free_threads()) if limit > 0 else []
         self._observer.claimed(due)
         self._dispatch(due)
         for work in due:

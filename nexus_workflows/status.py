@@ -16,6 +16,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from .attempts import describe_attempt
+from .flow.report import KindFlow, flow_report
 from .history import first_line
 from .models import DeferredWork, Status
 from .observability import runners as live_runners
@@ -32,6 +33,7 @@ class StatusReport:
     abandoned_total: int = 0
     runners: list[Runner] = field(default_factory=list)
     generated_at: datetime = field(default_factory=timezone.now)
+    flow: list[KindFlow] = field(default_factory=list)
 
 
 def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
@@ -48,6 +50,7 @@ def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
         .first()
     )
     abandoned = DeferredWork.objects.filter(status=Status.ABANDONED).order_by("-updated_at")
+    report.flow = flow_report()
     report.abandoned_total = abandoned.count()
     report.abandoned = list(
         abandoned.only("pk", "kind", "dedupe_key", "attempt", "last_error", "updated_at")[:abandoned_limit]
@@ -86,6 +89,7 @@ def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
         )
     else:
         lines.append("Oldest due: nothing is due.")
+    lines.extend(render_flow(report.flow))
     lines.append(f"Abandoned: {report.abandoned_total}")
     for work in report.abandoned:
         key = f" key={work.dedupe_key}" if reveal else ""
@@ -110,3 +114,19 @@ def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
             "Runners' wake-ups: no runner listening (no runworkflows process is alive)"
         )
     return "\n".join(lines)
+
+
+def render_flow(flows: list[KindFlow]) -> list[str]:
+    """Each limited kind: its limits, attempts running (slots in use) and the due items
+    waiting for a key, a slot or the rate."""
+    if not flows:
+        return []
+    lines = ["Flow control (due items waiting, by reason):"]
+    width = max(len(item.kind) for item in flows)
+    for item in flows:
+        slots = f"{item.slots_in_use}/{item.concurrency}" if item.concurrency else str(item.slots_in_use)
+        lines.append(
+            f"  {item.kind.ljust(width)}  {item.limits}; running {slots}; waiting: "
+            f"key {item.waiting['key']}, slot {item.waiting['slot']}, rate {item.waiting['rate']}"
+        )
+    return lines

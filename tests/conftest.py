@@ -51,6 +51,7 @@ def register_workflow() -> Iterator[Callable[..., Workflow]]:
         kind: str | None = None,
         dedupe_key: Callable[[Any], str] | None = None,
         retry_schedule: list[float] | None = None,
+        **flow: Any,
     ) -> Workflow:
         kind = kind or f"t{next(_kind_numbers)}-" + re.sub(r"[^A-Za-z0-9]+", "-", prepare.__name__).strip("-")
         workflow = registry.register(
@@ -58,6 +59,7 @@ def register_workflow() -> Iterator[Callable[..., Workflow]]:
             dedupe_key=dedupe_key or (lambda trigger: str(trigger["key"])),
             prepare=prepare,
             retry_schedule=retry_schedule,
+            **flow,
         )
         registered.append(kind)
         return workflow

@@ -21,3 +21,4 @@ def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
 def latency(trigger: Any, checkpoints: Any, save: Any) -> None:
     """Journals the moment it started, for enqueue-to-start latency."""
     save({"started": time.time()})
+

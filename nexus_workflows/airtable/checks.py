@@ -65,6 +65,33 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
             )
         )
 
+    rate_limit = app_settings.AIRTABLE_RATE_LIMIT
+    if rate_limit is not None and not (
+        isinstance(rate_limit, list | tuple)
+        and len(rate_limit) == 2
+        and isinstance(rate_limit[0], int)
+        and not isinstance(rate_limit[0], bool)
+        and rate_limit[0] >= 1
+        and is_number(rate_limit[1])
+        and rate_limit[1] > 0
+    ):
+        messages.append(
+            setting_error(
+                "AIRTABLE_RATE_LIMIT",
+                "None, or (limit, period seconds): a whole number of requests of at least 1 "
+                "and a number of seconds greater than 0",
+                rate_limit,
+                "nexus_workflows.E205",
+            )
+        )
+    wait = app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT
+    if not is_number(wait) or wait < 0:
+        messages.append(
+            setting_error(
+                "AIRTABLE_RATE_LIMIT_TIMEOUT", "a number of seconds, 0 or more", wait, "nexus_workflows.E206"
+            )
+        )
+
     key = getattr(settings, API_KEY_SETTING, None)
     if key is not None and not isinstance(key, str):
         messages.append(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from pyairtable import Api, Table
@@ -44,6 +46,34 @@ def timeout() -> tuple[float, float]:
     return (value, value)
 
 
+def base_of(url: str) -> str | None:
+    """The base id of an Airtable API URL (``…/v0/<base id>/…``), or None."""
+    parts = [part for part in urlsplit(url).path.split("/") if part]
+    if "v0" in parts:
+        rest = parts[parts.index("v0") + 1 :]
+        if rest and rest[0].startswith("app"):
+            return rest[0]
+    return None
+
+
+class RateLimitedApi(Api):
+    """pyairtable's ``Api`` that takes a start of ``airtable:<base id>`` (the setting
+    ``AIRTABLE_RATE_LIMIT``, across every process of the database) before every request,
+    pages of a listing and chunks of a batch included."""
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        limit = app_settings.AIRTABLE_RATE_LIMIT
+        base = base_of(url)
+        if limit is not None and base is not None:
+            from ..flow import rate_limited
+
+            with rate_limited(
+                f"airtable:{base}", limit[0], limit[1], app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT
+            ):
+                return super().request(method, url, *args, **kwargs)
+        return super().request(method, url, *args, **kwargs)
+
+
 def get_api() -> Api:
     """This thread's pyairtable ``Api`` for the current settings."""
     config = (api_key(), app_settings.AIRTABLE_ENDPOINT_URL or DEFAULT_ENDPOINT_URL, timeout())
@@ -51,7 +81,7 @@ def get_api() -> Api:
     if cached is not None and cached[0] == config:
         return cached[1]
     key, endpoint_url, request_timeout = config
-    api = Api(key, endpoint_url=endpoint_url, timeout=request_timeout, retry_strategy=None)  # type: ignore[arg-type]
+    api = RateLimitedApi(key, endpoint_url=endpoint_url, timeout=request_timeout, retry_strategy=None)  # type: ignore[arg-type]
     if cached is not None:
         cached[1].session.close()
     _local.client = (config, api)

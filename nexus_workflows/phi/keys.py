@@ -184,6 +184,10 @@ class Keyring:
         # never equal any lookup key.
         code_key = hmac.new(hmac_key, CODE_HASH_CONTEXT, hashlib.sha256).digest()
         self._code_hmac = hmac.new(code_key, digestmod=hashlib.sha256)
+        # Flow-control key hashes get a key of their own, derived from the HMAC key, so
+        # that no flow hash can ever equal a PHI lookup key.
+        flow_key = hmac.new(hmac_key, b"nexus_workflows flow-control key hashes", hashlib.sha256).digest()
+        self._flow_hmac = hmac.new(flow_key, digestmod=hashlib.sha256)
         fernets = [Fernet(key) for key in fernet_keys]
         self._newest = fernets[0]
         self._fernet = MultiFernet(fernets)
@@ -204,6 +208,13 @@ class Keyring:
         and found. The code itself is never stored."""
         mac = self._code_hmac.copy()
         mac.update(code.encode())
+        return mac.hexdigest()
+
+    def flow_key_hash(self, kind: str, purpose: str, key: str) -> str:
+        """HMAC-SHA256 of a workflow's serial or rate key, hex: equal keys of one kind
+        and purpose hash alike, and the key (often a phone number) is never stored."""
+        mac = self._flow_hmac.copy()
+        mac.update(f"{len(kind)}:{kind}|{purpose}|{key}".encode())
         return mac.hexdigest()
 
     def encrypt(self, lookup_key: str, surface: str) -> str:

@@ -28,6 +28,8 @@ def test_good_values_pass(settings: Any) -> None:
             AIRTABLE_RETRY_BASE_DELAY=0.5,
             AIRTABLE_MAX_RETRY_AFTER=120,
             AIRTABLE_TIMEOUT=10,
+            AIRTABLE_RATE_LIMIT=None,
+            AIRTABLE_RATE_LIMIT_TIMEOUT=0,
         )
         == []
     )
@@ -50,6 +52,14 @@ def test_good_values_pass(settings: Any) -> None:
         ("AIRTABLE_TIMEOUT", 0, "nexus_workflows.E203"),
         ("AIRTABLE_TIMEOUT", (5,), "nexus_workflows.E203"),
         ("AIRTABLE_TIMEOUT", (5, -1), "nexus_workflows.E203"),
+        ("AIRTABLE_RATE_LIMIT", 5, "nexus_workflows.E205"),
+        ("AIRTABLE_RATE_LIMIT", (0, 1), "nexus_workflows.E205"),
+        ("AIRTABLE_RATE_LIMIT", (5, 0), "nexus_workflows.E205"),
+        ("AIRTABLE_RATE_LIMIT", (True, 1), "nexus_workflows.E205"),
+        ("AIRTABLE_RATE_LIMIT", (5.5, 1), "nexus_workflows.E205"),
+        ("AIRTABLE_RATE_LIMIT", (5, 1, 1), "nexus_workflows.E205"),
+        ("AIRTABLE_RATE_LIMIT_TIMEOUT", -1, "nexus_workflows.E206"),
+        ("AIRTABLE_RATE_LIMIT_TIMEOUT", None, "nexus_workflows.E206"),
     ],
 )
 def test_bad_values_are_errors(settings: Any, name: str, value: Any, check_id: str) -> None:

@@ -151,3 +151,72 @@ def ff_fail(trigger: dict[str, Any]) -> None:
 def ff_file(trigger: dict[str, Any]) -> None:
     """Writes a file (no database needed), proving that prepare ran and where."""
     Path(trigger["path"]).write_text(f"prepared {trigger['key']} in process {os.getpid()}")
+
+
+# --- flow control: attempts append "kind key group pid start end attempt" lines to the
+# file the trigger names, so tests compute overlaps and rates from what ran, not from the
+# app's own counters.
+
+
+def span(kind: str, trigger: dict[str, Any], body: Any = None) -> None:
+    started = time.time()
+    if trigger.get("hang_file") and not Path(trigger["hang_file"]).exists():
+        Path(trigger["hang_file"]).write_text(str(os.getpid()))
+        time.sleep(600)
+    time.sleep(trigger.get("sleep", 0))
+    ended = time.time()
+    with open(trigger["ledger"], "a") as ledger:
+        ledger.write(
+            f"{kind} {trigger['key']} {trigger.get('to', '-')} {os.getpid()} {started:.6f} {ended:.6f}\n"
+        )
+    if trigger.get("fail_once") and not Path(trigger["fail_once"]).exists():
+        Path(trigger["fail_once"]).write_text("failed")
+        raise RuntimeError("failing the first attempt on purpose")
+
+
+@workflow("test-flow-capped", dedupe_key=by_key, retry_schedule=SCHEDULE, concurrency=2)
+def flow_capped(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    span("test-flow-capped", trigger)
+
+
+@workflow("test-flow-serial", dedupe_key=by_key, retry_schedule=SCHEDULE, serial_key=lambda t: t.get("to"))
+def flow_serial(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    span("test-flow-serial", trigger)
+
+
+@workflow(
+    "test-flow-ordered",
+    dedupe_key=by_key,
+    retry_schedule=SCHEDULE,
+    serial_key=lambda t: t.get("to"),
+    ordered=True,
+)
+def flow_ordered(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    span("test-flow-ordered", trigger)
+
+
+@workflow("test-flow-rate", dedupe_key=by_key, retry_schedule=SCHEDULE, rate_limit=(5, 1))
+def flow_rate(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    span("test-flow-rate", trigger)
+
+
+@workflow(
+    "test-flow-rate-key",
+    dedupe_key=by_key,
+    retry_schedule=SCHEDULE,
+    rate_limit=(2, 1),
+    rate_key=lambda t: t["to"],
+)
+def flow_rate_key(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    span("test-flow-rate-key", trigger)
+
+
+@workflow("test-flow-inside", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def flow_inside(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Three calls inside one job, each taking a start of one shared window."""
+    from nexus_workflows import rate_limited
+
+    for call in range(3):
+        with rate_limited("test:inside", 4, 1), open(trigger["ledger"], "a") as ledger:
+            now = time.time()
+            ledger.write(f"call {trigger['key']}.{call} - {os.getpid()} {now:.6f} {now:.6f}\n")

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class FlowBenchAppConfig(AppConfig):
+    name = "benchmarks.flowapp"
+    label = "flowbenchapp"

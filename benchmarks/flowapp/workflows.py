@@ -1,0 +1,37 @@
+"""Workflows with flow limits, for benchmarks/flow_control.py only (installed when
+BENCH_FLOW=1), so that the other benchmarks' runners claim exactly what they did before."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nexus_workflows import workflow
+
+from ..benchapp.workflows import by_key
+
+
+def journal(trigger: Any, started: float) -> None:
+    """Appends "started ended" to the file the trigger names: no database write inside
+    the measured attempt."""
+    with open(trigger["journal"], "a") as journal:
+        journal.write(f"{started:.6f} {time.time():.6f}\n")
+
+
+@workflow("bench-capped", dedupe_key=by_key, retry_schedule=[1], concurrency=4)
+def capped(trigger: Any, checkpoints: Any, save: Any) -> None:
+    """A 200 ms attempt of a kind capped at four running at once."""
+    started = time.time()
+    time.sleep(0.2)
+    journal(trigger, started)
+
+
+@workflow("bench-rate", dedupe_key=by_key, retry_schedule=[1], rate_limit=(20, 1))
+def rated(trigger: Any, checkpoints: Any, save: Any) -> None:
+    """Journals the moment it started: the benchmark counts starts per second from these."""
+    journal(trigger, time.time())
+
+
+@workflow("bench-serial", dedupe_key=by_key, retry_schedule=[1], serial_key=lambda t: t["to"])
+def serial(trigger: Any, checkpoints: Any, save: Any) -> None:
+    """Does nothing, one at a time per key."""

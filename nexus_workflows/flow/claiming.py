@@ -1,0 +1,409 @@
+"""Claiming work of kinds with limits: only what can start now, decided by the database.
+
+The runner's plain claim (``claims.Claimer``) takes due rows oldest first. For a kind
+with flow limits the same claim is narrowed, in this order:
+
+* **serial key**: a row whose key has a processing row, or an earlier-enqueued ready row
+  (``ordered``: any earlier pending or processing row), is not a candidate; so at most
+  one row per key is picked, the earliest enqueued. The partial unique index
+  ``nw_serial_key_running_once`` makes a second processing row of a key impossible even
+  when two runners pick at the same instant: the second claim fails and is retried.
+* **concurrency**: the free slot numbers ``0 … N-1`` are read and one is written into
+  each claimed row (``flow_slot``); the partial unique index ``nw_flow_slot_held_once``
+  holds a slot to one processing row. A slot is given back by the write that ends the
+  attempt and kept by a reclaim, so a dead runner's slots come back exactly when its work
+  is reclaimed.
+* **rate**: starts are taken from the kind's (or the rate key's) sliding window in the
+  same transaction as the claim; if fewer are granted than rows were claimed, the whole
+  transaction is rolled back and the claim retried smaller, so a start is never counted
+  without a claim nor a claim made without its start.
+
+Nothing here locks rows (no ``SELECT … FOR UPDATE``): unique constraints and
+compare-and-set updates decide, as everywhere else in the app.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Case, Count, F, Min, OuterRef, Q, Subquery, Value, When
+from django.db.models.functions import Coalesce
+
+from ..clock import DatabaseNow
+from ..models import DeferredWork, FlowWindowSlot, Status
+from . import windows
+
+if TYPE_CHECKING:
+    from ..claims import ClaimedWork, Claimer
+    from ..registry import Workflow
+    from .options import FlowLimits
+
+logger = logging.getLogger(__name__)
+
+# Rounds of read-then-claim when another runner took a slot, a key or a start first.
+_ROUNDS = 6
+# Seconds a kind with nothing due (or a full rate window) is not asked again by one
+# runner: a busy runner claims many times a second, and asking every idle limited kind
+# each time halved the drain of unlimited kinds. It is the longest extra wait before a
+# runner that just found nothing notices new work of that kind (a full window is asked
+# again when it frees).
+_REST = 0.2
+# Candidates read per row wanted when a rate key may be full: enough to find rows of
+# other keys behind a key that has used its window.
+_RATE_KEY_SPREAD = 4
+# After losing rows to another runner, pick at random among this many times more.
+_SPREAD = 4
+
+
+def window_name(kind: str) -> str:
+    """The sliding window of a kind's ``rate_limit`` (per rate key hash)."""
+    return f"workflow:{kind}"
+
+
+def now_or_database(now: datetime | None) -> Any:
+    return now if now is not None else DatabaseNow()
+
+
+class _Shortfall(Exception):
+    """The rate window granted fewer starts than rows were claimed: roll back."""
+
+    def __init__(self, granted: int) -> None:
+        self.granted = granted
+
+
+def key_conditions(kind: str, flow: FlowLimits, now: Any) -> Q:
+    """Rows of ``kind`` whose serial key lets them start now (everything, without a key).
+
+    Written as two uncorrelated subqueries (the keys that are running; the first row of
+    each key) rather than correlated ``NOT EXISTS``: each is computed once per claim, so
+    the plan stays linear whatever the table's statistics say (a freshly filled table
+    gets a nested-loop anti-join from ``NOT EXISTS`` that takes seconds).
+    """
+    if flow.serial_key is None:
+        return Q()
+    of_kind = DeferredWork.objects.filter(kind=kind, serial_key_hash__isnull=False).order_by()
+    running_keys = of_kind.filter(status=Status.PROCESSING).values("serial_key_hash")
+    if flow.ordered:
+        # The earliest pending or processing row of each key; if that row is processing,
+        # no pending row of the key is first.
+        waiting = of_kind.filter(status__in=[Status.PENDING, Status.PROCESSING])
+    else:
+        # The earliest ready row of each key.
+        waiting = of_kind.filter(status=Status.PENDING, next_attempt_at__lte=now)
+    firsts = waiting.values("serial_key_hash").annotate(first=Min("pk")).values("first")
+    return Q(serial_key_hash__isnull=True) | (Q(pk__in=firsts) & ~Q(serial_key_hash__in=running_keys))
+
+
+def busy_starts_subquery(kind: str, flow: FlowLimits) -> Any:
+    """Starts in the window of each row's rate key (or the kind's), as a subquery."""
+    assert flow.rate_limit is not None
+    limit, period = flow.rate_limit
+    busy = (
+        FlowWindowSlot.objects.filter(
+            name=window_name(kind),
+            key_hash=OuterRef("window_key"),
+            slot__lt=limit,
+            started_at__gt=DatabaseNow() - timedelta(seconds=period),
+        )
+        .order_by()
+        .values("name")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Coalesce(Subquery(busy), Value(0))
+
+
+def window_key_of(row_hash: str | None) -> str:
+    # An item whose rate_key returned None counts against the kind's own window.
+    return row_hash or ""
+
+
+class FlowClaimer:
+    """Claims the due and stale work of the kinds of one runner that have limits."""
+
+    def __init__(self, workflows: Sequence[Workflow], using: str) -> None:
+        self.workflows = list(workflows)
+        self.using = using
+        self._turn = itertools.count()
+        # Seconds until a full rate window of the last claim has a start again, if known:
+        # the runner polls again then rather than after its whole poll interval.
+        self.retry_in: float | None = None
+        # Kinds whose last claim found nothing that could start, until when (monotonic).
+        self._rest_until: dict[str, float] = {}
+        self._found_nothing = False
+        self._spread = False
+
+    @classmethod
+    def for_kinds(cls, kinds: Sequence[str], using: str) -> FlowClaimer | None:
+        from ..registry import registry
+
+        limited = [registry.get(kind) for kind in kinds if kind in registry and registry.get(kind).flow]
+        return cls(limited, using) if limited else None
+
+    @property
+    def kinds(self) -> list[str]:
+        return [workflow.kind for workflow in self.workflows]
+
+    def _in_turn(self) -> list[Workflow]:
+        # Start with a different kind each claim, so no limited kind starves another.
+        start = next(self._turn) % len(self.workflows)
+        return self.workflows[start:] + self.workflows[:start]
+
+    # --- due work -----------------------------------------------------------------------
+
+    def claim_due(
+        self, claimer: Claimer, limit: int, now: datetime | None, startable: int
+    ) -> list[ClaimedWork]:
+        """Claim due rows of the limited kinds: kinds with a slot or a rate window only as
+        many as the runner can start now (``startable``), so a claimed row never holds a
+        slot or a counted start while it waits for a thread; serial-key-only kinds as
+        many as ``limit`` (one per key), like plain kinds."""
+        works: list[ClaimedWork] = []
+        self.retry_in = None
+        clock = time.monotonic()
+        for workflow in self._in_turn():
+            flow = workflow.flow
+            assert flow is not None
+            resting = self._rest_until.get(workflow.kind, 0.0) - clock
+            if resting > 0 and now is None:
+                self._retry_within(resting)
+                continue
+            counted = flow.concurrency is not None or flow.rate_limit is not None
+            budget = min(limit, startable) if counted else limit
+            budget -= len(works)
+            if budget > 0:
+                self._found_nothing = False
+                works += self._claim_kind(claimer, workflow, budget, now)
+                if self._found_nothing:
+                    # Nothing of this kind can start: a busy runner claims its other kinds
+                    # many times a second, and need not ask again for a moment.
+                    self._rest_until[workflow.kind] = clock + _REST
+        return works
+
+    def _retry_within(self, seconds: float) -> None:
+        self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
+
+    def _claim_kind(
+        self, claimer: Claimer, workflow: Workflow, limit: int, now: datetime | None
+    ) -> list[ClaimedWork]:
+        """Claim up to ``limit`` rows of one kind, reading again (a few rounds) when another
+        runner took a slot number, a key, a start or a row first: a runner that gives up
+        here sleeps until its next poll while a slot may stand free."""
+        works: list[ClaimedWork] = []
+        self._spread = False
+        for _ in range(_ROUNDS):
+            wanted = limit - len(works)
+            if wanted <= 0:
+                break
+            try:
+                got, asked = self._claim_kind_once(claimer, workflow, wanted, now)
+            except _Shortfall as shortfall:
+                claimer.contended = self._spread = True
+                limit = len(works) + shortfall.granted
+                continue
+            except IntegrityError:
+                # Another runner took one of our slot numbers or keys at the same instant.
+                claimer.contended = self._spread = True
+                continue
+            works += got
+            if len(got) == asked:
+                break
+            claimer.contended = self._spread = True  # rows lost to another runner
+        return works
+
+    def _claim_kind_once(
+        self, claimer: Claimer, workflow: Workflow, limit: int, now: datetime | None
+    ) -> tuple[list[ClaimedWork], int]:
+        """One read-and-claim; returns (rows claimed, rows asked for)."""
+        flow = workflow.flow
+        assert flow is not None
+        kind = workflow.kind
+        due_at = now_or_database(now)
+        slots: list[int] = []
+        if flow.concurrency is not None:
+            slots = self.free_slots(kind, flow.concurrency)
+            limit = min(limit, len(slots))
+        if limit <= 0:
+            return [], 0
+        candidates = (
+            DeferredWork.objects.using(self.using)
+            .filter(kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at)
+            .filter(key_conditions(kind, flow, due_at))
+        )
+        ids = self._pick(kind, flow, candidates.order_by("next_attempt_at", "pk"), limit)
+        if ids is None:  # a full rate window: it rests until the window frees (_pick)
+            return [], 0
+        if not ids:
+            # Rest only when nothing of the kind is due at all: due rows held by a key or
+            # a rate key's window can start as soon as one of our own attempts ends.
+            due = DeferredWork.objects.using(self.using).filter(
+                kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at
+            )
+            self._found_nothing = not (flow.keyed or flow.rate_key) or not due.exists()
+            return [], 0
+        changes: dict[str, Any] = {"status": Status.PROCESSING}
+        if flow.concurrency is not None:
+            changes["flow_slot"] = Case(
+                *(When(pk=pk, then=Value(slot)) for pk, slot in zip(ids, slots, strict=False)),
+                default=Value(None),
+            )
+        # The unique indexes guard keys and slots whatever the UPDATE re-checks, so it
+        # re-checks only the due conditions (the key subqueries would double the claim's
+        # cost) — except for ordered kinds, whose order no index guards: their UPDATE
+        # re-checks that nothing earlier of the key became pending meanwhile.
+        recheck = (
+            candidates
+            if flow.ordered
+            else candidates.model.objects.using(self.using).filter(
+                kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at
+            )
+        )
+        works = self._claim_and_start(claimer, kind, flow, recheck, ids, reclaimed=False, changes=changes)
+        return works, len(ids)
+
+    def free_slots(self, kind: str, concurrency: int) -> list[int]:
+        """Slot numbers no processing row of ``kind`` holds, in random order (so runners
+        that read at the same time mostly pick different ones)."""
+        held = list(
+            DeferredWork.objects.using(self.using)
+            .filter(kind=kind, status=Status.PROCESSING)
+            .values_list("flow_slot", flat=True)
+        )
+        free = [slot for slot in range(concurrency) if slot not in set(held)]
+        random.shuffle(free)
+        # Rows claimed before the kind had a cap hold no slot number but still run.
+        return free[: max(0, concurrency - len(held))]
+
+    def _first(self, candidates: Any, limit: int) -> list[int]:
+        """The first ``limit`` candidate ids; after losing rows to another runner, a random
+        ``limit`` of the first few times as many, so runners stop picking the same rows."""
+        spread = _SPREAD if self._spread else 1
+        ids = list(candidates.values_list("pk", flat=True)[: limit * spread])
+        return random.sample(ids, limit) if len(ids) > limit else ids
+
+    def _pick(self, kind: str, flow: FlowLimits, candidates: Any, limit: int) -> list[int] | None:
+        """Up to ``limit`` candidate ids whose rate windows have room; None when the
+        kind's own window is full."""
+        if flow.rate_limit is None:
+            return self._first(candidates, limit)
+        rate_limit, period = flow.rate_limit
+        if flow.rate_key is None:
+            name = window_name(kind)
+            room = len(windows.free_slots(name, "", rate_limit, period, using=self.using))
+            if not room:
+                wait = windows.seconds_until_free(name, "", rate_limit, period, using=self.using)
+                self._retry_within(wait)
+                self._rest_until[kind] = time.monotonic() + min(wait, _REST)
+                return None
+            return self._first(candidates, min(limit, room))
+        rows = (
+            candidates.annotate(window_key=Coalesce(F("rate_key_hash"), Value("")))
+            .annotate(busy=busy_starts_subquery(kind, flow))
+            .filter(busy__lt=rate_limit)
+            .values_list("pk", "window_key", "busy")[: limit * _RATE_KEY_SPREAD]
+        )
+        picked: list[int] = []
+        taken: dict[str, int] = defaultdict(int)
+        for pk, key, busy in rows:
+            if busy + taken[key] < rate_limit:
+                taken[key] += 1
+                picked.append(pk)
+                if len(picked) >= limit:
+                    break
+        return picked
+
+    def _claim_and_start(
+        self,
+        claimer: Claimer,
+        kind: str,
+        flow: FlowLimits,
+        candidates: Any,
+        ids: list[int],
+        *,
+        reclaimed: bool,
+        changes: dict[str, Any] | None = None,
+        variants: Any = None,
+    ) -> list[ClaimedWork]:
+        options: dict[str, Any] = dict(changes or {})
+        if variants is not None:
+            options["variants"] = variants
+        connection = connections[self.using]
+        if flow.rate_limit is None and connection.get_autocommit() and not connection.in_atomic_block:
+            # One statement: a claim a unique index refuses leaves nothing behind.
+            return claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **options)
+        # One transaction: a claim whose starts the window cannot grant leaves nothing
+        # behind (inside a caller's transaction it is a savepoint, so a refusal by a
+        # unique index does not break that transaction).
+        with transaction.atomic(using=self.using):
+            works = claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **options)
+            if flow.rate_limit is not None:
+                granted = self._take_starts(kind, flow, works)
+                if granted < len(works):
+                    raise _Shortfall(granted)
+        return works
+
+    def _take_starts(self, kind: str, flow: FlowLimits, works: list[ClaimedWork]) -> int:
+        assert flow.rate_limit is not None
+        limit, period = flow.rate_limit
+        by_key: dict[str, int] = defaultdict(int)
+        if flow.rate_key is None:
+            by_key[""] = len(works)
+        else:
+            hashes = dict(
+                DeferredWork.objects.using(self.using)
+                .filter(pk__in=[work.id for work in works])
+                .values_list("pk", "rate_key_hash")
+            )
+            for work in works:
+                by_key[window_key_of(hashes.get(work.id))] += 1
+        granted = 0
+        for key, wanted in by_key.items():
+            got = windows.take_starts(window_name(kind), key, limit, period, wanted, using=self.using)
+            granted += got
+            if got < wanted:
+                break  # the transaction rolls back: no need to take the rest
+        return granted
+
+    # --- stale work ---------------------------------------------------------------------
+
+    def claim_stale(self, claimer: Claimer, limit: int, *, cutoff: Any, variants: Any) -> list[ClaimedWork]:
+        """Reclaim stale rows of limited kinds. A reclaimed row keeps its slot and its key
+        (it never stopped being processing); a reclaim is a start, so it needs a start of
+        its rate window, and waits stale until one is free."""
+        works: list[ClaimedWork] = []
+        for workflow in self._in_turn():
+            if len(works) >= limit:
+                break
+            flow = workflow.flow
+            assert flow is not None
+            stale = DeferredWork.objects.using(self.using).filter(
+                kind=workflow.kind, status=Status.PROCESSING, heartbeat_at__lt=cutoff
+            )
+            budget = limit - len(works)
+            for _ in range(_ROUNDS):
+                ids = self._pick(workflow.kind, flow, stale.order_by("heartbeat_at", "pk"), budget)
+                if not ids:  # nothing stale, or no start free in the window
+                    break
+                try:
+                    works += self._claim_and_start(
+                        claimer,
+                        workflow.kind,
+                        flow,
+                        stale,
+                        ids,
+                        reclaimed=True,
+                        variants=variants,
+                    )
+                    break
+                except _Shortfall as shortfall:
+                    claimer.contended = True
+                    budget = shortfall.granted
+        return works

@@ -1,0 +1,41 @@
+"""Serial and rate keys: computed from the trigger at enqueue, stored as keyed hashes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..exceptions import InvalidFlowKey
+from .options import FlowLimits
+
+SERIAL = "serial"
+RATE = "rate"
+
+
+def _hash(kind: str, purpose: str, function: Any, trigger: Any) -> str | None:
+    # Messages name the kind and the rule, never the key or the trigger (patient data).
+    try:
+        key = function(trigger)
+    except Exception as error:
+        raise InvalidFlowKey(
+            f"workflow {kind!r}: {purpose}_key raised {type(error).__name__} for this trigger"
+        ) from error
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise InvalidFlowKey(
+            f"workflow {kind!r}: {purpose}_key returned {type(key).__name__}; it must return a "
+            "string or None (convert numbers with str())"
+        )
+    from ..phi.keys import keyring
+
+    return keyring().flow_key_hash(kind, purpose, key)
+
+
+def flow_key_hashes(kind: str, flow: FlowLimits | None, trigger: Any) -> tuple[str | None, str | None]:
+    """``(serial key hash, rate key hash)`` of a trigger; raises :class:`InvalidFlowKey`
+    before anything is written."""
+    if flow is None:
+        return None, None
+    serial = _hash(kind, SERIAL, flow.serial_key, trigger) if flow.serial_key else None
+    rate = _hash(kind, RATE, flow.rate_key, trigger) if flow.rate_key else None
+    return serial, rate

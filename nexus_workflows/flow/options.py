@@ -1,0 +1,145 @@
+"""The flow-control options of a deferred workflow and their registration rules."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..exceptions import RegistrationError
+
+KeyFunction = Callable[[Any], "str | None"]
+
+#: The options ``register`` and ``@workflow`` take for flow control.
+OPTION_NAMES = ("concurrency", "serial_key", "ordered", "rate_limit", "rate_key")
+
+
+@dataclass(frozen=True)
+class FlowLimits:
+    """What limits how a kind's attempts start. ``None`` of everything is never built:
+    an unlimited kind has no ``FlowLimits`` and keeps the plain claim path."""
+
+    concurrency: int | None = None
+    serial_key: KeyFunction | None = None
+    ordered: bool = False
+    rate_limit: tuple[int, float] | None = None
+    rate_key: KeyFunction | None = None
+
+    @property
+    def keyed(self) -> bool:
+        return self.serial_key is not None
+
+    def describe(self) -> str:
+        """The limits in words, for the status command and the admin (no key values)."""
+        parts = []
+        if self.concurrency is not None:
+            parts.append(f"concurrency {self.concurrency}")
+        if self.serial_key is not None:
+            parts.append("serial key, ordered" if self.ordered else "serial key")
+        if self.rate_limit is not None:
+            limit, period = self.rate_limit
+            parts.append(f"rate {limit} per {period:g}s" + (" per rate key" if self.rate_key else ""))
+        return ", ".join(parts)
+
+
+def _accepts_one_argument(function: Callable[..., Any]) -> bool:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return True
+    try:
+        signature.bind(None)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_key_function(kind: str, option: str, function: object) -> KeyFunction | None:
+    if function is None:
+        return None
+    if not callable(function) or not _accepts_one_argument(function):
+        raise RegistrationError(
+            f"workflow {kind!r}: {option} must be a function of one argument (the trigger) "
+            f"returning a string or None; got {type(function).__name__}"
+        )
+    return function  # type: ignore[return-value]
+
+
+def _check_concurrency(kind: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RegistrationError(
+            f"workflow {kind!r}: concurrency must be a whole number of at least 1 (attempts "
+            f"running at once across all runners), or None for no cap; got "
+            f"{type(value).__name__} {value!r:.40}"
+        )
+    return value
+
+
+def _check_rate_limit(kind: str, value: object) -> tuple[int, float] | None:
+    if value is None:
+        return None
+    allowed = (
+        f"workflow {kind!r}: rate_limit must be a pair (limit, period_seconds): a whole "
+        "number of starts of at least 1 and a finite number of seconds greater than 0"
+    )
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise RegistrationError(f"{allowed}; got {type(value).__name__}")
+    limit, period = value
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise RegistrationError(f"{allowed}; the limit is {type(limit).__name__} {limit!r:.40}")
+    if (
+        isinstance(period, bool)
+        or not isinstance(period, int | float)
+        or not math.isfinite(period)
+        or period <= 0
+    ):
+        raise RegistrationError(f"{allowed}; the period is {type(period).__name__} {period!r:.40}")
+    return (limit, float(period))
+
+
+def build_flow_limits(kind: str, *, deferred: bool, **options: Any) -> FlowLimits | None:
+    """Check the flow options given to ``register``; raises :class:`RegistrationError`.
+
+    Returns ``None`` when no option is set, so unlimited kinds keep the plain claim path.
+    """
+    # ``ordered=False`` is the default; 0 is a value (a bad one), so compare with ``is``.
+    given = sorted(
+        name
+        for name in OPTION_NAMES
+        if options.get(name) is not None and not (name == "ordered" and options.get(name) is False)
+    )
+    if not given:
+        return None
+    if not deferred:
+        raise RegistrationError(
+            f"workflow {kind!r}: {', '.join(given)} apply to deferred workflows only (register "
+            "with a retry_schedule); fire-and-forget jobs run on django-rq, whose workers the "
+            "database limits cannot hold back. Use nexus_workflows.rate_limited() inside prepare"
+        )
+    ordered = options.get("ordered", False)
+    if not isinstance(ordered, bool):
+        raise RegistrationError(
+            f"workflow {kind!r}: ordered must be True or False; got {type(ordered).__name__}"
+        )
+    serial_key = _check_key_function(kind, "serial_key", options.get("serial_key"))
+    if ordered and serial_key is None:
+        raise RegistrationError(
+            f"workflow {kind!r}: ordered=True needs a serial_key: items are ordered within a key"
+        )
+    rate_limit = _check_rate_limit(kind, options.get("rate_limit"))
+    rate_key = _check_key_function(kind, "rate_key", options.get("rate_key"))
+    if rate_key is not None and rate_limit is None:
+        raise RegistrationError(
+            f"workflow {kind!r}: rate_key needs a rate_limit: it gives each key its own limit"
+        )
+    return FlowLimits(
+        concurrency=_check_concurrency(kind, options.get("concurrency")),
+        serial_key=serial_key,
+        ordered=ordered,
+        rate_limit=rate_limit,
+        rate_key=rate_key,
+    )

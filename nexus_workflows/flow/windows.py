@@ -1,0 +1,247 @@
+"""Sliding windows of starts, decided by the database: ``rate_limit`` and ``rate_limited``.
+
+A window of ``limit`` starts per ``period`` seconds is a ring of ``limit`` rows of
+:class:`~nexus_workflows.models.FlowWindowSlot` per (name, key hash). A start takes one
+row whose last start is at least ``period`` old, by compare-and-set on the database's
+clock::
+
+    UPDATE … SET started_at = now() WHERE name = … AND slot IN (…) AND started_at <= now() - period
+
+Two starts on one row are therefore at least ``period`` apart, and by the pigeonhole
+principle no ``period``-long window ever holds more than ``limit`` starts, however many
+processes take slots at once. No row is ever deleted while it could still count, and
+rows are made once per (name, key hash), so the table stays small and nothing needs a
+lock or a clock but the database's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import time
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import router
+from django.db.models import Case, Q, Value, When
+
+from ..clock import DatabaseNow
+from ..exceptions import InvalidRateLimit, RateLimitTimeout
+
+logger = logging.getLogger(__name__)
+
+NAME_MAX_LENGTH = 200
+# The oldest possible last start: a slot row made with it is free at once.
+_NEVER = "1970-01-01T00:00:00+00:00"
+
+# How long a waiter sleeps at most between looks, whatever the window says: another
+# process may have been given a slot back by a rollback.
+_MAX_NAP = 1.0
+
+
+def _slots(name: str, key_hash: str, using: str) -> Any:
+    from ..models import FlowWindowSlot
+
+    return FlowWindowSlot.objects.using(using).filter(name=name, key_hash=key_hash)
+
+
+def _free_q(period: float) -> Q:
+    return Q(started_at__lte=DatabaseNow() - timedelta(seconds=period))
+
+
+def _ensure_ring(name: str, key_hash: str, limit: int, present: set[int], using: str) -> None:
+    """Make the slot rows this window lacks (the first use of a name or key, or a larger
+    limit), free from the start. Concurrent makers are harmless: the rows are unique."""
+    from datetime import datetime
+
+    from ..models import FlowWindowSlot
+
+    missing = [slot for slot in range(limit) if slot not in present]
+    if not missing:
+        return
+    never = datetime.fromisoformat(_NEVER)
+    FlowWindowSlot.objects.using(using).bulk_create(
+        [FlowWindowSlot(name=name, key_hash=key_hash, slot=slot, started_at=never) for slot in missing],
+        ignore_conflicts=True,
+    )
+
+
+def free_slots(name: str, key_hash: str, limit: int, period: float, *, using: str) -> list[int]:
+    """The slot numbers of the window that a start could take now (database clock)."""
+    rows = _slots(name, key_hash, using).filter(slot__lt=limit)
+    states = dict(
+        rows.annotate(free=Case(When(_free_q(period), then=Value(True)), default=Value(False))).values_list(
+            "slot", "free"
+        )
+    )
+    if len(states) < limit:
+        _ensure_ring(name, key_hash, limit, set(states), using)
+        states.update({slot: True for slot in range(limit) if slot not in states})
+    return [slot for slot, free in states.items() if free]
+
+
+def take_starts(name: str, key_hash: str, limit: int, period: float, wanted: int, *, using: str) -> int:
+    """Take up to ``wanted`` starts of the window now; returns how many were taken.
+
+    Inside the caller's transaction the taken slots count only if it commits: the claim
+    takes its starts in the same transaction as its rows, so a rolled-back claim started
+    nothing and counted nothing.
+    """
+    if wanted <= 0:
+        return 0
+    taken = 0
+    for _ in range(3):  # a slot we picked may be taken by another process meanwhile
+        free = free_slots(name, key_hash, limit, period, using=using)
+        if not free:
+            break
+        picked = random.sample(free, min(wanted - taken, len(free)))
+        taken += (
+            _slots(name, key_hash, using)
+            .filter(_free_q(period), slot__in=picked)
+            .update(started_at=DatabaseNow())
+        )
+        if taken >= wanted:
+            break
+    return taken
+
+
+def busy_count(name: str, key_hash: str, limit: int, period: float, *, using: str) -> int:
+    """Starts of the window within the last ``period`` (database clock)."""
+    rows = _slots(name, key_hash, using).filter(slot__lt=limit)
+    return rows.exclude(_free_q(period)).count()
+
+
+def seconds_until_free(name: str, key_hash: str, limit: int, period: float, *, using: str) -> float:
+    """Seconds (database clock) until the window's oldest start leaves it; 0 when a slot
+    is free now."""
+    oldest = (
+        _slots(name, key_hash, using)
+        .filter(slot__lt=limit)
+        .annotate(db_now=DatabaseNow())
+        .order_by("started_at")
+        .values_list("started_at", "db_now")
+        .first()
+    )
+    if oldest is None:
+        return 0.0
+    started_at, now = oldest
+    return max(0.0, (started_at + timedelta(seconds=period) - now).total_seconds())
+
+
+def prune(*, using: str, older_than: float = 3600.0) -> int:
+    """Delete slot rows whose last start is over ``older_than`` seconds old. A missing
+    row is as free as an old one (the ring remakes it), so this only bounds the table
+    for keys that come and go (per-sender or per-base windows)."""
+    from ..models import FlowWindowSlot
+
+    deleted, _ = (
+        FlowWindowSlot.objects.using(using)
+        .filter(started_at__lt=DatabaseNow() - timedelta(seconds=older_than))
+        .delete()
+    )
+    return deleted
+
+
+# --- rate_limited ---------------------------------------------------------------------
+
+
+def _check(
+    name: object, limit: object, period: object, timeout: object
+) -> tuple[str, int, float, float | None]:
+    if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH:
+        raise InvalidRateLimit(
+            f"rate_limited: name must be a non-empty string of at most {NAME_MAX_LENGTH} "
+            f"characters (it is shown in status output: no patient data); got {type(name).__name__}"
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidRateLimit(
+            f"rate_limited({name!r}): limit must be a whole number of starts of at least 1; "
+            f"got {type(limit).__name__} {limit!r:.40}"
+        )
+    if (
+        isinstance(period, bool)
+        or not isinstance(period, int | float)
+        or not math.isfinite(period)
+        or period <= 0
+    ):
+        raise InvalidRateLimit(
+            f"rate_limited({name!r}): period must be a finite number of seconds greater than 0; "
+            f"got {type(period).__name__} {period!r:.40}"
+        )
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout < 0
+    ):
+        raise InvalidRateLimit(
+            f"rate_limited({name!r}): timeout must be None (wait as long as it takes) or a "
+            f"number of seconds of at least 0; got {type(timeout).__name__} {timeout!r:.40}"
+        )
+    return name, limit, float(period), None if timeout is None else float(timeout)
+
+
+class rate_limited:
+    """Wait until a start of the window ``name`` (at most ``limit`` starts in any
+    ``period`` seconds, across every process of the database) is free, and take it.
+
+    ``with rate_limited("sms:+5215555", 10, 1): send(...)`` — or ``async with``. After
+    ``timeout`` seconds without a slot it raises :class:`RateLimitTimeout`, a transient
+    error. The slot counts a *start*: leaving the block gives nothing back.
+    """
+
+    def __init__(
+        self, name: str, limit: int, period: float, timeout: float | None = None, *, using: str | None = None
+    ) -> None:
+        self.name, self.limit, self.period, self.timeout = _check(name, limit, period, timeout)
+        self._using = using
+        self.waited = 0.0
+
+    @property
+    def using(self) -> str:
+        from ..models import FlowWindowSlot
+
+        return self._using or router.db_for_write(FlowWindowSlot)
+
+    def _try(self) -> float | None:
+        """Take a start; returns None when taken, else the seconds to wait before trying
+        again."""
+        if take_starts(self.name, "", self.limit, self.period, 1, using=self.using):
+            return None
+        wait = seconds_until_free(self.name, "", self.limit, self.period, using=self.using)
+        # A little jitter keeps waiters of one window from all waking at the same instant.
+        return min(max(wait, 0.001) + random.uniform(0, 0.01), _MAX_NAP)
+
+    def _nap(self, started: float, wait: float) -> float:
+        elapsed = time.monotonic() - started
+        if self.timeout is not None and elapsed + wait > self.timeout:
+            if elapsed >= self.timeout:
+                raise RateLimitTimeout(
+                    f"rate_limited({self.name!r}): no slot of {self.limit} per {self.period:g}s "
+                    f"within {self.timeout:g}s"
+                )
+            return self.timeout - elapsed
+        return wait
+
+    def __enter__(self) -> rate_limited:
+        started = time.monotonic()
+        while (wait := self._try()) is not None:
+            time.sleep(self._nap(started, wait))
+        self.waited = time.monotonic() - started
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        return None
+
+    async def __aenter__(self) -> rate_limited:
+        started = time.monotonic()
+        while (wait := await sync_to_async(self._try)()) is not None:
+            await asyncio.sleep(self._nap(started, wait))
+        self.waited = time.monotonic() - started
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        return None

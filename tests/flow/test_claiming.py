@@ -1,0 +1,165 @@
+"""The flow claim in one process: what a claim may take, decided by the database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, transaction
+
+from nexus_workflows import enqueue, enqueue_many
+from nexus_workflows.claims import Claimer, finish_done, release, reschedule
+from nexus_workflows.flow.claiming import window_name
+from nexus_workflows.flow.windows import busy_count
+from nexus_workflows.models import DeferredWork, Status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
+    pass
+
+
+def claimer(*kinds: str) -> Claimer:
+    return Claimer(kinds=list(kinds), using="default")
+
+
+def test_concurrency_caps_processing_rows_and_slots_come_back_when_the_attempt_ends(
+    register_workflow: Any,
+) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], concurrency=2).kind
+    enqueue_many(kind, [{"key": n} for n in range(5)])
+    first = claimer(kind).claim_due(10)
+    assert len(first) == 2
+    held = DeferredWork.objects.filter(status=Status.PROCESSING).values_list("flow_slot", flat=True)
+    assert sorted(held) == [0, 1]
+    assert claimer(kind).claim_due(10) == []  # no row is claimed to wait for a slot
+    finish_done(first[:1])
+    second = claimer(kind).claim_due(10)
+    assert len(second) == 1
+    release(second)
+    assert len(claimer(kind).claim_due(10)) == 1
+
+
+def test_startable_bounds_limited_kinds_but_not_plain_ones(register_workflow: Any) -> None:
+    limited = register_workflow(noop, retry_schedule=[1], concurrency=10).kind
+    plain = register_workflow(noop, retry_schedule=[1]).kind
+    enqueue_many(limited, [{"key": n} for n in range(5)])
+    enqueue_many(plain, [{"key": n} for n in range(5)])
+    works = claimer(limited, plain).claim_due(8, startable=2)
+    kinds = [work.kind for work in works]
+    assert kinds.count(limited) == 2
+    assert kinds.count(plain) == 5
+
+
+def test_the_database_refuses_a_second_holder_of_a_slot(register_workflow: Any) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], concurrency=2).kind
+    enqueue_many(kind, [{"key": n} for n in range(2)])
+    (work,) = claimer(kind).claim_due(1)
+    other = DeferredWork.objects.exclude(pk=work.id).get()
+    slot = DeferredWork.objects.get(pk=work.id).flow_slot
+    with pytest.raises(IntegrityError), transaction.atomic():
+        DeferredWork.objects.filter(pk=other.pk).update(status=Status.PROCESSING, flow_slot=slot)
+
+
+def test_serial_key_runs_one_per_key_earliest_first(register_workflow: Any) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: t["to"]).kind
+    ids = [enqueue(kind, {"key": n, "to": "A" if n < 3 else "B"}) for n in range(5)]
+    works = claimer(kind).claim_due(10)
+    assert sorted(int(w.id) for w in works) == [int(ids[0]), int(ids[3])]
+    assert claimer(kind).claim_due(10) == []
+    finish_done([w for w in works if w.id == int(ids[0])])
+    (next_a,) = claimer(kind).claim_due(10)
+    assert next_a.id == int(ids[1])
+
+
+def test_serial_key_none_means_no_key_and_keys_are_stored_as_hashes(register_workflow: Any) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: t.get("to")).kind
+    enqueue_many(kind, [{"key": n} for n in range(3)] + [{"key": 9, "to": "+5215555550000"}])
+    row = DeferredWork.objects.get(dedupe_key="9")
+    assert "5555" not in row.serial_key_hash
+    assert len(row.serial_key_hash) == 64
+    assert len(claimer(kind).claim_due(10)) == 4
+
+
+def test_serial_key_unordered_lets_a_later_item_pass_one_waiting_for_its_retry(
+    register_workflow: Any,
+) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: "same").kind
+    first, second = enqueue(kind, {"key": 1}), enqueue(kind, {"key": 2})
+    (work,) = claimer(kind).claim_due(10)
+    assert work.id == int(first)
+    assert reschedule(work, delay=__import__("datetime").timedelta(minutes=1), error="x")
+    (work,) = claimer(kind).claim_due(10)
+    assert work.id == int(second)
+
+
+def test_ordered_waits_for_every_earlier_item_and_abandoned_ones_stop_holding_back(
+    register_workflow: Any,
+) -> None:
+    from datetime import timedelta
+
+    kind = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: "same", ordered=True).kind
+    first, second = enqueue(kind, {"key": 1}), enqueue(kind, {"key": 2})
+    (work,) = claimer(kind).claim_due(10)
+    assert reschedule(work, delay=timedelta(minutes=1), error="x")
+    assert claimer(kind).claim_due(10) == []  # the first waits for its retry: the second waits too
+    DeferredWork.objects.filter(pk=first).update(status=Status.ABANDONED)
+    (work,) = claimer(kind).claim_due(10)
+    assert work.id == int(second)
+
+
+def test_rate_limit_counts_starts_in_the_window(register_workflow: Any) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(3, 60)).kind
+    enqueue_many(kind, [{"key": n} for n in range(5)])
+    works = claimer(kind).claim_due(10)
+    assert len(works) == 3
+    finish_done(works)
+    assert claimer(kind).claim_due(10) == []  # finishing gives no start back
+    assert busy_count(window_name(kind), "", 3, 60, using="default") == 3
+
+
+def test_rate_key_gives_each_key_its_own_window(register_workflow: Any) -> None:
+    kind = register_workflow(
+        noop, retry_schedule=[1], rate_limit=(1, 60), rate_key=lambda t: t["sender"]
+    ).kind
+    enqueue_many(kind, [{"key": n, "sender": "s1" if n < 3 else "s2"} for n in range(5)])
+    works = claimer(kind).claim_due(10)
+    assert len(works) == 2
+    assert claimer(kind).claim_due(10) == []
+
+
+def test_everything_combined_on_one_kind(register_workflow: Any) -> None:
+    kind = register_workflow(
+        noop, retry_schedule=[1], concurrency=3, serial_key=lambda t: t["to"], rate_limit=(4, 60)
+    ).kind
+    enqueue_many(kind, [{"key": n, "to": str(n % 2)} for n in range(10)])
+    works = claimer(kind).claim_due(10)
+    assert len(works) == 2  # two keys
+    finish_done(works)
+    works = claimer(kind).claim_due(10)
+    assert len(works) == 2  # rate: 4 starts in the window
+    finish_done(works)
+    assert claimer(kind).claim_due(10) == []
+
+
+def test_a_reclaim_keeps_its_slot_and_takes_a_start(register_workflow: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    kind = register_workflow(noop, retry_schedule=[1, 1], concurrency=1, rate_limit=(2, 60)).kind
+    enqueue_many(kind, [{"key": n} for n in range(3)])
+    (work,) = claimer(kind).claim_due(10)
+    # The attempt had started (its prepare ran) when its runner died: the reclaim counts it.
+    DeferredWork.objects.filter(pk=work.id).update(
+        heartbeat_at=timezone.now() - timedelta(hours=1), started_at=timezone.now() - timedelta(hours=1)
+    )
+    assert claimer(kind).claim_due(10) == []  # the dead runner's slot is still held
+    (again,) = claimer(kind).claim_stale(10, stale_after=timedelta(minutes=5))
+    assert again.id == work.id
+    assert again.attempt == 1
+    assert again.lost_started
+    assert DeferredWork.objects.get(pk=work.id).flow_slot == 0
+    DeferredWork.objects.filter(pk=work.id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    assert claimer(kind).claim_stale(10, stale_after=timedelta(minutes=5)) == []  # rate: 2 used

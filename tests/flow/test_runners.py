@@ -1,0 +1,185 @@
+"""Flow control with several real runner processes on one database.
+
+Every guarantee is checked from what the attempts themselves recorded (a ledger file of
+start and end times written by the workflow bodies in tests/testapp/workflows.py), never
+from the app's own counters.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nexus_workflows import enqueue, enqueue_many
+from nexus_workflows.models import DeferredWork, Status
+from tests.processes import ManagePy, wait_for
+
+from .ledger import max_overlap, most_starts_in_window, read_spans
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgresql]
+
+FAST = {"POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.5, "STALE_AFTER": 3, "SHUTDOWN_GRACE": 2}
+# Start stamps are taken by the bodies, a few milliseconds after the database granted the
+# start; windows are checked this much shorter than the period so that dispatch jitter
+# between two runners is not mistaken for a breach.
+JITTER = 0.2
+
+
+def unfinished(kind: str) -> int:
+    return DeferredWork.objects.filter(kind=kind, status__in=[Status.PENDING, Status.PROCESSING]).count()
+
+
+class Runners:
+    def __init__(self, count: int, *, kinds: list[str], concurrency: int = 4) -> None:
+        args = ["runworkflows", "--concurrency", str(concurrency)]
+        for kind in kinds:
+            args += ["--kind", kind]
+        self.processes = [ManagePy(*args, settings=FAST) for _ in range(count)]
+        for process in self.processes:
+            process.wait_for_output("runner started")
+
+    def drain(self, kind: str, timeout: float) -> None:
+        wait_for(lambda: unfinished(kind) == 0, timeout=timeout, interval=0.2, what=f"{kind} drained")
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.process.poll() is None:
+                assert process.terminate() == 0, process.output()
+            process.close()
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Path:
+    return tmp_path / "ledger.txt"
+
+
+def test_concurrency_holds_across_three_runners(ledger: Path) -> None:
+    # One thread per runner: two attempts at once can only be two runners at once.
+    runners = Runners(3, kinds=["test-flow-capped"], concurrency=1)
+    enqueue_many("test-flow-capped", [{"key": n, "sleep": 0.15, "ledger": str(ledger)} for n in range(30)])
+    try:
+        runners.drain("test-flow-capped", 90)
+    finally:
+        runners.close()
+    spans = read_spans(ledger)
+    assert len(spans) == 30
+    assert max_overlap(spans) == 2  # never more, and the cap was used
+    assert len({span.pid for span in spans}) >= 2
+
+
+def test_serial_keys_run_one_at_a_time_in_enqueue_order_and_keys_run_in_parallel(ledger: Path) -> None:
+    items = [{"key": n, "to": f"patient-{n % 3}", "sleep": 0.05, "ledger": str(ledger)} for n in range(30)]
+    for item in items:
+        enqueue("test-flow-serial", item)
+    runners = Runners(3, kinds=["test-flow-serial"])
+    try:
+        runners.drain("test-flow-serial", 90)
+    finally:
+        runners.close()
+    spans = read_spans(ledger)
+    assert len(spans) == 30
+    by_key: dict[str, list[Any]] = defaultdict(list)
+    for span in spans:
+        by_key[span.group].append(span)
+    for group, key_spans in by_key.items():
+        assert max_overlap(key_spans) == 1, group
+        in_start_order = [int(span.key) for span in sorted(key_spans, key=lambda s: s.started)]
+        assert in_start_order == sorted(in_start_order), group  # earliest enqueued first
+    assert max_overlap(spans) > 1  # different keys did run in parallel
+
+
+def test_ordered_key_waits_for_an_earlier_item_through_its_retry(ledger: Path, tmp_path: Path) -> None:
+    fail_flag = tmp_path / "failed-once"
+    first = {"key": 0, "to": "p", "ledger": str(ledger), "fail_once": str(fail_flag)}
+    enqueue("test-flow-ordered", first)
+    enqueue_many("test-flow-ordered", [{"key": n, "to": "p", "ledger": str(ledger)} for n in range(1, 6)])
+    enqueue("test-flow-ordered", {"key": 99, "to": "other", "ledger": str(ledger)})
+    runners = Runners(3, kinds=["test-flow-ordered"])
+    try:
+        runners.drain("test-flow-ordered", 90)
+    finally:
+        runners.close()
+    spans = sorted(read_spans(ledger), key=lambda s: s.started)
+    keyed = [int(span.key) for span in spans if span.group == "p"]
+    # Item 0 failed, waited for its retry, and ran again before any later item started.
+    assert keyed == [0, 0, 1, 2, 3, 4, 5]
+    assert max_overlap([span for span in spans if span.group == "p"]) == 1
+
+
+def test_rate_limit_counts_starts_across_three_runners(ledger: Path) -> None:
+    enqueue_many("test-flow-rate", [{"key": n, "ledger": str(ledger)} for n in range(25)])
+    runners = Runners(3, kinds=["test-flow-rate"])
+    try:
+        runners.drain("test-flow-rate", 90)
+    finally:
+        runners.close()
+    spans = read_spans(ledger)
+    assert len(spans) == 25
+    assert most_starts_in_window(spans, 1.0 - JITTER) <= 5
+    starts = sorted(span.started for span in spans)
+    assert starts[-1] - starts[0] >= 25 / 5 - 1 - JITTER  # 25 starts need four full windows
+
+
+def test_rate_key_gives_each_key_its_own_window(ledger: Path) -> None:
+    items = [{"key": n, "to": f"sender-{n % 2}", "ledger": str(ledger)} for n in range(12)]
+    enqueue_many("test-flow-rate-key", items)
+    runners = Runners(3, kinds=["test-flow-rate-key"])
+    try:
+        runners.drain("test-flow-rate-key", 90)
+    finally:
+        runners.close()
+    spans = read_spans(ledger)
+    assert len(spans) == 12
+    for sender in ("sender-0", "sender-1"):
+        assert most_starts_in_window([s for s in spans if s.group == sender], 1.0 - JITTER) <= 2
+    assert most_starts_in_window(spans, 1.0 - JITTER) >= 3  # the two keys did not share one window
+
+
+def test_rate_limited_inside_jobs_limits_calls_across_runners(ledger: Path) -> None:
+    enqueue_many("test-flow-inside", [{"key": n, "ledger": str(ledger)} for n in range(6)])
+    runners = Runners(3, kinds=["test-flow-inside"])
+    try:
+        runners.drain("test-flow-inside", 90)
+    finally:
+        runners.close()
+    calls = read_spans(ledger)
+    assert len(calls) == 18
+    assert most_starts_in_window(calls, 1.0 - JITTER) <= 4
+    assert len({call.pid for call in calls}) >= 2
+
+
+def test_kill_9_of_a_runner_holding_slots_gives_them_back_only_on_reclaim(
+    ledger: Path, tmp_path: Path
+) -> None:
+    hang = tmp_path / "hang"
+    enqueue("test-flow-capped", {"key": "hung", "ledger": str(ledger), "hang_file": str(hang)})
+    doomed = ManagePy("runworkflows", "--kind", "test-flow-capped", settings=FAST)
+    rescuers: Runners | None = None
+    try:
+        wait_for(hang.exists, timeout=30, what="the first attempt to hang")
+        enqueue_many("test-flow-capped", [{"key": n, "sleep": 0.2, "ledger": str(ledger)} for n in range(6)])
+        os.kill(doomed.pid, signal.SIGKILL)
+        doomed.wait(10)
+        held = DeferredWork.objects.get(dedupe_key="hung")
+        assert held.status == Status.PROCESSING
+        assert held.flow_slot is not None
+        rescuers = Runners(2, kinds=["test-flow-capped"])
+        rescuers.drain("test-flow-capped", 90)
+    finally:
+        doomed.close()
+        if rescuers:
+            rescuers.close()
+    spans = read_spans(ledger)
+    assert sorted(span.key for span in spans) == sorted(["hung", *map(str, range(6))])
+    # While the dead runner's attempt held its slot, at most one other ran; and at no
+    # time did more than two run (the reclaimed attempt took its old slot back).
+    reclaimed = next(span for span in spans if span.key == "hung")
+    before = [span for span in spans if span.started < reclaimed.started]
+    assert max_overlap(before) <= 1
+    assert max_overlap(spans) <= 2
+    assert DeferredWork.objects.get(dedupe_key="hung").attempt == 1

@@ -1,0 +1,95 @@
+"""``rate_limited``: the sliding window of starts, in one process (several threads)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from nexus_workflows import InvalidRateLimit, RateLimitTimeout, rate_limited
+from nexus_workflows.exceptions import is_permanent
+from nexus_workflows.flow.windows import busy_count, prune
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_starts_beyond_the_limit_wait_for_the_window_to_slide() -> None:
+    started = time.monotonic()
+    stamps = []
+    for _ in range(6):
+        with rate_limited("test:window", 3, 0.5):
+            stamps.append(time.monotonic() - started)
+    assert all(stamp < 0.4 for stamp in stamps[:3])
+    assert all(stamp >= 0.45 for stamp in stamps[3:])
+    assert busy_count("test:window", "", 3, 0.5, using="default") == 3
+
+
+def test_threads_share_one_window() -> None:
+    stamps: list[float] = []
+    lock = threading.Lock()
+
+    def take() -> None:
+        with rate_limited("test:threads", 2, 0.5), lock:
+            stamps.append(time.monotonic())
+
+    threads = [threading.Thread(target=take) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    stamps.sort()
+    assert len(stamps) == 6
+    for first, third in zip(stamps, stamps[2:], strict=False):
+        assert third - first >= 0.45  # never three starts within one period
+
+
+def test_timeout_raises_a_transient_error() -> None:
+    with rate_limited("test:timeout", 1, 30):
+        pass
+    started = time.monotonic()
+    with (
+        pytest.raises(RateLimitTimeout, match=r"no slot of 1 per 30s within 0\.2s") as caught,
+        rate_limited("test:timeout", 1, 30, timeout=0.2),
+    ):
+        pass
+    assert 0.15 <= time.monotonic() - started < 2
+    assert not is_permanent(caught.value)
+
+
+def test_async_with() -> None:
+    async def twice() -> list[float]:
+        stamps = []
+        for _ in range(2):
+            async with rate_limited("test:async", 1, 0.3):
+                stamps.append(time.monotonic())
+        return stamps
+
+    first, second = asyncio.run(twice())
+    assert second - first >= 0.25
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("", 1, 1), "name must be a non-empty string"),
+        (("x" * 201, 1, 1), "at most 200 characters"),
+        (("n", 0, 1), "limit must be a whole number of starts of at least 1"),
+        (("n", True, 1), "limit must be a whole number"),
+        (("n", 1, 0), "period must be a finite number of seconds greater than 0"),
+        (("n", 1, 1, -1), "timeout must be None"),
+    ],
+)
+def test_bad_arguments(args: tuple[Any, ...], message: str) -> None:
+    with pytest.raises(InvalidRateLimit, match=message):
+        rate_limited(*args)
+
+
+def test_prune_drops_only_rows_unused_for_long() -> None:
+    with rate_limited("test:prune", 2, 1):
+        pass
+    # The slot made at the window's creation and never used is ancient; the used one is not.
+    assert prune(using="default", older_than=3600) == 1
+    assert busy_count("test:prune", "", 2, 1, using="default") == 1
