@@ -13,20 +13,33 @@ import json
 import random
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F
+from django.db.models import Case, DateTimeField, F, JSONField, Q, Value, When
+from django.db.models.functions import Coalesce
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from .exceptions import ClaimLost, InvalidCheckpoint
+from .exceptions import ClaimLost, InvalidCheckpoint, WorkerLost
+from .expressions import JSONAppend, JSONDropLast
 from .history import append_entry
 from .models import DeferredWork, Status
 
 _CLAIM_FIELDS = ("pk", "kind", "dedupe_key", "trigger", "checkpoints", "attempt", "history")
+# Read at claim time too, for Django tasks (their TaskResult and TaskContext); kept in
+# ClaimedWork.columns.
+_TASK_FIELDS = (
+    "priority",
+    "queue_name",
+    "backend_name",
+    "worker_ids",
+    "created_at",
+    "started_at",
+    "last_attempted_at",
+)
 
 # When a claim loses rows to another runner, the next claims pick at random among this
 # many times more candidates, so that runners sharing a table stop colliding.
@@ -49,6 +62,19 @@ class ClaimedWork:
     # Set when ``history`` gained entries that only an individual write can persist.
     history_changed: bool = False
     using: str = "default"
+    # The _TASK_FIELDS columns as the claim left them.
+    columns: dict[str, Any] = field(default_factory=dict)
+    # Set by an attempt of a Django task (nexus_workflows.tasks) for the outcome write:
+    # what it returned, how it failed ({"exception_class_path", "traceback"}), and the
+    # TaskResult its signals carry.
+    return_value: Any = None
+    error_record: dict[str, str] | None = None
+    task_result: Any = None
+
+    @property
+    def is_task(self) -> bool:
+        """A Django task's row: its kind is an import path (workflow kinds have no dot)."""
+        return "." in self.kind
 
     def fenced(self) -> Any:
         """The queryset matching this row only while our claim holds."""
@@ -58,13 +84,35 @@ class ClaimedWork:
 class Claimer:
     """Claims batches of due and stale work for one runner."""
 
-    def __init__(self, *, kinds: Sequence[str], using: str) -> None:
+    def __init__(
+        self,
+        *,
+        kinds: Sequence[str],
+        using: str,
+        queues: Sequence[str] | None = (),
+        worker_id: str = "",
+    ) -> None:
         self.kinds = list(kinds)
+        # Django task queues to take: a list, or None for every queue.
+        self.queues = None if queues is None else list(queues)
         self.using = using
+        self.worker_id = worker_id or uuid.uuid4().hex
         self.contended = False
 
+    def _selection(self) -> Q:
+        """The workflow kinds and task queues this claimer takes."""
+        selection = Q(kind__in=self.kinds)
+        if self.queues is None:
+            return selection | ~Q(queue_name="")
+        if self.queues:
+            return selection | Q(queue_name__in=self.queues)
+        return selection
+
+    def _idle(self) -> bool:
+        return not self.kinds and self.queues == []
+
     def _claim(
-        self, candidates: Any, limit: int, order_by: str, *, reclaimed: bool, **changes: Any
+        self, candidates: Any, limit: int, order_by: Sequence[str], *, reclaimed: bool, **changes: Any
     ) -> list[ClaimedWork]:
         """Compare-and-set up to ``limit`` rows of ``candidates`` to a new claim token and
         return them as claimed.
@@ -76,9 +124,9 @@ class Claimer:
         Where the database can, the ``UPDATE`` returns the rows it claimed
         (``RETURNING``); elsewhere they are read back by their token.
         """
-        candidates = candidates.filter(kind__in=self.kinds)
+        candidates = candidates.filter(self._selection())
         spread = _CONTENTION_SPREAD if self.contended else 1
-        ids = list(candidates.order_by(order_by).values_list("pk", flat=True)[: limit * spread])
+        ids = list(candidates.order_by(*order_by).values_list("pk", flat=True)[: limit * spread])
         if spread > 1 and len(ids) > limit:
             ids = random.sample(ids, limit)
         if not ids:
@@ -86,7 +134,13 @@ class Claimer:
         token = uuid.uuid4().hex
         claimed_at = timezone.now()
         changes.update(
-            claim_token=token, claimed_at=claimed_at, heartbeat_at=claimed_at, updated_at=claimed_at
+            claim_token=token,
+            claimed_at=claimed_at,
+            heartbeat_at=claimed_at,
+            updated_at=claimed_at,
+            started_at=Coalesce(F("started_at"), Value(claimed_at, output_field=DateTimeField())),
+            last_attempted_at=claimed_at,
+            worker_ids=JSONAppend("worker_ids", self.worker_id),
         )
         claimed = candidates.filter(pk__in=ids)
         if _can_return_from_update(self.using):
@@ -107,30 +161,34 @@ class Claimer:
                 claim_token=token,
                 reclaimed=reclaimed,
                 using=self.using,
+                columns={name: row[name] for name in _TASK_FIELDS},
             )
             for row in rows
         ]
 
     def _load(self, ids: list[int], token: str) -> list[dict[str, Any]]:
         rows = DeferredWork.objects.using(self.using).held(token).filter(pk__in=ids)
-        return list(rows.values(*_CLAIM_FIELDS))
+        return list(rows.values(*_CLAIM_FIELDS, *_TASK_FIELDS))
 
     def claim_due(self, limit: int, *, now: datetime | None = None) -> list[ClaimedWork]:
-        """Claim up to ``limit`` pending rows whose time has come, oldest first."""
-        if limit <= 0 or not self.kinds:
+        """Claim up to ``limit`` pending rows whose time has come: highest priority first,
+        then the longest due (the order of ``nw_due_idx``)."""
+        if limit <= 0 or self._idle():
             return []
         due = DeferredWork.objects.using(self.using).due(now or timezone.now())
-        return self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
+        return self._claim(
+            due, limit, ("-priority", "next_attempt_at"), reclaimed=False, status=Status.PROCESSING
+        )
 
     def claim_stale(
         self, limit: int, *, stale_after: timedelta, now: datetime | None = None
     ) -> list[ClaimedWork]:
         """Reclaim up to ``limit`` processing rows whose heartbeat is older than
         ``stale_after``; the lost attempt counts, so ``attempt`` goes up by one."""
-        if limit <= 0 or not self.kinds:
+        if limit <= 0 or self._idle():
             return []
         stale = DeferredWork.objects.using(self.using).stale((now or timezone.now()) - stale_after)
-        works = self._claim(stale, limit, "heartbeat_at", reclaimed=True, attempt=F("attempt") + 1)
+        works = self._claim(stale, limit, ("heartbeat_at",), reclaimed=True, attempt=F("attempt") + 1)
         for work in works:
             work.history = append_entry(
                 work.history,
@@ -158,20 +216,26 @@ def _update_returning(queryset: Any, changes: dict[str, Any], using: str) -> lis
     query = queryset.query.chain(UpdateQuery)
     query.add_update_values(changes)
     sql, params = query.get_compiler(using).as_sql()
-    fields = [DeferredWork._meta.get_field(name) for name in _CLAIM_FIELDS[1:]]
+    fields = [DeferredWork._meta.get_field(name) for name in (*_CLAIM_FIELDS[1:], *_TASK_FIELDS)]
     quote = connection.ops.quote_name
-    columns = [DeferredWork._meta.pk.column, *(field.column for field in fields)]
+    columns = [DeferredWork._meta.pk.column, *(f.column for f in fields)]
     sql = f"{sql} RETURNING {', '.join(quote(column) for column in columns)}"
+    # Raw values get the conversions the ORM would apply (JSON text decoded, SQLite's
+    # datetime text parsed).
+    converters = []
+    for f in fields:
+        col = f.get_col(DeferredWork._meta.db_table)
+        converters.append((col, [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]))
     with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
         cursor.execute(sql, params)
         returned = cursor.fetchall()
     rows = []
     for pk, *values in returned:
         row = {"pk": pk}
-        for field, value in zip(fields, values, strict=True):
-            # The JSON columns come back as text, as they do to the ORM; it decodes them so.
-            from_db = getattr(field, "from_db_value", None)
-            row[field.name] = from_db(value, None, connection) if from_db else value
+        for f, (col, convert), value in zip(fields, converters, values, strict=True):
+            for converter in convert:
+                value = converter(value, col, connection)
+            row[f.name] = value
         rows.append(row)
     return rows
 
@@ -228,7 +292,12 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
     for (using, token), group in by_claim.items():
         now = timezone.now()
         ids = [work.id for work in group]
-        matched = DeferredWork.objects.using(using).held(token).filter(pk__in=ids).update(**_done_fields(now))
+        matched = (
+            DeferredWork.objects.using(using)
+            .held(token)
+            .filter(pk__in=ids)
+            .update(**_done_fields(now), return_value=_return_values(group))
+        )
         if matched == len(group):
             written.extend(group)
             continue
@@ -242,17 +311,46 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
     return written, lost
 
 
+def _return_values(group: list[ClaimedWork]) -> Any:
+    """What each row of one done-write returned: one constant when they agree (no-op
+    tasks and workflows return None), else a CASE on the id."""
+    values = [work.return_value for work in group]
+    if all(value is None for value in values):
+        return None
+    return Case(
+        *(When(pk=work.id, then=Value(work.return_value, output_field=JSONField())) for work in group),
+        default=Value(None, output_field=JSONField()),
+        output_field=JSONField(),
+    )
+
+
+def _failure_fields(work: ClaimedWork, error: str) -> dict[str, Any]:
+    """A Django task's failed attempt adds an entry to its ``errors``."""
+    if not work.is_task:
+        return {}
+    record = work.error_record or {
+        "exception_class_path": f"{WorkerLost.__module__}.{WorkerLost.__qualname__}",
+        "traceback": error,
+    }
+    return {"errors": JSONAppend("errors", record)}
+
+
 def _unclaimed(now: datetime) -> dict[str, Any]:
     """The fields every write that ends an attempt sets: the claim is given up."""
     return {"claim_token": "", "claimed_at": None, "heartbeat_at": None, "updated_at": now}
 
 
 def _done_fields(now: datetime) -> dict[str, Any]:
-    return {"status": Status.DONE, "last_error": "", **_unclaimed(now)}
+    return {"status": Status.DONE, "last_error": "", "finished_at": now, **_unclaimed(now)}
 
 
 def _finish_one(work: ClaimedWork) -> bool:
-    return work.fenced().update(history=work.history, **_done_fields(timezone.now())) == 1
+    return (
+        work.fenced().update(
+            history=work.history, return_value=_return_values([work]), **_done_fields(timezone.now())
+        )
+        == 1
+    )
 
 
 def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
@@ -265,6 +363,7 @@ def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
             next_attempt_at=now + delay,
             last_error=error,
             history=history,
+            **_failure_fields(work, error),
             **_unclaimed(now),
         )
         == 1
@@ -281,6 +380,8 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
             status=Status.ABANDONED,
             last_error=error,
             history=history,
+            finished_at=now,
+            **_failure_fields(work, error),
             **_unclaimed(now),
         )
         == 1
@@ -299,7 +400,13 @@ def release(works: Iterable[ClaimedWork]) -> int:
             DeferredWork.objects.using(using)
             .held(token)
             .filter(pk__in=ids)
-            .update(status=Status.PENDING, next_attempt_at=now, **_unclaimed(now))
+            .update(
+                status=Status.PENDING,
+                next_attempt_at=now,
+                # The claim did not start an attempt: it does not count as one.
+                worker_ids=JSONDropLast("worker_ids"),
+                **_unclaimed(now),
+            )
         )
     return released
 

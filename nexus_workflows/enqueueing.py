@@ -361,6 +361,7 @@ def revive_rows(queryset: Any, *, due: Any = None, history: list[Any] | None = N
         "claim_token": "",
         "claimed_at": None,
         "heartbeat_at": None,
+        "finished_at": None,
         "updated_at": now,
     }
     if history is not None:

@@ -78,6 +78,11 @@ class ClaimLost(Exception):
     """
 
 
+class WorkerLost(Exception):
+    """Recorded (never raised) when work is abandoned because its runners kept dying: the
+    error class of a Django task that was lost more often than its retries allow."""
+
+
 def is_permanent(error: BaseException) -> bool:
     """Whether a failure should abandon the work instead of walking the schedule."""
     return getattr(error, "permanent", False) is True

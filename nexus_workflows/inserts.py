@@ -26,7 +26,19 @@ from .models import DeferredWork
 
 # The columns whose values differ between new rows, in the order the statements use. Every
 # other column's model default is prepared once, so it must be a constant (or dict/list).
-_VARYING = ("kind", "dedupe_key", "trigger", "next_attempt_at", "created_at", "updated_at")
+_VARYING = (
+    "kind",
+    "dedupe_key",
+    "trigger",
+    "next_attempt_at",
+    "created_at",
+    "updated_at",
+    # Set by Django tasks (nexus_workflows.tasks); workflows take the model defaults.
+    "priority",
+    "queue_name",
+    "backend_name",
+)
+_WORKFLOW_TASK_FIELDS = (0, "", "")
 
 
 @dataclass(frozen=True)
@@ -87,7 +99,16 @@ def _plan(using: str) -> _Plan:
 
 
 def insert_pending(
-    using: str, *, kind: str, dedupe_key: str, trigger: Any, due: datetime, now: datetime
+    using: str,
+    *,
+    kind: str,
+    dedupe_key: str,
+    trigger: Any,
+    due: datetime,
+    now: datetime,
+    priority: int = 0,
+    queue_name: str = "",
+    backend_name: str = "",
 ) -> int:
     """Insert one pending row; returns its id. A taken key raises ``IntegrityError``."""
     connection = connections[using]
@@ -100,6 +121,9 @@ def insert_pending(
             next_attempt_at=due,
             created_at=now,
             updated_at=now,
+            priority=priority,
+            queue_name=queue_name,
+            backend_name=backend_name,
         )
         return work.pk
     stamp = plan.columns[4]
@@ -112,6 +136,9 @@ def insert_pending(
         prepared_due,
         prepared_now,
         prepared_now,
+        priority,
+        queue_name,
+        backend_name,
         *plan.defaults,
         *plan.returning_params,
     )
@@ -133,7 +160,8 @@ def insert_pending_many_postgresql(
     document = "[" + ",".join(f"[{json.dumps(key)},{triggers[key]}]" for key in keys) + "]"
     prepared_now = stamp.get_db_prep_save(now, connection=connection)
     prepared_due = stamp.get_db_prep_save(due, connection=connection)
-    params = [kind, prepared_due, prepared_now, prepared_now, *plan.defaults, document]
+    params = [kind, prepared_due, prepared_now, prepared_now, *_WORKFLOW_TASK_FIELDS, *plan.defaults]
+    params.append(document)
     with connection.cursor() as cursor:
         cursor.execute(plan.many_rows_sql, params)
         return dict(cursor.fetchall())

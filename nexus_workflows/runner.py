@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import socket
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
@@ -40,6 +43,7 @@ from .execution import Outcome, Result, execute
 from .history import describe_error
 from .models import DeferredWork
 from .registry import registry
+from .tasks import running as tasks_running
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +81,22 @@ class RunStats:
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
+def _selection(
+    kinds: Sequence[str] | None, queues: Sequence[str] | None, deferred: list[str]
+) -> tuple[list[str], list[str] | None]:
+    """(workflow kinds, Django task queues or None for all) a runner takes: everything by
+    default; only what was named when kinds or queues were."""
+    if kinds is None and queues is None:
+        return deferred, tasks_running.configured_queues()
+    return sorted(set(kinds or ())), sorted(set(queues or ()))
+
+
+def _worker_id() -> str:
+    """This runner in a task's ``worker_ids``: host, process and a random part (a pid is
+    reused after a restart), at most 64 characters."""
+    return f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def _close_connection(using: str) -> None:
     """Drop this thread's connection so the next query reconnects."""
     with contextlib.suppress(Exception):  # closing a broken connection may fail too
@@ -90,6 +110,7 @@ class Runner:
         self,
         *,
         kinds: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
         concurrency: int | None = None,
         poll_interval: float | None = None,
         once: bool = False,
@@ -103,7 +124,7 @@ class Runner:
                     f"no deferred workflow is registered for kind {kind!r}; deferred kinds: "
                     f"{', '.join(deferred) or 'none'}"
                 )
-        self.kinds = sorted(set(kinds)) if kinds else deferred
+        self.kinds, self.queues = _selection(kinds, queues, deferred)
         self.concurrency = concurrency or app_settings.CONCURRENCY
         self.poll_interval = poll_interval or app_settings.POLL_INTERVAL
         self.once = once
@@ -116,7 +137,10 @@ class Runner:
         self.shutdown_grace = float(app_settings.SHUTDOWN_GRACE)
         self.stats = RunStats()
 
-        self._claimer = Claimer(kinds=self.kinds, using=self.using)
+        self.worker_id = _worker_id()
+        self._claimer = Claimer(
+            kinds=self.kinds, queues=self.queues, using=self.using, worker_id=self.worker_id
+        )
         self._lock = threading.Lock()
         self._work_available = threading.Condition(self._lock)
         self._queued: deque[ClaimedWork] = deque()  # claimed, not started yet
@@ -141,8 +165,10 @@ class Runner:
         previous_handlers = self._install_signal_handlers()
         self._start_threads()
         logger.info(
-            "runner started: kinds %s, concurrency %d%s",
+            "runner %s started: kinds %s, task queues %s, concurrency %d%s",
+            self.worker_id,
             ", ".join(self.kinds) or "(none)",
+            "(all)" if self.queues is None else ", ".join(self.queues) or "(none)",
             self.concurrency,
             ", once" if self.once else "",
         )
@@ -220,7 +246,7 @@ class Runner:
                         return
                     work = self._queued.popleft()
                     self._running[work.id] = work
-                outcome = execute(registry.get(work.kind), work)
+                outcome = execute(registry.for_work(work), work)
                 with self._lock:
                     self._running.pop(work.id, None)
                 self._outcomes.put(outcome)
@@ -344,7 +370,7 @@ class Runner:
 
     def _guard_crash_loop(self, work: ClaimedWork) -> bool:
         """Reclaimed work runs again unless its lost attempts used up the schedule."""
-        workflow = registry.get(work.kind)
+        workflow = registry.for_work(work)
         if work.attempt < workflow.max_attempts:
             self._log_outcome(work, "reclaimed from a runner that stopped heart-beating", logging.WARNING)
             return True
@@ -355,6 +381,7 @@ class Runner:
         if claims.abandon(work, error=error, reason="lost too many times"):
             self.stats.abandoned += 1
             self._log_outcome(work, "abandoned (its runners kept dying)", logging.ERROR)
+            tasks_running.send_finished([work], succeeded=False)
         else:
             self._log_lost(work)
         return False
@@ -394,6 +421,7 @@ class Runner:
         self.stats.done += len(written)
         for work in written:
             self._log_outcome(work, "done", logging.INFO)
+        tasks_running.send_finished(written, succeeded=True)
         for work in lost:
             self._log_lost(work)
 
@@ -403,7 +431,7 @@ class Runner:
             self._log_lost(work)
             return
         assert outcome.error is not None
-        workflow = registry.get(work.kind)
+        workflow = registry.for_work(work)
         error = describe_error(outcome.error)
         permanent = is_permanent(outcome.error)
         delay = None if permanent else workflow.delay_after(work.attempt)
@@ -413,6 +441,7 @@ class Runner:
             if claims.abandon(work, error=error, reason=reason):
                 self.stats.abandoned += 1
                 self._log_outcome(work, f"failed ({error_type}); abandoned: {reason}", logging.ERROR)
+                tasks_running.send_finished([work], succeeded=False)
             else:
                 self._log_lost(work)
         elif claims.reschedule(work, delay=delay, error=error):

@@ -42,7 +42,16 @@ class Command(BaseCommand):
             action="append",
             dest="kinds",
             metavar="KIND",
-            help="Only run this kind (repeatable). Default: every registered deferred kind.",
+            help="Only run this workflow kind (repeatable). Default: every registered deferred "
+            "kind, unless --queue is given.",
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="QUEUE",
+            help="Only run Django tasks of this queue (repeatable). Default: every queue of the "
+            "TASKS backends that are nexus_workflows.tasks.DeferredBackend, unless --kind is given.",
         )
         parser.add_argument(
             "--concurrency",
@@ -72,6 +81,7 @@ class Command(BaseCommand):
         try:
             runner = Runner(
                 kinds=options["kinds"],
+                queues=options["queues"],
                 concurrency=options["concurrency"],
                 poll_interval=options["poll_interval"],
                 once=options["once"],
