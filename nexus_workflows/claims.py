@@ -149,6 +149,9 @@ class Claimer:
             matched = claimed.update(**changes)
             rows = self._load(ids, token) if matched else []
         self.contended = len(rows) < len(ids)
+        # Hand them out in the claim's order (priority first): RETURNING keeps no order.
+        position = {pk: index for index, pk in enumerate(ids)}
+        rows.sort(key=lambda row: position[row["pk"]])
         return [
             ClaimedWork(
                 id=row["pk"],
