@@ -150,6 +150,14 @@ class DeferredWorkAdmin(admin.ModelAdmin):
         "claim_token",
         "claimed_column",
         "heartbeat_column",
+        "queue_name",
+        "priority",
+        "backend_name",
+        "started_column",
+        "finished_column",
+        "worker_ids_list",
+        "return_value_json",
+        "errors_list",
     )
     fieldsets = (
         (
@@ -177,6 +185,22 @@ class DeferredWorkAdmin(admin.ModelAdmin):
             {
                 "fields": ("checkpoints_json",),
                 "description": "Steps the workflow journalled; a revived attempt resumes after them.",
+            },
+        ),
+        (
+            "Django task",
+            {
+                "fields": (
+                    ("queue_name", "priority", "backend_name"),
+                    ("started_column", "finished_column"),
+                    "worker_ids_list",
+                    "return_value_json",
+                    "errors_list",
+                ),
+                "description": "For a task enqueued through Django's Tasks API (its kind is the "
+                "task's import path; the dedupe key is its result id). The return value and the "
+                "tracebacks may hold patient data: they are shown on this page only.",
+                "classes": ("collapse",),
             },
         ),
         (
@@ -273,6 +297,26 @@ class DeferredWorkAdmin(admin.ModelAdmin):
     @admin.display(description="checkpoints")
     def checkpoints_json(self, work: DeferredWork) -> SafeString:
         return display.json_block(work.checkpoints, empty="No checkpoints saved yet.")
+
+    @admin.display(description="first started")
+    def started_column(self, work: DeferredWork) -> SafeString:
+        return display.when(work.started_at)
+
+    @admin.display(description="finished")
+    def finished_column(self, work: DeferredWork) -> SafeString:
+        return display.when(work.finished_at)
+
+    @admin.display(description="runners (one per attempt)")
+    def worker_ids_list(self, work: DeferredWork) -> str:
+        return ", ".join(map(str, work.worker_ids or [])) or "—"
+
+    @admin.display(description="return value")
+    def return_value_json(self, work: DeferredWork) -> SafeString:
+        return display.json_block(work.return_value, empty="None.")
+
+    @admin.display(description="errors (oldest first)")
+    def errors_list(self, work: DeferredWork) -> SafeString:
+        return display.json_block(work.errors, empty="No errors.")
 
     # --- actions ------------------------------------------------------------------------
 

@@ -372,9 +372,14 @@ def test_a_failed_task_is_on_the_triage_desk_and_revived_there(admin_client: Any
 
     result = tasks.explode.enqueue("a")
     run_once()
+    result.refresh()
     page = admin_client.get("/admin/nexus_workflows/deferredwork/?status=attention")
     assert page.status_code == 200
     assert "tests.testapp.tasks.explode" in page.content.decode()
+    row = DeferredWork.objects.get(dedupe_key=result.id)
+    detail = admin_client.get(f"/admin/nexus_workflows/deferredwork/{row.pk}/change/").content.decode()
+    assert "builtins.ValueError" in detail
+    assert result.worker_ids[0] in detail
     revived = triage.revive(DeferredWork.objects.filter(dedupe_key=result.id), by="test")
     assert revived.unregistered_kinds == []  # any runner imports a task by its path
     result.refresh()
