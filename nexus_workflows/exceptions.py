@@ -25,6 +25,10 @@ class UnknownWorkflow(WorkflowError, LookupError):
     """No workflow is registered under the kind that was asked for."""
 
 
+class UnknownQueue(WorkflowError, LookupError):
+    """A runner was asked for a Django task queue that no Tasks backend of this app allows."""
+
+
 class EnqueueError(WorkflowError, ValueError):
     """An enqueue call was rejected before anything was written."""
 

@@ -38,7 +38,7 @@ from django.utils import timezone
 from . import claims, retention, wakeup
 from .claims import ClaimedWork, Claimer
 from .conf import app_settings
-from .exceptions import UnknownWorkflow, is_permanent
+from .exceptions import UnknownQueue, UnknownWorkflow, is_permanent
 from .execution import Outcome, Result, execute
 from .history import describe_error
 from .models import DeferredWork
@@ -86,8 +86,15 @@ def _selection(
 ) -> tuple[list[str], list[str] | None]:
     """(workflow kinds, Django task queues or None for all) a runner takes: everything by
     default; only what was named when kinds or queues were."""
+    allowed = tasks_running.configured_queues()
     if kinds is None and queues is None:
-        return deferred, tasks_running.configured_queues()
+        return deferred, allowed
+    unknown = sorted(set(queues or ()) - set(allowed or queues or ()))
+    if unknown:
+        raise UnknownQueue(
+            f"no Tasks backend of nexus_workflows allows queue(s) {', '.join(unknown)}; "
+            f"their queues: {', '.join(allowed or ()) or 'none'}"
+        )
     return sorted(set(kinds or ())), sorted(set(queues or ()))
 
 

@@ -314,6 +314,13 @@ def test_runners_can_be_limited_to_queues() -> None:
     assert default_task_backend.get_result(default.id).status == TaskResultStatus.SUCCESSFUL
 
 
+def test_a_runner_for_a_queue_no_backend_allows_is_refused() -> None:
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="nowhere"):
+        run_once("--queue", "nowhere")
+
+
 def test_a_queue_the_backend_does_not_allow_is_refused_by_django() -> None:
     with pytest.raises(InvalidTask):
         tasks.record.using(queue_name="nowhere")

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from nexus_workflows.exceptions import UnknownWorkflow
+from nexus_workflows.exceptions import UnknownQueue, UnknownWorkflow
 from nexus_workflows.runner import Runner
 
 
@@ -86,7 +86,7 @@ class Command(BaseCommand):
                 poll_interval=options["poll_interval"],
                 once=options["once"],
             )
-        except UnknownWorkflow as error:
+        except (UnknownWorkflow, UnknownQueue) as error:
             raise CommandError(str(error)) from error
         stats = runner.run()
         if options["once"]:
