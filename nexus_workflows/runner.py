@@ -89,7 +89,7 @@ def _selection(
     allowed = tasks_running.configured_queues()
     if kinds is None and queues is None:
         return deferred, allowed
-    unknown = sorted(set(queues or ()) - set(allowed or queues or ()))
+    unknown = [] if allowed is None else sorted(set(queues or ()) - set(allowed))
     if unknown:
         raise UnknownQueue(
             f"no Tasks backend of nexus_workflows allows queue(s) {', '.join(unknown)}; "
