@@ -128,7 +128,8 @@ class Claimer:
         spread = _CONTENTION_SPREAD if self.contended else 1
         ids = list(candidates.order_by(*order_by).values_list("pk", flat=True)[: limit * spread])
         if spread > 1 and len(ids) > limit:
-            ids = random.sample(ids, limit)
+            chosen = set(random.sample(ids, limit))
+            ids = [pk for pk in ids if pk in chosen]  # still in priority order
         if not ids:
             return []
         token = uuid.uuid4().hex
