@@ -389,6 +389,7 @@ def test_shutdown_releases_claims_still_held(register_workflow: Any) -> None:
     assert not thread.is_alive()
     work = row(work_id)
     assert (work.status, work.attempt, work.claim_token) == (Status.PENDING, 0, "")
+    assert work.worker_ids == []  # a released claim is not an attempt (a task's attempts)
     assert work.next_attempt_at <= timezone.now()
     assert runner.stats.released == 1
     finish.set()
