@@ -172,12 +172,12 @@ class Runner:
         previous_handlers = self._install_signal_handlers()
         self._start_threads()
         logger.info(
-            "runner %s started: kinds %s, task queues %s, concurrency %d%s",
-            self.worker_id,
+            "runner started: kinds %s, task queues %s, concurrency %d%s, worker id %s",
             ", ".join(self.kinds) or "(none)",
             "(all)" if self.queues is None else ", ".join(self.queues) or "(none)",
             self.concurrency,
             ", once" if self.once else "",
+            self.worker_id,
         )
         try:
             self._loop()
