@@ -9,9 +9,7 @@ class NexusWorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
         from .airtable import checks as airtable_checks  # noqa: F401 - registers the Airtable checks
-        from .embedded import warn_if_embedded
         from .phi import checks as phi_checks  # noqa: F401 - registers the PHI checks
         from .registry import autodiscover
 
         autodiscover()
-        warn_if_embedded()

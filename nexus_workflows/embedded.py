@@ -81,12 +81,25 @@ def is_embedded(queue_config: Any) -> bool:
     )
 
 
-def warn_if_embedded() -> bool:
-    """Log once (at start-up) that fire-and-forget workflows run in-process; whether they do."""
+_warned_queues: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_if_embedded(queue_name: str | None = None) -> bool:
+    """Log, once per process and queue, that fire-and-forget workflows run in-process;
+    whether the queue is embedded.
+
+    Called where the work runs (the first fire-and-forget enqueue on the queue), not at
+    start-up, so ``manage.py`` commands that run no work stay quiet.
+    """
     queues = getattr(settings, "RQ_QUEUES", None)
-    name = app_settings.RQ_QUEUE
+    name = app_settings.RQ_QUEUE if queue_name is None else queue_name
     if not isinstance(queues, dict) or not isinstance(name, str) or not is_embedded(queues.get(name)):
         return False
+    with _warned_lock:
+        if name in _warned_queues:
+            return True
+        _warned_queues.add(name)
     logger.warning(
         "fire-and-forget workflows run synchronously at enqueue on an in-process Redis "
         "(embedded mode: queue %r is on fakeredis). Set REDIS_URL and run "

@@ -57,6 +57,7 @@ from rq.exceptions import DuplicateJobError
 from rq.queue import Queue
 
 from .conf import app_settings
+from .embedded import warn_if_embedded
 from .enqueueing import parse_delay
 from .exceptions import InvalidEnqueueOption, JobFailed, QueueUnavailable, UnknownWorkflow, WorkflowError
 from .history import describe_error
@@ -300,6 +301,8 @@ def _send(queue: Queue, kind: str, trigger: Any, job_id: str, options: JobOption
         "description": f"workflow {kind}",
     }
     delay = options.delay
+    if not queue.is_async:
+        warn_if_embedded(queue.name)
     if delay and not queue.is_async:
         logger.warning("%s job: delay ignored, the embedded queue runs jobs at enqueue", kind)
         delay = timedelta(0)

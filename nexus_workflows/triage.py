@@ -176,6 +176,17 @@ def run_now(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> Tri
 def _after(result: TriageResult, using: str, what: str, who: dict[str, str]) -> None:
     if result.changed:
         notify(using)  # wake idle runners instead of waiting for their next poll
+    actor = describe_actor(**who)
     for ref in result.changed:
         # Kind and id only: the dedupe key may be derived from patient data.
-        logger.info("%s #%s %s by %s", ref.kind, ref.pk, what, " ".join(who.values()))
+        logger.info("%s #%s %s %s", ref.kind, ref.pk, what, actor)
+
+
+#: How each source of a triage action reads in a sentence ("revived in the admin by alice").
+_SOURCES = {"admin": "in the admin", "command line": "from the command line"}
+
+
+def describe_actor(by: str, user: str = "") -> str:
+    """Where a triage action came from and who did it, as words that follow the verb."""
+    source = _SOURCES.get(by, f"by {by}")
+    return f"{source} by {user}" if user else source

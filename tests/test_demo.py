@@ -104,3 +104,71 @@ def test_bin_demo_starts_an_rq_worker_when_redis_url_is_set(tmp_path: Path) -> N
     # The job was queued at enqueue and run by the worker process, not in-process.
     assert "embedded mode" not in output
     assert "demo-notify: notification sent" in output
+
+
+def demo_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "REDIS_URL": "",
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
+
+
+@pytest.mark.slow
+def test_bin_demo_refuses_a_port_another_server_holds_and_says_how_to_choose_one(tmp_path: Path) -> None:
+    with socket.socket() as other_server:
+        other_server.bind(("127.0.0.1", 0))
+        other_server.listen()
+        port = other_server.getsockname()[1]
+        result = subprocess.run(
+            ["bin/demo", "--run-for", "30", "--port", str(port)],
+            cwd=PROJECT_ROOT,
+            env=demo_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode != 0
+    assert f"port {port} on 127.0.0.1 is in use" in result.stderr
+    assert "bin/demo --port 8001" in result.stderr
+    # Nothing was started or advertised.
+    assert "Admin: http://" not in result.stdout
+    assert "Running workflows" not in result.stdout
+
+
+@pytest.mark.slow
+def test_bin_demo_shows_why_the_first_admin_user_could_not_be_created(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["bin/demo", "--run-for", "1", "--no-server"],
+        cwd=PROJECT_ROOT,
+        env=demo_env(
+            tmp_path, DJANGO_SUPERUSER_PASSWORD="x-demo-pass", DJANGO_SUPERUSER_USERNAME="no spaces!"
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "Enter a valid username" in result.stderr
+
+
+@pytest.mark.slow
+def test_bin_demo_creates_the_first_admin_user_once_and_keeps_it_on_the_next_run(tmp_path: Path) -> None:
+    env = demo_env(tmp_path, DJANGO_SUPERUSER_PASSWORD="x-demo-pass")
+    runs = [
+        subprocess.run(
+            ["bin/demo", "--run-for", "1", "--no-server"],
+            cwd=PROJECT_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        for _ in range(2)
+    ]
+    assert [run.returncode for run in runs] == [0, 0], runs[1].stderr
+    assert "Superuser created successfully." in runs[0].stdout
+    assert "bin/demo: user admin exists; not created again" in runs[1].stdout

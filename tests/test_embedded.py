@@ -20,6 +20,7 @@ from django.db import transaction
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
+from nexus_workflows import embedded as embedded_module
 from nexus_workflows import enqueue
 from nexus_workflows.embedded import embedded_queue, embedded_server, is_embedded, warn_if_embedded
 from nexus_workflows.fire_and_forget import get_queue
@@ -59,14 +60,18 @@ def test_embedded_queue_is_synchronous_on_the_one_in_process_server() -> None:
     assert config["REDIS_CLIENT_KWARGS"]["connection_pool"].connection_kwargs["server"] is embedded_server()
 
 
-def test_the_start_up_warning_is_given_only_in_embedded_mode(
-    settings: Any, logs: pytest.LogCaptureFixture
+def test_the_warning_is_given_once_per_queue_and_only_in_embedded_mode(
+    settings: Any, logs: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(embedded_module, "_warned_queues", set())
     assert warn_if_embedded() is False  # the test settings use the real Redis
     assert logs.text == ""
     settings.RQ_QUEUES = {"default": embedded_queue()}
     assert warn_if_embedded() is True
-    assert "fire-and-forget workflows run synchronously at enqueue on an in-process Redis" in logs.text
+    assert warn_if_embedded("default") is True
+    assert (
+        logs.text.count("fire-and-forget workflows run synchronously at enqueue on an in-process Redis") == 1
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -176,6 +181,14 @@ def test_embedded_mode_runs_a_workflow_with_no_redis_server_at_all(tmp_path: Pat
     assert text.startswith("prepared k1 in process ")
     assert int(text.rsplit(" ", 1)[1]) != os.getpid()
     assert result.stderr.count("embedded mode: queue 'default' is on fakeredis") == 1
+
+
+@pytest.mark.slow
+def test_commands_that_run_no_fire_and_forget_work_say_nothing_of_the_embedded_mode(tmp_path: Path) -> None:
+    result = run_without_network(tmp_path, "check")
+
+    assert result.returncode == 0, result.stderr
+    assert "embedded mode" not in result.stderr + result.stdout
 
 
 @pytest.mark.slow

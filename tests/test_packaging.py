@@ -86,3 +86,55 @@ def test_the_wheel_installs_into_another_project(tmp_path: Path) -> None:
     enqueued = django_admin("workflows", "enqueue", "clinic-reminder", '{"visit": 1}')
     assert "enqueued clinic-reminder #1" in enqueued
     assert "1 done" in django_admin("runworkflows", "--once")
+
+
+def readme_settings_snippet() -> str:
+    """The Python block of the README's "Installing the app in another project"."""
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    section = readme.split("## Installing the app in another project", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("debug", [True, False])
+def test_the_readme_settings_snippet_runs_as_pasted_into_a_fresh_startproject(
+    tmp_path: Path, debug: bool
+) -> None:
+    env = {
+        **{
+            key: value
+            for key, value in os.environ.items()
+            if key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")
+        },
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "PHI_HMAC_KEY": "a-fresh-project-phi-lookup-key-0123456789",
+        "PHI_ENCRYPTION_KEYS": "ZnJlc2gtcHJvamVjdC1waGktZmVybmV0LWtleS0wMDE=",
+    }
+    subprocess.run(
+        [sys.executable, "-m", "django", "startproject", "clinic"], cwd=tmp_path, env=env, check=True
+    )
+    settings = tmp_path / "clinic" / "clinic" / "settings.py"
+    text = settings.read_text() + "\n" + readme_settings_snippet()
+    if not debug:
+        text += '\nDEBUG = False\nALLOWED_HOSTS = ["clinic.example"]\n'
+    settings.write_text(text)
+
+    def manage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=tmp_path / "clinic",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    for command in (["check"], ["migrate", "-v", "0"], ["workflows", "status"]):
+        result = manage(*command)
+        assert result.returncode == 0, result.stdout + result.stderr
+    # With DEBUG off the keys come from the environment; without them the checks say so.
+    if not debug:
+        del env["PHI_HMAC_KEY"]
+        result = manage("check")
+        assert result.returncode != 0
+        assert "nexus_workflows.E100" in result.stderr

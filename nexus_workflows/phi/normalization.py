@@ -16,6 +16,7 @@ import phonenumbers
 
 from ..conf import app_settings
 from .exceptions import InvalidCategory, InvalidPhiValue
+from .recognizers import canonical_email, canonical_phone
 
 CATEGORIES = ("PERSONA", "TELEFONO", "EMAIL", "ID")
 
@@ -66,6 +67,11 @@ def _fold_persona(text: str) -> str:
 
 def _fold_phone(text: str) -> str:
     region = app_settings.PHI_DEFAULT_REGION
+    # What encode_text finds ("044 55 1234 5678", "+52 1 55…") has the recogniser's value,
+    # so every spelling of one number is one value; anything else is parsed as before.
+    canonical = canonical_phone(text, region)
+    if canonical is not None:
+        return canonical
     try:
         number = phonenumbers.parse(text, region)
     except phonenumbers.NumberParseException:
@@ -80,7 +86,9 @@ def _fold_phone(text: str) -> str:
 
 
 def _fold_email(text: str) -> str:
-    return text.strip().casefold()
+    # "maria arroba gmail punto com" is maria@gmail.com, as encode_text finds it.
+    canonical = canonical_email(text)
+    return canonical if canonical is not None else text.strip().casefold()
 
 
 def _fold_id(text: str) -> str:
@@ -107,8 +115,10 @@ def normalize(value: Any, category: str) -> str:
     """The normalised form of ``value`` in ``category``.
 
     PERSONA: Unicode-normalised, accents and case folded, whitespace collapsed.
-    TELEFONO: E.164, parsed with ``PHI_DEFAULT_REGION`` for numbers without a country code.
-    EMAIL: trimmed and case-folded. ID: separators (anything not a letter or digit)
+    TELEFONO: E.164, parsed with ``PHI_DEFAULT_REGION`` for numbers without a country code
+    (Mexican prefixes such as 044 and "+52 1" dropped, as ``encode_text`` finds them).
+    EMAIL: trimmed and case-folded; a spelled-out address ("maria arroba gmail punto com")
+    as the address it spells. ID: separators (anything not a letter or digit)
     removed, upper-cased.
     """
     category = check_category(category)
@@ -116,16 +126,22 @@ def normalize(value: Any, category: str) -> str:
 
 
 def surface_form(text: str) -> str:
-    """What is stored (encrypted) and decoded back: NFC, trimmed, whitespace runs collapsed."""
-    return " ".join(unicodedata.normalize("NFC", text).split())
+    """What is stored (encrypted) and decoded back: NFC and trimmed.
+
+    Inner whitespace is kept as written ("55\u00a01234\u00a05678" as pasted), so that
+    ``decode(encode_text(x))`` gives ``x`` back exactly; :func:`richness` ignores it.
+    """
+    return unicodedata.normalize("NFC", text).strip()
 
 
 def richness(surface: str) -> tuple[int, bool, int]:
     """How rich a surface is: accented letters, then mixed case, then length.
 
     Tuples compare in that order, so a surface replaces the stored one only when its
-    richness is strictly greater.
+    richness is strictly greater. Whitespace runs count as one space: "María  López" is
+    no richer than "María López".
     """
+    surface = " ".join(surface.split())
     if surface.isascii():
         accents = 0
     else:

@@ -24,7 +24,6 @@ from collections.abc import Iterable
 from contextlib import nullcontext
 from typing import Any
 
-import phonenumbers
 from django.db import IntegrityError, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import FilteredRelation, Max, Q
@@ -36,6 +35,8 @@ from .exceptions import InvalidPhiValue, InvalidSpan, InvalidText, TokenAllocati
 from .keys import keyring
 from .models import PhiToken, TokenMap
 from .normalization import check_category, is_richer, normalize_text, surface_form, value_text
+from .recognizers import find as recognize
+from .recognizers import resolve
 from .tokens import TOKEN_PATTERN, check_code, make_token
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,6 @@ _ALLOCATION_ROUNDS = 200
 _CONTENDED_FOR = 1.0
 # Rounds of surface compare-and-set; each loss means another writer stored a surface.
 _UPGRADE_ROUNDS = 20
-
-# E-mail addresses in free text: a local part, "@", dotted domain labels and a
-# letters-only top-level domain. Not RFC 5322, but what people type in a chat.
-EMAIL_PATTERN = re.compile(r"(?<![\w.%+-])[\w.%+-]+@[\w-]+(?:\.[\w-]+)*\.[^\W\d_]{2,}(?![\w-])")
-
 
 def _connection() -> BaseDatabaseWrapper:
     return connections[router.db_for_write(TokenMap)]
@@ -525,34 +521,23 @@ def _caller_spans(text: str, spans: Iterable[Any] | None) -> list[Span]:
     return checked
 
 
-def _overlaps(start: int, end: int, taken: list[Span]) -> bool:
-    return any(start < other_end and other_start < end for other_start, other_end, _ in taken)
-
-
 def find_spans(text: str, spans: Iterable[Any] | None = ()) -> list[Span]:
-    """The caller's spans plus the e-mail addresses and phone numbers found in ``text``.
+    """The caller's spans plus the phones, e-mail addresses and IDs found in ``text``.
 
-    Found spans that overlap a caller's span are dropped (the caller's recogniser wins),
-    and digits inside an e-mail address are not a phone number.
+    Detection is :mod:`.recognizers`; a found span that overlaps a caller's span is dropped
+    (the caller's recogniser wins), and overlapping found spans are resolved there.
     """
     caller = _caller_spans(text, spans)
-    found: list[Span] = []
-    if "@" in text:
-        for match in EMAIL_PATTERN.finditer(text):
-            if not _overlaps(match.start(), match.end(), caller):
-                found.append((match.start(), match.end(), "EMAIL"))
-    for match in phonenumbers.PhoneNumberMatcher(text, app_settings.PHI_DEFAULT_REGION):
-        if not _overlaps(match.start, match.end, caller + found):
-            found.append((match.start, match.end, "TELEFONO"))
-    return sorted(caller + found)
+    return resolve(caller, recognize(text, app_settings.PHI_DEFAULT_REGION))
 
 
 def encode_text(code: str, text: str, spans: Iterable[Any] | None = ()) -> str:
     """``text`` with its PHI replaced by tokens of conversation ``code``.
 
-    E-mail addresses and phone numbers are found here (phone numbers with
-    ``phonenumbers.PhoneNumberMatcher`` and ``PHI_DEFAULT_REGION``); names, IDs and
-    anything else come as ``(start, end, category)`` spans from the caller's recogniser.
+    Phone numbers, e-mail addresses and Mexican IDs (CURP, RFC, NSS) are found here (see
+    :mod:`.recognizers`; phones without a country code are read in ``PHI_DEFAULT_REGION``);
+    names and anything else come as ``(start, end, category)`` spans from the caller's
+    recogniser.
     Every span is validated and normalised before the first token is written.
     """
     code = check_code(code)

@@ -179,3 +179,23 @@ def test_unregistered_kinds_are_reported(make_work):
 
     assert len(result.changed) == 2
     assert result.unregistered_kinds == ["retired-kind"]
+
+
+@pytest.mark.parametrize(
+    ("by", "user", "words"),
+    [
+        ("admin", "alice", "in the admin by alice"),
+        ("command line", "", "from the command line"),
+        ("a script", "", "by a script"),
+    ],
+)
+def test_the_log_line_says_where_a_triage_action_came_from_and_who_did_it(
+    make_work, caplog, by, user, words
+):
+    work = make_work(Status.ABANDONED)
+    caplog.set_level("INFO", logger="nexus_workflows.triage")
+
+    triage.revive(DeferredWork.objects.filter(pk=work.pk), by=by, user=user)
+
+    assert f"#{work.pk} revived {words}" in caplog.text
+    assert "admin admin" not in caplog.text

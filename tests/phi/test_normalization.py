@@ -89,8 +89,15 @@ def test_unknown_category_lists_the_allowed_ones(category: object) -> None:
     assert "PERSONA, TELEFONO, EMAIL, ID" in str(raised.value)
 
 
-def test_surface_form_trims_collapses_and_composes() -> None:
-    assert surface_form("  Mari\u0301a \t López  ") == "María López"
+def test_surface_form_trims_and_composes_and_keeps_inner_whitespace() -> None:
+    assert surface_form("  Mari\u0301a \t López  ") == "María \t López"
+    # Kept as written so that decode(encode_text(x)) == x for a pasted number.
+    assert surface_form("55\u00a01234\u00a05678") == "55\u00a01234\u00a05678"
+
+
+def test_whitespace_does_not_make_a_surface_richer() -> None:
+    assert richness("María  López") == richness("María López")
+    assert not is_richer("María \t López", "María López")
 
 
 @pytest.mark.parametrize(

@@ -249,6 +249,39 @@ def test_encode_text_caller_spans_win_over_detection(code: str) -> None:
     assert encoded == "ID <<ID_1>> and mail <<EMAIL_2>>"
 
 
+def test_encode_text_the_issues_messages_in_one_conversation(code: str) -> None:
+    messages = [
+        ("La receta dice 044 55 1234 5678", "La receta dice <<TELEFONO_1>>"),
+        ("whatsapp 1 55 1234 5678", "whatsapp <<TELEFONO_1>>"),
+        ("mi correo es maria arroba gmail punto com", "mi correo es <<EMAIL_2>>"),
+        ("CURP LOMA800101MDFPRR09 y RFC LOMA800101AB1", "CURP <<ID_3>> y RFC <<ID_4>>"),
+        # Other spellings of the same values get the same tokens.
+        ("o al (55) 12-34-56-78, Maria@Gmail.com", "o al <<TELEFONO_1>>, <<EMAIL_2>>"),
+        ("+52 1 55 1234 5678 / maria(at)gmail(dot)com", "<<TELEFONO_1>> / <<EMAIL_2>>"),
+        ("curp: loma800101mdfprr09", "curp: <<ID_3>>"),
+    ]
+    for message, encoded in messages:
+        assert encode_text(code, message) == encoded
+    assert encode(code, "maria @ gmail . com", "EMAIL") == "<<EMAIL_2>>"
+    assert encode(code, "045 55 1234 5678", "TELEFONO") == "<<TELEFONO_1>>"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "La receta dice 044 55 1234 5678",
+        "mi cel 55\u00a01234\u00a05678 (pegado de WhatsApp)",
+        "número: \uff15\uff15 \uff11\uff12\uff13\uff14 \uff15\uff16\uff17\uff18",
+        "correo MARIA  arroba  GMAIL  punto  com y tel 55  1234  5678",
+        "datos:\nCURP loma800101mdfprr09\nNSS 12-34-56-7890-3\nRFC LOMA800101AB1 🙏",
+    ],
+)
+def test_decode_gives_back_exactly_what_encode_text_replaced(code: str, message: str) -> None:
+    encoded = encode_text(code, message)
+    assert "<<" in encoded
+    assert decode(code, encoded) == message
+
+
 def test_encode_text_without_phi_is_unchanged_and_writes_nothing(code: str) -> None:
     assert encode_text(code, "hola, ¿cómo estás?") == "hola, ¿cómo estás?"
     assert not TokenMap.objects.filter(code=code).exists()

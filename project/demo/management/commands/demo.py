@@ -8,13 +8,14 @@ process until Ctrl-C, so a newcomer can watch work succeed, retry and be abandon
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from nexus_workflows import enqueue
 from nexus_workflows.conf import app_settings
@@ -43,6 +44,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not options["no_server"] and not port_is_free(options["port"]):
+            raise CommandError(
+                f"port {options['port']} on 127.0.0.1 is in use by another program, so the admin "
+                "cannot be served there. Choose a free port: bin/demo --port 8001 "
+                "(or DEMO_PORT=8001 bin/demo)."
+            )
         self.seed()
         children: list[subprocess.Popen[bytes]] = []
         if not options["no_server"]:
@@ -90,3 +97,14 @@ class Command(BaseCommand):
 
     def start(self, *command: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "manage.py", *command], cwd=settings.BASE_DIR)
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``port`` right now."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

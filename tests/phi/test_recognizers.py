@@ -1,0 +1,323 @@
+"""The recognisers on their own: what they find, what they leave, how overlaps resolve.
+
+Pure functions: no database. The encode_text round trips are in test_service.py and the
+corpus in test_corpus.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from django.test import override_settings
+from stdnum import luhn
+from stdnum.mx import curp, rfc
+
+from nexus_workflows.conf import app_settings
+from nexus_workflows.phi import find_spans, normalize
+from nexus_workflows.phi.recognizers import Detection, canonical_email, canonical_phone, find, resolve, shadow
+
+
+def found(text: str) -> list[tuple[str, str]]:
+    """(surface, category) of every span encode_text would replace."""
+    return [(text[start:end], category) for start, end, category in find_spans(text)]
+
+
+def values(text: str) -> set[str]:
+    return {detection.value for detection in find(text, app_settings.PHI_DEFAULT_REGION)}
+
+
+# --- the issue's table ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("La receta dice 044 55 1234 5678", [("044 55 1234 5678", "TELEFONO")]),
+        ("whatsapp 1 55 1234 5678", [("1 55 1234 5678", "TELEFONO")]),
+        ("mi correo es maria arroba gmail punto com", [("maria arroba gmail punto com", "EMAIL")]),
+        (
+            "CURP LOMA800101MDFPRR09 y RFC LOMA800101AB1",
+            [("LOMA800101MDFPRR09", "ID"), ("LOMA800101AB1", "ID")],
+        ),
+    ],
+)
+def test_the_issues_examples_are_found(text: str, expected: list[tuple[str, str]]) -> None:
+    assert found(text) == expected
+
+
+def fullwidth(digits: str) -> str:
+    return "".join(chr(0xFF10 + int(char)) if char.isdigit() else char for char in digits)
+
+
+# --- phones --------------------------------------------------------------------------------
+
+CDMX_SPELLINGS = [
+    "5512345678", "55 1234 5678", "55-1234-5678", "(55) 1234-5678", "(55)1234-5678", "55.1234.5678",
+    "551 234 5678", "55 12 34 56 78", "55-12-34-56-78", "5 5 1 2 3 4 5 6 7 8",
+    "+52 55 1234 5678", "+525512345678", "52 55 1234 5678", "525512345678", "+52 (55) 1234 5678",
+    "+52 1 55 1234 5678", "+5215512345678", "521 55 1234 5678", "5215512345678", "00 52 55 1234 5678",
+    "044 55 1234 5678", "045 55 1234 5678", "044-55-1234-5678", "01 55 1234 5678", "01 (55) 1234 5678",
+    "1 55 1234 5678", "15512345678",
+    "55\u00a01234\u00a05678", "55\u202f1234\u202f5678", fullwidth("5512345678"), fullwidth("55 1234 5678"),
+    "\u0665\u0665\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668",  # Arabic-Indic digits
+    "55\u20131234\u20135678",  # en dashes
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("spelling", CDMX_SPELLINGS)
+def test_every_spelling_of_a_mexican_number_is_found_whole_with_one_value(spelling: str) -> None:
+    text = f"Hola, mi número es {spelling}, llámeme después de las 5."
+    assert found(text) == [(spelling, "TELEFONO")]
+    assert values(text) == {"+525512345678"}
+    # encode() of the spelling gives the same value, so one token per number.
+    assert normalize(spelling, "TELEFONO") == "+525512345678"
+
+
+@pytest.mark.parametrize(
+    ("spelling", "e164"),
+    [
+        ("222 123 4567", "+522221234567"),
+        ("(222) 123-45-67", "+522221234567"),
+        ("998.123.4567", "+529981234567"),
+        ("045 (998) 123 4567", "+529981234567"),
+        ("+1 (415) 555-2671", "+14155552671"),
+        ("+1-415-555-2671", "+14155552671"),
+        ("+34 612 345 678", "+34612345678"),
+        ("+44 20 7946 0958", "+442079460958"),
+        ("+57 321 1234567", "+573211234567"),
+        ("001 415 555 2671", "+14155552671"),
+    ],
+)
+def test_other_mexican_areas_and_numbers_abroad(spelling: str, e164: str) -> None:
+    text = f"tel {spelling} gracias"
+    assert found(text) == [(spelling, "TELEFONO")]
+    assert values(text) == {e164}
+
+
+@pytest.mark.parametrize(
+    ("text", "phone"),
+    [
+        ("cel5512345678", "5512345678"),
+        ("el 12/05/2024 55 1234 5678", "55 1234 5678"),
+        ("nací en 1985 5512345678", "5512345678"),
+        ("5512345678. 3 tabletas", "5512345678"),
+        ("llamar 55 1234 5678 10:30", "55 1234 5678"),
+        ("(55 1234 5678)", "55 1234 5678"),
+        ("tel:+52 55 1234 5678;", "+52 55 1234 5678"),
+        ("el de mi mamá (044 998 5857314) y", "044 998 5857314"),
+    ],
+)
+def test_a_number_next_to_other_numbers_is_found_alone(text: str, phone: str) -> None:
+    assert found(text) == [(phone, "TELEFONO")]
+
+
+def test_two_numbers_in_one_line() -> None:
+    text = "marque al 55 1234 5678 / 33 8765 4321 o al 044 81 2345 6789"
+    assert found(text) == [
+        ("55 1234 5678", "TELEFONO"),
+        ("33 8765 4321", "TELEFONO"),
+        ("044 81 2345 6789", "TELEFONO"),
+    ]
+
+
+NOT_IDENTIFIERS = [
+    # dates and times
+    "12/05/2024", "12-05-2024", "12.05.2024", "2024-05-12", "12 05 2024", "12 de mayo de 2024",
+    "cita 12-05-2024 10:30", "2024-05-12 10:30", "12/05/2024 10:30", "10:30", "16.45 hrs", "8 am",
+    "de 9 a 14 hrs", "del 5 al 12 de junio de 2024",
+    # amounts
+    "$1,250.00", "$ 350", "1500 pesos", "MXN 2,300", "$12 500", "$ 1 250 000", "$25,000,000.00",
+    "$ 25 000 000.00", "1 250 000 pesos",
+    # doses, vitals and lab values
+    "500 mg cada 8 horas", "1 tableta cada 12 hrs por 7 días", "10 UI", "0.5 ml", "20 gotas", "1/2 tableta",
+    "120/80", "presión 135/90 mmHg", "glucosa 110 mg/dl", "HbA1c 7.2%", "plaquetas 250 000",
+    "leucocitos 11 500", "glucosas 98 102 95 110", "glucosas 105 110 98 120 130", "glucosas 133 154 115 99",
+    "peso 72.5 kg",
+    "talla 1.65 m", "temperatura 38.5", "saturación 94%", "semana 32 de embarazo",
+    # places, years, folios
+    "C.P. 06600", "CP 44100", "habitación 305", "cama 12", "consultorio 4B", "ext. 2345", "extensión 112",
+    "desde 2019", "en 1998", "folio 483920", "orden 2024-000123", "pedido #A-55123", "receta No. 0012345",
+    "folio 1234567890", "folio 0987654321", "guía 71234567891", "lote B2405X", "ticket 00045821",
+    "factura FAC240115001", "clave LOMA800101MXXPRR04", "LOMA800101", "123456789012",
+    # words that spell e-mails elsewhere
+    "compré una arroba de naranjas", "a las 8 en punto", "desde mi punto de vista", "@clinica_salud",
+    "maria@gmail", "nos vemos at home",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("text", NOT_IDENTIFIERS)
+def test_nothing_else_is_touched(text: str) -> None:
+    message = f"Buenas tardes, {text}. Gracias"
+    assert found(message) == []
+
+
+def test_grouping_that_no_phone_number_has_is_not_a_phone() -> None:
+    # Valid Mexican numbers by their digits, but grouped as lists of values are.
+    assert found("glucosas 98 102 95 110") == []
+    assert found("98 102 95 110") == []
+    assert found("981 029 5110") == [("981 029 5110", "TELEFONO")]
+
+
+@override_settings(NEXUS_WORKFLOWS={"PHI_DEFAULT_REGION": "US"})
+def test_mexican_prefixes_apply_only_when_the_region_is_mexico() -> None:
+    assert found("call 415 555 2671") == [("415 555 2671", "TELEFONO")]
+    assert values("call 415 555 2671") == {"+14155552671"}
+    # 044 means nothing there; 551 is an area code in New Jersey.
+    assert found("044 55 1234 5678") == [("55 1234 5678", "TELEFONO")]
+    assert values("044 55 1234 5678") == {"+15512345678"}
+
+
+# --- e-mail addresses ----------------------------------------------------------------------
+
+EMAIL_SPELLINGS = [
+    "maria.lopez@gmail.com", "Maria.Lopez@Gmail.COM", "MARIA.LOPEZ@GMAIL.COM",
+    "maria punto lopez arroba gmail punto com", "Maria Punto Lopez Arroba Gmail Punto Com",
+    "maria.lopez arroba gmail.com", "maria.lopez @ gmail . com", "maria.lopez@ gmail.com",
+    "maria.lopez(at)gmail(dot)com", "maria.lopez [at] gmail [dot] com",
+    "maria.lopez (arroba) gmail (punto) com", "maria.lopez\uff20gmail.com",  # full-width @
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("spelling", EMAIL_SPELLINGS)
+def test_every_spelling_of_an_address_is_found_whole_with_one_value(spelling: str) -> None:
+    text = f"mi correo es {spelling} y ahí me manda la receta"
+    assert found(text) == [(spelling, "EMAIL")]
+    assert values(text) == {"maria.lopez@gmail.com"}
+    assert normalize(spelling, "EMAIL") == "maria.lopez@gmail.com"
+
+
+@pytest.mark.parametrize(
+    ("address", "value"),
+    [
+        ("maria.lopez+citas@example.com.mx", "maria.lopez+citas@example.com.mx"),
+        ("jose_85@correo.unam.mx", "jose_85@correo.unam.mx"),
+        ("R.Perez@Sub.Dominio.Example.org", "r.perez@sub.dominio.example.org"),
+        ("juan guion bajo perez arroba hotmail punto com", "juan_perez@hotmail.com"),
+        ("ana guion medio ruiz arroba outlook punto es", "ana-ruiz@outlook.es"),
+        ("núñez@correo.mx", "núñez@correo.mx"),
+        ("someone@example.museum", "someone@example.museum"),
+    ],
+)
+def test_addresses(address: str, value: str) -> None:
+    text = f"correo: {address}."
+    assert found(text) == [(address, "EMAIL")]
+    assert values(text) == {value}
+
+
+def test_a_spelled_address_stops_at_its_top_level_domain() -> None:
+    text = "maria arroba gmail punto com punto y aparte"
+    assert found(text) == [("maria arroba gmail punto com", "EMAIL")]
+
+
+def test_invalid_addresses_are_not_found() -> None:
+    assert found("a..b@example.com") == []
+    assert found("maria arroba gmail punto xyz123") == []  # spelled: a known top-level domain
+
+
+# --- national IDs --------------------------------------------------------------------------
+
+
+def make_curp(body: str) -> str:
+    return body + curp.calc_check_digit(body)
+
+
+def test_curp_with_or_without_its_check_digit() -> None:
+    good = make_curp("HEGG560427MVZRRL0")
+    wrong = good[:-1] + str((int(good[-1]) + 1) % 10)
+    for value in (good, wrong, good.lower(), "HEGG-560427-MVZRRL0" + good[-1]):
+        assert found(f"CURP: {value}") == [(value, "ID")]
+    assert values(f"curp {good.lower()}") == {good}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "HEGG560427MXXRRL0",  # no such state
+        "HEGG561327MVZRRL0",  # month 13
+        "HEGG560230MVZRRL0",  # 30 February
+        "HEGG560427QVZRRL0",  # sex Q
+        "HEGG560427MVZRAL0",  # a vowel where a consonant goes
+        "HBGG560427MVZRRL0",  # B is no vowel
+    ],
+)
+def test_a_curp_must_have_its_structure(body: str) -> None:
+    assert found(f"CURP {make_curp(body)}") == []
+
+
+def test_rfc_of_a_person_and_of_a_company() -> None:
+    person = "GODE561231GR" + rfc.calc_check_digit("GODE561231GR")
+    company = "ABC010101AB" + rfc.calc_check_digit("ABC010101AB")
+    assert found(f"mis datos: {person}, empresa {company}") == [(person, "ID"), (company, "ID")]
+
+
+def test_rfc_check_digit_is_required_unless_rfc_is_said() -> None:
+    body = "GODE561231GR"
+    wrong = body + ("1" if rfc.calc_check_digit(body) != "1" else "2")
+    assert found(f"folio {wrong}") == []
+    assert found(f"RFC {wrong}") == [(wrong, "ID")]
+    assert found(f"mi rfc es {wrong}") == [(wrong, "ID")]
+    # Without homoclave only after "RFC".
+    assert found("RFC: GODE561231") == [("GODE561231", "ID")]
+    assert found("clave GODE561231") == []
+
+
+def test_nss_check_digit_is_required_unless_nss_is_said() -> None:
+    first10 = "7298760185"
+    good = first10 + luhn.calc_check_digit(first10)
+    wrong = first10 + str((int(good[-1]) + 1) % 10)
+    assert found(f"numero {good}") == [(good, "ID")]
+    grouped = f"{good[:2]}-{good[2:4]}-{good[4:6]}-{good[6:10]}-{good[10]}"
+    assert found(f"numero {grouped}") == [(grouped, "ID")]
+    assert values(f"numero {grouped}") == {good}
+    assert found(f"guía {wrong}") == []
+    assert found(f"NSS {wrong}") == [(wrong, "ID")]
+    assert found(f"mi número de seguro social es {wrong}") == [(wrong, "ID")]
+    assert found(f"mi número de seguro soical es {wrong}") == [(wrong, "ID")]  # a typo in the cue
+    assert found(f"NSS de mi esposo: {wrong}") == [(wrong, "ID")]
+
+
+# --- resolution ----------------------------------------------------------------------------
+
+
+def test_caller_spans_win_then_longest_then_earliest_then_cue_then_category() -> None:
+    detections = [
+        Detection(0, 10, "TELEFONO", "+525512345678"),
+        Detection(0, 10, "ID", "5512345678"),  # same span: ID before TELEFONO
+        Detection(5, 30, "EMAIL", "x@example.com"),  # longest
+        Detection(32, 40, "TELEFONO", "+1", cued=True),
+        Detection(32, 40, "ID", "A"),  # same span: the cued one wins over category order
+        Detection(41, 45, "ID", "B"),
+        Detection(43, 47, "ID", "C"),  # later and as long: the earlier wins
+    ]
+    caller = [(44, 50, "PERSONA")]
+    for order in itertools.permutations(detections):
+        assert resolve(caller, order) == [(5, 30, "EMAIL"), (32, 40, "TELEFONO"), (44, 50, "PERSONA")]
+    assert resolve([], detections[:2]) == [(0, 10, "ID")]
+    assert resolve([], detections[5:]) == [(41, 45, "ID")]
+
+
+def test_digits_inside_an_address_are_not_a_phone() -> None:
+    assert found("escriba a a5512345678@x.com") == [("a5512345678@x.com", "EMAIL")]
+    assert found("escriba a 5512345678@x.com") == [("5512345678@x.com", "EMAIL")]
+
+
+def test_spans_never_cross_a_line_break() -> None:
+    assert found("55 1234\n5678") == []
+    assert found("maria arroba\ngmail punto com") == []
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def test_shadow_keeps_offsets() -> None:
+    text = fullwidth("55") + "\u00a0" + fullwidth("1234") + "\uff0d" + fullwidth("5678") + " 🙏 \uff0b52"
+    assert shadow(text) == "55 1234-5678 🙏 +52"
+    assert len(shadow(text)) == len(text)
+
+
+def test_canonical_forms_need_the_whole_text() -> None:
+    assert canonical_phone(" 044 55 1234 5678 ", "MX") == "+525512345678"
+    assert canonical_phone("tel 55 1234 5678", "MX") is None
+    assert canonical_email("maria arroba gmail punto com") == "maria@gmail.com"
+    assert canonical_email("correo maria@gmail.com") is None
