@@ -22,7 +22,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("ours", "django-tasks", "procrastinate")
-LABELS = {"ours": "nexus_workflows", "django-tasks": "django-tasks-db", "procrastinate": "Procrastinate"}
 SECTIONS = ("compare", "scaling", "growth", "purge", "limit", "pgbouncer")
 DEFAULT_SECTIONS = SECTIONS[:-1]  # pgbouncer: with --via-pgbouncer (or --sections pgbouncer)
 # Behind PgBouncer (transaction pooling), beside direct runs of the same systems.
@@ -32,6 +31,15 @@ VARIANTS = {
     "ours-pooled-wakeup": ("ours", "pooled+wakeup", "nexus_workflows via PgBouncer, WAKEUP_DATABASE direct"),
     "procrastinate-direct": ("procrastinate", "direct", "Procrastinate, direct"),
     "procrastinate-pooled": ("procrastinate", "pooled", "Procrastinate via PgBouncer"),
+}
+# The same @task module (benchmarks/tasks.py) on our Tasks backend and on django-tasks-db's.
+TASK_SYSTEMS = ("ours-tasks", "django-tasks")
+RUN_ORDER = ("ours", "ours-tasks", "django-tasks", "procrastinate")
+LABELS = {
+    "ours": "nexus_workflows",
+    "ours-tasks": "nexus_workflows.tasks.DeferredBackend",
+    "django-tasks": "django-tasks-db",
+    "procrastinate": "Procrastinate",
 }
 
 # The issue's targets.
@@ -44,6 +52,9 @@ TARGET_GROWTH = 0.20
 TARGET_STALL_MS = 1000
 TARGET_POOLED_LATENCY_MULTIPLE = 1.5  # with WAKEUP_DATABASE, of the direct latency
 TARGET_POOLED_DRAIN = 0.80  # of the direct drain
+# Issue 13: Django's Tasks API on our runner against django-tasks-db, same @task module.
+TARGET_TASKS_DRAIN_MULTIPLE = 20
+TARGET_TASKS_LATENCY_DIVISOR = 50
 
 
 def log(message: str) -> None:
@@ -78,6 +89,11 @@ def parse_args() -> argparse.Namespace:
         "--postgres-url",
         default=os.environ.get("BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432"),
         help="server to use; databases nw_cmp_* are created on it",
+    )
+    parser.add_argument(
+        "--database-prefix",
+        default="nw_cmp",
+        help="prefix of the databases created (default nw_cmp), so that runs sharing a server stay apart",
     )
     parser.add_argument("--peers-python", default=str(ROOT / "benchmarks/.peers-venv/bin/python"))
     parser.add_argument(
@@ -183,12 +199,12 @@ def verdict(met: bool, detail: str) -> str:
 
 
 def run_compare(options: argparse.Namespace, urls: dict[str, str]) -> dict[str, list[dict[str, Any]]]:
-    runs: dict[str, list[dict[str, Any]]] = {system: [] for system in SYSTEMS}
+    runs: dict[str, list[dict[str, Any]]] = {system: [] for system in RUN_ORDER}
     for run in range(options.runs):
         # Alternate: each run starts with the next system, so no system always goes first.
-        order = SYSTEMS[run % len(SYSTEMS) :] + SYSTEMS[: run % len(SYSTEMS)]
+        order = RUN_ORDER[run % len(RUN_ORDER) :] + RUN_ORDER[: run % len(RUN_ORDER)]
         for system in order:
-            python = sys.executable if system == "ours" else options.peers_python
+            python = sys.executable if system.startswith("ours") else options.peers_python
             log(f"run {run + 1}/{options.runs}: {system}")
             runs[system].append(
                 run_json(
@@ -272,6 +288,48 @@ def report_compare(
         + verdict(latency < TARGET_LATENCY_MS, f"{latency:.1f} ms"),
     ]
     return "\n".join(lines), targets
+
+
+def report_tasks(runs: dict[str, list[dict[str, Any]]]) -> tuple[str, list[str]]:
+    """The same @task module on our backend and on django-tasks-db's, from the same runs."""
+    ours, peer = TASK_SYSTEMS
+
+    def values(system: str, key: str) -> list[float]:
+        return [run[key] for run in runs[system] if key in run]
+
+    pairs = list(zip(runs[ours], runs[peer], strict=True))
+    drain_ratios = [o["drain_per_s"] / p["drain_per_s"] for o, p in pairs]
+    latency_ratios = [p["latency_median_ms"] / o["latency_median_ms"] for o, p in pairs]
+    enqueue_ratios = [o["enqueue_per_s"] / p["enqueue_per_s"] for o, p in pairs]
+    rows = [
+        [
+            "enqueue one by one, `Task.enqueue` (/s)",
+            *(spread(values(s, "enqueue_per_s")) for s in TASK_SYSTEMS),
+            spread(enqueue_ratios, ".2f") + "x",
+        ],
+        [
+            "drain, 1 worker process (/s)",
+            *(spread(values(s, "drain_per_s")) for s in TASK_SYSTEMS),
+            spread(drain_ratios, ".1f") + "x",
+        ],
+        [
+            "idle enqueue-to-start latency, median (ms)",
+            *(spread(values(s, "latency_median_ms"), ",.1f") for s in TASK_SYSTEMS),
+            spread(latency_ratios, ".1f") + "x (peer ÷ ours)",
+        ],
+    ]
+    text = table(
+        ["", "`runworkflows` (ours)", "`db_worker` (django-tasks-db)", "ours relative to django-tasks-db"],
+        rows,
+    )
+    drain = statistics.median(drain_ratios)
+    latency = statistics.median(latency_ratios)
+    return text, [
+        f"Tasks API drain ≥ {TARGET_TASKS_DRAIN_MULTIPLE}x django-tasks-db's: "
+        + verdict(drain >= TARGET_TASKS_DRAIN_MULTIPLE, f"{drain:.1f}x"),
+        f"Tasks API idle latency ≤ 1/{TARGET_TASKS_LATENCY_DIVISOR} of django-tasks-db's: "
+        + verdict(latency >= TARGET_TASKS_LATENCY_DIVISOR, f"1/{latency:.0f}"),
+    ]
 
 
 def report_scaling(result: dict[str, Any]) -> str:
@@ -515,8 +573,9 @@ def main() -> None:
         wait_for_quiet(options.wait_load, options.wait_max)
     started = datetime.datetime.now(datetime.UTC)
     load_at_start = os.getloadavg()
-    urls = {system: ensure_database(server, f"nw_cmp_{system.replace('-', '_')}") for system in SYSTEMS}
-    growth_url = ensure_database(server, "nw_cmp_growth")
+    prefix = options.database_prefix
+    urls = {system: ensure_database(server, f"{prefix}_{system.replace('-', '_')}") for system in RUN_ORDER}
+    growth_url = ensure_database(server, f"{prefix}_growth")
     raw: dict[str, Any] = {"machine": machine(server), "options": vars(options)}
     timings: dict[str, float] = {}
 
@@ -583,7 +642,7 @@ def main() -> None:
     info = raw["machine"]
     versions = dict(runs["ours"][0]["versions"]) if runs else {}
     if runs:
-        for peer in SYSTEMS[1:]:
+        for peer in RUN_ORDER[1:]:
             versions.update(runs[peer][0]["versions"])
     if pooled:
         for variant_runs in pooled.values():
@@ -618,6 +677,17 @@ def main() -> None:
             f"### Side by side: {options.items:,} no-op jobs, one worker process each, "
             f"{options.runs} runs per system "
             "(alternating), median (min-max)",
+            "",
+            text,
+            "",
+        ]
+        text, met = report_tasks(runs)
+        targets += met
+        out += [
+            "### Django's Tasks API: the same `@task` module on our backend and on django-tasks-db's",
+            "",
+            f"{options.items:,} no-op tasks enqueued with `Task.enqueue()`, one worker process each, "
+            "from the same runs as above, median (min-max).",
             "",
             text,
             "",

@@ -172,12 +172,13 @@ def due_query_cost(runs: int = 30) -> dict[str, Any]:
     from nexus_workflows.models import DeferredWork
     from nexus_workflows.registry import registry
 
-    claimer = Claimer(kinds=registry.kinds(deferred=True), using="default")
+    claimer = Claimer(kinds=registry.kinds(deferred=True), queues=None, using="default")
     now = timezone.now()
 
     def query() -> Any:
-        due = DeferredWork.objects.due(now).filter(kind__in=claimer.kinds)
-        return due.order_by("next_attempt_at").values_list("pk", flat=True)[:100]
+        # As Claimer.claim_due builds it: its kinds and every task queue, priority first.
+        due = DeferredWork.objects.due(now).filter(claimer._selection())
+        return due.order_by("-priority", "next_attempt_at").values_list("pk", flat=True)[:100]
 
     sql, params = query().query.sql_with_params()
     with connection.cursor() as cursor:

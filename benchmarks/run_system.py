@@ -2,9 +2,11 @@
 
     python benchmarks/run_system.py SYSTEM --database-url URL [--items N] [--latency-samples S]
 
-SYSTEM is ``ours`` (run with the app's ``.venv``), ``django-tasks`` or ``procrastinate`` (run
-with ``benchmarks/.peers-venv``). ``benchmarks/compare`` runs this for every system in turn;
-it can also be run alone. Every system goes through the same protocol (:func:`measure`):
+SYSTEM is ``ours`` or ``ours-tasks`` (run with the app's ``.venv``), ``django-tasks`` or
+``procrastinate`` (run with ``benchmarks/.peers-venv``). ``ours-tasks`` and ``django-tasks`` run
+the same ``@task`` module (``benchmarks/tasks.py``) on our backend and on django-tasks-db's.
+``benchmarks/compare`` runs this for every system in turn; it can also be run alone. Every
+system goes through the same protocol (:func:`measure`):
 
 1. enqueue N no-op jobs one by one (autocommit, no worker running);
 2. enqueue N at once through the system's bulk API, where it has one (no worker running);
@@ -239,6 +241,72 @@ class Ours(System):
         return {"done_batches": batches, "wakeup_mode": mode.group(1) if mode else None}
 
 
+class OursTasks(System):
+    """Django's Tasks API on nexus_workflows: the ``@task`` module of ``benchmarks/tasks.py``
+    enqueued with ``Task.enqueue`` on ``nexus_workflows.tasks.DeferredBackend`` and run by
+    ``manage.py runworkflows`` (the project's defaults, as for ``ours``)."""
+
+    name = "ours-tasks"
+    settings_module = "benchmarks.settings"
+
+    def setup(self) -> None:
+        super().setup()
+        from nexus_workflows.models import DeferredWork
+
+        self.table = DeferredWork._meta.db_table
+
+    def packages(self) -> tuple[str, ...]:
+        import django
+
+        return () if django.VERSION >= (6, 0) else ("django-tasks",)
+
+    def worker(self) -> WorkerProcess:
+        return WorkerProcess([sys.executable, "manage.py", "runworkflows"], env=self.worker_env(), cwd=ROOT)
+
+    def reset(self) -> None:
+        self.execute(f"TRUNCATE {self.table}")
+
+    def enqueue_one(self, key: str) -> None:
+        from benchmarks.tasks import noop
+
+        noop.enqueue(key=key)
+
+    def enqueue_in_one_commit(self, keys: list[str]) -> None:
+        from django.db import transaction
+
+        from benchmarks.tasks import noop
+
+        with transaction.atomic():
+            for key in keys:
+                noop.enqueue(key=key)
+
+    def enqueue_probe(self, key: str) -> Any:
+        from benchmarks.tasks import stamp
+
+        return stamp.enqueue(key=key).id
+
+    def probe_started(self, handle: Any) -> float | None:
+        rows = self.execute(
+            f"SELECT return_value FROM {self.table} WHERE dedupe_key = %s AND queue_name <> '' "
+            "AND status = 'done'",
+            [handle],
+        )
+        return float(rows[0][0]) if rows else None
+
+    def unfinished(self) -> int:
+        return self.scalar(
+            f"SELECT count(*) FROM {self.table} WHERE kind = 'benchmarks.tasks.noop' "
+            "AND status IN ('pending', 'processing')"
+        )
+
+    def finished(self) -> tuple[int, int, float | None]:
+        done, abandoned, last = self.execute(
+            "SELECT count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'abandoned'), "
+            f"extract(epoch FROM max(finished_at)) FROM {self.table} WHERE kind = 'benchmarks.tasks.noop'"
+        )[0]
+        return done, abandoned, float(last) if last is not None else None
+
+
 class DjangoTasks(System):
     """django-tasks with django-tasks-db: ``Task.enqueue``, ``manage.py db_worker`` with its
     defaults (``--interval 1``: it polls once a second when idle; one task at a time)."""
@@ -258,21 +326,21 @@ class DjangoTasks(System):
         self.execute(f"TRUNCATE {self.table}")
 
     def enqueue_one(self, key: str) -> None:
-        from benchmarks.peers.django_tasks_project.tasks import noop
+        from benchmarks.tasks import noop
 
         noop.enqueue(key=key)
 
     def enqueue_in_one_commit(self, keys: list[str]) -> None:
         from django.db import transaction
 
-        from benchmarks.peers.django_tasks_project.tasks import noop
+        from benchmarks.tasks import noop
 
         with transaction.atomic():
             for key in keys:
                 noop.enqueue(key=key)
 
     def enqueue_probe(self, key: str) -> Any:
-        from benchmarks.peers.django_tasks_project.tasks import stamp
+        from benchmarks.tasks import stamp
 
         return stamp.enqueue(key=key).id
 
@@ -377,7 +445,9 @@ class Procrastinate(System):
         return done, failed, float(last) if last is not None else None
 
 
-SYSTEMS: dict[str, type[System]] = {cls.name: cls for cls in (Ours, DjangoTasks, Procrastinate)}
+SYSTEMS: dict[str, type[System]] = {
+    cls.name: cls for cls in (Ours, OursTasks, DjangoTasks, Procrastinate)
+}
 
 
 # --- The protocol -------------------------------------------------------------------------

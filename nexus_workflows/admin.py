@@ -180,6 +180,13 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
         "claim_token",
         "claimed_column",
         "heartbeat_column",
+        "queue_name",
+        "priority",
+        "backend_name",
+        "started_column",
+        "finished_column",
+        "worker_ids_list",
+        "error_types_list",
     )
     fieldsets = (
         (
@@ -200,6 +207,21 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
             },
         ),
         ("Attempt history", {"fields": ("history_table",)}),
+        (
+            "Django task",
+            {
+                "fields": (
+                    ("queue_name", "priority", "backend_name"),
+                    ("started_column", "finished_column"),
+                    "worker_ids_list",
+                    "error_types_list",
+                ),
+                "description": "For a task enqueued through Django's Tasks API (its kind is the "
+                "task's import path; the dedupe key is its result id). Its return value and "
+                "tracebacks may hold patient data: they are revealed on request (see above).",
+                "classes": ("collapse",),
+            },
+        ),
         (
             "Claim",
             {"fields": ("claim_token", "claimed_column", "heartbeat_column"), "classes": ("collapse",)},
@@ -226,7 +248,7 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
     # The reveal page (admin_reveal.RevealMixin): GET confirms, POST shows and logs.
     reveal_permission = REVEAL_PERMISSION
     reveal_template = "admin/nexus_workflows/deferredwork/reveal.html"
-    reveal_what = "dedupe key, trigger, checkpoints and error messages"
+    reveal_what = "dedupe key, trigger, checkpoints, error messages and a task's return value and tracebacks"
 
     def reveal_payload(self, request: HttpRequest, work: DeferredWork) -> dict[str, Any]:
         return {
@@ -237,6 +259,10 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
             ),
             "trigger": display.json_block(work.trigger, empty="No trigger."),
             "checkpoints": display.json_block(work.checkpoints, empty="No checkpoints saved yet."),
+            # Django tasks (nexus_workflows.tasks) only.
+            "is_task": bool(work.queue_name),
+            "return_value": display.json_block(work.return_value, empty="None."),
+            "errors": display.json_block(work.errors, empty="No errors."),
         }
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -301,6 +327,24 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
         return render_to_string(
             "admin/nexus_workflows/deferredwork/history.html", {"rows": display.history_rows(work)}
         )
+
+    @admin.display(description="first started")
+    def started_column(self, work: DeferredWork) -> SafeString:
+        return display.when(work.first_started_at)
+
+    @admin.display(description="finished")
+    def finished_column(self, work: DeferredWork) -> SafeString:
+        return display.when(work.finished_at)
+
+    @admin.display(description="runners (one per attempt)")
+    def worker_ids_list(self, work: DeferredWork) -> str:
+        return ", ".join(map(str, work.worker_ids or [])) or "—"
+
+    @admin.display(description="errors (oldest first; exception types)")
+    def error_types_list(self, work: DeferredWork) -> str:
+        # The types only: a traceback may quote patient data (revealed on request).
+        types = [str(e.get("exception_class_path", "?")) for e in work.errors or [] if isinstance(e, dict)]
+        return ", ".join(types) or "—"
 
     # --- actions ------------------------------------------------------------------------
 

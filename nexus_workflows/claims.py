@@ -16,18 +16,29 @@ import json
 import random
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models import (
+    Case,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    JSONField,
+    Q,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce
 from django.db.models.sql import UpdateQuery
 
 from . import json_values
 from .clock import DatabaseNow, database_now
-from .exceptions import ClaimLost, InvalidCheckpoint
+from .exceptions import ClaimLost, InvalidCheckpoint, WorkerLost
+from .expressions import JSONAppend, JSONDropLast
 from .flow.claiming import FlowClaimer
 from .history import append_entry
 from .models import DeferredWork, Status
@@ -41,6 +52,17 @@ _CLAIM_FIELDS = (
     "attempt",
     "history",
     "lost_unstarted",
+)
+# Read at claim time too, for Django tasks (their TaskResult and TaskContext); kept in
+# ClaimedWork.columns.
+_TASK_FIELDS = (
+    "priority",
+    "queue_name",
+    "backend_name",
+    "worker_ids",
+    "created_at",
+    "first_started_at",
+    "last_attempted_at",
 )
 
 
@@ -86,6 +108,19 @@ class ClaimedWork:
     # Set when ``history`` gained entries that only an individual write can persist.
     history_changed: bool = False
     using: str = "default"
+    # The _TASK_FIELDS columns as the claim left them.
+    columns: dict[str, Any] = field(default_factory=dict)
+    # Set by an attempt of a Django task (nexus_workflows.tasks) for the outcome write:
+    # what it returned, how it failed ({"exception_class_path", "traceback"}), and the
+    # TaskResult its signals carry.
+    return_value: Any = None
+    error_record: dict[str, str] | None = None
+    task_result: Any = None
+
+    @property
+    def is_task(self) -> bool:
+        """A Django task's row: its kind is an import path (workflow kinds have no dot)."""
+        return "." in self.kind
 
     def fenced(self) -> Any:
         """The queryset matching this row only while our claim holds."""
@@ -100,20 +135,46 @@ class ClaimedWork:
 class Claimer:
     """Claims batches of due and stale work for one runner."""
 
-    def __init__(self, *, kinds: Sequence[str], using: str) -> None:
+    def __init__(
+        self,
+        *,
+        kinds: Sequence[str],
+        using: str,
+        queues: Sequence[str] | None = (),
+        worker_id: str = "",
+    ) -> None:
         self.kinds = list(kinds)
+        # Django task queues to take: a list, or None for every queue. Tasks have no flow
+        # limits: they always take the plain claim.
+        self.queues = None if queues is None else list(queues)
         self.using = using
+        self.worker_id = worker_id or uuid.uuid4().hex
         self.contended = False
         # Kinds with flow limits are claimed by the flow claimer, only as far as their
         # limits let them start; every other kind keeps the plain claim below.
         self.flow = FlowClaimer.for_kinds(self.kinds, using)
         self.plain_kinds = [k for k in self.kinds if not self.flow or k not in self.flow.kinds]
 
+    def _selection(self) -> Q:
+        """What the plain claim takes: the kinds without flow limits and the task queues."""
+        selection = Q(kind__in=self.plain_kinds)
+        if self.queues is None:
+            return selection | ~Q(queue_name="")
+        if self.queues:
+            return selection | Q(queue_name__in=self.queues)
+        return selection
+
+    def _idle(self) -> bool:
+        return not self.kinds and self.queues == []
+
+    def _has_plain(self) -> bool:
+        return bool(self.plain_kinds) or self.queues != []
+
     def _claim(
         self,
         candidates: Any,
         limit: int,
-        order_by: str,
+        order_by: Sequence[str],
         *,
         reclaimed: bool,
         variants: Sequence[tuple[Q | None, dict[str, Any]]] = _ONE_VARIANT,
@@ -127,11 +188,12 @@ class Claimer:
         statistics say (a one-statement ``UPDATE … IN (SELECT … LIMIT)`` can get a
         nested-loop plan on a freshly filled table and take hundreds of milliseconds).
         """
-        candidates = candidates.filter(kind__in=self.plain_kinds)
+        candidates = candidates.filter(self._selection())
         spread = _CONTENTION_SPREAD if self.contended else 1
-        ids = list(candidates.order_by(order_by).values_list("pk", flat=True)[: limit * spread])
+        ids = list(candidates.order_by(*order_by).values_list("pk", flat=True)[: limit * spread])
         if spread > 1 and len(ids) > limit:
-            ids = random.sample(ids, limit)
+            chosen = set(random.sample(ids, limit))
+            ids = [pk for pk in ids if pk in chosen]  # still in priority order
         if not ids:
             return []
         return self.claim_rows(candidates, ids, reclaimed=reclaimed, variants=variants, **changes)
@@ -159,7 +221,13 @@ class Claimer:
             claimed_at=DatabaseNow(),
             heartbeat_at=DatabaseNow(),
             updated_at=DatabaseNow(),
+            # This attempt's prepare has not started yet (the marker is written once it has).
             started_at=None,
+            # Django tasks' TaskResult: the first and the latest attempt, and every runner
+            # that claimed the work (its attempts; a claim given back drops its entry).
+            first_started_at=Coalesce(F("first_started_at"), DatabaseNow()),
+            last_attempted_at=DatabaseNow(),
+            worker_ids=JSONAppend("worker_ids", self.worker_id),
         )
         claimed = candidates.filter(pk__in=ids)
         found: list[tuple[dict[str, Any], int]] = []
@@ -173,6 +241,9 @@ class Claimer:
                 rows = [row for row in self._load(ids, token) if row["pk"] not in before] if matched else []
             found.extend((row, index) for row in rows)
         self.contended = len(found) < len(ids)
+        # Hand them out in the claim's order (priority first): RETURNING keeps no order.
+        position = {pk: index for index, pk in enumerate(ids)}
+        found.sort(key=lambda item: position.get(item[0]["pk"], len(ids)))
         return [
             ClaimedWork(
                 id=row["pk"],
@@ -187,21 +258,23 @@ class Claimer:
                 lost_unstarted=row["lost_unstarted"],
                 claim_variant=index,
                 using=self.using,
+                columns={name: row[name] for name in _TASK_FIELDS},
             )
             for row, index in found
         ]
 
     def _load(self, ids: list[int], token: str) -> list[dict[str, Any]]:
         rows = DeferredWork.objects.using(self.using).held(token).filter(pk__in=ids)
-        return list(rows.values(*_CLAIM_FIELDS))
+        return list(rows.values(*_CLAIM_FIELDS, *_TASK_FIELDS))
 
     def claim_due(
         self, limit: int, *, now: datetime | None = None, startable: int | None = None
     ) -> list[ClaimedWork]:
         """Claim up to ``limit`` pending rows whose time has come (by the database's clock,
-        or ``now``), oldest first; of kinds with flow limits, at most ``startable`` (the
-        runner's free threads)."""
-        if limit <= 0 or not self.kinds:
+        or ``now``): highest priority first (Django tasks; workflows are all 0), then the
+        longest due (the order of ``nw_due_idx``); of kinds with flow limits, at most
+        ``startable`` (the runner's free threads)."""
+        if limit <= 0 or self._idle():
             return []
         works: list[ClaimedWork] = []
         if self.flow is not None:
@@ -209,9 +282,11 @@ class Claimer:
             startable = limit if startable is None else min(limit, startable)
             works = self.flow.claim_due(self, limit, now, startable)
             limit -= len(works)
-        if limit > 0 and self.plain_kinds:
+        if limit > 0 and self._has_plain():
             due = DeferredWork.objects.using(self.using).due(now or DatabaseNow())
-            works += self._claim(due, limit, "next_attempt_at", reclaimed=False, status=Status.PROCESSING)
+            works += self._claim(
+                due, limit, ("-priority", "next_attempt_at"), reclaimed=False, status=Status.PROCESSING
+            )
         return works
 
     def retry_in(self) -> float | None:
@@ -230,16 +305,16 @@ class Claimer:
         marker cannot slip between a read and the write. Each lost attempt gets a history
         entry (in memory: the runner writes it before the work runs again).
         """
-        if limit <= 0 or not self.kinds:
+        if limit <= 0 or self._idle():
             return []
         cutoff = now - stale_after if now is not None else now_plus(-stale_after)
         works: list[ClaimedWork] = []
         if self.flow is not None:
             works = self.flow.claim_stale(self, limit, cutoff=cutoff, variants=STALE_VARIANTS)
-        if len(works) < limit and self.plain_kinds:
+        if len(works) < limit and self._has_plain():
             stale = DeferredWork.objects.using(self.using).stale(cutoff)
             works += self._claim(
-                stale, limit - len(works), "heartbeat_at", reclaimed=True, variants=STALE_VARIANTS
+                stale, limit - len(works), ("heartbeat_at",), reclaimed=True, variants=STALE_VARIANTS
             )
         for work in works:
             work.lost_started = work.claim_variant == 0
@@ -263,7 +338,7 @@ def _can_return_from_update(using: str) -> bool:
 
 
 def _update_returning(
-    queryset: Any, changes: dict[str, Any], using: str, names: Sequence[str] = _CLAIM_FIELDS
+    queryset: Any, changes: dict[str, Any], using: str, names: Sequence[str] = (*_CLAIM_FIELDS, *_TASK_FIELDS)
 ) -> list[dict[str, Any]]:
     """``queryset.update(**changes)`` that returns the updated rows' ``names`` (the first
     is always ``"pk"``; by default ``_CLAIM_FIELDS``): the
@@ -275,18 +350,24 @@ def _update_returning(
     sql, params = query.get_compiler(using).as_sql()
     fields = [DeferredWork._meta.get_field(name) for name in names[1:]]
     quote = connection.ops.quote_name
-    columns = [DeferredWork._meta.pk.column, *(field.column for field in fields)]
+    columns = [DeferredWork._meta.pk.column, *(f.column for f in fields)]
     sql = f"{sql} RETURNING {', '.join(quote(column) for column in columns)}"
+    # Raw values get the conversions the ORM would apply (JSON text decoded, SQLite's
+    # datetime text parsed).
+    converters = []
+    for f in fields:
+        col = f.get_col(DeferredWork._meta.db_table)
+        converters.append((col, [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]))
     with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
         cursor.execute(sql, params)
         returned = cursor.fetchall()
     rows = []
     for pk, *values in returned:
         row = {"pk": pk}
-        for field, value in zip(fields, values, strict=True):
-            # The JSON columns come back as text, as they do to the ORM; it decodes them so.
-            from_db = getattr(field, "from_db_value", None)
-            row[field.name] = from_db(value, None, connection) if from_db else value
+        for f, (col, convert), value in zip(fields, converters, values, strict=True):
+            for converter in convert:
+                value = converter(value, col, connection)
+            row[f.name] = value
         rows.append(row)
     return rows
 
@@ -351,11 +432,13 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
     for (using, token), group in by_claim.items():
         ids = [work.id for work in group]
         rows = DeferredWork.objects.using(using).held(token).filter(pk__in=ids)
+        returned = {"return_value": _return_values(group)}
         if _can_return_from_update(using):
-            ours = {row["pk"] for row in _update_returning(rows, _done_fields(DatabaseNow()), using, ("pk",))}
+            done = {**_done_fields(DatabaseNow()), **returned}
+            ours = {row["pk"] for row in _update_returning(rows, done, using, ("pk",))}
         else:
             now = database_now(using)
-            if rows.update(**_done_fields(now)) == len(group):
+            if rows.update(**_done_fields(now), **returned) == len(group):
                 ours = set(ids)
             else:
                 ours = set(
@@ -366,6 +449,30 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
         for work in group:
             (written if work.id in ours else lost).append(work)
     return written, lost
+
+
+def _return_values(group: list[ClaimedWork]) -> Any:
+    """What each row of one done-write returned: one constant when they agree (no-op
+    tasks and workflows return None), else a CASE on the id."""
+    values = [work.return_value for work in group]
+    if all(value is None for value in values):
+        return None
+    return Case(
+        *(When(pk=work.id, then=Value(work.return_value, output_field=JSONField())) for work in group),
+        default=Value(None, output_field=JSONField()),
+        output_field=JSONField(),
+    )
+
+
+def _failure_fields(work: ClaimedWork, error: str) -> dict[str, Any]:
+    """A Django task's failed attempt adds an entry to its ``errors``."""
+    if not work.is_task:
+        return {}
+    record = work.error_record or {
+        "exception_class_path": f"{WorkerLost.__module__}.{WorkerLost.__qualname__}",
+        "traceback": error,
+    }
+    return {"errors": JSONAppend("errors", record)}
 
 
 def _unclaimed(now: Any) -> dict[str, Any]:
@@ -380,11 +487,16 @@ def _unclaimed(now: Any) -> dict[str, Any]:
 
 
 def _done_fields(now: Any) -> dict[str, Any]:
-    return {"status": Status.DONE, "last_error": "", **_unclaimed(now)}
+    return {"status": Status.DONE, "last_error": "", "finished_at": now, **_unclaimed(now)}
 
 
 def _finish_one(work: ClaimedWork) -> bool:
-    return work.fenced().update(history=work.history, **_done_fields(DatabaseNow())) == 1
+    return (
+        work.fenced().update(
+            history=work.history, return_value=_return_values([work]), **_done_fields(DatabaseNow())
+        )
+        == 1
+    )
 
 
 def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
@@ -396,6 +508,7 @@ def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
             next_attempt_at=now_plus(delay),
             last_error=error,
             history=history,
+            **_failure_fields(work, error),
             **_unclaimed(DatabaseNow()),
         )
         == 1
@@ -429,6 +542,8 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
             status=Status.ABANDONED,
             last_error=error,
             history=history,
+            finished_at=DatabaseNow(),
+            **_failure_fields(work, error),
             **_unclaimed(DatabaseNow()),
         )
         == 1
@@ -456,7 +571,13 @@ def release(works: Iterable[ClaimedWork]) -> int:
             DeferredWork.objects.using(using)
             .held(token)
             .filter(pk__in=ids)
-            .update(status=Status.PENDING, next_attempt_at=DatabaseNow(), **_unclaimed(DatabaseNow()))
+            .update(
+                status=Status.PENDING,
+                next_attempt_at=DatabaseNow(),
+                # The claim did not start an attempt: it does not count as one.
+                worker_ids=JSONDropLast("worker_ids"),
+                **_unclaimed(DatabaseNow()),
+            )
         )
     return released
 

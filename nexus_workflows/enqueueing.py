@@ -451,6 +451,7 @@ def revive_rows(queryset: Any, *, due: Any = None, history: list[Any] | None = N
         "claimed_at": None,
         "heartbeat_at": None,
         "started_at": None,
+        "finished_at": None,
         "updated_at": now,
     }
     if history is not None:

@@ -25,6 +25,10 @@ class UnknownWorkflow(WorkflowError, LookupError):
     """No workflow is registered under the kind that was asked for."""
 
 
+class UnknownQueue(WorkflowError, LookupError):
+    """A runner was asked for a Django task queue that no Tasks backend of this app allows."""
+
+
 class EnqueueError(WorkflowError, ValueError):
     """An enqueue call was rejected before anything was written."""
 
@@ -100,6 +104,11 @@ class ClaimLost(Exception):
     one stopped heart-beating) or an operator changed it. The attempt must stop: its
     results will be discarded.
     """
+
+
+class WorkerLost(Exception):
+    """Recorded (never raised) when work is abandoned because its runners kept dying: the
+    error class of a Django task that was lost more often than its retries allow."""
 
 
 def is_permanent(error: BaseException) -> bool:

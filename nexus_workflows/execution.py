@@ -42,7 +42,9 @@ def execute(workflow: Workflow, work: ClaimedWork) -> Outcome:
 
     started = time.perf_counter()
     try:
-        if workflow.is_async:
+        if workflow.runs_task:
+            workflow.run_task(work)  # type: ignore[attr-defined]
+        elif workflow.is_async:
             workflow.call_prepare(work.trigger, checkpoints, sync_to_async(save, thread_sensitive=True))
         else:
             workflow.call_prepare(work.trigger, checkpoints, save)

@@ -35,7 +35,12 @@ _VARYING = (
     "updated_at",
     "serial_key_hash",
     "rate_key_hash",
+    # Set by Django tasks (nexus_workflows.tasks); workflows take the model defaults.
+    "priority",
+    "queue_name",
+    "backend_name",
 )
+_WORKFLOW_TASK_FIELDS = (0, "", "")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ def _plan(using: str) -> _Plan:
             *(typed(f) for f in varying[3:6]),
             "item ->> 2",
             "item ->> 3",
+            *(typed(f) for f in varying[8:]),  # a Django task's fields: enqueue_many is for workflows
             *(typed(f) for f in others),
         ]
         many_rows_sql = (
@@ -113,6 +119,9 @@ def insert_pending(
     due: datetime,
     now: datetime,
     flow_hashes: tuple[str | None, str | None] = (None, None),
+    priority: int = 0,
+    queue_name: str = "",
+    backend_name: str = "",
 ) -> int:
     """Insert one pending row; returns its id. A taken key raises ``IntegrityError``."""
     connection = connections[using]
@@ -127,6 +136,9 @@ def insert_pending(
             updated_at=now,
             serial_key_hash=flow_hashes[0],
             rate_key_hash=flow_hashes[1],
+            priority=priority,
+            queue_name=queue_name,
+            backend_name=backend_name,
         )
         return work.pk
     stamp = plan.columns[4]
@@ -140,6 +152,9 @@ def insert_pending(
         prepared_now,
         prepared_now,
         *flow_hashes,
+        priority,
+        queue_name,
+        backend_name,
         *plan.defaults,
         *plan.returning_params,
     )
@@ -177,7 +192,8 @@ def insert_pending_many_postgresql(
     )
     prepared_now = stamp.get_db_prep_save(now, connection=connection)
     prepared_due = stamp.get_db_prep_save(due, connection=connection)
-    params = [kind, prepared_due, prepared_now, prepared_now, *plan.defaults, document]
+    params = [kind, prepared_due, prepared_now, prepared_now, *_WORKFLOW_TASK_FIELDS, *plan.defaults]
+    params.append(document)
     with connection.cursor() as cursor:
         cursor.execute(plan.many_rows_sql, params)
         return dict(cursor.fetchall())

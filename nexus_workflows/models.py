@@ -13,7 +13,12 @@ from typing import Any
 from django.db import models
 from django.utils import timezone
 
-from .limits import DEDUPE_KEY_MAX_LENGTH, KIND_MAX_LENGTH
+from .limits import (
+    BACKEND_ALIAS_MAX_LENGTH,
+    DEDUPE_KEY_MAX_LENGTH,
+    KIND_COLUMN_LENGTH,
+    QUEUE_NAME_MAX_LENGTH,
+)
 
 
 class Status(models.TextChoices):
@@ -43,15 +48,24 @@ class DeferredWorkQuerySet(models.QuerySet["DeferredWork"]):
         """Done or abandoned work last updated before ``cutoff`` (``nw_expiry_idx``)."""
         return self.filter(status__in=FINISHED_STATUSES, updated_at__lt=cutoff)
 
+    def tasks(self) -> DeferredWorkQuerySet:
+        """Rows of Django tasks (``nw_task_result_idx`` with a dedupe key)."""
+        return self.exclude(queue_name="")
+
     def held(self, claim_token: str) -> DeferredWorkQuerySet:
         """The rows still held under one claim token: the fence of every later write."""
         return self.filter(claim_token=claim_token, status=Status.PROCESSING)
 
 
 class DeferredWork(models.Model):
-    """One unit of durable work: its trigger, its checkpoint journal and its state."""
+    """One unit of durable work: its trigger, its checkpoint journal and its state.
 
-    kind = models.CharField(max_length=KIND_MAX_LENGTH)
+    A row is either a deferred workflow (``kind`` is its registered kind, ``queue_name`` is
+    empty) or a Django task enqueued through :class:`nexus_workflows.tasks.DeferredBackend`
+    (``kind`` is the task's import path, which always has a dot; ``queue_name`` is set).
+    """
+
+    kind = models.CharField(max_length=KIND_COLUMN_LENGTH)
     dedupe_key = models.CharField(max_length=DEDUPE_KEY_MAX_LENGTH)
     trigger = models.JSONField()
     checkpoints = models.JSONField(default=dict, blank=True)
@@ -80,6 +94,25 @@ class DeferredWork(models.Model):
     serial_key_hash = models.CharField(max_length=64, null=True, blank=True, editable=False)  # noqa: DJ001
     rate_key_hash = models.CharField(max_length=64, null=True, blank=True, editable=False)  # noqa: DJ001
     flow_slot = models.PositiveSmallIntegerField(null=True, blank=True, editable=False)
+    # Claimed highest first; Django tasks allow -100 to 100, workflows are all 0.
+    priority = models.SmallIntegerField(default=0)
+    # Django tasks only (empty for workflows): the task's queue and backend alias, and
+    # the result id a caller looks the task up by is the dedupe key.
+    queue_name = models.CharField(max_length=QUEUE_NAME_MAX_LENGTH, blank=True, default="")
+    backend_name = models.CharField(max_length=BACKEND_ALIAS_MAX_LENGTH, blank=True, default="")
+    # Set by claims, for Django tasks' results: when the work was first claimed and last
+    # claimed, and every runner that claimed it (so a task's attempts are len(worker_ids)).
+    # Unlike started_at (this attempt's prepare started; NULL again after every claim),
+    # first_started_at is set once and kept.
+    first_started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    worker_ids = models.JSONField(default=list, blank=True)
+    # Set when the work is done or abandoned.
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Django tasks only: what the task returned (JSON), and one entry per failed attempt
+    # ({"exception_class_path", "traceback"}), oldest first.
+    return_value = models.JSONField(null=True, blank=True, default=None)
+    errors = models.JSONField(default=list, blank=True)
 
     objects = DeferredWorkQuerySet.as_manager()
 
@@ -108,8 +141,10 @@ class DeferredWork(models.Model):
             # reclaim query (status = processing AND heartbeat_at < cutoff) run on every
             # poll. Partial indexes keep them small however many finished rows are retained,
             # and a row that finishes leaves both.
+            # Ordered as claims take due work: highest priority first, then the longest
+            # due, so the claim reads the index in order and stops at its LIMIT.
             models.Index(
-                fields=["next_attempt_at"],
+                fields=["-priority", "next_attempt_at"],
                 name="nw_due_idx",
                 condition=models.Q(status="pending"),
             ),
@@ -127,6 +162,13 @@ class DeferredWork(models.Model):
             ),
             # The purge: status IN (done, abandoned) AND updated_at < cutoff.
             models.Index(fields=["status", "updated_at"], name="nw_expiry_idx"),
+            # get_result(id) of a Django task: its result id is the dedupe key. Workflow
+            # rows stay out of it.
+            models.Index(
+                fields=["dedupe_key"],
+                name="nw_task_result_idx",
+                condition=~models.Q(queue_name=""),
+            ),
         ]
         permissions = [
             ("revive_deferredwork", "Can revive abandoned work and run pending work now"),

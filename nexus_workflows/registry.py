@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.utils.module_loading import autodiscover_modules
@@ -23,6 +23,9 @@ from .conf import app_settings
 from .exceptions import AlreadyRegistered, RegistrationError, UnknownWorkflow
 from .flow.options import FlowLimits, KeyFunction, build_flow_limits
 from .limits import KIND_MAX_LENGTH
+
+if TYPE_CHECKING:
+    from .claims import ClaimedWork
 
 # A kind becomes part of an RQ job id (``<kind>__<dedupe key>``), which RQ limits to
 # letters, digits, '_' and '-'; '__' is the separator, so a kind may not contain it.
@@ -42,6 +45,9 @@ class Workflow:
     retry_schedule: tuple[float, ...] | None = None
     # Flow control (concurrency, serial key, rate limit); None for an unlimited kind.
     flow: FlowLimits | None = None
+    # A Django task's adapter (nexus_workflows.tasks.running.TaskWorkflow) runs through
+    # run_task(work) instead of prepare.
+    runs_task: ClassVar[bool] = False
 
     @property
     def is_deferred(self) -> bool:
@@ -219,6 +225,15 @@ class WorkflowRegistry:
                 f"no workflow is registered for kind {kind!r:.120}; registered kinds: "
                 f"{', '.join(sorted(self._workflows)) or 'none'}"
             ) from None
+
+    def for_work(self, work: ClaimedWork) -> Workflow:
+        """What runs claimed work: its registered workflow, or for a Django task's row
+        (its kind is an import path) the task's adapter, which never raises here."""
+        if work.is_task:
+            from .tasks.running import task_workflow
+
+            return task_workflow(work.kind, work.columns.get("backend_name", ""))
+        return self.get(work.kind)
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._workflows

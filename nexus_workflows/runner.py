@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
+import socket
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
@@ -38,7 +41,7 @@ from . import __version__, claims, retention, wakeup
 from .attempts import attempt_number, describe_attempt
 from .claims import ClaimedWork, Claimer
 from .conf import app_settings
-from .exceptions import UnknownWorkflow, is_permanent
+from .exceptions import UnknownQueue, UnknownWorkflow, is_permanent
 from .execution import Outcome, Result, execute
 from .history import describe_error
 from .limits import OUTAGE_RELEASES_MAX, UNSTARTED_LOSSES_MAX
@@ -46,6 +49,7 @@ from .models import DeferredWork
 from .observability.logs import start_line
 from .observability.observer import Observer
 from .registry import registry
+from .tasks import running as tasks_running
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +108,27 @@ class _Pending:
     outcome: Outcome
     failures: int = 0
     retry_at: float = 0.0
+def _selection(
+    kinds: Sequence[str] | None, queues: Sequence[str] | None, deferred: list[str]
+) -> tuple[list[str], list[str] | None]:
+    """(workflow kinds, Django task queues or None for all) a runner takes: everything by
+    default; only what was named when kinds or queues were."""
+    allowed = tasks_running.configured_queues()
+    if kinds is None and queues is None:
+        return deferred, allowed
+    unknown = [] if allowed is None else sorted(set(queues or ()) - set(allowed))
+    if unknown:
+        raise UnknownQueue(
+            f"no Tasks backend of nexus_workflows allows queue(s) {', '.join(unknown)}; "
+            f"their queues: {', '.join(allowed or ()) or 'none'}"
+        )
+    return sorted(set(kinds or ())), sorted(set(queues or ()))
+
+
+def _worker_id() -> str:
+    """This runner in a task's ``worker_ids``: host, process and a random part (a pid is
+    reused after a restart), at most 64 characters."""
+    return f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def _close_connection(using: str) -> None:
@@ -119,6 +144,7 @@ class Runner:
         self,
         *,
         kinds: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
         concurrency: int | None = None,
         poll_interval: float | None = None,
         once: bool = False,
@@ -134,7 +160,7 @@ class Runner:
                     f"no deferred workflow is registered for kind {kind!r}; deferred kinds: "
                     f"{', '.join(deferred) or 'none'}"
                 )
-        self.kinds = sorted(set(kinds)) if kinds else deferred
+        self.kinds, self.queues = _selection(kinds, queues, deferred)
         self.concurrency = concurrency or app_settings.CONCURRENCY
         self.poll_interval = poll_interval or app_settings.POLL_INTERVAL
         self.once = once
@@ -147,7 +173,10 @@ class Runner:
         self.shutdown_grace = float(app_settings.SHUTDOWN_GRACE)
         self.stats = RunStats()
 
-        self._claimer = Claimer(kinds=self.kinds, using=self.using)
+        self.worker_id = _worker_id()
+        self._claimer = Claimer(
+            kinds=self.kinds, queues=self.queues, using=self.using, worker_id=self.worker_id
+        )
         self._lock = threading.Lock()
         self._work_available = threading.Condition(self._lock)
         self._queued: deque[ClaimedWork] = deque()  # claimed, not started yet
@@ -195,10 +224,12 @@ class Runner:
                 version=__version__,
                 using=self.using,
                 kinds=self.kinds,
+                queues=self.queues,
                 concurrency=self.concurrency,
                 wakeup=self.describe_wakeup(),
                 once=self.once,
                 metrics=metrics,
+                worker_id=self.worker_id,
             ),
         )
         try:
@@ -322,7 +353,7 @@ class Runner:
     @staticmethod
     def _execute(work: ClaimedWork) -> Outcome:
         try:
-            return execute(registry.get(work.kind), work)
+            return execute(registry.for_work(work), work)
         except BaseException as error:  # noqa: BLE001 - e.g. the kind was unregistered
             return Outcome(work, Result.FAILED, error)
 
@@ -570,7 +601,7 @@ class Runner:
         """Reclaimed work runs again unless its lost attempts used up the schedule (or
         its claims were lost before starting too often); the lost attempt is in the
         history before the work runs again."""
-        workflow = registry.get(work.kind)
+        workflow = registry.for_work(work)
         if work.attempt < workflow.max_attempts and work.lost_unstarted < UNSTARTED_LOSSES_MAX:
             if not claims.record_lost(work):
                 self._log_lost(work)
@@ -591,6 +622,7 @@ class Runner:
             self.stats.abandoned += 1
             self._observer.finished(work, "abandoned")
             self._log_outcome(work, "abandoned (its runners kept dying)", logging.ERROR)
+            tasks_running.send_finished([work], succeeded=False)
         else:
             self._log_lost(work)
         return False
@@ -666,6 +698,7 @@ class Runner:
         for work in written:
             self._observer.finished(work, "done")
             self._log_outcome(work, "done", logging.INFO)
+        tasks_running.send_finished(written, succeeded=True)
         for work in lost:
             self._log_lost(work)
 
@@ -681,7 +714,7 @@ class Runner:
         error = describe_error(outcome.error)
         if pending.failures >= _PLAIN_ERROR_AFTER:
             error = f"{error_type}: (the message could not be stored)"
-        workflow = registry.get(work.kind)
+        workflow = registry.for_work(work)
         permanent = is_permanent(outcome.error)
         if not permanent and self._released_for_outage(work, outcome.error):
             if claims.release_after_outage(work, delay=_OUTAGE_RETRY_DELAY, error=error):
@@ -702,6 +735,7 @@ class Runner:
                 self.stats.abandoned += 1
                 self._observer.finished(work, "abandoned")
                 self._log_outcome(work, f"failed ({error_type}); abandoned: {reason}", logging.ERROR)
+                tasks_running.send_finished([work], succeeded=False)
             else:
                 self._log_lost(work)
         elif claims.reschedule(work, delay=delay, error=error):

@@ -56,7 +56,8 @@ class TriageResult:
     @property
     def unregistered_kinds(self) -> list[str]:
         """Kinds of changed rows that no runner of this project will pick up."""
-        return sorted({ref.kind for ref in self.changed if ref.kind not in registry})
+        # A Django task's kind is its import path, which any runner imports when it runs it.
+        return sorted({ref.kind for ref in self.changed if ref.kind not in registry and "." not in ref.kind})
 
 
 # --- what needs attention --------------------------------------------------------------

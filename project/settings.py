@@ -6,6 +6,7 @@ through django-environ: ``DATABASE_URL``, ``REDIS_URL``, ``SECRET_KEY``, ``DEBUG
 
 from pathlib import Path
 
+import django
 import environ
 
 from nexus_workflows.embedded import embedded_queue
@@ -106,6 +107,13 @@ NEXUS_WORKFLOWS: dict = {
     "PHI_HMAC_KEY": env.str("PHI_HMAC_KEY", default=""),
     "PHI_ENCRYPTION_KEYS": env.list("PHI_ENCRYPTION_KEYS", default=[]),
 }
+
+# --- Django's Tasks API -------------------------------------------------------------------
+# @task functions are rows of nexus_workflows, run by `manage.py runworkflows`. Django 5.2
+# takes the API from the django-tasks backport, an app of its own.
+TASKS = {"default": {"BACKEND": "nexus_workflows.tasks.DeferredBackend"}}
+if django.VERSION < (6, 0):
+    INSTALLED_APPS.append("django_tasks")
 
 # --- Airtable ---------------------------------------------------------------------------
 # Personal access token of the Airtable helpers (nexus_workflows.airtable); never commit it.

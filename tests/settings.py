@@ -50,3 +50,16 @@ RQ_QUEUES = (
     if REDIS_TEST_URL
     else {"default": embedded_queue(DEFAULT_TIMEOUT=60)}
 )
+
+# A second Tasks backend whose OPTIONS ask for retries (the way Django 6.0 and the backport
+# configure them), and queues that runners can be limited to.
+TASKS = {
+    "default": {
+        "BACKEND": "nexus_workflows.tasks.DeferredBackend",
+        "QUEUES": ["default", "emails", "reports"],
+    },
+    "retrying": {
+        "BACKEND": "nexus_workflows.tasks.DeferredBackend",
+        "OPTIONS": {"RETRY_SCHEDULE": [0.01, 0.01]},
+    },
+}

@@ -88,6 +88,9 @@ def test_a_schedule_longer_than_the_retention_is_an_error(register_workflow: Any
     assert kind in messages[0].msg
 
 
+# Every check runs here, and on Django 6.1 JSONField's check asks SQLite whether it
+# supports JSON: a query.
+@pytest.mark.django_db
 def test_commands_refuse_to_start_on_invalid_settings() -> None:
     with (
         override_settings(NEXUS_WORKFLOWS={"CONCURRENCY": -2}),

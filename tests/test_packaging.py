@@ -138,3 +138,22 @@ def test_the_readme_settings_snippet_runs_as_pasted_into_a_fresh_startproject(
         result = manage("check")
         assert result.returncode != 0
         assert "nexus_workflows.E100" in result.stderr
+
+
+def _pins(name: str) -> dict[str, str]:
+    pins = {}
+    for line in (PROJECT_ROOT / name).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            package, version = line.split("==")
+            pins[package.split("[")[0].lower()] = version
+    return pins
+
+
+def test_the_django61_requirements_pin_the_same_set_but_django() -> None:
+    """bin/test's Django 6.1 leg must test what requirements.txt pins, Django and the Tasks
+    backport (built into Django 6) aside."""
+    pinned, django61 = _pins("requirements.txt"), _pins("requirements-django61.txt")
+    backport = {"django-tasks", "django-stubs-ext", "typing_extensions"}
+    assert django61.pop("django").startswith("6.1.")
+    assert {k: v for k, v in pinned.items() if k != "django" and k not in backport} == django61

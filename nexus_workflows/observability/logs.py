@@ -68,11 +68,15 @@ def start_line(
     wakeup: str,
     once: bool = False,
     metrics: str = "",
+    queues: Sequence[str] | None = (),
+    worker_id: str = "",
 ) -> str:
     parts = [
         f"nexus_workflows {version}",
         f"database {describe_database(using)}",
         f"kinds {', '.join(kinds) or '(none)'}",
+        # Django task queues (nexus_workflows.tasks); None takes every queue.
+        f"task queues {'(all)' if queues is None else ', '.join(queues) or '(none)'}",
         f"concurrency {concurrency}",
         f"wake-ups: {wakeup}",
     ]
@@ -80,4 +84,6 @@ def start_line(
         parts.append("once")
     if metrics:
         parts.append(f"metrics on {metrics}")
+    if worker_id:
+        parts.append(f"worker id {worker_id}")
     return "; ".join(parts)

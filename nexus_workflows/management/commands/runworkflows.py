@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from nexus_workflows.exceptions import UnknownWorkflow
+from nexus_workflows.exceptions import UnknownQueue, UnknownWorkflow
 from nexus_workflows.observability.logs import install_default_handler, remove_default_handler
 from nexus_workflows.runner import Runner
 
@@ -53,7 +53,16 @@ class Command(BaseCommand):
             action="append",
             dest="kinds",
             metavar="KIND",
-            help="Only run this kind (repeatable). Default: every registered deferred kind.",
+            help="Only run this workflow kind (repeatable). Default: every registered deferred "
+            "kind, unless --queue is given.",
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="QUEUE",
+            help="Only run Django tasks of this queue (repeatable). Default: every queue of the "
+            "TASKS backends that are nexus_workflows.tasks.DeferredBackend, unless --kind is given.",
         )
         parser.add_argument(
             "--concurrency",
@@ -104,13 +113,14 @@ class Command(BaseCommand):
         try:
             runner = Runner(
                 kinds=options["kinds"],
+                queues=options["queues"],
                 concurrency=options["concurrency"],
                 poll_interval=options["poll_interval"],
                 once=options["once"],
                 metrics_host=options["metrics_host"],
                 metrics_port=options["metrics_port"],
             )
-        except UnknownWorkflow as error:
+        except (UnknownWorkflow, UnknownQueue) as error:
             raise CommandError(str(error)) from error
         try:
             stats = runner.run()

@@ -1,0 +1,337 @@
+"""The backend: ``Task.enqueue()`` writes a row of :class:`~nexus_workflows.models.DeferredWork`
+and ``get_result()`` reads it back; ``manage.py runworkflows`` runs it (see ``running``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.apps import apps
+from django.core import checks
+from django.db import router
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.utils.module_loading import import_string
+
+from ..exceptions import EnqueueError, RegistrationError
+from ..limits import BACKEND_ALIAS_MAX_LENGTH, KIND_COLUMN_LENGTH, QUEUE_NAME_MAX_LENGTH
+from .compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+)
+
+#: The backend's OPTIONS and what each must be.
+OPTION_RULES = {
+    "RETRY_SCHEDULE": "a list of minutes between attempts (empty: run once)",
+}
+
+# A row's status as a TaskResult's status.
+_STATUSES = {
+    "pending": TaskResultStatus.READY,
+    "processing": TaskResultStatus.RUNNING,
+    "done": TaskResultStatus.SUCCESSFUL,
+    "abandoned": TaskResultStatus.FAILED,
+}
+
+# What get_result reads: everything a TaskResult shows.
+RESULT_FIELDS = (
+    "kind",
+    "dedupe_key",
+    "trigger",
+    "status",
+    "priority",
+    "queue_name",
+    "backend_name",
+    "created_at",
+    "first_started_at",
+    "last_attempted_at",
+    "finished_at",
+    "worker_ids",
+    "errors",
+    "return_value",
+)
+
+
+class InvalidTaskOptions(RegistrationError, InvalidTask):
+    """A task's retry schedule (or the backend's ``RETRY_SCHEDULE``) breaks the rules of a
+    workflow's retry schedule, or a name is too long for its column."""
+
+
+class InvalidTaskArguments(EnqueueError, TypeError):
+    """A task was enqueued with arguments that cannot be stored as JSON."""
+
+
+def schedule_of(owner: str, value: object) -> tuple[float, ...]:
+    """A retry schedule checked like a workflow's (finite positive minutes, each shorter
+    than ``RETENTION``); ``None`` or empty means the task runs once."""
+    from ..registry import _validate_schedule
+
+    if value is None or (isinstance(value, list | tuple) and not value):
+        return ()
+    try:
+        return _validate_schedule(owner, value) or ()
+    except RegistrationError as error:
+        raise InvalidTaskOptions(str(error).replace("workflow ", "task ", 1)) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeferredTask(Task):
+    """A task of :class:`DeferredBackend`: Django's ``Task`` plus ``retry_schedule``, the
+    minutes to wait before each retry (on Django 6.1, ``@task(retry_schedule=[1, 10])``)."""
+
+    retry_schedule: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.retry_schedule, list):
+            object.__setattr__(self, "retry_schedule", tuple(self.retry_schedule))
+        Task.__post_init__(self)  # zero-argument super() does not work in a slots dataclass
+
+
+class DeferredBackend(BaseTaskBackend):
+    """Tasks as durable rows run by ``manage.py runworkflows``.
+
+    ``TASKS = {"default": {"BACKEND": "nexus_workflows.tasks.DeferredBackend"}}``; its
+    ``OPTIONS`` may give a ``RETRY_SCHEDULE`` for every task of this backend that does not
+    set its own.
+    """
+
+    task_class = DeferredTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    # --- validation ---------------------------------------------------------------------
+
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        path = task.module_path
+        if len(path) > KIND_COLUMN_LENGTH:
+            raise InvalidTaskOptions(
+                f"task {path[:80]!r}…: its import path has {len(path)} characters; at most "
+                f"{KIND_COLUMN_LENGTH} are allowed"
+            )
+        if not isinstance(task.queue_name, str) or not 0 < len(task.queue_name) <= QUEUE_NAME_MAX_LENGTH:
+            raise InvalidTaskOptions(
+                f"task {path!r}: queue_name must be a non-empty string of at most "
+                f"{QUEUE_NAME_MAX_LENGTH} characters"
+            )
+        if len(self.alias) > BACKEND_ALIAS_MAX_LENGTH:
+            raise InvalidTaskOptions(
+                f"task backend alias {self.alias[:40]!r}…: at most {BACKEND_ALIAS_MAX_LENGTH} characters"
+            )
+        schedule_of(path, getattr(task, "retry_schedule", None))
+
+    def retry_schedule_for(self, task: Task) -> tuple[float, ...]:
+        """The task's own schedule, else the backend's ``RETRY_SCHEDULE``, else none."""
+        own = getattr(task, "retry_schedule", None)
+        if own is not None:
+            return schedule_of(task.module_path, own)
+        return schedule_of(f"backend {self.alias}", self.options.get("RETRY_SCHEDULE"))
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        messages: list[checks.CheckMessage] = list(super().check(**kwargs))
+        if not apps.is_installed("nexus_workflows"):
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses {type(self).__name__}, but nexus_workflows is not "
+                    "in INSTALLED_APPS.",
+                    hint="Add 'nexus_workflows' to INSTALLED_APPS and run migrate.",
+                    id="nexus_workflows.E020",
+                )
+            )
+        unknown = sorted(set(self.options) - set(OPTION_RULES))
+        if unknown:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS'] has unknown option(s): "
+                    f"{', '.join(map(str, unknown))}.",
+                    hint=f"Known options: {', '.join(sorted(OPTION_RULES))}.",
+                    id="nexus_workflows.E021",
+                )
+            )
+        try:
+            schedule_of(f"backend {self.alias}", self.options.get("RETRY_SCHEDULE"))
+        except InvalidTaskOptions as error:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS']['RETRY_SCHEDULE'] is invalid: {error}",
+                    hint=f"It must be {OPTION_RULES['RETRY_SCHEDULE']}.",
+                    id="nexus_workflows.E022",
+                )
+            )
+        return messages
+
+    # --- enqueue ------------------------------------------------------------------------
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        from ..inserts import insert_pending
+        from ..models import DeferredWork
+        from ..wakeup import notify
+
+        self.validate_task(task)
+        trigger = _trigger(task, args, kwargs)
+        result_id = str(uuid.uuid4())
+        using = router.db_for_write(DeferredWork)
+        now = timezone.now()
+        # Inside the caller's atomic() this is one more statement of its transaction:
+        # no dedupe race to lose (the key is new), so no savepoint either.
+        insert_pending(
+            using,
+            kind=task.module_path,
+            dedupe_key=result_id,
+            trigger=trigger,
+            due=task.run_after or now,
+            now=now,
+            priority=task.priority,
+            queue_name=task.queue_name,
+            backend_name=self.alias,
+        )
+        notify(using, inserted=True)
+        result = TaskResult(
+            task=task,
+            id=result_id,
+            status=TaskResultStatus.READY,
+            enqueued_at=now,
+            started_at=None,
+            last_attempted_at=None,
+            finished_at=None,
+            args=trigger["args"],
+            kwargs=trigger["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # --- results ------------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult:
+        from ..models import DeferredWork
+
+        using = router.db_for_read(DeferredWork)
+        row = None
+        if isinstance(result_id, str) and "\x00" not in result_id:
+            row = (
+                DeferredWork.objects.using(using)
+                .tasks()
+                .filter(dedupe_key=result_id)
+                .values(*RESULT_FIELDS)
+                .first()
+            )
+        if row is None:
+            raise TaskResultDoesNotExist(result_id)
+        return result_from_row(row)
+
+
+def _trigger(task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``{"args": …, "kwargs": …}`` (and ``run_after``) as stored, after checking that it is
+    JSON a database can keep. Messages name the task, never the values."""
+    allowed = "dicts, lists, strings, finite numbers, booleans and None"
+    try:
+        data = {"args": normalize_json(args), "kwargs": normalize_json(kwargs)}
+        text = json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        reason = "NaN or infinity" if isinstance(error, ValueError) else f"a {_unsupported(args, kwargs)}"
+        raise InvalidTaskArguments(
+            f"task {task.module_path!r}: arguments must be JSON ({allowed}); got {reason}"
+        ) from None
+    if "\\u0000" in text:
+        raise InvalidTaskArguments(
+            f"task {task.module_path!r}: arguments contain a NUL character, which PostgreSQL cannot store"
+        )
+    if task.run_after is not None:
+        data["run_after"] = task.run_after.isoformat()
+    return data
+
+
+def _unsupported(*values: Any) -> str:
+    """The type name of the first value JSON cannot hold (a type, never the value)."""
+    stack = list(values)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            continue
+        elif not isinstance(value, str | int | float | bool | bytes) and value is not None:
+            return type(value).__name__
+    return "value that is not JSON"
+
+
+def load_task(path: str) -> Task:
+    """The Task object at ``path``; raises ``ImportError``/``ValueError`` when it is gone."""
+    task = import_string(path)
+    if not isinstance(task, Task):
+        raise ValueError(f"{path!r} does not point to a Task (it is a {type(task).__name__})")
+    return task
+
+
+def task_as_enqueued(path: str, row: dict[str, Any]) -> Task:
+    """The task with the priority, queue, backend and ``run_after`` it was enqueued with."""
+    task = load_task(path)
+    run_after = _run_after(row["trigger"])
+    if (task.priority, task.queue_name, task.backend, run_after) == (
+        row["priority"],
+        row["queue_name"],
+        row["backend_name"],
+        None,
+    ):
+        return task  # the common case: no validation again
+    return task.using(
+        priority=row["priority"],
+        queue_name=row["queue_name"],
+        backend=row["backend_name"],
+        run_after=run_after,
+    )
+
+
+def _run_after(trigger: dict[str, Any]) -> datetime | None:
+    value = trigger.get("run_after") if isinstance(trigger, dict) else None
+    return parse_datetime(value) if isinstance(value, str) else None
+
+
+def result_from_row(row: dict[str, Any]) -> TaskResult:
+    status = _STATUSES[row["status"]]
+    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+    trigger = row["trigger"] or {}
+    result = TaskResult(
+        task=task_as_enqueued(row["kind"], row),
+        id=row["dedupe_key"],
+        status=status,
+        enqueued_at=row["created_at"],
+        started_at=row["first_started_at"],
+        last_attempted_at=row["last_attempted_at"],
+        finished_at=row["finished_at"] if finished else None,
+        args=trigger.get("args", []),
+        kwargs=trigger.get("kwargs", {}),
+        backend=row["backend_name"],
+        errors=[error_of(entry) for entry in row["errors"] or []],
+        worker_ids=list(row["worker_ids"] or []),
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", row["return_value"])
+    return result
+
+
+def error_of(entry: dict[str, Any]) -> TaskError:
+    return TaskError(
+        exception_class_path=str(entry.get("exception_class_path", "")),
+        traceback=str(entry.get("traceback", "")),
+    )

@@ -1,0 +1,58 @@
+"""Django's Tasks API from where this Django has it: ``django.tasks`` (Django 6.0 and later)
+or the ``django-tasks`` backport (Django 5.2), under the same names.
+
+The backport names two exceptions differently (``InvalidTaskError``,
+``InvalidTaskBackendError``); they are imported here as Django's names.
+"""
+
+from __future__ import annotations
+
+try:
+    from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
+    from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
+
+    SOURCE = "django.tasks"
+except ModuleNotFoundError:  # Django 5.2: the backport
+    from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends  # type: ignore[no-redef]
+    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
+    from django_tasks.base import (  # type: ignore[no-redef]
+        TASK_MAX_PRIORITY,
+        TASK_MIN_PRIORITY,
+        Task,
+        TaskError,
+    )
+    from django_tasks.exceptions import (  # type: ignore[no-redef]
+        InvalidTaskBackendError as InvalidTaskBackend,
+    )
+    from django_tasks.exceptions import (  # type: ignore[no-redef]
+        InvalidTaskError as InvalidTask,
+    )
+    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
+    from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
+    from django_tasks.utils import normalize_json  # type: ignore[no-redef]
+
+    SOURCE = "django_tasks"
+
+__all__ = [
+    "SOURCE",
+    "TASK_MAX_PRIORITY",
+    "TASK_MIN_PRIORITY",
+    "BaseTaskBackend",
+    "InvalidTask",
+    "InvalidTaskBackend",
+    "Task",
+    "TaskContext",
+    "TaskError",
+    "TaskResult",
+    "TaskResultDoesNotExist",
+    "TaskResultStatus",
+    "normalize_json",
+    "task_backends",
+    "task_enqueued",
+    "task_finished",
+    "task_started",
+]

@@ -1,0 +1,197 @@
+"""How ``runworkflows`` runs a claimed Django task, and what it tells Django afterwards.
+
+A task's row is run through a :class:`TaskWorkflow`: a deferred workflow whose retry
+schedule is the task's (none unless asked for), so retries, permanent errors, reclaims and
+abandonment work exactly as for workflows. ``task_started`` is sent in the worker thread
+just before the function runs; ``task_finished`` once the final outcome (SUCCESSFUL or
+FAILED) is written, so a receiver that calls ``get_result()`` sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from traceback import format_exception
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.utils import timezone
+
+from ..history import truncate
+from ..limits import TRACEBACK_MAX_LENGTH
+from ..registry import Workflow
+
+if TYPE_CHECKING:
+    from ..claims import ClaimedWork
+
+logger = logging.getLogger(__name__)
+
+
+def _not_enqueued_here(trigger: Any) -> str:
+    raise TypeError("Django tasks are enqueued with Task.enqueue(), not nexus_workflows.enqueue()")
+
+
+def _run_through_run_task(*args: Any) -> None:
+    raise TypeError("a TaskWorkflow runs through run_task()")
+
+
+@dataclass(frozen=True)
+class TaskWorkflow(Workflow):
+    """The workflow face of one task path on one backend alias."""
+
+    backend_alias: str = ""
+    runs_task: ClassVar[bool] = True
+
+    def run_task(self, work: ClaimedWork) -> None:
+        """Run one attempt; sets ``work.return_value`` (JSON), or ``work.error_record`` and
+        re-raises when the task (or loading it) failed."""
+        try:
+            self._run(work)
+        except BaseException as error:
+            work.error_record = error_record(error)
+            raise
+
+    def _run(self, work: ClaimedWork) -> None:
+        from .backend import task_as_enqueued
+        from .compat import TaskContext, TaskResult, TaskResultStatus, task_backends, task_started
+
+        columns = work.columns
+        task = task_as_enqueued(self.kind, {**columns, "trigger": work.trigger})
+        backend = task_backends[self.backend_alias]
+        trigger = work.trigger if isinstance(work.trigger, dict) else {}
+        result = TaskResult(
+            task=task,
+            id=work.dedupe_key,
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=columns.get("created_at"),
+            started_at=columns.get("first_started_at"),
+            last_attempted_at=columns.get("last_attempted_at"),
+            finished_at=None,
+            args=trigger.get("args", []),
+            kwargs=trigger.get("kwargs", {}),
+            backend=self.backend_alias,
+            errors=[],
+            worker_ids=list(columns.get("worker_ids") or []),
+        )
+        work.task_result = result
+        task_started.send(sender=type(backend), task_result=result)
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = task.call(*result.args, **result.kwargs)
+        work.return_value = stored_return_value(self.kind, value)
+
+
+def stored_return_value(path: str, value: Any) -> Any:
+    """The return value as the database will keep it; a value it cannot keep fails the
+    attempt (as in django-tasks-db), so the error is recorded instead of breaking the write."""
+    from .compat import normalize_json
+
+    value = normalize_json(value)
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except ValueError:
+        raise ValueError(f"task {path!r} returned NaN or infinity, which JSON cannot hold") from None
+    if "\\u0000" in text:
+        raise ValueError(f"task {path!r} returned a NUL character, which PostgreSQL cannot store")
+    return value
+
+
+def error_record(error: BaseException) -> dict[str, str]:
+    kind = type(error)
+    return {
+        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+        # The end of a long traceback is where its cause is.
+        "traceback": truncate("".join(format_exception(error))[::-1], TRACEBACK_MAX_LENGTH)[::-1],
+    }
+
+
+_workflows: dict[tuple[str, str], TaskWorkflow] = {}
+_lock = threading.Lock()
+
+
+def task_workflow(path: str, backend_alias: str) -> TaskWorkflow:
+    """The workflow that runs ``path`` enqueued on ``backend_alias``. When the task (or the
+    backend) cannot be loaded, the attempt fails with that error and is not retried."""
+    key = (path, backend_alias)
+    workflow = _workflows.get(key)
+    if workflow is not None:
+        return workflow
+    try:
+        from .backend import DeferredBackend, load_task
+        from .compat import task_backends
+
+        backend = task_backends[backend_alias]
+        schedule = (
+            backend.retry_schedule_for(load_task(path)) if isinstance(backend, DeferredBackend) else ()
+        )
+    except Exception:  # noqa: BLE001 - the attempt reports it: run_task raises it again
+        return TaskWorkflow(path, _not_enqueued_here, _run_through_run_task, (), backend_alias=backend_alias)
+    workflow = TaskWorkflow(
+        path, _not_enqueued_here, _run_through_run_task, schedule, backend_alias=backend_alias
+    )
+    with _lock:
+        _workflows[key] = workflow
+    return workflow
+
+
+def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
+    """Send ``task_finished`` for the tasks among ``works`` whose final outcome was just
+    written. A receiver that raises is logged (its error type only) and never stops the runner."""
+    from .compat import TaskError, TaskResultStatus, task_backends, task_finished
+
+    for work in works:
+        if not work.is_task:
+            continue
+        try:
+            result = work.task_result
+            if result is None:  # never started: lost too often, or the task could not be loaded
+                from .compat import TaskResultDoesNotExist
+
+                try:
+                    result = task_backends[work.columns.get("backend_name", "")].get_result(work.dedupe_key)
+                except TaskResultDoesNotExist:
+                    continue
+            else:
+                now = timezone.now()
+                object.__setattr__(result, "finished_at", now)
+                if succeeded:
+                    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+                    object.__setattr__(result, "_return_value", work.return_value)
+                else:
+                    object.__setattr__(result, "status", TaskResultStatus.FAILED)
+                    if work.error_record:
+                        result.errors.append(TaskError(**work.error_record))
+            sender = type(task_backends[result.backend])
+            for receiver, response in task_finished.send_robust(sender, task_result=result):
+                if isinstance(response, Exception):
+                    logger.error(
+                        "a task_finished receiver (%s) raised %s for %s #%s",
+                        getattr(receiver, "__qualname__", receiver),
+                        type(response).__name__,
+                        work.kind,
+                        work.id,
+                    )
+        except Exception as error:  # noqa: BLE001 - the outcome is written; never stop the runner
+            logger.error(
+                "could not send task_finished for %s #%s: %s", work.kind, work.id, type(error).__name__
+            )
+
+
+def configured_queues() -> list[str] | None:
+    """The queues of every :class:`DeferredBackend` in ``TASKS``: what a runner takes by
+    default. ``None`` means every queue (a backend without ``QUEUES`` accepts any name)."""
+    try:
+        from .backend import DeferredBackend
+        from .compat import task_backends
+    except ImportError:  # neither django.tasks nor the backport: no tasks to run
+        return []
+    queues: set[str] = set()
+    for backend in task_backends.all():
+        if isinstance(backend, DeferredBackend):
+            if not backend.queues:
+                return None
+            queues.update(backend.queues)
+    return sorted(queues)

@@ -1,0 +1,483 @@
+"""Django's Tasks API on nexus_workflows: tasks are enqueued and read back through the
+public API only (``@task``, ``Task.enqueue``, ``get_result``, ``TaskResult.refresh``,
+the task signals) and run by ``manage.py runworkflows``, on the real database. The same
+tests run on Django 5.2 (the django-tasks backport) and on Django 6.1 (``django.tasks``)."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.management import call_command
+from django.db import transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from nexus_workflows import WorkflowError
+from nexus_workflows.models import DeferredWork, Status
+from tests.processes import ManagePy, wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Ledger
+
+try:
+    from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+except ModuleNotFoundError:  # Django 5.2: the backport
+    from django_tasks import TaskResultStatus, default_task_backend, task, task_backends
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.5, "STALE_AFTER": 2, "SHUTDOWN_GRACE": 1}
+
+
+def run_once(*args: str) -> str:
+    out = io.StringIO()
+    call_command("runworkflows", "--once", *args, stdout=out)
+    return out.getvalue()
+
+
+def run_until_finished(result: Any, timeout: float = 20) -> None:
+    """Run ``runworkflows --once`` until the task has finished (retries wait for their time)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run_once()
+        result.refresh()
+        if result.is_finished:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"task still {result.status} after {timeout}s")
+        time.sleep(0.1)
+
+
+def steps(name: str) -> list[str]:
+    return list(Ledger.objects.filter(kind=name).order_by("pk").values_list("step", flat=True))
+
+
+# --- the backend ------------------------------------------------------------------------
+
+
+def test_the_backend_declares_what_it_supports() -> None:
+    backend = task_backends["default"]
+    assert type(backend).__module__ == "nexus_workflows.tasks.backend"
+    assert (
+        backend.supports_defer,
+        backend.supports_async_task,
+        backend.supports_get_result,
+        backend.supports_priority,
+    ) == (True, True, True, True)
+
+
+def test_a_task_is_a_row_run_by_runworkflows_and_its_result_has_every_field() -> None:
+    before = timezone.now()
+    result = tasks.add.enqueue(2, b=3)
+    assert result.status == TaskResultStatus.READY
+    assert (result.args, result.kwargs, result.backend) == ([2], {"b": 3}, "default")
+    assert before <= result.enqueued_at <= timezone.now()
+    assert (result.started_at, result.finished_at, result.worker_ids, result.errors) == (None, None, [], [])
+    row = DeferredWork.objects.get(dedupe_key=result.id)
+    assert (row.kind, row.status, row.queue_name) == ("tests.testapp.tasks.add", Status.PENDING, "default")
+
+    assert "1 done" in run_once()
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.is_finished
+    assert result.errors == []
+    assert result.attempts == 1
+    assert len(result.worker_ids) == 1
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    assert result.last_attempted_at == result.started_at
+    fetched = tasks.add.get_result(result.id)
+    assert (fetched.id, fetched.status, fetched.return_value, fetched.worker_ids) == (
+        result.id,
+        TaskResultStatus.SUCCESSFUL,
+        5,
+        result.worker_ids,
+    )
+    assert fetched.task.func is tasks.add.func
+
+
+def test_an_unknown_result_id_raises_task_result_does_not_exist() -> None:
+    for result_id in ("0c3a1f9e-3f4e-4a55-9a2b-5b9e7c2d1e00", "not-an-id", "", "1"):
+        with pytest.raises(TaskResultDoesNotExist):
+            default_task_backend.get_result(result_id)
+
+
+def test_a_failing_task_is_failed_with_its_error_class_and_traceback_and_runs_once() -> None:
+    result = tasks.explode.enqueue("a")
+    assert "1 abandoned" in run_once()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.is_finished
+    assert result.finished_at is not None
+    (error,) = result.errors
+    assert error.exception_class is ValueError
+    assert error.exception_class_path == "builtins.ValueError"
+    assert "the upstream said no" in error.traceback
+    assert "Traceback (most recent call last)" in error.traceback
+    with pytest.raises(ValueError, match="failed"):
+        result.return_value  # noqa: B018 - the property raises
+    run_once()
+    assert steps("explode") == ["done"]  # a task runs once unless asked otherwise
+
+
+def test_retries_are_a_task_option_and_context_attempt_counts_them() -> None:
+    result = tasks.flaky.enqueue(key="a", failures=2)
+    assert result.backend == ("default" if tasks.TASK_OPTIONS else "retrying")
+    run_once()
+    result.refresh()
+    assert result.status == TaskResultStatus.READY  # failed once, a retry is due later
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ConnectionError"]
+    run_until_finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"attempt": 3, "result_id": result.id}
+    assert result.attempts == 3
+    assert len(result.errors) == 2
+    assert steps("flaky") == ["attempt 1", "attempt 2", "attempt 3"]
+
+
+def test_retries_asked_for_in_the_backend_options() -> None:
+    result = tasks.flaky_by_options.enqueue(key="a", failures=2)
+    assert result.backend == "retrying"
+    run_until_finished(result)
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
+
+
+def test_retries_end_in_failure_when_the_schedule_is_exhausted() -> None:
+    result = tasks.flaky.enqueue(key="b", failures=10)
+    run_until_finished(result)
+    assert result.status == TaskResultStatus.FAILED
+    assert len(result.errors) == 3 == result.attempts  # the first run and two retries
+
+
+def test_a_permanent_error_fails_at_once_despite_retries() -> None:
+    result = tasks.refuses.enqueue("a")
+    run_once()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "nexus_workflows.exceptions.PermanentError"
+    assert steps("refuses") == ["done"]
+
+
+def test_a_deferred_task_waits_for_run_after() -> None:
+    now = timezone.now()
+    later = tasks.record.using(run_after=now + timedelta(hours=1)).enqueue("in an hour")
+    soon_at = now + timedelta(seconds=1.5)
+    soon = tasks.record.using(run_after=soon_at).enqueue("soon")
+    past = tasks.record.using(run_after=now - timedelta(seconds=1)).enqueue("past")
+    assert soon.task.run_after == soon_at
+    run_until_finished(soon)  # runs --once until it has run: never before its time
+    assert soon.status == TaskResultStatus.SUCCESSFUL
+    assert soon.started_at >= soon_at
+    assert default_task_backend.get_result(soon.id).task.run_after == soon_at
+    assert default_task_backend.get_result(past.id).status == TaskResultStatus.SUCCESSFUL
+    assert default_task_backend.get_result(later.id).status == TaskResultStatus.READY
+    assert sorted(Ledger.objects.values_list("key", flat=True)) == ["past", "soon"]
+
+
+def test_higher_priority_runs_first_then_first_enqueued() -> None:
+    for key, priority in [("low", -10), ("mid-1", 0), ("high-1", 50), ("mid-2", 0), ("high-2", 50)]:
+        tasks.record.using(priority=priority).enqueue(key)
+    run_once("--concurrency", "1")
+    assert list(Ledger.objects.order_by("pk").values_list("key", flat=True)) == [
+        "high-1",
+        "high-2",
+        "mid-1",
+        "mid-2",
+        "low",
+    ]
+
+
+def test_priority_out_of_range_is_refused_by_django() -> None:
+    with pytest.raises(InvalidTask):
+        tasks.record.using(priority=101)
+
+
+def test_an_async_task_runs_and_async_enqueue_and_get_result_work() -> None:
+    result = async_to_sync(tasks.double.aenqueue)(21)
+    run_once()
+    fetched = async_to_sync(tasks.double.aget_result)(result.id)
+    assert (fetched.status, fetched.return_value) == (TaskResultStatus.SUCCESSFUL, 42)
+    async_to_sync(result.arefresh)()
+    assert result.return_value == 42
+
+
+def test_enqueue_inside_atomic_is_part_of_the_callers_transaction() -> None:
+    class Rollback(Exception):
+        pass
+
+    enqueued: list[Any] = []
+    with pytest.raises(Rollback), transaction.atomic():  # noqa: PT012 - the rollback is the point
+        enqueued.append(tasks.record.enqueue("rolled-back"))
+        raise Rollback
+    (rolled_back,) = enqueued
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result(rolled_back.id)
+    with transaction.atomic():
+        kept = tasks.record.enqueue("kept")
+    run_once()
+    assert steps("record") == ["done"]
+    assert default_task_backend.get_result(kept.id).return_value == "kept"
+
+
+def test_each_enqueue_is_a_new_result_never_deduplicated() -> None:
+    first, second = tasks.record.enqueue("same"), tasks.record.enqueue("same")
+    assert first.id != second.id
+    run_once()
+    assert steps("record") == ["done", "done"]
+
+
+def test_signals_are_sent_on_enqueue_start_and_finish() -> None:
+    seen: list[tuple[str, str, Any, str]] = []
+    finished_status_in_db: list[str] = []
+
+    def receiver(signal_name: str) -> Any:
+        def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+            seen.append((signal_name, task_result.id, task_result.status, sender.__name__))
+            if signal_name == "finished":
+                # The outcome is written before task_finished is sent.
+                finished_status_in_db.append(default_task_backend.get_result(task_result.id).status)
+
+        return receive
+
+    receivers = {name: receiver(name) for name in ("enqueued", "started", "finished")}
+    task_enqueued.connect(receivers["enqueued"])
+    task_started.connect(receivers["started"])
+    task_finished.connect(receivers["finished"])
+    try:
+        ok = tasks.add.enqueue(1, 1)
+        bad = tasks.explode.enqueue("x")
+        assert [s[:3] for s in seen] == [
+            ("enqueued", ok.id, TaskResultStatus.READY),
+            ("enqueued", bad.id, TaskResultStatus.READY),
+        ]
+        run_once("--concurrency", "1")
+    finally:
+        task_enqueued.disconnect(receivers["enqueued"])
+        task_started.disconnect(receivers["started"])
+        task_finished.disconnect(receivers["finished"])
+    assert {s[3] for s in seen} == {"DeferredBackend"}
+    assert Counter((s[0], s[1], s[2]) for s in seen[2:]) == Counter(
+        [
+            ("started", ok.id, TaskResultStatus.RUNNING),
+            ("started", bad.id, TaskResultStatus.RUNNING),
+            ("finished", ok.id, TaskResultStatus.SUCCESSFUL),
+            ("finished", bad.id, TaskResultStatus.FAILED),
+        ]
+    )
+    assert sorted(finished_status_in_db) == sorted([TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED])
+
+
+def test_a_raising_task_finished_receiver_does_not_stop_the_runner() -> None:
+    def broken(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("receiver bug")
+
+    task_finished.connect(broken)
+    try:
+        results = [tasks.add.enqueue(n, n) for n in range(3)]
+        assert "3 done" in run_once()
+    finally:
+        task_finished.disconnect(broken)
+    for result in results:
+        result.refresh()
+    assert [r.return_value for r in results] == [0, 2, 4]
+
+
+def test_a_return_value_json_cannot_hold_fails_the_task() -> None:
+    result = tasks.returns_a_set.enqueue("a")
+    run_once()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "builtins.TypeError"
+
+
+def test_runners_can_be_limited_to_queues() -> None:
+    email = tasks.record.using(queue_name="emails").enqueue("email")
+    report = tasks.record.using(queue_name="reports").enqueue("report")
+    default = tasks.record.enqueue("default")
+    assert "0 done" in run_once("--kind", "test-ledger")  # workflow kinds only: no tasks
+    assert "1 done" in run_once("--queue", "emails")
+    assert steps("record") == ["done"]
+    assert default_task_backend.get_result(email.id).status == TaskResultStatus.SUCCESSFUL
+    assert default_task_backend.get_result(report.id).status == TaskResultStatus.READY
+    assert "2 done" in run_once()  # by default: every queue of the configured backends
+    assert default_task_backend.get_result(default.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_a_runner_for_a_queue_no_backend_allows_is_refused() -> None:
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="nowhere"):
+        run_once("--queue", "nowhere")
+
+
+def test_a_queue_the_backend_does_not_allow_is_refused_by_django() -> None:
+    with pytest.raises(InvalidTask):
+        tasks.record.using(queue_name="nowhere")
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+def test_arguments_that_are_not_json_are_refused_before_anything_is_written() -> None:
+    from nexus_workflows.tasks import InvalidTaskArguments
+
+    class Patient:
+        def __repr__(self) -> str:
+            return "María López"
+
+    for bad in ([Patient()], [float("nan")], ["a\x00b"]):
+        with pytest.raises(InvalidTaskArguments) as caught:
+            tasks.record.enqueue(*bad)
+        assert isinstance(caught.value, WorkflowError)
+        assert isinstance(caught.value, TypeError)
+        assert "tests.testapp.tasks.record" in str(caught.value)
+        assert "María" not in str(caught.value)
+    assert not DeferredWork.objects.exists()
+
+
+@pytest.mark.skipif(not tasks.TASK_OPTIONS, reason="Django 6.0's @task takes no backend options")
+def test_a_bad_retry_schedule_is_refused_when_the_task_is_declared() -> None:
+    from nexus_workflows.tasks import InvalidTaskOptions
+
+    def declare(schedule: Any) -> Any:
+        return task(retry_schedule=schedule)(tasks._record)
+
+    for schedule in ([-1], [float("inf")], ["5"], [10**9]):
+        with pytest.raises(InvalidTaskOptions) as caught:
+            declare(schedule)
+        assert isinstance(caught.value, InvalidTask)
+        assert isinstance(caught.value, WorkflowError)
+        assert "retry_schedule" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "check_id"),
+    [({"RETRY_SCHEDULE": [0]}, "nexus_workflows.E022"), ({"RETRIES": 3}, "nexus_workflows.E021")],
+)
+def test_backend_options_are_checked(options: dict[str, Any], check_id: str) -> None:
+    tasks_setting = {"default": {"BACKEND": "nexus_workflows.tasks.DeferredBackend", "OPTIONS": options}}
+    with override_settings(TASKS=tasks_setting):
+        messages = list(task_backends["default"].check())
+    assert [message.id for message in messages] == [check_id]
+
+
+# --- the triage desk ----------------------------------------------------------------------
+
+
+def test_a_failed_task_is_on_the_triage_desk_and_revived_there(admin_client: Any) -> None:
+    from nexus_workflows import triage
+
+    result = tasks.explode.enqueue("a")
+    run_once()
+    result.refresh()
+    page = admin_client.get("/admin/nexus_workflows/deferredwork/?status=attention")
+    assert page.status_code == 200
+    assert "tests.testapp.tasks.explode" in page.content.decode()
+    row = DeferredWork.objects.get(dedupe_key=result.id)
+    detail = admin_client.get(f"/admin/nexus_workflows/deferredwork/{row.pk}/change/").content.decode()
+    assert "builtins.ValueError" in detail
+    assert result.worker_ids[0] in detail
+    revived = triage.revive(DeferredWork.objects.filter(dedupe_key=result.id), by="test")
+    assert revived.unregistered_kinds == []  # any runner imports a task by its path
+    result.refresh()
+    assert (result.status, result.finished_at) == (TaskResultStatus.READY, None)
+    run_once()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert steps("explode") == ["done", "done"]
+    assert len(result.errors) == 2
+
+
+# --- real runner processes ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_task_whose_runner_is_killed_is_reclaimed_and_retried(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    result = tasks.hold.enqueue("a", release_file=str(release))
+    doomed = ManagePy("runworkflows", settings=FAST)
+    rescuer = None
+    try:
+        wait_for(lambda: steps("hold") == ["attempt 1"], timeout=30, what="the first attempt to start")
+        doomed.kill()
+        assert default_task_backend.get_result(result.id).status == TaskResultStatus.RUNNING
+        release.touch()
+        rescuer = ManagePy("runworkflows", settings=FAST)
+        wait_for(
+            lambda: default_task_backend.get_result(result.id).is_finished,
+            timeout=60,
+            what="the task to be reclaimed and finished",
+        )
+        rescuer.terminate()
+    finally:
+        doomed.close()
+        if rescuer:
+            rescuer.close()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 2)
+    assert len(set(result.worker_ids)) == 2 == result.attempts
+    assert steps("hold") == ["attempt 1", "attempt 2"]
+
+
+@pytest.mark.slow
+def test_a_task_without_retries_whose_runner_is_killed_fails_without_running_again(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    result = tasks.hold_once.enqueue("a", release_file=str(release))
+    doomed = ManagePy("runworkflows", settings=FAST)
+    rescuer = None
+    try:
+        wait_for(lambda: steps("hold_once") == ["done"], timeout=30, what="the attempt to start")
+        doomed.kill()
+        release.touch()
+        rescuer = ManagePy("runworkflows", settings=FAST)
+        wait_for(
+            lambda: default_task_backend.get_result(result.id).is_finished,
+            timeout=60,
+            what="the lost task to be failed",
+        )
+        rescuer.terminate()
+    finally:
+        doomed.close()
+        if rescuer:
+            rescuer.close()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[-1].exception_class_path == "nexus_workflows.exceptions.WorkerLost"
+    assert steps("hold_once") == ["done"]
+
+
+def test_enqueue_from_many_threads_gives_distinct_results() -> None:
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def enqueue_some() -> None:
+        from django.db import connection
+
+        try:
+            for n in range(10):
+                result = tasks.add.enqueue(n, 1)
+                with lock:
+                    ids.append(result.id)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=enqueue_some) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(ids)) == 30
+    assert "30 done" in run_once()

@@ -1,0 +1,103 @@
+"""Django tasks (the public ``@task`` API only) that the tests enqueue and that runner
+processes started by the tests import by path."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+try:
+    from django.tasks import task
+except ModuleNotFoundError:  # Django 5.2: the backport
+    from django_tasks import task
+
+from nexus_workflows import PermanentError
+
+from .models import Ledger
+
+# Minutes: a retry 0.6 s later.
+RETRY = [0.01, 0.01]
+# Django 6.1 and the backport pass extra @task keywords to the backend's task_class; Django
+# 6.0 does not, so there a task gets its retries from a backend's OPTIONS (the "retrying"
+# backend of tests/settings.py retries along RETRY too).
+TASK_OPTIONS = "kwargs" in inspect.signature(task).parameters
+RETRYING: dict[str, Any] = {"retry_schedule": RETRY} if TASK_OPTIONS else {"backend": "retrying"}
+
+
+def _record(name: str, key: str, step: str = "done") -> None:
+    Ledger.objects.create(kind=name, key=key, step=step, pid=os.getpid())
+
+
+@task()
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task()
+def record(key: str) -> str:
+    _record("record", key)
+    return key
+
+
+@task()
+def explode(key: str) -> None:
+    _record("explode", key)
+    raise ValueError("the upstream said no")
+
+
+@task(takes_context=True, **RETRYING)
+def flaky(context: Any, key: str, failures: int) -> dict[str, Any]:
+    """Fails its first ``failures`` attempts; retried along RETRY (a task option)."""
+    _record("flaky", key, f"attempt {context.attempt}")
+    if context.attempt <= failures:
+        raise ConnectionError(f"attempt {context.attempt} failed")
+    return {"attempt": context.attempt, "result_id": context.task_result.id}
+
+
+@task(**RETRYING)
+def refuses(key: str) -> None:
+    """Raises a permanent error: abandoned at once although it has retries."""
+    _record("refuses", key)
+    raise PermanentError("the template was rejected")
+
+
+@task(backend="retrying", takes_context=True)
+def flaky_by_options(context: Any, key: str, failures: int) -> int:
+    """Retried along the ``retrying`` backend's OPTIONS["RETRY_SCHEDULE"]."""
+    _record("flaky_by_options", key, f"attempt {context.attempt}")
+    if context.attempt <= failures:
+        raise ConnectionError("not yet")
+    return context.attempt
+
+
+@task()
+async def double(value: int) -> int:
+    return value * 2
+
+
+@task()
+def returns_a_set(key: str) -> Any:
+    return {1, 2}
+
+
+@task(takes_context=True, **RETRYING)
+def hold(context: Any, key: str, release_file: str) -> int:
+    """Records its start, then waits until ``release_file`` exists (a runner may be killed
+    meanwhile)."""
+    _record("hold", key, f"attempt {context.attempt}")
+    deadline = time.monotonic() + 60
+    while not Path(release_file).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return context.attempt
+
+
+@task()
+def hold_once(key: str, release_file: str) -> None:
+    """Like ``hold`` but without retries: a task runs once unless asked otherwise."""
+    _record("hold_once", key)
+    deadline = time.monotonic() + 60
+    while not Path(release_file).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
