@@ -237,7 +237,7 @@ class Claimer:
                 rows = _update_returning(subset, {**changes, **extra}, self.using)
             else:
                 before = {row["pk"] for row, _ in found}
-                matched = subset.update(**changes, **extra)
+                matched = subset.update(**{**changes, **extra})
                 rows = [row for row in self._load(ids, token) if row["pk"] not in before] if matched else []
             found.extend((row, index) for row in rows)
         self.contended = len(found) < len(ids)
@@ -309,12 +309,17 @@ class Claimer:
             return []
         cutoff = now - stale_after if now is not None else now_plus(-stale_after)
         works: list[ClaimedWork] = []
+        # A claim lost before its attempt started is no attempt of a Django task either:
+        # the new claim takes its place in worker_ids instead of adding to them.
+        (started, counted), (unstarted, uncounted) = STALE_VARIANTS
+        replaced = JSONAppend(JSONDropLast("worker_ids"), self.worker_id)
+        variants = ((started, counted), (unstarted, {**uncounted, "worker_ids": replaced}))
         if self.flow is not None:
-            works = self.flow.claim_stale(self, limit, cutoff=cutoff, variants=STALE_VARIANTS)
+            works = self.flow.claim_stale(self, limit, cutoff=cutoff, variants=variants)
         if len(works) < limit and self._has_plain():
             stale = DeferredWork.objects.using(self.using).stale(cutoff)
             works += self._claim(
-                stale, limit - len(works), ("heartbeat_at",), reclaimed=True, variants=STALE_VARIANTS
+                stale, limit - len(works), ("heartbeat_at",), reclaimed=True, variants=variants
             )
         for work in works:
             work.lost_started = work.claim_variant == 0

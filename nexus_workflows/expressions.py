@@ -18,8 +18,9 @@ from django.db.models import F, Func, JSONField
 class _ArrayUpdate(Func):
     output_field = JSONField()
 
-    def __init__(self, column: str, *extra: Any) -> None:
-        super().__init__(F(column))
+    def __init__(self, column: str | Any, *extra: Any) -> None:
+        # A column name, or an expression (another update of the same column).
+        super().__init__(F(column) if isinstance(column, str) else column)
         self.extra_params = extra
 
     def _column(self, compiler: Any, connection: Any) -> tuple[str, list[Any]]:
@@ -36,7 +37,7 @@ class _ArrayUpdate(Func):
 class JSONAppend(_ArrayUpdate):
     """``column`` (a JSON array) with ``value`` appended."""
 
-    def __init__(self, column: str, value: Any) -> None:
+    def __init__(self, column: str | Any, value: Any) -> None:
         super().__init__(column, json.dumps(value))
 
     def as_sql(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, list[Any]]:

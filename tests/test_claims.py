@@ -205,6 +205,28 @@ def test_claim_stale_counts_the_lost_attempt_only_if_it_had_started(kind: str) -
     }
 
 
+def test_worker_ids_and_first_start_follow_attempts_not_claims(kind: str) -> None:
+    """worker_ids (a Django task's attempts) grows only by claims whose attempt started;
+    first_started_at is the first claim's and stays, while started_at is NULL after each."""
+    started = enqueue(kind, {"key": "started"})
+    unstarted = enqueue(kind, {"key": "unstarted"})
+    first = Claimer(kinds=[kind], using="default", worker_id="first")
+    held = first.claim_due(2)
+    assert mark_started([w for w in held if w.id == int(started)], using="default") == 1
+    before = {row.pk: row for row in DeferredWork.objects.all()}
+    assert all(row.first_started_at is not None for row in before.values())
+    DeferredWork.objects.update(heartbeat_at=timezone.now() - timedelta(minutes=6))
+    second = Claimer(kinds=[kind], using="default", worker_id="second")
+    assert len(second.claim_stale(10, stale_after=timedelta(minutes=5))) == 2
+    rows = {row.pk: row for row in DeferredWork.objects.all()}
+    assert rows[int(started)].worker_ids == ["first", "second"]
+    assert rows[int(unstarted)].worker_ids == ["second"]  # the lost claim was no attempt
+    for pk in (int(started), int(unstarted)):
+        assert rows[pk].started_at is None
+        assert rows[pk].first_started_at == before[pk].first_started_at
+        assert rows[pk].last_attempted_at >= before[pk].last_attempted_at
+
+
 def test_a_save_marks_the_attempt_started(kind: str) -> None:
     work_id = enqueue(kind, {"key": "a"})
     (work,) = claimer(kind).claim_due(1)

@@ -404,6 +404,17 @@ def test_a_failed_task_is_on_the_triage_desk_and_revived_there(admin_client: Any
 # --- real runner processes ----------------------------------------------------------------
 
 
+def _wait_for_start_marker(result_id: str) -> None:
+    """Until the runner has written that the attempt started (its heartbeat thread does,
+    shortly after): a runner killed before that lost a claim, not an attempt, and the
+    task would simply run again (issue 20)."""
+    wait_for(
+        lambda: DeferredWork.objects.filter(dedupe_key=result_id, started_at__isnull=False).exists(),
+        timeout=30,
+        what="the attempt's start marker",
+    )
+
+
 @pytest.mark.slow
 def test_a_task_whose_runner_is_killed_is_reclaimed_and_retried(tmp_path: Path) -> None:
     release = tmp_path / "release"
@@ -412,6 +423,7 @@ def test_a_task_whose_runner_is_killed_is_reclaimed_and_retried(tmp_path: Path) 
     rescuer = None
     try:
         wait_for(lambda: steps("hold") == ["attempt 1"], timeout=30, what="the first attempt to start")
+        _wait_for_start_marker(result.id)
         doomed.kill()
         assert default_task_backend.get_result(result.id).status == TaskResultStatus.RUNNING
         release.touch()
@@ -440,6 +452,7 @@ def test_a_task_without_retries_whose_runner_is_killed_fails_without_running_aga
     rescuer = None
     try:
         wait_for(lambda: steps("hold_once") == ["done"], timeout=30, what="the attempt to start")
+        _wait_for_start_marker(result.id)
         doomed.kill()
         release.touch()
         rescuer = ManagePy("runworkflows", settings=FAST)
