@@ -248,7 +248,7 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
     # The reveal page (admin_reveal.RevealMixin): GET confirms, POST shows and logs.
     reveal_permission = REVEAL_PERMISSION
     reveal_template = "admin/nexus_workflows/deferredwork/reveal.html"
-    reveal_what = "dedupe key, trigger, checkpoints, error messages and a task's return value and tracebacks"
+    reveal_what = "dedupe key, trigger, checkpoints and error messages (a task's: and its return value)"
 
     def reveal_payload(self, request: HttpRequest, work: DeferredWork) -> dict[str, Any]:
         return {

@@ -75,8 +75,6 @@ def start_line(
         f"nexus_workflows {version}",
         f"database {describe_database(using)}",
         f"kinds {', '.join(kinds) or '(none)'}",
-        # Django task queues (nexus_workflows.tasks); None takes every queue.
-        f"task queues {'(all)' if queues is None else ', '.join(queues) or '(none)'}",
         f"concurrency {concurrency}",
         f"wake-ups: {wakeup}",
     ]
@@ -84,6 +82,8 @@ def start_line(
         parts.append("once")
     if metrics:
         parts.append(f"metrics on {metrics}")
+    if queues != []:  # Django task queues (nexus_workflows.tasks); None takes every queue
+        parts.append(f"task queues {'(all)' if queues is None else ', '.join(queues)}")
     if worker_id:
         parts.append(f"worker id {worker_id}")
     return "; ".join(parts)
