@@ -162,6 +162,13 @@ def test_kill_9_of_a_runner_holding_slots_gives_them_back_only_on_reclaim(
     rescuers: Runners | None = None
     try:
         wait_for(hang.exists, timeout=30, what="the first attempt to hang")
+        # Killed before its start marker is written, the runner would lose a claim, not an
+        # attempt (issue 20), and the attempt count below would not move.
+        wait_for(
+            lambda: DeferredWork.objects.filter(dedupe_key="hung", started_at__isnull=False).exists(),
+            timeout=30,
+            what="the hung attempt's start marker",
+        )
         enqueue_many("test-flow-capped", [{"key": n, "sleep": 0.2, "ledger": str(ledger)} for n in range(6)])
         os.kill(doomed.pid, signal.SIGKILL)
         doomed.wait(10)
