@@ -238,7 +238,9 @@ class FlowClaimer:
             .filter(kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at)
             .filter(key_conditions(kind, flow, due_at))
         )
-        ids = self._pick(kind, flow, candidates.order_by("next_attempt_at", "pk"), limit)
+        # Workflows' priority is always 0: the same order as before, and that of nw_due_idx.
+        ordered = candidates.order_by("-priority", "next_attempt_at", "pk")
+        ids = self._pick(kind, flow, ordered, limit)
         if ids is None:  # a full rate window: it rests until the window frees (_pick)
             return [], 0
         if not ids:
