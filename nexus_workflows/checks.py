@@ -202,7 +202,7 @@ def check_time_zone_support(app_configs: Sequence[Any] | None = None, **kwargs: 
             hint="Claims, heartbeats and due times are timestamps of the database's clock, "
             "stored in UTC; with USE_TZ = False they are misread as local times (work runs "
             "early or late, live work looks stale) and the admin's work pages fail.",
-            id="nexus_workflows.E020",
+            id="nexus_workflows.E008",
         )
     ]
 

@@ -105,7 +105,7 @@ def test_use_tz_false_is_an_error() -> None:
     assert check_time_zone_support() == []
     with override_settings(USE_TZ=False):
         (message,) = check_time_zone_support()
-    assert message.id == "nexus_workflows.E020"
+    assert message.id == "nexus_workflows.E008"
     assert "USE_TZ = True" in message.msg
 
 

@@ -365,7 +365,7 @@ def test_a_bad_retry_schedule_is_refused_when_the_task_is_declared() -> None:
 
 @pytest.mark.parametrize(
     ("options", "check_id"),
-    [({"RETRY_SCHEDULE": [0]}, "nexus_workflows.E022"), ({"RETRIES": 3}, "nexus_workflows.E021")],
+    [({"RETRY_SCHEDULE": [0]}, "nexus_workflows.E032"), ({"RETRIES": 3}, "nexus_workflows.E031")],
 )
 def test_backend_options_are_checked(options: dict[str, Any], check_id: str) -> None:
     tasks_setting = {"default": {"BACKEND": "nexus_workflows.tasks.DeferredBackend", "OPTIONS": options}}

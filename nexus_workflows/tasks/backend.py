@@ -149,7 +149,7 @@ class DeferredBackend(BaseTaskBackend):
                     f"TASKS[{self.alias!r}] uses {type(self).__name__}, but nexus_workflows is not "
                     "in INSTALLED_APPS.",
                     hint="Add 'nexus_workflows' to INSTALLED_APPS and run migrate.",
-                    id="nexus_workflows.E020",
+                    id="nexus_workflows.E030",
                 )
             )
         unknown = sorted(set(self.options) - set(OPTION_RULES))
@@ -159,7 +159,7 @@ class DeferredBackend(BaseTaskBackend):
                     f"TASKS[{self.alias!r}]['OPTIONS'] has unknown option(s): "
                     f"{', '.join(map(str, unknown))}.",
                     hint=f"Known options: {', '.join(sorted(OPTION_RULES))}.",
-                    id="nexus_workflows.E021",
+                    id="nexus_workflows.E031",
                 )
             )
         try:
@@ -169,7 +169,7 @@ class DeferredBackend(BaseTaskBackend):
                 checks.Error(
                     f"TASKS[{self.alias!r}]['OPTIONS']['RETRY_SCHEDULE'] is invalid: {error}",
                     hint=f"It must be {OPTION_RULES['RETRY_SCHEDULE']}.",
-                    id="nexus_workflows.E022",
+                    id="nexus_workflows.E032",
                 )
             )
         return messages
