@@ -102,41 +102,28 @@ def _enqueue_many_deferred(
     hashes: dict[str, tuple[str | None, str | None]],
 ) -> dict[str, str | None]:
     from .models import DeferredWork
+    from .wakeup import notify
 
     using = router.db_for_write(DeferredWork)
     results: dict[str, str | None] = {}
     keys = list(by_key)
     try:
-        _insert_many(workflow, by_key, hashes, keys, delay, using, results)
+        with transaction.atomic(using=using):
+            for start in range(0, len(keys), _BULK_CHUNK):
+                chunk = keys[start : start + _BULK_CHUNK]
+                for _ in range(_DEDUPE_ROUNDS):
+                    chunk = _settle_chunk(workflow, by_key, hashes, chunk, delay, using, results)
+                    if not chunk:
+                        break
+                else:
+                    raise RuntimeError(
+                        f"workflow {workflow.kind!r}: could not settle {len(chunk)} dedupe key(s) "
+                        f"after {_DEDUPE_ROUNDS} rounds; rows kept changing under concurrent writers"
+                    )
+            notify(using, inserted=True)
     except (IntegrityError, DataError) as error:  # never the dedupe race: ON CONFLICT skips it
         raise _rejected(workflow, error) from None
     return results
-
-
-def _insert_many(
-    workflow: Workflow,
-    by_key: dict[str, str],
-    hashes: dict[str, tuple[str | None, str | None]],
-    keys: list[str],
-    delay: timedelta,
-    using: str,
-    results: dict[str, str | None],
-) -> None:
-    from .wakeup import notify
-
-    with transaction.atomic(using=using):
-        for start in range(0, len(keys), _BULK_CHUNK):
-            chunk = keys[start : start + _BULK_CHUNK]
-            for _ in range(_DEDUPE_ROUNDS):
-                chunk = _settle_chunk(workflow, by_key, hashes, chunk, delay, using, results)
-                if not chunk:
-                    break
-            else:
-                raise RuntimeError(
-                    f"workflow {workflow.kind!r}: could not settle {len(chunk)} dedupe key(s) after "
-                    f"{_DEDUPE_ROUNDS} rounds; rows kept changing under concurrent writers"
-                )
-        notify(using, inserted=True)
 
 
 def _settle_chunk(
