@@ -587,27 +587,24 @@ def release(works: Iterable[ClaimedWork]) -> int:
     return released
 
 
+def _still_processing(works: Sequence[ClaimedWork], using: str) -> Any:
+    """The rows of ``works`` still held by one of their claims (one statement for many
+    claims: a token of another row cannot match, the ids keep the rows apart)."""
+    tokens = {work.claim_token for work in works}
+    return DeferredWork.objects.using(using).filter(
+        pk__in=[work.id for work in works], claim_token__in=tokens, status=Status.PROCESSING
+    )
+
+
 def heartbeat(works: Sequence[ClaimedWork], *, using: str) -> int:
     """Refresh ``heartbeat_at`` of every row still held; returns rows refreshed."""
     if not works:
         return 0
-    tokens = {work.claim_token for work in works}
-    ids = [work.id for work in works]
-    return (
-        DeferredWork.objects.using(using)
-        .filter(pk__in=ids, claim_token__in=tokens, status=Status.PROCESSING)
-        .update(heartbeat_at=DatabaseNow())
-    )
+    return _still_processing(works, using).update(heartbeat_at=DatabaseNow())
 
 
 def mark_started(works: Sequence[ClaimedWork], *, using: str) -> int:
     """Record that these attempts' prepare started: from now on, losing them counts."""
     if not works:
         return 0
-    tokens = {work.claim_token for work in works}
-    ids = [work.id for work in works]
-    return (
-        DeferredWork.objects.using(using)
-        .filter(pk__in=ids, claim_token__in=tokens, status=Status.PROCESSING, started_at__isnull=True)
-        .update(started_at=DatabaseNow())
-    )
+    return _still_processing(works, using).filter(started_at__isnull=True).update(started_at=DatabaseNow())
