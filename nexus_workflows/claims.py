@@ -190,13 +190,17 @@ class Claimer:
         """
         candidates = candidates.filter(self._selection())
         spread = _CONTENTION_SPREAD if self.contended else 1
-        ids = list(candidates.order_by(*order_by).values_list("pk", flat=True)[: limit * spread])
-        if spread > 1 and len(ids) > limit:
-            chosen = set(random.sample(ids, limit))
-            ids = [pk for pk in ids if pk in chosen]  # still in priority order
-        if not ids:
+        fields = ("pk", "queue_name") if self.queues != [] else ("pk",)
+        found = list(candidates.order_by(*order_by).values_list(*fields)[: limit * spread])
+        if spread > 1 and len(found) > limit:
+            found = [found[index] for index in sorted(random.sample(range(len(found)), limit))]
+        if not found:
             return []
-        return self.claim_rows(candidates, ids, reclaimed=reclaimed, variants=variants, **changes)
+        ids = [row[0] for row in found]
+        tasks = {row[0] for row in found if row[1:] and row[1]}
+        return self.claim_rows(
+            candidates, ids, reclaimed=reclaimed, variants=variants, tasks=tasks, **changes
+        )
 
     def claim_rows(
         self,
@@ -205,6 +209,7 @@ class Claimer:
         *,
         reclaimed: bool,
         variants: Sequence[tuple[Q | None, dict[str, Any]]] = _ONE_VARIANT,
+        tasks: set[int] | None = None,
         **changes: Any,
     ) -> list[ClaimedWork]:
         """Compare-and-set the rows ``ids`` of ``candidates`` (the conditions are checked
@@ -213,7 +218,9 @@ class Claimer:
         Where the database can, the ``UPDATE`` returns the rows it claimed
         (``RETURNING``); elsewhere they are read back by their token. ``variants`` split
         the ``UPDATE`` by a condition re-checked in it, each with changes of its own; each
-        claimed row says which one claimed it (``claim_variant``).
+        claimed row says which one claimed it (``claim_variant``). ``tasks``: which of
+        ``ids`` are Django tasks' rows, when the caller knows (``None``: any may be, if
+        this runner takes task queues); see ``_task_changes``.
         """
         token = uuid.uuid4().hex
         changes.update(
@@ -223,22 +230,23 @@ class Claimer:
             updated_at=DatabaseNow(),
             # This attempt's prepare has not started yet (the marker is written once it has).
             started_at=None,
-            # Django tasks' TaskResult: the first and the latest attempt, and every runner
-            # that claimed the work (its attempts; a claim given back drops its entry).
-            first_started_at=Coalesce(F("first_started_at"), DatabaseNow()),
-            last_attempted_at=DatabaseNow(),
-            worker_ids=JSONAppend("worker_ids", self.worker_id),
         )
+        if self.queues == []:
+            tasks = set()
+        some = None if tasks is None else bool(tasks)  # None: perhaps
+        every = tasks is not None and len(tasks) == len(ids)
+        names = _CLAIM_FIELDS if some is False else (*_CLAIM_FIELDS, *_TASK_FIELDS)
         claimed = candidates.filter(pk__in=ids)
         found: list[tuple[dict[str, Any], int]] = []
         for index, (condition, extra) in enumerate(variants):
             subset = claimed.filter(condition) if condition is not None else claimed
+            update = self._task_changes({**changes, **extra}, some=some, every=every)
             if _can_return_from_update(self.using):
-                rows = _update_returning(subset, {**changes, **extra}, self.using)
+                rows = _update_returning(subset, update, self.using, names)
             else:
                 before = {row["pk"] for row, _ in found}
-                matched = subset.update(**{**changes, **extra})
-                rows = [row for row in self._load(ids, token) if row["pk"] not in before] if matched else []
+                matched = subset.update(**update)
+                rows = [r for r in self._load(ids, token, names) if r["pk"] not in before] if matched else []
             found.extend((row, index) for row in rows)
         self.contended = len(found) < len(ids)
         # Hand them out in the claim's order (priority first): RETURNING keeps no order.
@@ -258,14 +266,39 @@ class Claimer:
                 lost_unstarted=row["lost_unstarted"],
                 claim_variant=index,
                 using=self.using,
-                columns={name: row[name] for name in _TASK_FIELDS},
+                columns={name: row[name] for name in _TASK_FIELDS if name in row},
             )
             for row, index in found
         ]
 
-    def _load(self, ids: list[int], token: str) -> list[dict[str, Any]]:
+    def _task_changes(self, changes: dict[str, Any], *, some: bool | None, every: bool) -> dict[str, Any]:
+        """``changes`` plus the columns of a Django task's ``TaskResult``, on task rows only.
+
+        A task's claim also stamps its first and latest attempt and appends this runner to
+        its ``worker_ids`` (a ``worker_ids`` in ``changes`` replaces the append). Workflow
+        rows never read those columns, and writing them cost every workflow claim ~15% of
+        the no-op drain: a claim of workflow rows only (``some`` is False) leaves them out
+        of its ``UPDATE``; one of task rows only (``every``) writes them; one that may take
+        both writes them through a ``CASE`` on the row being a task's (``queue_name`` set).
+        """
+        task_only = {
+            "first_started_at": Coalesce(F("first_started_at"), DatabaseNow()),
+            "last_attempted_at": DatabaseNow(),
+            "worker_ids": changes.pop("worker_ids", None) or JSONAppend("worker_ids", self.worker_id),
+        }
+        if some is False:
+            return changes
+        if not every:
+            field_of = DeferredWork._meta.get_field
+            task_only = {
+                name: Case(When(queue_name="", then=F(name)), default=value, output_field=field_of(name))
+                for name, value in task_only.items()
+            }
+        return {**changes, **task_only}
+
+    def _load(self, ids: list[int], token: str, names: Sequence[str]) -> list[dict[str, Any]]:
         rows = DeferredWork.objects.using(self.using).held(token).filter(pk__in=ids)
-        return list(rows.values(*_CLAIM_FIELDS, *_TASK_FIELDS))
+        return list(rows.values(*names))
 
     def claim_due(
         self, limit: int, *, now: datetime | None = None, startable: int | None = None
@@ -312,6 +345,7 @@ class Claimer:
         # A claim lost before its attempt started is no attempt of a Django task either:
         # the new claim takes its place in worker_ids instead of adding to them.
         (started, counted), (unstarted, uncounted) = STALE_VARIANTS
+        # (_task_changes writes worker_ids of task rows only.)
         replaced = JSONAppend(JSONDropLast("worker_ids"), self.worker_id)
         variants = ((started, counted), (unstarted, {**uncounted, "worker_ids": replaced}))
         if self.flow is not None:

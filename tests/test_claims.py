@@ -24,6 +24,7 @@ from nexus_workflows.claims import (
 from nexus_workflows.json_values import MAX_DEPTH
 from nexus_workflows.models import DeferredWork, Status
 from tests.json_like import nested
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -205,26 +206,49 @@ def test_claim_stale_counts_the_lost_attempt_only_if_it_had_started(kind: str) -
     }
 
 
-def test_worker_ids_and_first_start_follow_attempts_not_claims(kind: str) -> None:
+def test_worker_ids_and_first_start_follow_attempts_not_claims() -> None:
     """worker_ids (a Django task's attempts) grows only by claims whose attempt started;
     first_started_at is the first claim's and stays, while started_at is NULL after each."""
-    started = enqueue(kind, {"key": "started"})
-    unstarted = enqueue(kind, {"key": "unstarted"})
-    first = Claimer(kinds=[kind], using="default", worker_id="first")
+    started = tasks.add.enqueue(1, 2).id
+    unstarted = tasks.add.enqueue(3, 4).id
+    pk = dict(DeferredWork.objects.values_list("dedupe_key", "pk"))
+    first = Claimer(kinds=[], queues=["default"], using="default", worker_id="first")
     held = first.claim_due(2)
-    assert mark_started([w for w in held if w.id == int(started)], using="default") == 1
+    assert mark_started([w for w in held if w.id == pk[started]], using="default") == 1
     before = {row.pk: row for row in DeferredWork.objects.all()}
     assert all(row.first_started_at is not None for row in before.values())
     DeferredWork.objects.update(heartbeat_at=timezone.now() - timedelta(minutes=6))
-    second = Claimer(kinds=[kind], using="default", worker_id="second")
+    second = Claimer(kinds=[], queues=["default"], using="default", worker_id="second")
     assert len(second.claim_stale(10, stale_after=timedelta(minutes=5))) == 2
     rows = {row.pk: row for row in DeferredWork.objects.all()}
-    assert rows[int(started)].worker_ids == ["first", "second"]
-    assert rows[int(unstarted)].worker_ids == ["second"]  # the lost claim was no attempt
-    for pk in (int(started), int(unstarted)):
-        assert rows[pk].started_at is None
-        assert rows[pk].first_started_at == before[pk].first_started_at
-        assert rows[pk].last_attempted_at >= before[pk].last_attempted_at
+    assert rows[pk[started]].worker_ids == ["first", "second"]
+    assert rows[pk[unstarted]].worker_ids == ["second"]  # the lost claim was no attempt
+    for row_id in pk.values():
+        assert rows[row_id].started_at is None
+        assert rows[row_id].first_started_at == before[row_id].first_started_at
+        assert rows[row_id].last_attempted_at >= before[row_id].last_attempted_at
+
+
+@pytest.mark.parametrize("queues", [[], ["default"]], ids=["workflows only", "workflows and tasks"])
+def test_a_claim_writes_the_task_columns_of_task_rows_only(kind: str, queues: list[str]) -> None:
+    """first_started_at, last_attempted_at and worker_ids are a Django task's TaskResult:
+    a claim (fresh or a reclaim) leaves them alone on workflow rows, whether or not its
+    runner also takes tasks; task rows taken by the same claim get them."""
+    work_id = int(enqueue(kind, {"key": "a"}))
+    task_pk = DeferredWork.objects.get(dedupe_key=tasks.add.enqueue(1, 2).id).pk if queues else None
+    mine = Claimer(kinds=[kind], queues=queues, using="default", worker_id="me")
+    claimed = mine.claim_due(10)
+    assert {w.id for w in claimed} == {work_id} | ({task_pk} if task_pk else set())
+    mark_started(claimed, using="default")
+    DeferredWork.objects.update(heartbeat_at=timezone.now() - timedelta(minutes=6))
+    assert len(mine.claim_stale(10, stale_after=timedelta(minutes=5))) == len(claimed)
+    workflow = DeferredWork.objects.get(pk=work_id)
+    assert (workflow.worker_ids, workflow.first_started_at, workflow.last_attempted_at) == ([], None, None)
+    if task_pk is not None:
+        task_row = DeferredWork.objects.get(pk=task_pk)
+        assert task_row.worker_ids == ["me", "me"]
+        assert task_row.first_started_at is not None
+        assert task_row.last_attempted_at is not None
 
 
 def test_a_save_marks_the_attempt_started(kind: str) -> None:
