@@ -17,6 +17,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connections, rou
 from django.utils import timezone
 
 from . import json_values, signals
+from .clock import stamp_now
 from .exceptions import EnqueueRejected, InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
 from .flow.keys import flow_key_hashes
 from .limits import DEDUPE_KEY_MAX_LENGTH, MAX_DELAY
@@ -141,7 +142,7 @@ def _settle_chunk(
     from .models import DeferredWork, Status
     from .wakeup import notify
 
-    now = timezone.now()
+    now = stamp_now(using)
     # Existing keys are skipped by the database (ON CONFLICT DO NOTHING / INSERT OR
     # IGNORE), so concurrent writers cannot make this fail half-way.
     if connections[using].vendor == "postgresql":
@@ -322,7 +323,7 @@ def _enqueue_deferred(
     connection = connections[using]
     in_transaction = connection.in_atomic_block or not connection.get_autocommit()
     for _ in range(_DEDUPE_ROUNDS):
-        now = timezone.now()
+        now = stamp_now(using)
         try:
             # Inside the caller's transaction a savepoint keeps a lost dedupe race from
             # breaking it; in autocommit mode the INSERT stands alone (one round trip).
