@@ -31,12 +31,15 @@ from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.functional import cached_property
+from django.utils.functional import Promise, cached_property
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext, gettext_noop, ngettext
+from django.utils.translation import gettext_lazy as _
 
 from . import admin_display as display
 from . import triage
+from .admin_readonly import ReadOnlyAdminMixin
 from .admin_reveal import RevealMixin
 from .flow.report import waiting_on_limit_q, waiting_reason
 from .models import DeferredWork, Status
@@ -58,17 +61,17 @@ WAITING_ON_A_LIMIT = "waiting"
 class StatusFilter(admin.SimpleListFilter):
     """Status, plus the two slices triage cares about: "needs attention" and "stale"."""
 
-    title = "status"
+    title = _("status")
     parameter_name = "status"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [
-            (NEEDS_ATTENTION, "Needs attention"),
-            (Status.PENDING.value, "Pending"),
-            (Status.PROCESSING.value, "Processing"),
-            (STALE, "Processing, stale heartbeat"),
-            (Status.DONE.value, "Done"),
-            (Status.ABANDONED.value, "Abandoned"),
+            (NEEDS_ATTENTION, _("Needs attention")),
+            (Status.PENDING.value, _("Pending")),
+            (Status.PROCESSING.value, _("Processing")),
+            (STALE, _("Processing, stale heartbeat")),
+            (Status.DONE.value, _("Done")),
+            (Status.ABANDONED.value, _("Abandoned")),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
@@ -85,11 +88,11 @@ class StatusFilter(admin.SimpleListFilter):
 class FlowLimitFilter(admin.SimpleListFilter):
     """Due items that a flow limit (serial key, concurrency, rate) holds back."""
 
-    title = "flow control"
+    title = _("flow control")
     parameter_name = "flow"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(WAITING_ON_A_LIMIT, "Waiting on a limit")]
+        return [(WAITING_ON_A_LIMIT, _("Waiting on a limit"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
         if self.value() == WAITING_ON_A_LIMIT:
@@ -100,7 +103,7 @@ class FlowLimitFilter(admin.SimpleListFilter):
 @dataclass(frozen=True)
 class SummaryItem:
     value: str | None  # the status filter's value; None for "all"
-    label: str
+    label: str | Promise
     count: int
     url: str
     active: bool
@@ -115,7 +118,8 @@ class TriageChangeList(ChangeList):
         self.request = request
         super().__init__(request, *args, **kwargs)
         status = self.params.get(StatusFilter.parameter_name)
-        self.title = "Deferred work that needs attention" if status == NEEDS_ATTENTION else "Deferred work"
+        attention = status == NEEDS_ATTENTION
+        self.title = _("Deferred work that needs attention") if attention else _("Deferred work")
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[DeferredWork]:
         queryset = super().get_queryset(request, exclude_parameters)
@@ -129,7 +133,7 @@ class TriageChangeList(ChangeList):
         current = self.params.get(StatusFilter.parameter_name)
         abandoned = counts.get(Status.ABANDONED, 0)
 
-        def item(value: str | None, label: str, count: int, tone: str) -> SummaryItem:
+        def item(value: str | None, label: Promise, count: int, tone: str) -> SummaryItem:
             if value is None:
                 url = self.get_query_string(remove=[StatusFilter.parameter_name, PAGE_VAR])
             else:
@@ -137,18 +141,21 @@ class TriageChangeList(ChangeList):
             return SummaryItem(value, label, count, url, current == value, tone if count else "none")
 
         return [
-            item(None, "All", sum(counts.values()), "all"),
-            item(NEEDS_ATTENTION, "Needs attention", abandoned + stale, "attention"),
-            item(Status.PENDING, "Pending", counts.get(Status.PENDING, 0), "pending"),
-            item(Status.PROCESSING, "Processing", counts.get(Status.PROCESSING, 0), "processing"),
-            item(STALE, "Stale heartbeat", stale, "stale"),
-            item(Status.DONE, "Done", counts.get(Status.DONE, 0), "done"),
-            item(Status.ABANDONED, "Abandoned", abandoned, "abandoned"),
+            item(None, _("All"), sum(counts.values()), "all"),
+            item(NEEDS_ATTENTION, _("Needs attention"), abandoned + stale, "attention"),
+            item(Status.PENDING, _("Pending"), counts.get(Status.PENDING, 0), "pending"),
+            item(Status.PROCESSING, _("Processing"), counts.get(Status.PROCESSING, 0), "processing"),
+            item(STALE, _("Stale heartbeat"), stale, "stale"),
+            item(Status.DONE, _("Done"), counts.get(Status.DONE, 0), "done"),
+            item(Status.ABANDONED, _("Abandoned"), abandoned, "abandoned"),
         ]
 
 
 @admin.register(DeferredWork)
-class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
+class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
+    """Work is created by enqueue() and changes only through the runner and the triage
+    actions (read-only otherwise); deleting goes through a confirmation page."""
+
     list_display = (
         "id_column",
         "kind",
@@ -162,7 +169,7 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
     list_filter = (StatusFilter, FlowLimitFilter, "kind")
     # Exact match only: a partial search would tell which keys contain what was typed.
     search_fields = ("=dedupe_key",)
-    search_help_text = (
+    search_help_text = _(
         "Type a dedupe key exactly to find its work. Triggers, checkpoints and errors are not searchable."
     )
     ordering = ("-created_at", "-pk")
@@ -199,16 +206,18 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
             },
         ),
         (
-            "Last error",
+            _("Last error"),
             {
                 "fields": ("error_type_detail",),
-                "description": "The exception type. Its message, the dedupe key, the trigger and the "
-                "checkpoints may hold patient data: they are revealed on request (see above).",
+                "description": _(
+                    "The exception type. Its message, the dedupe key, the trigger and the "
+                    "checkpoints may hold patient data: they are revealed on request (see above)."
+                ),
             },
         ),
-        ("Attempt history", {"fields": ("history_table",)}),
+        (_("Attempt history"), {"fields": ("history_table",)}),
         (
-            "Django task",
+            _("Django task"),
             {
                 "fields": (
                     ("queue_name", "priority", "backend_name"),
@@ -216,14 +225,16 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
                     "worker_ids_list",
                     "error_types_list",
                 ),
-                "description": "For a task enqueued through Django's Tasks API (its kind is the "
-                "task's import path; the dedupe key is its result id). Its return value and "
-                "tracebacks may hold patient data: they are revealed on request (see above).",
+                "description": _(
+                    "For a task enqueued through Django's Tasks API (its kind is the "
+                    "task's import path; the dedupe key is its result id). Its return value and "
+                    "tracebacks may hold patient data: they are revealed on request (see above)."
+                ),
                 "classes": ("collapse",),
             },
         ),
         (
-            "Claim",
+            _("Claim"),
             {"fields": ("claim_token", "claimed_column", "heartbeat_column"), "classes": ("collapse",)},
         ),
     )
@@ -236,19 +247,13 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
 
     # --- permissions --------------------------------------------------------------------
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # work is created by enqueue(), never by hand
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # rows change only through the runner and the triage actions
-
     def has_revive_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(REVIVE_PERMISSION)
 
     # The reveal page (admin_reveal.RevealMixin): GET confirms, POST shows and logs.
     reveal_permission = REVEAL_PERMISSION
     reveal_template = "admin/nexus_workflows/deferredwork/reveal.html"
-    reveal_what = "dedupe key, trigger, checkpoints and error messages (a task's: and its return value)"
+    reveal_what = _("dedupe key, trigger, checkpoints and error messages (a task's: and its return value)")
 
     def reveal_payload(self, request: HttpRequest, work: DeferredWork) -> dict[str, Any]:
         return {
@@ -270,77 +275,77 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
 
     # --- list columns -------------------------------------------------------------------
 
-    @admin.display(description="ID", ordering="pk")
+    @admin.display(description=_("ID"), ordering="pk")
     def id_column(self, work: DeferredWork) -> str:
         return f"#{work.pk}"
 
-    @admin.display(description="status", ordering="status")
+    @admin.display(description=_("status"), ordering="status")
     def status_column(self, work: DeferredWork) -> SafeString:
         return display.status_badge(work)
 
-    @admin.display(description="attempt", ordering="attempt")
+    @admin.display(description=_("attempt"), ordering="attempt")
     def attempts_column(self, work: DeferredWork) -> SafeString:
         return display.attempts(work)
 
-    @admin.display(description="next attempt", ordering="next_attempt_at")
+    @admin.display(description=_("next attempt"), ordering="next_attempt_at")
     def next_attempt_column(self, work: DeferredWork) -> SafeString:
         return display.next_attempt(work, compact=True)
 
-    @admin.display(description="next attempt")
+    @admin.display(description=_("next attempt"))
     def next_attempt_detail(self, work: DeferredWork) -> SafeString:
         return display.next_attempt(work)
 
-    @admin.display(description="last error")
+    @admin.display(description=_("last error"))
     def error_type_column(self, work: DeferredWork) -> SafeString:
         return display.error_type_badge(work.last_error)
 
-    @admin.display(description="last update", ordering="updated_at")
+    @admin.display(description=_("last update"), ordering="updated_at")
     def updated_column(self, work: DeferredWork) -> SafeString:
         return display.when(work.updated_at, compact=True)
 
-    @admin.display(description="last update")
+    @admin.display(description=_("last update"))
     def updated_detail(self, work: DeferredWork) -> SafeString:
         return display.when(work.updated_at)
 
     # --- detail fields ------------------------------------------------------------------
 
-    @admin.display(description="created")
+    @admin.display(description=_("created"))
     def created_column(self, work: DeferredWork) -> SafeString:
         return display.when(work.created_at)
 
-    @admin.display(description="claimed at")
+    @admin.display(description=_("claimed at"))
     def claimed_column(self, work: DeferredWork) -> SafeString:
         return display.when(work.claimed_at)
 
-    @admin.display(description="last heartbeat")
+    @admin.display(description=_("last heartbeat"))
     def heartbeat_column(self, work: DeferredWork) -> SafeString:
         return display.when(work.heartbeat_at)
 
-    @admin.display(description="exception type")
+    @admin.display(description=_("exception type"))
     def error_type_detail(self, work: DeferredWork) -> SafeString:
         if not work.last_error:
-            return format_html('<p class="nw-muted">{}</p>', "No error recorded.")
+            return format_html('<p class="nw-muted">{}</p>', _("No error recorded."))
         return display.error_type_badge(work.last_error)
 
-    @admin.display(description="history")
+    @admin.display(description=_("history"))
     def history_table(self, work: DeferredWork) -> SafeString:
         return render_to_string(
             "admin/nexus_workflows/deferredwork/history.html", {"rows": display.history_rows(work)}
         )
 
-    @admin.display(description="first started")
+    @admin.display(description=_("first started"))
     def started_column(self, work: DeferredWork) -> SafeString:
         return display.when(work.first_started_at)
 
-    @admin.display(description="finished")
+    @admin.display(description=_("finished"))
     def finished_column(self, work: DeferredWork) -> SafeString:
         return display.when(work.finished_at)
 
-    @admin.display(description="runners (one per attempt)")
+    @admin.display(description=_("runners (one per attempt)"))
     def worker_ids_list(self, work: DeferredWork) -> str:
         return ", ".join(map(str, work.worker_ids or [])) or "—"
 
-    @admin.display(description="errors (oldest first; exception types)")
+    @admin.display(description=_("errors (oldest first; exception types)"))
     def error_types_list(self, work: DeferredWork) -> str:
         # The types only: a traceback may quote patient data (revealed on request).
         types = [str(e.get("exception_class_path", "?")) for e in work.errors or [] if isinstance(e, dict)]
@@ -348,11 +353,11 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
 
     # --- actions ------------------------------------------------------------------------
 
-    @admin.action(description="Revive selected abandoned work", permissions=["revive"])
+    @admin.action(description=_("Revive selected abandoned work"), permissions=["revive"])
     def revive_selected(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
         self._revive(request, queryset)
 
-    @admin.action(description="Run selected pending work now", permissions=["revive"])
+    @admin.action(description=_("Run selected pending work now"), permissions=["revive"])
     def run_selected_now(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
         self._run_now(request, queryset)
 
@@ -363,7 +368,7 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
             context["losses"] = _describe_losses({work.status: 1})
         return super().render_delete_form(request, context)
 
-    @admin.action(description="Delete selected deferred work", permissions=["delete"])
+    @admin.action(description=_("Delete selected deferred work"), permissions=["delete"])
     def delete_selected(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> HttpResponse | None:
         """Django's bulk delete, but only after a confirmation page that says what will be
         lost, confirmed for exactly the selection and counts it showed (a bare
@@ -374,7 +379,7 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
             return django_delete_selected(self, request, queryset)
         context = {
             **self.admin_site.each_context(request),
-            "title": "Delete selected deferred work?",
+            "title": _("Delete selected deferred work?"),
             "opts": self.opts,
             "summary": summary,
             "losses": _describe_losses(summary["counts"]),
@@ -392,13 +397,14 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
 
     def _revive(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
         result = triage.revive(queryset, by="admin", user=request.user.get_username())
-        self._log(request, result, "Revived: abandoned → pending, attempt 0, due now, checkpoints kept.")
-        self._report(request, result, "Revived", "abandoned")
+        message = gettext("Revived: abandoned → pending, attempt 0, due now, checkpoints kept.")
+        self._log(request, result, message)
+        self._report(request, result, REVIVED)
 
     def _run_now(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
         result = triage.run_now(queryset, by="admin", user=request.user.get_username())
-        self._log(request, result, "Run now: pending work made due now.")
-        self._report(request, result, "Made due now", "pending")
+        self._log(request, result, gettext("Run now: pending work made due now."))
+        self._report(request, result, MADE_DUE)
 
     def _log(self, request: HttpRequest, result: triage.TriageResult, message: str) -> None:
         if not result.changed:
@@ -408,17 +414,20 @@ class DeferredWorkAdmin(RevealMixin, admin.ModelAdmin):
         )
         LogEntry.objects.log_actions(request.user.pk, changed, CHANGE, change_message=message)
 
-    def _report(self, request: HttpRequest, result: triage.TriageResult, verb: str, wanted: str) -> None:
+    def _report(self, request: HttpRequest, result: triage.TriageResult, wording: ResultWording) -> None:
         self.message_user(
             request,
-            describe_result(result, verb, wanted),
+            describe_result(result, wording),
             messages.SUCCESS if result.changed and not result.skipped else messages.WARNING,
         )
         for kind in result.unregistered_kinds:
             self.message_user(
                 request,
-                f"No workflow is registered for kind {kind!r} in this project, so no runner "
-                "here will pick that work up until one that knows the kind starts.",
+                gettext(
+                    "No workflow is registered for kind %(kind)s in this project, so no runner "
+                    "here will pick that work up until one that knows the kind starts."
+                )
+                % {"kind": repr(kind)},
                 messages.WARNING,
             )
 
@@ -519,9 +528,9 @@ _LOSSES = {
 def _delete_summary(queryset: QuerySet[DeferredWork]) -> dict[str, Any]:
     rows = list(queryset.order_by("pk").values_list("pk", "status"))
     counts: dict[str, int] = {}
-    for _, status in rows:
+    for _pk, status in rows:
         counts[status] = counts.get(status, 0) + 1
-    return {"pks": [pk for pk, _ in rows], "counts": counts}
+    return {"pks": [pk for pk, _status in rows], "counts": counts}
 
 
 def _describe_losses(counts: dict[str, int]) -> list[tuple[str, int, str]]:
@@ -540,15 +549,36 @@ def _confirmed(token: str, request: HttpRequest, summary: dict[str, Any]) -> boo
     return confirmed == {**summary, "user": request.user.pk}
 
 
-def describe_result(result: triage.TriageResult, verb: str, wanted: str) -> str:
+@dataclass(frozen=True)
+class ResultWording:
+    """What a triage action's message says: translatable, with plurals (``ngettext``)."""
+
+    changed: tuple[str, str]  # "Revived %(count)d item", and its plural
+    wanted: Promise  # the status the action takes, as skipped rows were not
+
+
+REVIVED = ResultWording(
+    (gettext_noop("Revived %(count)d item"), gettext_noop("Revived %(count)d items")), _("abandoned")
+)
+MADE_DUE = ResultWording(
+    (gettext_noop("Made due now %(count)d item"), gettext_noop("Made due now %(count)d items")), _("pending")
+)
+
+
+def describe_result(result: triage.TriageResult, wording: ResultWording) -> str:
     """``Revived 2 items; skipped 1 that was not abandoned (1 pending).``"""
     changed = len(result.changed)
-    text = f"{verb} {changed} {'item' if changed == 1 else 'items'}"
+    text = ngettext(*wording.changed, changed) % {"count": changed}
     skipped = len(result.skipped)
     if not skipped:
-        return f"{text}; skipped none."
+        return gettext("%(changed)s; skipped none.") % {"changed": text}
     by_status: dict[str, int] = {}
     for ref in result.skipped:
         by_status[ref.status] = by_status.get(ref.status, 0) + 1
     breakdown = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items()))
-    return f"{text}; skipped {skipped} that {'was' if skipped == 1 else 'were'} not {wanted} ({breakdown})."
+    skipped_text = ngettext(
+        "skipped %(count)d that was not %(wanted)s (%(breakdown)s)",
+        "skipped %(count)d that were not %(wanted)s (%(breakdown)s)",
+        skipped,
+    ) % {"count": skipped, "wanted": wording.wanted, "breakdown": breakdown}
+    return gettext("%(changed)s; %(skipped)s.") % {"changed": text, "skipped": skipped_text}

@@ -21,6 +21,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.cache import add_never_cache_headers
+from django.utils.functional import Promise
+from django.utils.translation import gettext
 
 
 class RevealFailed(Exception):
@@ -37,7 +39,7 @@ class RevealMixin:
 
     reveal_permission: str
     reveal_template: str
-    reveal_what: str
+    reveal_what: str | Promise
 
     def has_reveal_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm(self.reveal_permission) and self.has_view_permission(  # type: ignore[attr-defined]
@@ -49,7 +51,10 @@ class RevealMixin:
         raise NotImplementedError
 
     def reveal_log_message(self, obj: Any) -> str:
-        return f"Revealed the {self.reveal_what} of {obj} (nothing was changed)."
+        return gettext("Revealed the %(what)s of %(object)s (nothing was changed).") % {
+            "what": self.reveal_what,
+            "object": obj,
+        }
 
     def reveal_url(self, obj: Any) -> str:
         opts = self.opts  # type: ignore[attr-defined]
@@ -94,7 +99,7 @@ class RevealMixin:
             admin.log_change(request, obj, self.reveal_log_message(obj))
         context = {
             **admin.admin_site.each_context(request),
-            "title": f"Reveal the {self.reveal_what} of {obj}",
+            "title": gettext("Reveal the %(what)s of %(object)s") % {"what": self.reveal_what, "object": obj},
             "opts": admin.opts,
             "original": obj,
             "reveal_what": self.reveal_what,

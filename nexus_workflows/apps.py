@@ -10,6 +10,8 @@ class NexusWorkflowsConfig(AppConfig):
         from . import checks  # noqa: F401 - registers the system checks
         from .airtable import checks as airtable_checks  # noqa: F401 - registers the Airtable checks
         from .phi import checks as phi_checks  # noqa: F401 - registers the PHI checks
-        from .registry import autodiscover
+        from .registry import autodiscover, registry
+        from .tasks.running import task_workflow
 
+        registry.task_adapter = task_workflow
         autodiscover()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Iterable
 from contextlib import nullcontext
 from datetime import timedelta
@@ -18,9 +17,10 @@ from django.utils import timezone
 
 from . import json_values, signals
 from .clock import stamp_now
+from .delays import parse_delay
 from .exceptions import EnqueueRejected, InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
 from .flow.keys import flow_key_hashes
-from .limits import DEDUPE_KEY_MAX_LENGTH, MAX_DELAY
+from .limits import DEDUPE_KEY_MAX_LENGTH
 from .registry import Workflow, registry
 
 logger = logging.getLogger(__name__)
@@ -276,26 +276,6 @@ def json_text(workflow: Workflow, trigger: Any) -> str:
     """The trigger as JSON text, after checking that it can be stored."""
     check_trigger(workflow, trigger)
     return json_values.dumps(trigger)
-
-
-def parse_delay(kind: str, value: Any) -> timedelta:
-    """``delay`` as a timedelta: seconds (int or float) or a timedelta, 0 to MAX_DELAY."""
-    allowed = f"allowed: 0 to {MAX_DELAY.days} days ({MAX_DELAY.days // 365} years)"
-    if isinstance(value, timedelta):
-        negative, too_long = value < timedelta(0), value > MAX_DELAY
-    elif type(value) is int or (type(value) is float and math.isfinite(value)):
-        # Compared before any conversion: timedelta(seconds=1e20) would overflow.
-        negative, too_long = value < 0, value > MAX_DELAY.total_seconds()
-    else:
-        raise InvalidEnqueueOption(
-            f"workflow {kind!r}: delay must be a finite number of seconds or a timedelta; "
-            f"got {type(value).__name__}"
-        )
-    if negative:
-        raise InvalidEnqueueOption(f"workflow {kind!r}: delay must not be negative; {allowed}")
-    if too_long:
-        raise InvalidEnqueueOption(f"workflow {kind!r}: delay is too long; {allowed}")
-    return value if isinstance(value, timedelta) else timedelta(seconds=value)
 
 
 def _deferred_options(workflow: Workflow, options: dict[str, Any]) -> timedelta:

@@ -57,8 +57,8 @@ from rq.exceptions import DuplicateJobError
 from rq.queue import Queue
 
 from .conf import app_settings
+from .delays import parse_delay
 from .embedded import warn_if_embedded
-from .enqueueing import parse_delay
 from .exceptions import InvalidEnqueueOption, JobFailed, QueueUnavailable, UnknownWorkflow, WorkflowError
 from .history import describe_error
 from .limits import MAX_DELAY

@@ -157,6 +157,11 @@ def _validate_schedule(kind: str, retry_schedule: object) -> tuple[float, ...] |
 class WorkflowRegistry:
     """Kinds mapped to their :class:`Workflow`; safe to use from several threads."""
 
+    #: What runs a Django task's row (task path, backend alias -> workflow):
+    #: ``nexus_workflows.tasks.running.task_workflow``, plugged in by the app's ``ready()``
+    #: (the tasks package imports this module, so this module does not import it).
+    task_adapter: Callable[[str, str], Workflow] | None = None
+
     def __init__(self) -> None:
         self._workflows: dict[str, Workflow] = {}
         self._lock = threading.Lock()
@@ -230,9 +235,12 @@ class WorkflowRegistry:
         """What runs claimed work: its registered workflow, or for a Django task's row
         (its kind is an import path) the task's adapter, which never raises here."""
         if work.is_task:
-            from .tasks.running import task_workflow
-
-            return task_workflow(work.kind, work.columns.get("backend_name", ""))
+            if self.task_adapter is None:
+                raise UnknownWorkflow(
+                    f"{work.kind!r:.120} is a Django task's row, and Django tasks are run only once "
+                    "the nexus_workflows app is ready (it plugs in nexus_workflows.tasks)"
+                )
+            return self.task_adapter(work.kind, work.columns.get("backend_name", ""))
         return self.get(work.kind)
 
     def __contains__(self, kind: object) -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db import router
@@ -12,8 +10,11 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from .. import admin_display as display
+from ..admin_readonly import ReadOnlyAdminMixin
 from ..models import DeferredWork
 from . import dashboard
 from .models import Runner
@@ -21,7 +22,7 @@ from .runners import with_liveness
 
 
 @admin.register(Runner)
-class RunnerAdmin(admin.ModelAdmin):
+class RunnerAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """``runworkflows`` processes as the database last saw them. Rows are written by the
     runners themselves; a runner not seen for ``STALE_AFTER`` is shown dead."""
 
@@ -38,6 +39,7 @@ class RunnerAdmin(admin.ModelAdmin):
         "version",
     )
     list_display_links = None
+    deletable = False  # dead runners' rows are purged after RETENTION
     ordering = ("-last_seen_at", "-pk")
     list_per_page = 100
 
@@ -45,44 +47,35 @@ class RunnerAdmin(admin.ModelAdmin):
         css = {"all": ("nexus_workflows/admin/triage.css",)}
 
     def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
-        context = {"title": "Runners", "subtitle": None, **(extra_context or {})}
+        context = {"title": _("Runners"), "subtitle": None, **(extra_context or {})}
         return super().changelist_view(request, context)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Runner]:
         return with_liveness(super().get_queryset(request))
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # dead runners' rows are purged after RETENTION
-
-    @admin.display(description="runner", ordering="host")
+    @admin.display(description=_("runner"), ordering="host")
     def runner_column(self, runner: Runner) -> str:
         return f"{runner.host} pid {runner.pid}"
 
-    @admin.display(description="state", ordering="last_seen_at")
+    @admin.display(description=_("state"), ordering="last_seen_at")
     def state_column(self, runner: Runner) -> SafeString:
         if getattr(runner, "alive", False):
-            return format_html('<span class="nw-badge nw-badge--done">{}</span>', "alive")
+            return format_html('<span class="nw-badge nw-badge--done">{}</span>', _("alive"))
         return format_html(
             '<span class="nw-badge nw-badge--abandoned" title="{}">{}</span>',
-            "Not seen for longer than STALE_AFTER: the process died or lost the database",
-            "dead",
+            _("Not seen for longer than STALE_AFTER: the process died or lost the database"),
+            _("dead"),
         )
 
-    @admin.display(description="kinds")
+    @admin.display(description=_("kinds"))
     def kinds_column(self, runner: Runner) -> str:
-        return ", ".join(runner.kinds) if runner.kinds else "(none)"
+        return ", ".join(runner.kinds) if runner.kinds else gettext("(none)")
 
-    @admin.display(description="started", ordering="started_at")
+    @admin.display(description=_("started"), ordering="started_at")
     def started_column(self, runner: Runner) -> SafeString:
         return display.when(runner.started_at, compact=True)
 
-    @admin.display(description="last seen", ordering="last_seen_at")
+    @admin.display(description=_("last seen"), ordering="last_seen_at")
     def last_seen_column(self, runner: Runner) -> SafeString:
         return display.when(runner.last_seen_at, compact=True)
 
@@ -94,7 +87,7 @@ def dashboard_view(model_admin: admin.ModelAdmin, request: HttpRequest) -> HttpR
     board = dashboard.build(router.db_for_read(DeferredWork))
     context = {
         **model_admin.admin_site.each_context(request),
-        "title": "Workflow dashboard",
+        "title": _("Workflow dashboard"),
         "subtitle": None,
         "opts": model_admin.opts,
         "board": board,

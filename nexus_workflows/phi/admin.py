@@ -19,7 +19,10 @@ from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, QueryDict
 from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
+from ..admin_readonly import ReadOnlyAdminMixin
 from ..admin_reveal import RevealFailed, RevealMixin
 from .exceptions import PhiError, SurfaceDecryptionError
 from .keys import code_hash, keyring
@@ -71,7 +74,7 @@ class CodeSearchMixin:
         return urlencode({"_changelist_filters": filters.urlencode()}) if filters else ""
 
 
-class PhiTokenInline(admin.TabularInline):
+class PhiTokenInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = PhiToken
     fields = ("token", "category", "created_at", "updated_at")
     readonly_fields = fields
@@ -80,23 +83,19 @@ class PhiTokenInline(admin.TabularInline):
     can_delete = False
     show_change_link = True
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(TokenMap)
-class TokenMapAdmin(CodeSearchMixin, admin.ModelAdmin):
+class TokenMapAdmin(ReadOnlyAdminMixin, CodeSearchMixin, admin.ModelAdmin):
     list_display = ("map_column", "token_count", "sequence", "created_at", "updated_at")
     # Searched by the code's keyed hash (see get_search_results): exact codes only.
     search_fields = ("code_hash",)
-    search_help_text = (
+    search_help_text = _(
         "Type a conversation code exactly to go to its map. Codes are stored only as keyed "
         "hashes, so parts of a code find nothing; the code is not kept in any URL."
     )
     code_hash_lookup = "code_hash"
+    # Deleting a map deletes its tokens: text already sent out could never be decoded.
+    deletable = False
     ordering = ("-updated_at",)
     fields = ("map_column", "token_count", "sequence", "created_at", "updated_at")
     readonly_fields = fields
@@ -123,7 +122,7 @@ class TokenMapAdmin(CodeSearchMixin, admin.ModelAdmin):
         found = self.code_q(request.POST.get("code", ""))
         token_map = self.get_queryset(request).filter(found).first() if found is not None else None
         if token_map is None:
-            self.message_user(request, "No token map has that conversation code.", messages.WARNING)
+            self.message_user(request, gettext("No token map has that conversation code."), messages.WARNING)
             changelist = reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_changelist")
             return HttpResponseRedirect(changelist)
         return HttpResponseRedirect(
@@ -138,43 +137,35 @@ class TokenMapAdmin(CodeSearchMixin, admin.ModelAdmin):
         found = self.code_q(search_term)
         return (queryset.filter(found) if found is not None else queryset.none()), False
 
-    @admin.display(description="token map", ordering="pk")
+    @admin.display(description=_("token map"), ordering="pk")
     def map_column(self, token_map: TokenMap) -> str:
         return str(token_map)
 
-    @admin.display(description="tokens", ordering="_token_count")
+    @admin.display(description=_("tokens"), ordering="_token_count")
     def token_count(self, token_map: TokenMap) -> int:
         return token_map._token_count  # type: ignore[attr-defined]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Deleting a map deletes its tokens: text already sent out could never be decoded.
-        return False
-
 
 @admin.register(PhiToken)
-class PhiTokenAdmin(RevealMixin, CodeSearchMixin, admin.ModelAdmin):
+class PhiTokenAdmin(ReadOnlyAdminMixin, RevealMixin, CodeSearchMixin, admin.ModelAdmin):
     list_display = ("token", "category", "map_column", "created_at", "updated_at")
     list_filter = ("category",)
     # Tokens, and maps by their exact code (hashed): surfaces are encrypted and must never
     # be searchable.
     search_fields = ("token",)
-    search_help_text = (
+    search_help_text = _(
         "Search by token. To find a conversation's tokens, find its map by code under PHI token maps."
     )
     code_hash_lookup = "token_map__code_hash"
+    # A token goes with its map; deleting one alone would leave text undecodable.
+    deletable = False
     ordering = ("token_map", "number")
     fields = ("token_map", "token", "category", "number", "created_at", "updated_at")
     readonly_fields = fields
     change_form_template = "admin/nexus_workflows/phitoken/change_form.html"
     reveal_permission = REVEAL_PERMISSION
     reveal_template = "admin/nexus_workflows/phitoken/reveal_surface.html"
-    reveal_what = "surface"
+    reveal_what = _("surface")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[PhiToken], search_term: str
@@ -185,19 +176,9 @@ class PhiTokenAdmin(RevealMixin, CodeSearchMixin, admin.ModelAdmin):
             return by_token, duplicates
         return by_token | queryset.filter(by_code), duplicates
 
-    @admin.display(description="token map", ordering="token_map")
+    @admin.display(description=_("token map"), ordering="token_map")
     def map_column(self, token: PhiToken) -> str:
-        return f"token map #{token.token_map_id}"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # A token goes with its map; deleting one alone would leave text undecodable.
-        return False
+        return gettext("token map #%(id)s") % {"id": token.token_map_id}
 
     def change_view(
         self,

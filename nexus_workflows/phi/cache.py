@@ -16,8 +16,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..conf import app_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from ..conf import SETTINGS_NAME, app_settings
 from .keys import keyring
 
 
@@ -146,3 +150,11 @@ class TokenCache:
 
 
 token_cache = TokenCache()
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    # override_settings in tests, or a reload: every cached lookup key was computed with
+    # the old HMAC key, and the cache's size may differ.
+    if setting == SETTINGS_NAME:
+        token_cache.clear()

@@ -315,11 +315,7 @@ def _settings_changed(*, setting: str, **kwargs: Any) -> None:
     # override_settings in tests, or a reload: keys, region and cache size may differ,
     # and every cached lookup key was computed with the old HMAC key.
     if setting in (SETTINGS_NAME, "SECRET_KEY", "DEBUG", "SECRET_KEY_FALLBACKS"):
-        reset_keyring()
-        if setting == SETTINGS_NAME:
-            from .cache import token_cache
-
-            token_cache.clear()
+        reset_keyring()  # (phi.cache clears its token cache on the same signal)
 
 
 def code_hash(code: str) -> str:
