@@ -12,13 +12,13 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 import redis
 from django.db import connection
 
 from nexus_workflows.registry import Workflow, registry
+from tests.processes import database_url
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -130,18 +130,6 @@ def rq_burst(rq_redis: redis.Redis) -> Callable[..., int]:
         return worker.jobs_run
 
     return burst
-
-
-def database_url(settings_dict: dict[str, Any]) -> str:
-    """A DATABASE_URL for the database a connection uses (during tests: the test database)."""
-    if settings_dict["ENGINE"] == "django.db.backends.sqlite3":
-        return f"sqlite:///{Path(settings_dict['NAME']).resolve()}"
-    user = quote(settings_dict.get("USER") or "", safe="")
-    password = quote(settings_dict.get("PASSWORD") or "", safe="")
-    credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = settings_dict.get("HOST") or "127.0.0.1"
-    port = settings_dict.get("PORT") or 5432
-    return f"postgres://{credentials}{host}:{port}/{settings_dict['NAME']}"
 
 
 @pytest.fixture

@@ -21,15 +21,22 @@ from django.db import connection
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+def database_url(settings_dict: dict[str, Any], *, port: int | None = None) -> str:
+    """A DATABASE_URL for the database of a connection's ``settings_dict`` (during tests:
+    the test database); ``port`` replaces its port (a proxy in front of it)."""
+    if settings_dict["ENGINE"] == "django.db.backends.sqlite3":
+        return f"sqlite:///{Path(settings_dict['NAME']).resolve()}"
+    user = quote(settings_dict.get("USER") or "", safe="")
+    password = quote(settings_dict.get("PASSWORD") or "", safe="")
+    credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = port or settings_dict.get("PORT") or 5432
+    return f"postgres://{credentials}{host}:{port}/{quote(settings_dict['NAME'], safe='')}"
+
+
 def url_of_test_database(*, port: int | None = None) -> str:
     """DATABASE_URL of the database this test session runs on (the test database)."""
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{settings['NAME']}"
-    user = quote(settings["USER"] or "")
-    password = f":{quote(settings['PASSWORD'])}" if settings["PASSWORD"] else ""
-    host = settings["HOST"] or "127.0.0.1"
-    return f"postgres://{user}{password}@{host}:{port or settings['PORT'] or 5432}/{settings['NAME']}"
+    return database_url(connection.settings_dict, port=port)
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.05, what: str = "") -> Any:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from nexus_workflows import ClaimLost, InvalidCheckpoint, enqueue
@@ -25,6 +23,7 @@ from nexus_workflows.json_values import MAX_DEPTH
 from nexus_workflows.models import DeferredWork, Status
 from tests.json_like import nested
 from tests.testapp import tasks
+from tests.threads import run_together
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,27 +67,16 @@ def test_claim_due_respects_the_limit_and_the_order(kind: str) -> None:
 def test_concurrent_claimers_never_share_a_row(kind: str) -> None:
     for number in range(300):
         enqueue(kind, {"key": str(number)})
-    claimed: list[list[int]] = [[] for _ in range(4)]
-    barrier = threading.Barrier(4)
 
-    def claim_until_empty(slot: int) -> None:
-        try:
-            mine = claimer(kind)
-            barrier.wait(10)
-            misses = 0
-            while misses < 3:
-                works = mine.claim_due(7)
-                claimed[slot].extend(work.id for work in works)
-                misses = 0 if works else misses + 1
-        finally:
-            connection.close()
+    def claim_until_empty(slot: int) -> list[int]:
+        mine, claimed, misses = claimer(kind), [], 0
+        while misses < 3:
+            works = mine.claim_due(7)
+            claimed.extend(work.id for work in works)
+            misses = 0 if works else misses + 1
+        return claimed
 
-    threads = [threading.Thread(target=claim_until_empty, args=(slot,)) for slot in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    everything = [work_id for ids in claimed for work_id in ids]
+    everything = [work_id for ids in run_together(claim_until_empty, 4, timeout=60) for work_id in ids]
     assert len(everything) == 300
     assert len(set(everything)) == 300
     assert DeferredWork.objects.filter(status=Status.PROCESSING).count() == 300

@@ -18,6 +18,7 @@ from nexus_workflows import (
     enqueue,
 )
 from nexus_workflows.models import DeferredWork, Status
+from tests.threads import run_together
 
 pytestmark = pytest.mark.django_db
 
@@ -226,28 +227,7 @@ def test_a_concurrent_insert_that_commits_first_wins_inside_the_callers_transact
 
 @pytest.mark.django_db(transaction=True)
 def test_eight_threads_enqueuing_one_key_leave_one_row(deferred: str) -> None:
-    barrier = threading.Barrier(8)
-    results: list[str | None] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def enqueue_once() -> None:
-        try:
-            barrier.wait(10)
-            result = enqueue(deferred, {"key": "same"})
-            with lock:
-                results.append(result)
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=enqueue_once) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert errors == []
+    results = run_together(lambda _: enqueue(deferred, {"key": "same"}), 8)
     assert DeferredWork.objects.count() == 1
     row_id = str(DeferredWork.objects.get().pk)
     assert results == [row_id] * 8

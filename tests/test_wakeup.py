@@ -14,8 +14,7 @@ from django.core.management import call_command
 from django.db import connection, connections
 
 from nexus_workflows.models import DeferredWork
-from tests.conftest import database_url
-from tests.processes import ManagePy, wait_for
+from tests.processes import ManagePy, database_url, wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
 

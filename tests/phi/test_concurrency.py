@@ -7,15 +7,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
-from django.db import connection
 
 from nexus_workflows.phi import decode, normalize
 from nexus_workflows.phi.cache import token_cache
 from nexus_workflows.phi.models import PhiToken, TokenMap
 from nexus_workflows.phi.normalization import surface_form
+from tests.processes import url_of_test_database
 
 from .encode_worker import values
 
@@ -23,27 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PROCESSES = 8
 
 
-def test_database_url() -> str:
-    """A DATABASE_URL for the database this test runs on (the test database)."""
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{settings['NAME']}"
-    credentials = quote(settings["USER"] or "", safe="")
-    if settings["PASSWORD"]:
-        credentials += ":" + quote(settings["PASSWORD"], safe="")
-    host = settings["HOST"] or "127.0.0.1"
-    port = f":{settings['PORT']}" if settings["PORT"] else ""
-    return f"postgres://{credentials}@{host}{port}/{quote(settings['NAME'], safe='')}"
-
-
-test_database_url.__test__ = False  # type: ignore[attr-defined]
-
-
 def run_workers(code: str, count: int) -> list[dict[int, str]]:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "DATABASE_URL": test_database_url(),
+        "DATABASE_URL": url_of_test_database(),
         "PYTHONPATH": str(ROOT),
         "NEXUS_WORKFLOWS_LOG_LEVEL": "WARNING",
     }

@@ -21,6 +21,7 @@ from nexus_workflows.phi import (
 )
 from nexus_workflows.phi.cache import token_cache
 from nexus_workflows.phi.models import PhiToken, TokenMap
+from tests.threads import run_together
 
 pytestmark = pytest.mark.django_db
 
@@ -163,10 +164,6 @@ def test_concurrent_loads_of_one_code_share_one_query(code: str) -> None:
     token = encode(code, "María López", "PERSONA")
     token_cache.clear()
     loads_before = token_cache.loads
-    barrier = threading.Barrier(8)
-    results: list[str] = []
-    query_counts: list[int] = []
-    errors: list[BaseException] = []
 
     def slow_map_queries(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         # Widen the window in which the other threads arrive while a load is running.
@@ -174,24 +171,13 @@ def test_concurrent_loads_of_one_code_share_one_query(code: str) -> None:
             threading.Event().wait(0.2)
         return execute(sql, params, many, context)
 
-    def worker() -> None:
-        try:
-            barrier.wait()
-            with connection.execute_wrapper(slow_map_queries), CaptureQueriesContext(connection) as queries:
-                results.append(encode(code, "maria lopez", "PERSONA"))
-            query_counts.append(len(queries))
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-        finally:
-            connection.close()
+    def worker(_: int) -> tuple[str, int]:
+        with connection.execute_wrapper(slow_map_queries), CaptureQueriesContext(connection) as queries:
+            result = encode(code, "maria lopez", "PERSONA")
+        return result, len(queries)
 
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
-    assert results == [token] * 8
+    results, query_counts = zip(*run_together(worker, 8), strict=True)
+    assert results == (token,) * 8
     assert sum(query_counts) == 1
     assert token_cache.loads - loads_before == 1
 
