@@ -415,29 +415,38 @@ def _wait_for_start_marker(result_id: str) -> None:
     )
 
 
-@pytest.mark.slow
-def test_a_task_whose_runner_is_killed_is_reclaimed_and_retried(tmp_path: Path) -> None:
-    release = tmp_path / "release"
-    result = tasks.hold.enqueue("a", release_file=str(release))
+def _kill_mid_attempt_then_rescue(result: Any, release: Path, name: str, started: list[str]) -> Any:
+    """Run the task in a runner, kill it once the attempt has started (``steps(name)`` is
+    ``started`` and its start marker is written), then let a second runner finish it.
+    Returns the task's status seen right after the kill."""
     doomed = ManagePy("runworkflows", settings=FAST)
     rescuer = None
     try:
-        wait_for(lambda: steps("hold") == ["attempt 1"], timeout=30, what="the first attempt to start")
+        wait_for(lambda: steps(name) == started, timeout=30, what="the attempt to start")
         _wait_for_start_marker(result.id)
         doomed.kill()
-        assert default_task_backend.get_result(result.id).status == TaskResultStatus.RUNNING
+        status_when_killed = default_task_backend.get_result(result.id).status
         release.touch()
         rescuer = ManagePy("runworkflows", settings=FAST)
         wait_for(
             lambda: default_task_backend.get_result(result.id).is_finished,
             timeout=60,
-            what="the task to be reclaimed and finished",
+            what="the lost attempt's task to be reclaimed and finished",
         )
         rescuer.terminate()
     finally:
         doomed.close()
         if rescuer:
             rescuer.close()
+    return status_when_killed
+
+
+@pytest.mark.slow
+def test_a_task_whose_runner_is_killed_is_reclaimed_and_retried(tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    result = tasks.hold.enqueue("a", release_file=str(release))
+    status_when_killed = _kill_mid_attempt_then_rescue(result, release, "hold", ["attempt 1"])
+    assert status_when_killed == TaskResultStatus.RUNNING
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 2)
     assert len(set(result.worker_ids)) == 2 == result.attempts
@@ -448,24 +457,7 @@ def test_a_task_whose_runner_is_killed_is_reclaimed_and_retried(tmp_path: Path) 
 def test_a_task_without_retries_whose_runner_is_killed_fails_without_running_again(tmp_path: Path) -> None:
     release = tmp_path / "release"
     result = tasks.hold_once.enqueue("a", release_file=str(release))
-    doomed = ManagePy("runworkflows", settings=FAST)
-    rescuer = None
-    try:
-        wait_for(lambda: steps("hold_once") == ["done"], timeout=30, what="the attempt to start")
-        _wait_for_start_marker(result.id)
-        doomed.kill()
-        release.touch()
-        rescuer = ManagePy("runworkflows", settings=FAST)
-        wait_for(
-            lambda: default_task_backend.get_result(result.id).is_finished,
-            timeout=60,
-            what="the lost task to be failed",
-        )
-        rescuer.terminate()
-    finally:
-        doomed.close()
-        if rescuer:
-            rescuer.close()
+    _kill_mid_attempt_then_rescue(result, release, "hold_once", ["done"])
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[-1].exception_class_path == "nexus_workflows.exceptions.WorkerLost"
