@@ -1,47 +1,61 @@
-"""Claiming deferred work and every fenced write that follows a claim.
+"""Which rows a runner claims: due work in priority order, stale work to reclaim, and the
+spread that keeps runners sharing a table from colliding.
 
-A claim is a compare-and-set ``UPDATE`` that moves due (or stale) rows to ``processing``
-and stamps them with a fresh claim token. Every later write of that attempt filters on
-``id`` *and* the token and is judged by the rows it matched: a write that matches
-nothing means the claim was lost (another runner reclaimed the work, or an operator
-changed it), and nothing was written.
+The writes themselves, the claim's compare-and-set and every fenced write that follows
+it, are the row's state machine in :mod:`nexus_workflows.transitions` (re-exported here,
+where the runner and the tests have always found them).
 
-Every time written here comes from the database (``DatabaseNow()``), never from the runner's host:
-runners on hosts whose clocks disagree still agree on what is due and what is stale.
+Every time written comes from the database (``DatabaseNow()``), never from the runner's
+host: runners on hosts whose clocks disagree still agree on what is due and what is stale.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
-from django.db.models import (
-    Case,
-    DateTimeField,
-    DurationField,
-    ExpressionWrapper,
-    F,
-    JSONField,
-    Q,
-    Value,
-    When,
-)
+from django.db.models import Case, F, Q, When
 from django.db.models.functions import Coalesce
-from django.db.models.sql import UpdateQuery
 
-from . import json_values
-from .clock import DatabaseNow, database_now
-from .exceptions import ClaimLost, InvalidCheckpoint, WorkerLost
+from .clock import DatabaseNow, database_now, now_plus
 from .expressions import JSONAppend, JSONDropLast
 from .flow.claiming import FlowClaimer
 from .history import append_entry
-from .models import DeferredWork, Status
+from .models import DeferredWork
+from .transitions import (
+    ClaimedWork,
+    abandon,
+    claim,
+    finish_done,
+    heartbeat,
+    mark_started,
+    record_lost,
+    release,
+    release_after_outage,
+    reschedule,
+    save_checkpoints,
+    validate_patch,
+)
+
+__all__ = [
+    "ClaimedWork",
+    "Claimer",
+    "abandon",
+    "database_now",
+    "finish_done",
+    "heartbeat",
+    "mark_started",
+    "now_plus",
+    "record_lost",
+    "release",
+    "release_after_outage",
+    "reschedule",
+    "save_checkpoints",
+    "validate_patch",
+]
 
 _CLAIM_FIELDS = (
     "pk",
@@ -66,12 +80,6 @@ _TASK_FIELDS = (
 )
 
 
-def now_plus(delta: timedelta) -> Any:
-    """The database's current time plus ``delta``, as an expression."""
-    later = DatabaseNow() + Value(delta, output_field=DurationField())
-    return ExpressionWrapper(later, output_field=DateTimeField())
-
-
 _ONE_VARIANT: tuple[tuple[Q | None, dict[str, Any]], ...] = ((None, {}),)
 
 #: A reclaim counts the lost attempt only if its prepare had started (``started_at`` set);
@@ -84,52 +92,6 @@ STALE_VARIANTS: tuple[tuple[Q | None, dict[str, Any]], ...] = (
 # When a claim loses rows to another runner, the next claims pick at random among this
 # many times more candidates, so that runners sharing a table stop colliding.
 _CONTENTION_SPREAD = 4
-
-
-@dataclass
-class ClaimedWork:
-    """A row this runner holds, as it was read at claim time."""
-
-    id: int
-    kind: str
-    dedupe_key: str
-    trigger: Any
-    checkpoints: dict[str, Any]
-    attempt: int
-    history: list[Any]
-    claim_token: str
-    reclaimed: bool = False
-    # Reclaimed only: whether the lost attempt's prepare had started (then it counted).
-    lost_started: bool = False
-    # Claims of this row lost before their prepare started (bounded by the guard).
-    lost_unstarted: int = 0
-    # Which of the claim's variants took the row (see ``Claimer.claim_rows``).
-    claim_variant: int = 0
-    # Set when ``history`` gained entries that only an individual write can persist.
-    history_changed: bool = False
-    using: str = "default"
-    # The _TASK_FIELDS columns as the claim left them.
-    columns: dict[str, Any] = field(default_factory=dict)
-    # Set by an attempt of a Django task (nexus_workflows.tasks) for the outcome write:
-    # what it returned, how it failed ({"exception_class_path", "traceback"}), and the
-    # TaskResult its signals carry.
-    return_value: Any = None
-    error_record: dict[str, str] | None = None
-    task_result: Any = None
-
-    @property
-    def is_task(self) -> bool:
-        """A Django task's row: its kind is an import path (workflow kinds have no dot)."""
-        return "." in self.kind
-
-    def fenced(self) -> Any:
-        """The queryset matching this row only while our claim holds."""
-        return DeferredWork.objects.using(self.using).held(self.claim_token).filter(pk=self.id)
-
-    @property
-    def key(self) -> tuple[str, int]:
-        """This attempt, as opposed to this row: a row may be claimed again."""
-        return (self.claim_token, self.id)
 
 
 class Claimer:
@@ -236,40 +198,53 @@ class Claimer:
         some = None if tasks is None else bool(tasks)  # None: perhaps
         every = tasks is not None and len(tasks) == len(ids)
         names = _CLAIM_FIELDS if some is False else (*_CLAIM_FIELDS, *_TASK_FIELDS)
-        claimed = candidates.filter(pk__in=ids)
-        found: list[tuple[dict[str, Any], int]] = []
-        for index, (condition, extra) in enumerate(variants):
-            subset = claimed.filter(condition) if condition is not None else claimed
-            update = self._task_changes({**changes, **extra}, some=some, every=every)
-            if _can_return_from_update(self.using):
-                rows = _update_returning(subset, update, self.using, names)
-            else:
-                before = {row["pk"] for row, _ in found}
-                matched = subset.update(**update)
-                rows = [r for r in self._load(ids, token, names) if r["pk"] not in before] if matched else []
-            found.extend((row, index) for row in rows)
+        found = self._claim_variants(
+            candidates.filter(pk__in=ids), ids, token, variants, names, some, every, changes
+        )
         self.contended = len(found) < len(ids)
         # Hand them out in the claim's order (priority first): RETURNING keeps no order.
         position = {pk: index for index, pk in enumerate(ids)}
         found.sort(key=lambda item: position.get(item[0]["pk"], len(ids)))
-        return [
-            ClaimedWork(
-                id=row["pk"],
-                kind=row["kind"],
-                dedupe_key=row["dedupe_key"],
-                trigger=row["trigger"],
-                checkpoints=dict(row["checkpoints"] or {}),
-                attempt=row["attempt"],
-                history=list(row["history"] or []),
-                claim_token=token,
-                reclaimed=reclaimed,
-                lost_unstarted=row["lost_unstarted"],
-                claim_variant=index,
-                using=self.using,
-                columns={name: row[name] for name in _TASK_FIELDS if name in row},
-            )
-            for row, index in found
-        ]
+        return [self._claimed(row, index, token, reclaimed) for row, index in found]
+
+    def _claim_variants(
+        self,
+        claimed: Any,
+        ids: list[int],
+        token: str,
+        variants: Sequence[tuple[Q | None, dict[str, Any]]],
+        names: Sequence[str],
+        some: bool | None,
+        every: bool,
+        changes: dict[str, Any],
+    ) -> list[tuple[dict[str, Any], int]]:
+        """One compare-and-set per variant; each claimed row with its variant's index."""
+        found: list[tuple[dict[str, Any], int]] = []
+        for index, (condition, extra) in enumerate(variants):
+            subset = claimed.filter(condition) if condition is not None else claimed
+            rows = claim(subset, self._task_changes({**changes, **extra}, some=some, every=every), names)
+            if rows is None:  # no RETURNING here: read back by token what this variant took
+                before = {row["pk"] for row, _ in found}
+                rows = [row for row in self._load(ids, token, names) if row["pk"] not in before]
+            found.extend((row, index) for row in rows)
+        return found
+
+    def _claimed(self, row: dict[str, Any], index: int, token: str, reclaimed: bool) -> ClaimedWork:
+        return ClaimedWork(
+            id=row["pk"],
+            kind=row["kind"],
+            dedupe_key=row["dedupe_key"],
+            trigger=row["trigger"],
+            checkpoints=dict(row["checkpoints"] or {}),
+            attempt=row["attempt"],
+            history=list(row["history"] or []),
+            claim_token=token,
+            reclaimed=reclaimed,
+            lost_unstarted=row["lost_unstarted"],
+            claim_variant=index,
+            using=self.using,
+            columns={name: row[name] for name in _TASK_FIELDS if name in row},
+        )
 
     def _task_changes(self, changes: dict[str, Any], *, some: bool | None, every: bool) -> dict[str, Any]:
         """``changes`` plus the columns of a Django task's ``TaskResult``, on task rows only.
@@ -317,9 +292,7 @@ class Claimer:
             limit -= len(works)
         if limit > 0 and self._has_plain():
             due = DeferredWork.objects.using(self.using).due(now or DatabaseNow())
-            works += self._claim(
-                due, limit, ("-priority", "next_attempt_at"), reclaimed=False, status=Status.PROCESSING
-            )
+            works += self._claim(due, limit, ("-priority", "next_attempt_at"), reclaimed=False)
         return works
 
     def retry_in(self) -> float | None:
@@ -366,279 +339,3 @@ class Claimer:
             work.history = append_entry(work.history, outcome="lost", error=error, **entry)
             work.history_changed = True
         return works
-
-
-def _can_return_from_update(using: str) -> bool:
-    # PostgreSQL, and SQLite from 3.35 (when it learnt RETURNING, for INSERT and UPDATE alike).
-    connection = connections[using]
-    return (
-        connection.vendor in ("postgresql", "sqlite") and connection.features.can_return_columns_from_insert
-    )
-
-
-def _update_returning(
-    queryset: Any, changes: dict[str, Any], using: str, names: Sequence[str] = (*_CLAIM_FIELDS, *_TASK_FIELDS)
-) -> list[dict[str, Any]]:
-    """``queryset.update(**changes)`` that returns the updated rows' ``names`` (the first
-    is always ``"pk"``; by default ``_CLAIM_FIELDS``): the
-    ORM compiles the ``UPDATE`` (so the candidate conditions stay defined in one place) and
-    ``RETURNING`` saves reading the rows back with a second query."""
-    connection = connections[using]
-    query = queryset.query.chain(UpdateQuery)
-    query.add_update_values(changes)
-    sql, params = query.get_compiler(using).as_sql()
-    fields = [DeferredWork._meta.get_field(name) for name in names[1:]]
-    quote = connection.ops.quote_name
-    columns = [DeferredWork._meta.pk.column, *(f.column for f in fields)]
-    sql = f"{sql} RETURNING {', '.join(quote(column) for column in columns)}"
-    # Raw values get the conversions the ORM would apply (JSON text decoded, SQLite's
-    # datetime text parsed).
-    converters = []
-    for f in fields:
-        col = f.get_col(DeferredWork._meta.db_table)
-        converters.append((col, [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]))
-    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        returned = cursor.fetchall()
-    rows = []
-    for pk, *values in returned:
-        row = {"pk": pk}
-        for f, (col, convert), value in zip(fields, converters, values, strict=True):
-            for converter in convert:
-                value = converter(value, col, connection)
-            row[f.name] = value
-        rows.append(row)
-    return rows
-
-
-# --- Fenced writes --------------------------------------------------------------------
-
-
-def validate_patch(patch: Any) -> dict[str, Any]:
-    if not isinstance(patch, dict):
-        raise InvalidCheckpoint(
-            f"save() takes a dict of checkpoint names to JSON values; got {type(patch).__name__}"
-        )
-    for key in patch:
-        if not isinstance(key, str):
-            raise InvalidCheckpoint(f"save() takes string checkpoint names; got a {type(key).__name__} key")
-    # The same rules as triggers: what is journalled comes back exactly, or is refused.
-    try:
-        json_values.check(patch)
-    except json_values.Rejected as problem:
-        raise InvalidCheckpoint(
-            f"save() takes JSON values only, ones that come back exactly: the patch {problem}; "
-            f"{json_values.ALLOWED}"
-        ) from None
-    return json.loads(json_values.dumps(patch))
-
-
-def save_checkpoints(work: ClaimedWork, patch: Any) -> dict[str, Any]:
-    """Merge ``patch`` into the journal durably; raises :class:`ClaimLost`."""
-    clean = validate_patch(patch)
-    merged = {**work.checkpoints, **clean}
-    matched = work.fenced().update(
-        checkpoints=merged,
-        heartbeat_at=DatabaseNow(),
-        updated_at=DatabaseNow(),
-        # A save proves the attempt started: it counts if its runner is lost.
-        started_at=Coalesce(F("started_at"), DatabaseNow()),
-    )
-    if matched != 1:
-        raise ClaimLost(
-            f"{work.kind} #{work.id}: this attempt no longer holds the work (it was "
-            "reclaimed or changed by someone else); checkpoints not saved"
-        )
-    work.checkpoints = merged
-    return clean
-
-
-def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[ClaimedWork]]:
-    """Mark finished work done; returns ``(written, lost)``.
-
-    Rows of one claim are written by one statement. When it matches fewer rows than
-    it was given, the rows it did write are the ones it returned (``RETURNING``) or,
-    elsewhere, the ones stamped with its ``updated_at``.
-    """
-    written: list[ClaimedWork] = []
-    lost: list[ClaimedWork] = []
-    by_claim: dict[tuple[str, str], list[ClaimedWork]] = {}
-    for work in works:
-        if work.history_changed:
-            (written if _finish_one(work) else lost).append(work)
-        else:
-            by_claim.setdefault((work.using, work.claim_token), []).append(work)
-    for (using, token), group in by_claim.items():
-        ids = [work.id for work in group]
-        rows = DeferredWork.objects.using(using).held(token).filter(pk__in=ids)
-        returned = {"return_value": _return_values(group)}
-        if _can_return_from_update(using):
-            done = {**_done_fields(DatabaseNow()), **returned}
-            ours = {row["pk"] for row in _update_returning(rows, done, using, ("pk",))}
-        else:
-            now = database_now(using)
-            if rows.update(**_done_fields(now), **returned) == len(group):
-                ours = set(ids)
-            else:
-                ours = set(
-                    DeferredWork.objects.using(using)
-                    .filter(pk__in=ids, status=Status.DONE, updated_at=now)
-                    .values_list("pk", flat=True)
-                )
-        for work in group:
-            (written if work.id in ours else lost).append(work)
-    return written, lost
-
-
-def _return_values(group: list[ClaimedWork]) -> Any:
-    """What each row of one done-write returned: one constant when they agree (no-op
-    tasks and workflows return None), else a CASE on the id."""
-    values = [work.return_value for work in group]
-    if all(value is None for value in values):
-        return None
-    return Case(
-        *(When(pk=work.id, then=Value(work.return_value, output_field=JSONField())) for work in group),
-        default=Value(None, output_field=JSONField()),
-        output_field=JSONField(),
-    )
-
-
-def _failure_fields(work: ClaimedWork, error: str) -> dict[str, Any]:
-    """A Django task's failed attempt adds an entry to its ``errors``."""
-    if not work.is_task:
-        return {}
-    record = work.error_record or {
-        "exception_class_path": f"{WorkerLost.__module__}.{WorkerLost.__qualname__}",
-        "traceback": error,
-    }
-    return {"errors": JSONAppend("errors", record)}
-
-
-def _unclaimed(now: Any) -> dict[str, Any]:
-    """The fields every write that ends an attempt sets: the claim is given up."""
-    return {
-        "claim_token": "",
-        "claimed_at": None,
-        "heartbeat_at": None,
-        "started_at": None,
-        "updated_at": now,
-    }
-
-
-def _done_fields(now: Any) -> dict[str, Any]:
-    return {"status": Status.DONE, "last_error": "", "finished_at": now, **_unclaimed(now)}
-
-
-def _finish_one(work: ClaimedWork) -> bool:
-    return (
-        work.fenced().update(
-            history=work.history, return_value=_return_values([work]), **_done_fields(DatabaseNow())
-        )
-        == 1
-    )
-
-
-def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
-    history = append_entry(work.history, attempt=work.attempt, outcome="rescheduled", error=error)
-    return (
-        work.fenced().update(
-            status=Status.PENDING,
-            attempt=work.attempt + 1,
-            next_attempt_at=now_plus(delay),
-            last_error=error,
-            history=history,
-            **_failure_fields(work, error),
-            **_unclaimed(DatabaseNow()),
-        )
-        == 1
-    )
-
-
-def release_after_outage(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
-    """The attempt failed only because the database was unreachable: pending again
-    soon, attempt unchanged, and the history says so."""
-    history = append_entry(
-        work.history, attempt=work.attempt, outcome="released", reason="database unavailable", error=error
-    )
-    return (
-        work.fenced().update(
-            status=Status.PENDING,
-            next_attempt_at=now_plus(delay),
-            last_error=error,
-            history=history,
-            **_unclaimed(DatabaseNow()),
-        )
-        == 1
-    )
-
-
-def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
-    history = append_entry(
-        work.history, attempt=work.attempt, outcome="abandoned", reason=reason, error=error
-    )
-    return (
-        work.fenced().update(
-            status=Status.ABANDONED,
-            last_error=error,
-            history=history,
-            finished_at=DatabaseNow(),
-            **_failure_fields(work, error),
-            **_unclaimed(DatabaseNow()),
-        )
-        == 1
-    )
-
-
-def record_lost(work: ClaimedWork) -> bool:
-    """Write the history of a reclaimed row (its lost attempt) before it runs again."""
-    if not work.history_changed:
-        return True
-    if work.fenced().update(history=work.history) != 1:
-        return False
-    work.history_changed = False
-    return True
-
-
-def release(works: Iterable[ClaimedWork]) -> int:
-    """Give claims back at shutdown: pending, due now, attempt unchanged."""
-    released = 0
-    by_claim: dict[tuple[str, str], list[int]] = {}
-    for work in works:
-        by_claim.setdefault((work.using, work.claim_token), []).append(work.id)
-    for (using, token), ids in by_claim.items():
-        released += (
-            DeferredWork.objects.using(using)
-            .held(token)
-            .filter(pk__in=ids)
-            .update(
-                status=Status.PENDING,
-                next_attempt_at=DatabaseNow(),
-                # The claim did not start an attempt: it does not count as one.
-                worker_ids=JSONDropLast("worker_ids"),
-                **_unclaimed(DatabaseNow()),
-            )
-        )
-    return released
-
-
-def _still_processing(works: Sequence[ClaimedWork], using: str) -> Any:
-    """The rows of ``works`` still held by one of their claims (one statement for many
-    claims: a token of another row cannot match, the ids keep the rows apart)."""
-    tokens = {work.claim_token for work in works}
-    return DeferredWork.objects.using(using).filter(
-        pk__in=[work.id for work in works], claim_token__in=tokens, status=Status.PROCESSING
-    )
-
-
-def heartbeat(works: Sequence[ClaimedWork], *, using: str) -> int:
-    """Refresh ``heartbeat_at`` of every row still held; returns rows refreshed."""
-    if not works:
-        return 0
-    return _still_processing(works, using).update(heartbeat_at=DatabaseNow())
-
-
-def mark_started(works: Sequence[ClaimedWork], *, using: str) -> int:
-    """Record that these attempts' prepare started: from now on, losing them counts."""
-    if not works:
-        return 0
-    return _still_processing(works, using).filter(started_at__isnull=True).update(started_at=DatabaseNow())

@@ -10,10 +10,11 @@ timestamp (the admin's revive) would never match. ``DatabaseNow`` writes what
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Value
 from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -63,3 +64,9 @@ def stamp_now(using: str) -> datetime:
     if connections[using].vendor == "sqlite":
         now = now.replace(microsecond=now.microsecond // 1000 * 1000)
     return now
+
+
+def now_plus(delta: timedelta) -> Any:
+    """The database's current time plus ``delta``, as an expression."""
+    later = DatabaseNow() + Value(delta, output_field=DurationField())
+    return ExpressionWrapper(later, output_field=DateTimeField())

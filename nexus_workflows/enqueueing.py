@@ -13,7 +13,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError, connections, router, transaction
-from django.utils import timezone
 
 from . import json_values, signals
 from .clock import stamp_now
@@ -140,6 +139,7 @@ def _settle_chunk(
     the keys to try again (their conflicting row was purged before it could be read)."""
     from .inserts import insert_pending_many_postgresql
     from .models import DeferredWork, Status
+    from .transitions import revive
     from .wakeup import notify
 
     now = stamp_now(using)
@@ -199,7 +199,7 @@ def _settle_chunk(
             .filter(pk__in=abandoned, status=Status.ABANDONED)
             .values_list("pk", flat=True)
         )
-        revive_rows(DeferredWork.objects.using(using).filter(pk__in=revived), due=now + delay)
+        revive(DeferredWork.objects.using(using).filter(pk__in=revived), due=now + delay)
         notify(using)
         for pk in revived:
             signals.send(signals.work_revived, kind=workflow.kind, id=pk, attempt=1)
@@ -390,38 +390,13 @@ def _rejected(workflow: Workflow, error: DatabaseError) -> EnqueueRejected:
 def _revive(existing: dict[str, Any], due: Any, using: str) -> bool:
     from .history import append_entry
     from .models import DeferredWork
+    from .transitions import revive
 
     return (
-        revive_rows(
+        revive(
             DeferredWork.objects.using(using).filter(pk=existing["pk"]),
             due=due,
             history=append_entry(existing["history"], event="revived", by="enqueue"),
         )
         == 1
     )
-
-
-def revive_rows(queryset: Any, *, due: Any = None, history: list[Any] | None = None) -> int:
-    """Compare-and-set abandoned rows of ``queryset`` back to pending; returns rows revived.
-
-    Rows that are not abandoned (a runner may be working on them) are left alone.
-    """
-    from .models import Status
-
-    now = timezone.now()
-    fields: dict[str, Any] = {
-        "status": Status.PENDING,
-        "attempt": 0,
-        "lost_unstarted": 0,
-        "next_attempt_at": due or now,
-        "last_error": "",
-        "claim_token": "",
-        "claimed_at": None,
-        "heartbeat_at": None,
-        "started_at": None,
-        "finished_at": None,
-        "updated_at": now,
-    }
-    if history is not None:
-        fields["history"] = history
-    return queryset.filter(status=Status.ABANDONED).update(**fields)

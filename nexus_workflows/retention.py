@@ -13,10 +13,11 @@ from typing import Any
 
 from django.db import router
 
-from .claims import now_plus
+from .clock import now_plus
 from .conf import app_settings
 from .flow import windows
 from .models import DeferredWork
+from .transitions import purge
 
 
 def expiry_cutoff(now: datetime | None = None) -> Any:
@@ -47,8 +48,7 @@ def purge_batch(
         # keys that came and went); a missing slot row is as free as an old one.
         windows.prune(using=using)
         return 0
-    # _raw_delete: DELETE … WHERE id IN (…) AND status IN (…) AND updated_at < cutoff.
-    return expired.filter(pk__in=ids)._raw_delete(using)
+    return purge(expired, ids)
 
 
 def purge_expired(*, now: datetime | None = None, using: str | None = None) -> int:

@@ -18,10 +18,11 @@ from django.utils import timezone
 
 from . import signals
 from .conf import app_settings
-from .enqueueing import revive_rows
 from .history import append_entry
 from .models import DeferredWork, Status
 from .registry import registry
+from .transitions import revive as revive_rows
+from .transitions import run_now as make_due_now
 from .wakeup import notify
 
 logger = logging.getLogger(__name__)
@@ -161,12 +162,7 @@ def run_now(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> Tri
         if row["status"] != Status.PENDING:
             result.skipped.append(_ref(row))
             continue
-        now = timezone.now()
-        matched = (
-            DeferredWork.objects.using(using)
-            .filter(pk=row["pk"], status=Status.PENDING)
-            .update(next_attempt_at=now, updated_at=now)
-        )
+        matched = make_due_now(DeferredWork.objects.using(using).filter(pk=row["pk"]))
         if matched:
             result.changed.append(_ref(row))
         else:

@@ -254,10 +254,10 @@ def test_a_save_marks_the_attempt_started(kind: str) -> None:
 def test_claimed_work_is_the_row_as_the_claim_left_it(kind: str, monkeypatch: Any, returning: bool) -> None:
     """Claims return the rows from the UPDATE (RETURNING) where the database can, else read
     them back by their token; both give the same claimed work."""
-    from nexus_workflows import claims
+    from nexus_workflows import transitions
 
     if not returning:
-        monkeypatch.setattr(claims, "_can_return_from_update", lambda using: False)
+        monkeypatch.setattr(transitions, "can_return_from_update", lambda using: False)
     work_id = enqueue(kind, {"key": "a", "visit": 7})
     earlier = [{"attempt": 0, "outcome": "rescheduled", "error": "Upstream: 503"}]
     DeferredWork.objects.filter(pk=work_id).update(attempt=1, checkpoints={"step": 1}, history=earlier)

@@ -18,6 +18,7 @@ from nexus_workflows import (
     enqueue,
 )
 from nexus_workflows.models import DeferredWork, Status
+from tests.clock import database_resolution_now
 from tests.threads import run_together
 
 pytestmark = pytest.mark.django_db
@@ -33,7 +34,7 @@ def deferred(register_workflow: Any) -> str:
 
 
 def test_new_work_is_pending_and_due_now(deferred: str) -> None:
-    before = timezone.now()
+    before = database_resolution_now()
     work_id = enqueue(deferred, {"key": "a", "visit": 7})
     assert isinstance(work_id, str)
     work = DeferredWork.objects.get(pk=int(work_id))

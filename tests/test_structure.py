@@ -18,7 +18,6 @@ LONG_MODULES = {
     "nexus_workflows.flow.claiming": "flow control's claims (issue 19's branch owns flow/)",
     "nexus_workflows.phi.recognizers": "mostly data: one recognizer table per category of identifier",
     "nexus_workflows.admin": "one ModelAdmin: list columns, detail fields, three actions and their pages",
-    "nexus_workflows.claims": "the claim and every fenced write of an attempt (the row's state machine)",
     "nexus_workflows.phi.service": "encode/decode and the token writer; its SQL moves to nexus_workflows.sql",
     "nexus_workflows.enqueueing": "enqueue and enqueue_many with their dedupe and revive rules",
 }
@@ -31,7 +30,6 @@ LONG_FUNCTIONS = {
     "nexus_workflows.enqueueing:_settle_chunk": "one batch's insert, dedupe and revive in one transaction",
     "nexus_workflows.enqueueing:_enqueue_deferred": "the dedupe rounds of one enqueue in one loop",
     "nexus_workflows.phi.service:_Writer.allocate": "the allocation's retry loop around one statement",
-    "nexus_workflows.claims:Claimer.claim_rows": "one compare-and-set per variant and its read-back",
 }
 
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from nexus_workflows import WorkflowError
 from nexus_workflows.models import DeferredWork, Status
+from tests.clock import database_resolution_now
 from tests.processes import ManagePy, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
@@ -79,7 +80,7 @@ def test_the_backend_declares_what_it_supports() -> None:
 
 
 def test_a_task_is_a_row_run_by_runworkflows_and_its_result_has_every_field() -> None:
-    before = timezone.now()
+    before = database_resolution_now()
     result = tasks.add.enqueue(2, b=3)
     assert result.status == TaskResultStatus.READY
     assert (result.args, result.kwargs, result.backend) == ([2], {"b": 3}, "default")

@@ -10,13 +10,14 @@ from django.utils import timezone
 from nexus_workflows import enqueueing, triage
 from nexus_workflows.enqueueing import enqueue
 from nexus_workflows.models import DeferredWork, Status
+from tests.clock import database_resolution_now
 
 pytestmark = pytest.mark.django_db
 
 
 def test_revive_resets_abandoned_work_and_keeps_its_checkpoints(make_work):
     work = make_work(Status.ABANDONED, next_attempt_at=timezone.now() + timedelta(days=1))
-    before = timezone.now()
+    before = database_resolution_now()
 
     result = triage.revive(DeferredWork.objects.filter(pk=work.pk), by="admin", user="alice")
 
@@ -121,7 +122,7 @@ def test_run_now_makes_pending_work_due_and_leaves_the_rest(make_work, stale_hea
     waiting = make_work(Status.PENDING, attempt=1, next_attempt_at=later)
     running = make_work(Status.PROCESSING, next_attempt_at=later)
     abandoned = make_work(Status.ABANDONED, next_attempt_at=later)
-    before = timezone.now()
+    before = database_resolution_now()
 
     result = triage.run_now(DeferredWork.objects.all(), by="admin", user="alice")
 

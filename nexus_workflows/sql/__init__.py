@@ -1,0 +1,35 @@
+"""Every statement beyond the portable ORM, in one place.
+
+- :mod:`.returning`: ``UPDATE … RETURNING`` and the precompiled one-row ``INSERT …
+  RETURNING`` (PostgreSQL and SQLite ≥ 3.35 alike).
+- :mod:`.postgresql`: the ``jsonb`` bulk insert, the PHI token allocation CTE, LISTEN and
+  NOTIFY, and reading a unique violation's constraint name.
+- :mod:`.sqlite`: reading a unique violation's constraint from SQLite's message.
+- :mod:`.portable`: what every other backend does instead, through the plain ORM.
+
+``for_connection(using)`` picks the module for a connection; callers ask it and never
+test ``connection.vendor`` themselves. Each statement has a test that runs it
+(``tests/test_sql.py``), on Django 5.2 and 6.1 alike.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from django.db import connections
+
+
+def for_connection(using: str) -> ModuleType:
+    """The statements module of the database ``using``: its backend's, or the portable one."""
+    vendor = connections[using].vendor
+    if vendor == "postgresql":
+        from . import postgresql
+
+        return postgresql
+    if vendor == "sqlite":
+        from . import sqlite
+
+        return sqlite
+    from . import portable
+
+    return portable

@@ -1,0 +1,82 @@
+"""``UPDATE … RETURNING``: the claim and the done-write learn which rows they wrote in
+the same statement (PostgreSQL, and SQLite from 3.35).
+
+Which Django internals remain, and why: Django has no public API that returns rows from
+``QuerySet.update()`` (5.2 and 6.1 alike). Django 6.1 returns them from the private
+``QuerySet._update(values, returning_fields=...)`` (its own model saving uses it, with
+the ``can_return_rows_from_update`` feature and the ORM's converters): used where it
+exists. On Django 5.2 the ``UPDATE`` is compiled by ``sql.UpdateQuery`` (public enough to
+be imported, not documented) and ``RETURNING`` is appended as text, with the converters
+the ORM would apply. Either way the ORM compiles the ``WHERE`` clause, so the compare-and-
+set conditions stay defined once, in querysets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import QuerySet
+from django.db.models.sql import UpdateQuery
+
+
+def can_return_from_update(using: str) -> bool:
+    """Whether ``update_returning`` works on this database."""
+    connection = connections[using]
+    # can_return_rows_from_update is Django 6's flag; on 5.2, SQLite learnt RETURNING for
+    # INSERT and UPDATE alike (3.35), so the INSERT flag says the same.
+    flag = getattr(connection.features, "can_return_rows_from_update", None)
+    if flag is None:
+        flag = connection.features.can_return_columns_from_insert
+    return connection.vendor in ("postgresql", "sqlite") and bool(flag)
+
+
+def update_returning(
+    queryset: QuerySet[Any], changes: dict[str, Any], names: Sequence[str]
+) -> list[dict[str, Any]]:
+    """``queryset.update(**changes)`` that returns each updated row's ``names`` (the first
+    is always ``"pk"``) as a dict, values converted as the ORM reads them."""
+    model = queryset.model
+    fields = [model._meta.pk if name == "pk" else model._meta.get_field(name) for name in names]
+    with transaction.mark_for_rollback_on_error(queryset.db):
+        if hasattr(queryset, "_update") and _django_returns_rows(queryset.db):
+            values = [(model._meta.get_field(name), None, value) for name, value in changes.items()]
+            rows = queryset._update(values, returning_fields=fields)
+        else:
+            rows = _update_appending_returning(queryset, changes, fields)
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
+def _django_returns_rows(using: str) -> bool:
+    return bool(getattr(connections[using].features, "can_return_rows_from_update", False))
+
+
+def _update_appending_returning(
+    queryset: QuerySet[Any], changes: dict[str, Any], fields: list[Any]
+) -> list[Any]:
+    """Django 5.2: the ORM's ``UPDATE`` with ``RETURNING`` appended, converted by hand."""
+    using = queryset.db
+    connection = connections[using]
+    query = queryset.query.chain(UpdateQuery)
+    query.add_update_values(changes)
+    sql, params = query.get_compiler(using).as_sql()
+    quote = connection.ops.quote_name
+    sql = f"{sql} RETURNING {', '.join(quote(field.column) for field in fields)}"
+    table = queryset.model._meta.db_table
+    columns = [field.get_col(table) for field in fields]
+    converters = [
+        [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)] for col in columns
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        returned = cursor.fetchall()
+    rows = []
+    for raw in returned:
+        row = []
+        for col, convert, value in zip(columns, converters, raw, strict=True):
+            for converter in convert:
+                value = converter(value, col, connection)
+            row.append(value)
+        rows.append(row)
+    return rows
