@@ -360,19 +360,10 @@ def is_dedupe_conflict(error: IntegrityError, connection: Any) -> bool:
     Only that is the dedupe race; any other constraint (NOT NULL, a CHECK or trigger added
     by the project) is a real refusal and must not be retried as if it were one.
     """
-    from .models import DEDUPE_CONSTRAINT, DeferredWork
+    from . import sql
+    from .models import DEDUPE_CONSTRAINT
 
-    cause = error.__cause__
-    diag = getattr(cause, "diag", None)
-    if diag is not None:  # psycopg: the constraint is named
-        return getattr(diag, "constraint_name", None) == DEDUPE_CONSTRAINT
-    text = str(error)
-    if connection.vendor == "sqlite":  # SQLite names the columns, not the constraint
-        table = DeferredWork._meta.db_table
-        return text.startswith("UNIQUE constraint failed") and all(
-            f"{table}.{column}" in text for column in ("kind", "dedupe_key")
-        )
-    return DEDUPE_CONSTRAINT in text
+    return sql.for_connection(connection.alias).violated_constraint(error) == DEDUPE_CONSTRAINT
 
 
 def _rejected(workflow: Workflow, error: DatabaseError) -> EnqueueRejected:

@@ -20,8 +20,8 @@ from typing import Any
 
 from django.db import connections
 from django.db.models import Field
-from django.db.models.sql import InsertQuery
 
+from . import sql
 from .models import DeferredWork
 
 # The columns whose values differ between new rows, in the order the statements use. Every
@@ -68,36 +68,15 @@ def _plan(using: str) -> _Plan:
     for field in others:
         if field.has_default() and callable(field.default) and field.default not in (dict, list):
             raise TypeError(f"DeferredWork.{field.name} has a callable default: add it to _VARYING")
+    statements = sql.for_connection(using)
     one_row_sql, returning_params = None, ()
-    if connection.features.can_return_columns_from_insert:
-        query = InsertQuery(DeferredWork)
-        query.insert_values(varying + others, [DeferredWork(trigger={})])
-        compiler = query.get_compiler(using=using)
-        compiler.returning_fields = [opts.pk]
-        ((one_row_sql, _),) = compiler.as_sql()
-        returning_params = tuple(compiler.returning_params)
+    if hasattr(statements, "insert_returning_pk") and connection.features.can_return_columns_from_insert:
+        one_row_sql, returning_params = statements.insert_returning_pk(DeferredWork, varying + others, using)
     many_rows_sql = None
-    if connection.vendor == "postgresql":
-        quote = connection.ops.quote_name
-
-        def typed(field: Field[Any, Any]) -> str:
-            return f"CAST(%s AS {field.db_type(connection)})"
-
-        # Each item is [dedupe key, trigger, serial key hash, rate key hash].
-        select = [
-            typed(varying[0]),
-            "item ->> 0",
-            "item -> 1",
-            *(typed(f) for f in varying[3:6]),
-            "item ->> 2",
-            "item ->> 3",
-            *(typed(f) for f in varying[8:]),  # a Django task's fields: enqueue_many is for workflows
-            *(typed(f) for f in others),
-        ]
-        many_rows_sql = (
-            f"INSERT INTO {quote(opts.db_table)} ({', '.join(quote(f.column) for f in varying + others)}) "
-            f"SELECT {', '.join(select)} FROM jsonb_array_elements(CAST(%s AS jsonb)) AS item "
-            f"ON CONFLICT DO NOTHING RETURNING {quote('dedupe_key')}, {quote(opts.pk.column)}"
+    if hasattr(statements, "insert_many_from_json_sql"):
+        # A Django task's fields are constants there: enqueue_many is for workflows.
+        many_rows_sql = statements.insert_many_from_json_sql(
+            connection, opts.db_table, varying + others, opts.pk.column
         )
     plan = _Plan(
         columns=tuple(varying + others),

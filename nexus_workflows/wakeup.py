@@ -33,6 +33,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from .conf import app_settings
+from .sql import postgresql
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def notify(using: str, *, inserted: bool = False) -> None:
     connection = connections[using]
     if connection.vendor == "postgresql" and not inserted and app_settings.WAKEUP:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+            postgresql.notify(cursor, CHANNEL)
     if _local_waiters:
         transaction.on_commit(_wake_local_waiters, using=using)
 
@@ -138,7 +139,7 @@ class PostgresListener(threading.Thread):
         params["connect_timeout"] = params.get("connect_timeout") or 5
         params["prepare_threshold"] = None  # no server-side state beyond the LISTEN itself
         connection = psycopg.connect(**params, autocommit=True)
-        connection.execute(f"LISTEN {CHANNEL}")
+        postgresql.listen(connection, CHANNEL)
         return connection
 
     def run(self) -> None:
@@ -276,6 +277,6 @@ def send_probe(using: str, payload: str) -> None:
     connection = connections[using]
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+            postgresql.notify(cursor, CHANNEL, payload)
     finally:
         connection.close()

@@ -19,7 +19,6 @@ LONG_MODULES = {
     "nexus_workflows.phi.recognizers": "mostly data: one recognizer table per category of identifier",
     "nexus_workflows.admin": "one ModelAdmin: list columns, detail fields, three actions and their pages",
     "nexus_workflows.phi.service": "encode/decode and the token writer; its SQL moves to nexus_workflows.sql",
-    "nexus_workflows.enqueueing": "enqueue and enqueue_many with their dedupe and revive rules",
 }
 
 #: Functions allowed over FUNCTION_LINES ("module:qualname"), with the reason.

@@ -30,6 +30,7 @@ from django.db.models import FilteredRelation, Max, Q
 from django.utils import timezone
 
 from ..conf import app_settings
+from ..sql import postgresql
 from .cache import MapState, TokenRow, token_cache
 from .exceptions import InvalidPhiValue, InvalidSpan, InvalidText, TokenAllocationError
 from .keys import code_hash, keyring
@@ -400,21 +401,7 @@ def _claim_in_one_statement(
     four round trips. Returns the new row's id, or None when the sequence had moved; a
     taken value raises ``IntegrityError`` and undoes the whole statement. Inside the
     caller's transaction it runs in a savepoint, as the ORM path does."""
-    quote = connection.ops.quote_name
-    maps, tokens = TokenMap._meta, PhiToken._meta
-    map_id_column, map_sequence = quote(maps.pk.column), quote(maps.get_field("sequence").column)
-    map_updated_at = quote(maps.get_field("updated_at").column)
-    columns = ["token_map", *values, "created_at", "updated_at"]
-    sql = (
-        f"WITH claimed AS (UPDATE {quote(maps.db_table)} "
-        f"SET {map_sequence} = %s, {map_updated_at} = %s "
-        f"WHERE {map_id_column} = %s AND {map_sequence} = %s "
-        f"RETURNING {map_id_column}) "
-        f"INSERT INTO {quote(tokens.db_table)} "
-        f"({', '.join(quote(tokens.get_field(name).column) for name in columns)}) "
-        f"SELECT claimed.{map_id_column}, {', '.join(['%s'] * (len(columns) - 1))} FROM claimed "
-        f"RETURNING {quote(tokens.pk.column)}"
-    )
+    sql = postgresql.allocate_token_sql(connection, TokenMap._meta, PhiToken._meta, list(values))
     params = [values["number"], now, map_id, sequence, *values.values(), now, now]
     in_transaction = connection.in_atomic_block or not connection.get_autocommit()
     savepoint = transaction.atomic(using=connection.alias) if in_transaction else nullcontext()

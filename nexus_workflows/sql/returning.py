@@ -80,3 +80,24 @@ def _update_appending_returning(
             row.append(value)
         rows.append(row)
     return rows
+
+
+def insert_returning_pk(model: type[Any], fields: Sequence[Any], using: str) -> tuple[str, tuple[Any, ...]]:
+    """A one-row ``INSERT`` of ``fields`` that returns the new row's id, compiled once:
+    ``(sql, trailing params)``; the caller appends the values in ``fields``' order and
+    then the trailing params.
+
+    Internals, and why: Django compiles an ``INSERT`` only for model instances
+    (``QuerySet.create`` builds an instance and prepares every field on every call, which
+    costs more than the round trip on the enqueue path). Compiling ``sql.InsertQuery``
+    once with ``returning_fields`` set on its compiler gives the very statement
+    ``create()`` sends, for the values to be bound per call.
+    """
+    from django.db.models.sql import InsertQuery
+
+    query = InsertQuery(model)
+    query.insert_values(list(fields), [model(trigger={})])
+    compiler = query.get_compiler(using=using)
+    compiler.returning_fields = [model._meta.pk]
+    ((sql, _),) = compiler.as_sql()
+    return sql, tuple(compiler.returning_params)

@@ -1,0 +1,25 @@
+"""Every other database: the plain ORM only. No ``RETURNING`` (claims read their rows
+back by token, done-writes by their ``updated_at``), no precompiled ``INSERT`` (enqueue
+uses ``QuerySet.create``), no ``NOTIFY`` (runners poll), and a unique violation is told
+by the constraint's name appearing in the database's message."""
+
+from __future__ import annotations
+
+from django.apps import apps
+from django.db import IntegrityError
+
+__all__ = ["notify", "violated_constraint"]
+
+
+def violated_constraint(error: IntegrityError) -> str | None:
+    """The app's unique constraint whose name the error's message quotes, or None."""
+    text = str(error)
+    for model in apps.get_app_config("nexus_workflows").get_models():
+        for constraint in model._meta.constraints:
+            if constraint.name in text:
+                return constraint.name
+    return None
+
+
+def notify(cursor: object, channel: str, payload: str = "") -> None:
+    """No ``NOTIFY`` here: runners find new work by polling."""

@@ -1,0 +1,107 @@
+"""PostgreSQL's statements beyond the portable ORM, each named and each run by
+``tests/test_sql.py``.
+
+Internals used, and why: none beyond :mod:`.returning` (``UPDATE … RETURNING`` and the
+precompiled ``INSERT``): the statements here are plain SQL on a Django cursor, or, for
+``LISTEN``, on a psycopg connection of its own (Django's connections are shared by a
+thread and pooled; a ``LISTEN`` needs a session that stays).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import IntegrityError
+
+from .returning import can_return_from_update, insert_returning_pk, update_returning
+
+__all__ = [
+    "allocate_token_sql",
+    "can_return_from_update",
+    "insert_many_from_json_sql",
+    "insert_returning_pk",
+    "listen",
+    "notify",
+    "update_returning",
+    "violated_constraint",
+]
+
+#: Rows inserted by ``insert_many_from_json_sql``'s one parameter: a JSON array of
+#: ``[dedupe key, trigger, serial key hash, rate key hash]`` items.
+MANY_ROWS_ITEM = ("dedupe_key", "trigger", "serial_key_hash", "rate_key_hash")
+
+
+def violated_constraint(error: IntegrityError) -> str | None:
+    """The name of the constraint an ``IntegrityError`` reports (psycopg's diagnostics)."""
+    diag = getattr(error.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None)
+
+
+def notify(cursor: Any, channel: str, payload: str = "") -> None:
+    """``NOTIFY channel, payload`` (as a function: the channel is a parameter)."""
+    cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+
+
+def listen(connection: Any, channel: str) -> None:
+    """``LISTEN channel`` on a psycopg connection of its own (autocommit)."""
+    from psycopg import sql
+
+    connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+def insert_many_from_json_sql(
+    connection: Any, table: str, columns: Sequence[Any], pk_column: str
+) -> str:
+    """``INSERT … SELECT … FROM jsonb_array_elements(%s) ON CONFLICT DO NOTHING RETURNING
+    dedupe_key, id``: many rows from one JSON parameter (one parameter for the batch
+    instead of a dozen per row).
+
+    ``columns`` are the fields in the statement's order: ``kind``, ``dedupe_key``,
+    ``trigger``, three timestamps, the two key hashes, then every other column. Each is a
+    typed parameter (the same for every row) except those read from the item.
+    """
+    quote = connection.ops.quote_name
+
+    def typed(field: Any) -> str:
+        return f"CAST(%s AS {field.db_type(connection)})"
+
+    select = [
+        typed(columns[0]),
+        "item ->> 0",
+        "item -> 1",
+        *(typed(f) for f in columns[3:6]),
+        "item ->> 2",
+        "item ->> 3",
+        *(typed(f) for f in columns[8:]),
+    ]
+    return (
+        f"INSERT INTO {quote(table)} ({', '.join(quote(f.column) for f in columns)}) "
+        f"SELECT {', '.join(select)} FROM jsonb_array_elements(CAST(%s AS jsonb)) AS item "
+        f"ON CONFLICT DO NOTHING RETURNING {quote('dedupe_key')}, {quote(pk_column)}"
+    )
+
+
+def allocate_token_sql(connection: Any, maps: Any, tokens: Any, names: Sequence[str]) -> str:
+    """The PHI token allocation as ONE statement (a data-modifying CTE): the
+    compare-and-set on the map's sequence, then the token's insert only if it matched.
+    Returns the new token's id, or no row when the sequence had moved; a taken value
+    raises ``IntegrityError`` and undoes the whole statement.
+
+    Parameters: new sequence, now, map id, expected sequence, then the token's ``names``
+    values, now, now.
+    """
+    quote = connection.ops.quote_name
+    map_id, sequence = quote(maps.pk.column), quote(maps.get_field("sequence").column)
+    updated_at = quote(maps.get_field("updated_at").column)
+    columns = ["token_map", *names, "created_at", "updated_at"]
+    return (
+        f"WITH claimed AS (UPDATE {quote(maps.db_table)} "
+        f"SET {sequence} = %s, {updated_at} = %s "
+        f"WHERE {map_id} = %s AND {sequence} = %s "
+        f"RETURNING {map_id}) "
+        f"INSERT INTO {quote(tokens.db_table)} "
+        f"({', '.join(quote(tokens.get_field(name).column) for name in columns)}) "
+        f"SELECT claimed.{map_id}, {', '.join(['%s'] * (len(columns) - 1))} FROM claimed "
+        f"RETURNING {quote(tokens.pk.column)}"
+    )

@@ -1,0 +1,143 @@
+"""Every statement of ``nexus_workflows.sql`` run against the real database, as it is
+called (``bin/test`` runs this file on Django 5.2 and on Django 6.1)."""
+
+from __future__ import annotations
+
+import json
+import select
+from datetime import datetime
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from nexus_workflows import sql
+from nexus_workflows.clock import DatabaseNow
+from nexus_workflows.inserts import insert_pending, insert_pending_many_postgresql
+from nexus_workflows.models import DEDUPE_CONSTRAINT, DeferredWork, Status
+from nexus_workflows.phi.models import PhiToken, TokenMap
+from nexus_workflows.sql import portable, returning
+from nexus_workflows.wakeup import CHANNEL
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+postgresql_only = pytest.mark.skipif(
+    "connection.vendor != 'postgresql'", reason="a PostgreSQL statement (the SQLite leg runs the rest)"
+)
+
+
+def new_row(key: str, **fields: Any) -> int:
+    now = timezone.now()
+    return insert_pending(
+        "default", kind="k", dedupe_key=key, trigger={"key": key}, due=now, now=now, **fields
+    )
+
+
+def test_each_backend_has_its_module() -> None:
+    assert sql.for_connection("default").__name__ == f"nexus_workflows.sql.{connection.vendor}"
+
+
+def test_the_precompiled_insert_returns_the_new_id_and_writes_the_defaults() -> None:
+    work_id = new_row("a", priority=5, queue_name="q", backend_name="b")
+    row = DeferredWork.objects.get(pk=work_id)
+    assert (row.kind, row.dedupe_key, row.trigger, row.status) == ("k", "a", {"key": "a"}, Status.PENDING)
+    assert (row.priority, row.queue_name, row.backend_name, row.history, row.worker_ids) == (
+        5,
+        "q",
+        "b",
+        [],
+        [],
+    )
+
+
+def test_update_returning_returns_the_rows_it_wrote_converted() -> None:
+    first, second = new_row("a"), new_row("b")
+    rows = returning.update_returning(
+        DeferredWork.objects.filter(pk=first),
+        {"checkpoints": {"step": 1}, "heartbeat_at": DatabaseNow()},
+        ("pk", "checkpoints", "heartbeat_at", "trigger"),
+    )
+    assert [(row["pk"], row["checkpoints"], row["trigger"]) for row in rows] == [
+        (first, {"step": 1}, {"key": "a"})
+    ]
+    assert isinstance(rows[0]["heartbeat_at"], datetime)
+    assert timezone.is_aware(rows[0]["heartbeat_at"])
+    assert DeferredWork.objects.get(pk=second).checkpoints == {}
+    assert returning.update_returning(DeferredWork.objects.filter(pk=-1), {"attempt": 1}, ("pk",)) == []
+
+
+@pytest.mark.parametrize("backend", ["backend's", "portable"])
+def test_a_dedupe_clash_is_named_by_its_constraint(backend: str) -> None:
+    new_row("a")
+    with pytest.raises(IntegrityError) as clash, transaction.atomic():
+        new_row("a")
+    statements = sql.for_connection("default") if backend == "backend's" else portable
+    if backend == "portable" and connection.vendor == "sqlite":
+        assert statements.violated_constraint(clash.value) is None  # SQLite names columns only
+    else:
+        assert statements.violated_constraint(clash.value) == DEDUPE_CONSTRAINT
+
+
+def test_another_refusal_is_not_a_dedupe_clash() -> None:
+    with pytest.raises(IntegrityError) as refusal, transaction.atomic():
+        DeferredWork.objects.create(kind="k", dedupe_key="a", trigger=None)  # NOT NULL
+    assert sql.for_connection("default").violated_constraint(refusal.value) != DEDUPE_CONSTRAINT
+
+
+@postgresql_only
+def test_the_jsonb_bulk_insert_skips_taken_keys() -> None:
+    taken = new_row("a")
+    now = timezone.now()
+    triggers = {key: json.dumps({"key": key}) for key in ("a", "b", "c")}
+    inserted = insert_pending_many_postgresql(
+        "default", kind="k", keys=list(triggers), triggers=triggers, due=now, now=now
+    )
+    assert set(inserted) == {"b", "c"}
+    rows = {row.dedupe_key: row for row in DeferredWork.objects.all()}
+    assert rows["a"].pk == taken
+    assert (rows["c"].pk, rows["c"].trigger, rows["c"].status) == (
+        inserted["c"],
+        {"key": "c"},
+        Status.PENDING,
+    )
+
+
+@postgresql_only
+def test_the_phi_allocation_inserts_only_while_the_sequence_is_unchanged() -> None:
+    token_map = TokenMap.objects.create(code_hash="h" * 64, sequence=3)
+    statement = sql.postgresql.allocate_token_sql(
+        connection,
+        TokenMap._meta,
+        PhiToken._meta,
+        ["category", "number", "token", "lookup_key", "encrypted_surface"],
+    )
+    now = timezone.now()
+
+    def allocate(expected: int, number: int) -> Any:
+        values = ["PERSONA", number, f"[PERSONA_{number}]", f"lookup-{number}", "cipher"]
+        with connection.cursor() as cursor:
+            cursor.execute(statement, [number, now, token_map.pk, expected, *values, now, now])
+            return cursor.fetchone()
+
+    (token_id,) = allocate(3, 4)
+    assert PhiToken.objects.get(pk=token_id).number == 4
+    assert TokenMap.objects.get(pk=token_map.pk).sequence == 4
+    assert allocate(3, 4) is None  # the sequence moved: nothing inserted
+    assert PhiToken.objects.count() == 1
+
+
+@postgresql_only
+def test_notify_reaches_a_listen() -> None:
+    import psycopg
+
+    params = {
+        k: v for k, v in connection.get_connection_params().items() if k not in ("cursor_factory", "context")
+    }
+    with psycopg.connect(**params, autocommit=True) as listener:
+        sql.postgresql.listen(listener, CHANNEL)
+        with connection.cursor() as cursor:
+            sql.postgresql.notify(cursor, CHANNEL, "probe-1")
+        select.select([listener.fileno()], [], [], 5)
+        payloads = [notice.payload for notice in listener.notifies(timeout=5, stop_after=1)]
+    assert payloads == ["probe-1"]
