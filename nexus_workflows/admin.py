@@ -40,7 +40,7 @@ from django.utils.translation import gettext_lazy as _
 from . import admin_display as display
 from . import triage
 from .admin_readonly import ReadOnlyAdminMixin
-from .admin_reveal import RevealMixin
+from .admin_reveal import RevealMixin, missing_object_redirect
 from .flow.report import waiting_on_limit_q, waiting_reason
 from .models import DeferredWork, Status
 from .observability import admin as observability_admin  # registers the runners' admin
@@ -470,7 +470,7 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
             raise PermissionDenied
         work = self.get_object(request, unquote(object_id))
         if work is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            return missing_object_redirect(self, request, object_id)
         act(request, self.get_queryset(request).filter(pk=work.pk))
         return HttpResponseRedirect(self._change_url(work.pk))
 

@@ -25,6 +25,19 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext
 
 
+def missing_object_redirect(model_admin: Any, request: HttpRequest, object_id: str) -> HttpResponse:
+    """What Django's admin does for an object that does not exist (say, deleted meanwhile),
+    through public API: a warning and the admin index (Django's own helper,
+    ``ModelAdmin._get_obj_does_not_exist_redirect``, is private)."""
+    # Django's own msgid (curly quotes and all), so its translations apply.
+    message = gettext("%(name)s with ID “%(key)s” doesn’t exist. Perhaps it was deleted?") % {  # noqa: RUF001
+        "name": model_admin.opts.verbose_name,
+        "key": unquote(object_id),
+    }
+    model_admin.message_user(request, message, messages.WARNING)
+    return HttpResponseRedirect(reverse("admin:index", current_app=model_admin.admin_site.name))
+
+
 class RevealFailed(Exception):
     """The data cannot be shown (say, a surface that no key decrypts); the message is shown."""
 
@@ -79,7 +92,7 @@ class RevealMixin:
         admin: Any = self
         obj = admin.get_object(request, unquote(object_id))
         if obj is None:
-            return admin._get_obj_does_not_exist_redirect(request, admin.opts, object_id)
+            return missing_object_redirect(admin, request, object_id)
         if not self.has_reveal_permission(request, obj):
             raise PermissionDenied
         payload: dict[str, Any] | None = None

@@ -69,3 +69,17 @@ def _result(changed: int, skipped: list[str]) -> triage.TriageResult:
 def test_result_messages_have_plurals(changed: int, skipped: list[str], wording, message: str) -> None:
     with override("en"):
         assert describe_result(_result(changed, skipped), wording) == message
+
+
+@pytest.mark.parametrize("page", ["reveal", "revive", "run_now"])
+def test_a_missing_object_leads_to_the_index_with_a_warning(superuser: User, page: str) -> None:
+    from django.urls import reverse
+
+    from tests.admin.conftest import client_for
+
+    url = reverse(f"admin:nexus_workflows_deferredwork_{page}", args=[987654])
+    client = client_for(superuser)
+    response = client.post(url, follow=True)
+    assert response.redirect_chain == [(reverse("admin:index"), 302)]
+    texts = [str(message) for message in response.context["messages"]]
+    assert texts == ["deferred work with ID “987654” doesn’t exist. Perhaps it was deleted?"]  # noqa: RUF001
