@@ -515,13 +515,18 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
 
 
 _LOSSES = {
-    Status.PENDING: "will never run; triggers and checkpoints are deleted, and the dedupe keys are free "
-    "again (the next enqueue of one creates new work)",
-    Status.PROCESSING: "may be running right now; the runner's result is discarded when it finishes, and "
-    "it is never retried",
-    Status.ABANDONED: "can no longer be revived; errors and history are gone",
-    Status.DONE: "records and history are gone, and the dedupe keys are free again (they would be purged "
-    "after the retention period anyway)",
+    Status.PENDING: _(
+        "will never run; triggers and checkpoints are deleted, and the dedupe keys are free "
+        "again (the next enqueue of one creates new work)"
+    ),
+    Status.PROCESSING: _(
+        "may be running right now; the runner's result is discarded when it finishes, and it is never retried"
+    ),
+    Status.ABANDONED: _("can no longer be revived; errors and history are gone"),
+    Status.DONE: _(
+        "records and history are gone, and the dedupe keys are free again (they would be purged "
+        "after the retention period anyway)"
+    ),
 }
 
 
