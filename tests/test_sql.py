@@ -141,3 +141,25 @@ def test_notify_reaches_a_listen() -> None:
         select.select([listener.fileno()], [], [], 5)
         payloads = [notice.payload for notice in listener.notifies(timeout=5, stop_after=1)]
     assert payloads == ["probe-1"]
+
+
+def test_outcome_counts_are_added_once_per_token() -> None:
+    from nexus_workflows.observability import counts
+    from nexus_workflows.observability.models import OutcomeCount
+
+    assert counts.add({("k", "done"): 2, ("k", "failed"): 1}, token="t1", using="default")
+    assert not counts.add({("k", "done"): 2}, token="t1", using="default")  # a retry of t1
+    assert counts.add({("k", "done"): 3}, token="t2", using="default")
+    totals = dict(OutcomeCount.objects.values_list("outcome", "count"))
+    assert totals == {"done": 5, "failed": 1}
+
+
+def test_a_minute_as_epoch_seconds() -> None:
+    from nexus_workflows.observability.models import OutcomeCount
+
+    minute = timezone.now().replace(second=0, microsecond=0)
+    OutcomeCount.objects.create(minute=minute, kind="k", outcome="done", count=1)
+    epoch = sql.for_connection("default").EPOCH_OF_MINUTE.replace("%%", "%")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {epoch} FROM {OutcomeCount._meta.db_table}")
+        assert cursor.fetchone()[0] == int(minute.timestamp())

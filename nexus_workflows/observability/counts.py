@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from .. import sql
 from .models import OutcomeCount, OutcomeFlush
 
 #: Counts older than this are purged: the dashboard shows the last 24 hours.
@@ -36,39 +37,9 @@ def add(counts: Counts, *, token: str, using: str) -> bool:
     items = [(kind, outcome, n) for (kind, outcome), n in counts.items() if n]
     if not items:
         return False
-    connection = connections[using]
-    table = connection.ops.quote_name(OutcomeCount._meta.db_table)
-    flushes = connection.ops.quote_name(OutcomeFlush._meta.db_table)
-    conflict = f"ON CONFLICT (minute, kind, outcome) DO UPDATE SET count = {table}.count + excluded.count"
-    if connection.vendor == "postgresql":
-        sql = (
-            f"WITH batch AS (INSERT INTO {flushes} (token, at) VALUES (%s, statement_timestamp()) "
-            "ON CONFLICT DO NOTHING RETURNING token) "
-            f"INSERT INTO {table} (minute, kind, outcome, count) "
-            "SELECT date_trunc('minute', statement_timestamp()), k, o, c "
-            "FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS v(k, o, c) "
-            "WHERE EXISTS (SELECT 1 FROM batch) " + conflict
-        )
-        kinds, outcomes, numbers = zip(*items, strict=True)
-        with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
-            cursor.execute(sql, [token, list(kinds), list(outcomes), list(numbers)])
-            return cursor.rowcount > 0
-    if connection.vendor == "sqlite":
-        minute = "strftime('%%Y-%%m-%%d %%H:%%M:00', 'now')"
-        values = ", ".join(f"({minute}, %s, %s, %s)" for _ in items)
-        with transaction.atomic(using=using), connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT OR IGNORE INTO {flushes} (token, at) "
-                "VALUES (%s, strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'))",
-                [token],
-            )
-            if cursor.rowcount != 1:
-                return False
-            cursor.execute(
-                f"INSERT INTO {table} (minute, kind, outcome, count) VALUES {values} {conflict}",
-                [value for item in items for value in item],
-            )
-        return True
+    statements = sql.for_connection(using)
+    if hasattr(statements, "add_outcome_counts"):
+        return statements.add_outcome_counts(using, token, items)
     return _add_portably(items, token, using)
 
 

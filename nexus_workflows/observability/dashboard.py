@@ -17,6 +17,7 @@ from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
+from .. import sql
 from .figures import work_figures
 from .models import OutcomeCount
 from .runners import count_alive
@@ -95,10 +96,7 @@ def _bucketed(using: str, start: datetime) -> list[tuple[str, str, int, int]]:
     the database on PostgreSQL and SQLite (a day of ten kinds is 43,200 minute rows)."""
     connection = connections[using]
     table = connection.ops.quote_name(OutcomeCount._meta.db_table)
-    epoch = {
-        "postgresql": "EXTRACT(EPOCH FROM minute)::bigint",
-        "sqlite": "CAST(strftime('%%s', minute) AS INTEGER)",
-    }.get(connection.vendor)
+    epoch = getattr(sql.for_connection(using), "EPOCH_OF_MINUTE", None)
     if epoch is None:
         rows = (
             OutcomeCount.objects.using(using)
@@ -107,13 +105,13 @@ def _bucketed(using: str, start: datetime) -> list[tuple[str, str, int, int]]:
         )
         return [(kind, outcome, int((minute - start) / BUCKET), n) for kind, outcome, minute, n in rows]
     placeholders = ", ".join(["%s"] * len(SHOWN))
-    sql = (
+    statement = (
         f"SELECT kind, outcome, ({epoch} - %s) / {int(BUCKET.total_seconds())} AS bucket, SUM(count) "
         f"FROM {table} WHERE minute >= %s AND outcome IN ({placeholders}) GROUP BY kind, outcome, bucket"
     )
     params = [int(start.timestamp()), connection.ops.adapt_datetimefield_value(start), *SHOWN]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(statement, params)
         return [(kind, outcome, int(bucket), int(n)) for kind, outcome, bucket, n in cursor.fetchall()]
 
 

@@ -3,9 +3,15 @@
 - :mod:`.returning`: ``UPDATE … RETURNING`` and the precompiled one-row ``INSERT …
   RETURNING`` (PostgreSQL and SQLite ≥ 3.35 alike).
 - :mod:`.postgresql`: the ``jsonb`` bulk insert, the PHI token allocation CTE, LISTEN and
-  NOTIFY, and reading a unique violation's constraint name.
-- :mod:`.sqlite`: reading a unique violation's constraint from SQLite's message.
+  NOTIFY, the outcome counts' once-per-token upsert, a minute as epoch seconds, and reading
+  a unique violation's constraint name.
+- :mod:`.sqlite`: the outcome counts' upsert, a minute as epoch seconds, and reading a
+  unique violation's constraint from SQLite's message.
 - :mod:`.portable`: what every other backend does instead, through the plain ORM.
+
+Two kinds of backend-specific SQL stay where Django expects them, as expressions the ORM
+composes into its own statements: the JSON-array updates of
+:mod:`nexus_workflows.expressions` and the database clock of :mod:`nexus_workflows.clock`.
 
 ``for_connection(using)`` picks the module for a connection; callers ask it and never
 test ``connection.vendor`` themselves. Each statement has a test that runs it

@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import IntegrityError
+from django.db import IntegrityError, connections, transaction
 
 from .returning import can_return_from_update, insert_returning_pk, update_returning
 
 __all__ = [
+    "EPOCH_OF_MINUTE",
+    "add_outcome_counts",
     "allocate_token_sql",
     "can_return_from_update",
     "insert_many_from_json_sql",
@@ -50,9 +52,7 @@ def listen(connection: Any, channel: str) -> None:
     connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
 
-def insert_many_from_json_sql(
-    connection: Any, table: str, columns: Sequence[Any], pk_column: str
-) -> str:
+def insert_many_from_json_sql(connection: Any, table: str, columns: Sequence[Any], pk_column: str) -> str:
     """``INSERT … SELECT … FROM jsonb_array_elements(%s) ON CONFLICT DO NOTHING RETURNING
     dedupe_key, id``: many rows from one JSON parameter (one parameter for the batch
     instead of a dozen per row).
@@ -105,3 +105,33 @@ def allocate_token_sql(connection: Any, maps: Any, tokens: Any, names: Sequence[
         f"SELECT claimed.{map_id}, {', '.join(['%s'] * (len(columns) - 1))} FROM claimed "
         f"RETURNING {quote(tokens.pk.column)}"
     )
+
+
+def add_outcome_counts(using: str, token: str, items: Sequence[tuple[str, str, int]]) -> bool:
+    """Add ``(kind, outcome, n)`` counts to the database clock's current minute, once per
+    ``token``, in ONE statement: a data-modifying CTE writes the token's row (``ON
+    CONFLICT DO NOTHING``) and the counts only if it did (``unnest`` of three arrays, ``ON
+    CONFLICT DO UPDATE`` adds to the minute's rows). Returns whether they were added."""
+    from ..observability.models import OutcomeCount, OutcomeFlush
+
+    connection = connections[using]
+    table = connection.ops.quote_name(OutcomeCount._meta.db_table)
+    flushes = connection.ops.quote_name(OutcomeFlush._meta.db_table)
+    statement = (
+        f"WITH batch AS (INSERT INTO {flushes} (token, at) VALUES (%s, statement_timestamp()) "
+        "ON CONFLICT DO NOTHING RETURNING token) "
+        f"INSERT INTO {table} (minute, kind, outcome, count) "
+        "SELECT date_trunc('minute', statement_timestamp()), k, o, c "
+        "FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS v(k, o, c) "
+        f"WHERE EXISTS (SELECT 1 FROM batch) {_ADD_TO_MINUTE.format(table=table)}"
+    )
+    kinds, outcomes, numbers = zip(*items, strict=True)
+    with transaction.mark_for_rollback_on_error(using), connection.cursor() as cursor:
+        cursor.execute(statement, [token, list(kinds), list(outcomes), list(numbers)])
+        return cursor.rowcount > 0
+
+
+_ADD_TO_MINUTE = "ON CONFLICT (minute, kind, outcome) DO UPDATE SET count = {table}.count + excluded.count"
+
+#: A minute column as seconds since the epoch (the dashboard's 5-minute buckets).
+EPOCH_OF_MINUTE = "EXTRACT(EPOCH FROM minute)::bigint"

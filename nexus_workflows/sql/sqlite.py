@@ -9,13 +9,16 @@ SQLite has no ``NOTIFY`` (runners poll, and in-process runners are woken directl
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from django.apps import apps
-from django.db import IntegrityError
+from django.db import IntegrityError, connections, transaction
 
 from .returning import can_return_from_update, insert_returning_pk, update_returning
 
 __all__ = [
+    "EPOCH_OF_MINUTE",
+    "add_outcome_counts",
     "can_return_from_update",
     "insert_returning_pk",
     "notify",
@@ -45,3 +48,35 @@ def violated_constraint(error: IntegrityError) -> str | None:
 
 def notify(cursor: object, channel: str, payload: str = "") -> None:
     """No ``NOTIFY`` on SQLite: nothing to send (in-process runners are woken directly)."""
+
+
+def add_outcome_counts(using: str, token: str, items: Sequence[tuple[str, str, int]]) -> bool:
+    """Add ``(kind, outcome, n)`` counts to the database clock's current minute, once per
+    ``token``: the token's row (``INSERT OR IGNORE``) and, only if it was new, the counts
+    (``ON CONFLICT DO UPDATE`` adds to the minute's rows), in one transaction. Returns
+    whether they were added."""
+    from ..observability.models import OutcomeCount, OutcomeFlush
+
+    connection = connections[using]
+    table = connection.ops.quote_name(OutcomeCount._meta.db_table)
+    flushes = connection.ops.quote_name(OutcomeFlush._meta.db_table)
+    minute = "strftime('%%Y-%%m-%%d %%H:%%M:00', 'now')"
+    values = ", ".join(f"({minute}, %s, %s, %s)" for _ in items)
+    add = f"ON CONFLICT (minute, kind, outcome) DO UPDATE SET count = {table}.count + excluded.count"
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT OR IGNORE INTO {flushes} (token, at) "
+            "VALUES (%s, strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now'))",
+            [token],
+        )
+        if cursor.rowcount != 1:
+            return False
+        cursor.execute(
+            f"INSERT INTO {table} (minute, kind, outcome, count) VALUES {values} {add}",
+            [value for item in items for value in item],
+        )
+    return True
+
+
+#: A minute column as seconds since the epoch (the dashboard's 5-minute buckets).
+EPOCH_OF_MINUTE = "CAST(strftime('%%s', minute) AS INTEGER)"
