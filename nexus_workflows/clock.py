@@ -52,17 +52,18 @@ def database_now(using: str) -> datetime:
     return value
 
 
-def stamp_now(using: str) -> datetime:
-    """The host's current time at the resolution of the database's clock, for the stamps
-    of new rows (enqueue reads no clock from the database: it is the hot path).
+def due_now(now: datetime, using: str) -> datetime:
+    """``now`` (the host's time of an enqueue) as the due time of new work, at the
+    resolution of the database's clock (enqueue reads no clock from the database: it is
+    the hot path).
 
-    SQLite's clock keeps milliseconds: a row stamped with the host's microseconds would
-    not be due, by the database's clock, until the next millisecond, and a claim in the
-    same millisecond would miss it. Truncated, it is due the moment it is written.
+    SQLite's clock keeps milliseconds: a row due at the host's microseconds would not be
+    due, by the database's clock, until the next millisecond, and a claim in the same
+    millisecond would miss it. Truncated, it is due the moment it is written. (The
+    creation time keeps its microseconds: ``enqueue_many`` tells its own rows by it.)
     """
-    now = timezone.now()
     if connections[using].vendor == "sqlite":
-        now = now.replace(microsecond=now.microsecond // 1000 * 1000)
+        return now.replace(microsecond=now.microsecond // 1000 * 1000)
     return now
 
 

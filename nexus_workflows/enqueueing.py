@@ -13,9 +13,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError, connections, router, transaction
+from django.utils import timezone
 
 from . import json_values, signals
-from .clock import stamp_now
+from .clock import due_now
 from .delays import parse_delay
 from .exceptions import EnqueueRejected, InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
 from .flow.keys import flow_key_hashes
@@ -142,7 +143,8 @@ def _settle_chunk(
     from .transitions import revive
     from .wakeup import notify
 
-    now = stamp_now(using)
+    now = timezone.now()
+    due = due_now(now, using) + delay
     # Existing keys are skipped by the database (ON CONFLICT DO NOTHING / INSERT OR
     # IGNORE), so concurrent writers cannot make this fail half-way.
     if connections[using].vendor == "postgresql":
@@ -151,7 +153,7 @@ def _settle_chunk(
             kind=workflow.kind,
             keys=chunk,
             triggers=by_key,
-            due=now + delay,
+            due=due,
             now=now,
             flow_hashes=hashes,
         )
@@ -168,7 +170,7 @@ def _settle_chunk(
                     kind=workflow.kind,
                     dedupe_key=key,
                     trigger=json.loads(by_key[key]),
-                    next_attempt_at=now + delay,
+                    next_attempt_at=due,
                     created_at=now,
                     updated_at=now,
                     serial_key_hash=hashes.get(key, (None, None))[0],
@@ -199,7 +201,7 @@ def _settle_chunk(
             .filter(pk__in=abandoned, status=Status.ABANDONED)
             .values_list("pk", flat=True)
         )
-        revive(DeferredWork.objects.using(using).filter(pk__in=revived), due=now + delay)
+        revive(DeferredWork.objects.using(using).filter(pk__in=revived), due=due)
         notify(using)
         for pk in revived:
             signals.send(signals.work_revived, kind=workflow.kind, id=pk, attempt=1)
@@ -303,7 +305,7 @@ def _enqueue_deferred(
     connection = connections[using]
     in_transaction = connection.in_atomic_block or not connection.get_autocommit()
     for _ in range(_DEDUPE_ROUNDS):
-        now = stamp_now(using)
+        now = timezone.now()
         try:
             # Inside the caller's transaction a savepoint keeps a lost dedupe race from
             # breaking it; in autocommit mode the INSERT stands alone (one round trip).
@@ -313,7 +315,7 @@ def _enqueue_deferred(
                     kind=workflow.kind,
                     dedupe_key=dedupe_key,
                     trigger=trigger,
-                    due=now + delay,
+                    due=due_now(now, using) + delay,
                     now=now,
                     flow_hashes=flow_hashes,
                 )
@@ -336,7 +338,7 @@ def _enqueue_deferred(
                     "%s #%s not enqueued: already %s", workflow.kind, existing["pk"], existing["status"]
                 )
                 return None
-            if _revive(existing, now + delay, using):
+            if _revive(existing, due_now(now, using) + delay, using):
                 notify(using)
                 signals.send(signals.work_revived, kind=workflow.kind, id=existing["pk"], attempt=1)
                 logger.info("%s #%s revived by enqueue: pending, attempt 0", workflow.kind, existing["pk"])

@@ -14,6 +14,7 @@ from typing import Any
 from django.apps import apps
 from django.core import checks
 from django.db import router
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
@@ -176,7 +177,7 @@ class DeferredBackend(BaseTaskBackend):
     # --- enqueue ------------------------------------------------------------------------
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
-        from ..clock import stamp_now
+        from ..clock import due_now
         from ..inserts import insert_pending
         from ..models import DeferredWork
         from ..wakeup import notify
@@ -185,7 +186,7 @@ class DeferredBackend(BaseTaskBackend):
         trigger = _trigger(task, args, kwargs)
         result_id = str(uuid.uuid4())
         using = router.db_for_write(DeferredWork)
-        now = stamp_now(using)
+        now = timezone.now()
         # Inside the caller's atomic() this is one more statement of its transaction:
         # no dedupe race to lose (the key is new), so no savepoint either.
         insert_pending(
@@ -193,7 +194,7 @@ class DeferredBackend(BaseTaskBackend):
             kind=task.module_path,
             dedupe_key=result_id,
             trigger=trigger,
-            due=task.run_after or now,
+            due=task.run_after or due_now(now, using),
             now=now,
             priority=task.priority,
             queue_name=task.queue_name,
