@@ -22,9 +22,6 @@ from nexus_workflows.wakeup import CHANNEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-postgresql_only = pytest.mark.skipif(
-    "connection.vendor != 'postgresql'", reason="a PostgreSQL statement (the SQLite leg runs the rest)"
-)
 
 
 def new_row(key: str, **fields: Any) -> int:
@@ -85,7 +82,7 @@ def test_another_refusal_is_not_a_dedupe_clash() -> None:
     assert sql.for_connection("default").violated_constraint(refusal.value) != DEDUPE_CONSTRAINT
 
 
-@postgresql_only
+@pytest.mark.postgresql
 def test_the_jsonb_bulk_insert_skips_taken_keys() -> None:
     taken = new_row("a")
     now = timezone.now()
@@ -103,7 +100,7 @@ def test_the_jsonb_bulk_insert_skips_taken_keys() -> None:
     )
 
 
-@postgresql_only
+@pytest.mark.postgresql
 def test_the_phi_allocation_inserts_only_while_the_sequence_is_unchanged() -> None:
     token_map = TokenMap.objects.create(code_hash="h" * 64, sequence=3)
     statement = sql.postgresql.allocate_token_sql(
@@ -127,7 +124,7 @@ def test_the_phi_allocation_inserts_only_while_the_sequence_is_unchanged() -> No
     assert PhiToken.objects.count() == 1
 
 
-@postgresql_only
+@pytest.mark.postgresql
 def test_notify_reaches_a_listen() -> None:
     import psycopg
 
