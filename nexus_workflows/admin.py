@@ -14,7 +14,6 @@ through a confirmation page that says what will be lost.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin, messages
@@ -22,133 +21,49 @@ from django.contrib.admin import helpers
 from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import unquote
-from django.contrib.admin.views.main import PAGE_VAR, ChangeList
-from django.core import signing
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.functional import Promise, cached_property
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.translation import gettext, gettext_noop, ngettext
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from . import admin_display as display
 from . import triage
+from .admin_actions import (
+    DELETE_CONFIRMATION_MAX_AGE,  # noqa: F401 - importable here as before
+    MADE_DUE,
+    REVIVED,
+    ResultWording,
+    delete_summary,
+    describe_losses,
+    describe_result,
+    is_confirmed,
+    sign_confirmation,
+)
+from .admin_changelist import (  # noqa: F401 - likewise
+    NEEDS_ATTENTION,
+    STALE,
+    WAITING_ON_A_LIMIT,
+    FlowLimitFilter,
+    StatusFilter,
+    TriageChangeList,
+)
 from .admin_readonly import ReadOnlyAdminMixin
 from .admin_reveal import RevealMixin, missing_object_redirect
-from .flow.report import waiting_on_limit_q, waiting_reason
+from .flow.report import waiting_reason
 from .models import DeferredWork, Status
 from .observability import admin as observability_admin  # registers the runners' admin
 from .phi import admin as phi_admin  # noqa: F401 - registers the PHI token map admin
 
 REVIVE_PERMISSION = "nexus_workflows.revive_deferredwork"
 REVEAL_PERMISSION = "nexus_workflows.reveal_deferredwork"
-# A delete confirmation is good for this long, for the selection and counts it showed.
-DELETE_CONFIRMATION_MAX_AGE = 600
-_DELETE_SALT = "nexus_workflows.admin.delete_selected"
-
-#: Query-string value of the status filter that shows abandoned and stale work.
-NEEDS_ATTENTION = "attention"
-STALE = "stale"
-WAITING_ON_A_LIMIT = "waiting"
-
-
-class StatusFilter(admin.SimpleListFilter):
-    """Status, plus the two slices triage cares about: "needs attention" and "stale"."""
-
-    title = _("status")
-    parameter_name = "status"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [
-            (NEEDS_ATTENTION, _("Needs attention")),
-            (Status.PENDING.value, _("Pending")),
-            (Status.PROCESSING.value, _("Processing")),
-            (STALE, _("Processing, stale heartbeat")),
-            (Status.DONE.value, _("Done")),
-            (Status.ABANDONED.value, _("Abandoned")),
-        ]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
-        value = self.value()
-        if value == NEEDS_ATTENTION:
-            return queryset.filter(triage.needs_attention_q())
-        if value == STALE:
-            return queryset.filter(triage.stale_q())
-        if value in Status.values:
-            return queryset.filter(status=value)
-        return queryset
-
-
-class FlowLimitFilter(admin.SimpleListFilter):
-    """Due items that a flow limit (serial key, concurrency, rate) holds back."""
-
-    title = _("flow control")
-    parameter_name = "flow"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(WAITING_ON_A_LIMIT, _("Waiting on a limit"))]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
-        if self.value() == WAITING_ON_A_LIMIT:
-            return queryset.filter(waiting_on_limit_q(using=queryset.db))
-        return queryset
-
-
-@dataclass(frozen=True)
-class SummaryItem:
-    value: str | None  # the status filter's value; None for "all"
-    label: str | Promise
-    count: int
-    url: str
-    active: bool
-    tone: str
-
-
-class TriageChangeList(ChangeList):
-    """The change list, minus the columns that may hold patient data, plus the counts
-    per status of the current filter (search and kind included, status left out)."""
-
-    def __init__(self, request: HttpRequest, *args: Any, **kwargs: Any) -> None:
-        self.request = request
-        super().__init__(request, *args, **kwargs)
-        status = self.params.get(StatusFilter.parameter_name)
-        attention = status == NEEDS_ATTENTION
-        self.title = _("Deferred work that needs attention") if attention else _("Deferred work")
-
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[DeferredWork]:
-        queryset = super().get_queryset(request, exclude_parameters)
-        return queryset.defer("trigger", "checkpoints", "history")
-
-    @cached_property
-    def status_summary(self) -> list[SummaryItem]:
-        queryset = self.get_queryset(self.request, exclude_parameters=[StatusFilter.parameter_name])
-        counts = dict(queryset.order_by().values_list("status").annotate(n=Count("pk")))
-        stale = queryset.filter(triage.stale_q()).count() if counts.get(Status.PROCESSING) else 0
-        current = self.params.get(StatusFilter.parameter_name)
-        abandoned = counts.get(Status.ABANDONED, 0)
-
-        def item(value: str | None, label: Promise, count: int, tone: str) -> SummaryItem:
-            if value is None:
-                url = self.get_query_string(remove=[StatusFilter.parameter_name, PAGE_VAR])
-            else:
-                url = self.get_query_string({StatusFilter.parameter_name: value}, remove=[PAGE_VAR])
-            return SummaryItem(value, label, count, url, current == value, tone if count else "none")
-
-        return [
-            item(None, _("All"), sum(counts.values()), "all"),
-            item(NEEDS_ATTENTION, _("Needs attention"), abandoned + stale, "attention"),
-            item(Status.PENDING, _("Pending"), counts.get(Status.PENDING, 0), "pending"),
-            item(Status.PROCESSING, _("Processing"), counts.get(Status.PROCESSING, 0), "processing"),
-            item(STALE, _("Stale heartbeat"), stale, "stale"),
-            item(Status.DONE, _("Done"), counts.get(Status.DONE, 0), "done"),
-            item(Status.ABANDONED, _("Abandoned"), abandoned, "abandoned"),
-        ]
 
 
 @admin.register(DeferredWork)
@@ -365,7 +280,7 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
         # One item's delete page says what is lost too, like the bulk action's.
         work = context.get("object")
         if isinstance(work, DeferredWork):
-            context["losses"] = _describe_losses({work.status: 1})
+            context["losses"] = describe_losses({work.status: 1})
         return super().render_delete_form(request, context)
 
     @admin.action(description=_("Delete selected deferred work"), permissions=["delete"])
@@ -373,21 +288,19 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
         """Django's bulk delete, but only after a confirmation page that says what will be
         lost, confirmed for exactly the selection and counts it showed (a bare
         ``post=yes`` is not enough)."""
-        summary = _delete_summary(queryset)
+        summary = delete_summary(queryset)
         token = request.POST.get("confirm", "")
-        if token and _confirmed(token, request, summary):
+        if token and is_confirmed(token, request, summary):
             return django_delete_selected(self, request, queryset)
         context = {
             **self.admin_site.each_context(request),
             "title": _("Delete selected deferred work?"),
             "opts": self.opts,
             "summary": summary,
-            "losses": _describe_losses(summary["counts"]),
+            "losses": describe_losses(summary["counts"]),
             "total": len(summary["pks"]),
             "active": sum(summary["counts"].get(status, 0) for status in (Status.PENDING, Status.PROCESSING)),
-            "confirm": signing.dumps(
-                {**summary, "user": request.user.pk}, salt=_DELETE_SALT, compress=True
-            ),
+            "confirm": sign_confirmation(request, summary),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "media": self.media,
         }
@@ -512,78 +425,3 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
             "reveal_url": self.reveal_url(work),
             "held_by": waiting_reason(work) if due else None,
         }
-
-
-_LOSSES = {
-    Status.PENDING: _(
-        "will never run; triggers and checkpoints are deleted, and the dedupe keys are free "
-        "again (the next enqueue of one creates new work)"
-    ),
-    Status.PROCESSING: _(
-        "may be running right now; the runner's result is discarded when it finishes, and it is never retried"
-    ),
-    Status.ABANDONED: _("can no longer be revived; errors and history are gone"),
-    Status.DONE: _(
-        "records and history are gone, and the dedupe keys are free again (they would be purged "
-        "after the retention period anyway)"
-    ),
-}
-
-
-def _delete_summary(queryset: QuerySet[DeferredWork]) -> dict[str, Any]:
-    rows = list(queryset.order_by("pk").values_list("pk", "status"))
-    counts: dict[str, int] = {}
-    for _pk, status in rows:
-        counts[status] = counts.get(status, 0) + 1
-    return {"pks": [pk for pk, _status in rows], "counts": counts}
-
-
-def _describe_losses(counts: dict[str, int]) -> list[tuple[str, int, str]]:
-    order = (Status.PENDING, Status.PROCESSING, Status.ABANDONED, Status.DONE)
-    return [
-        (str(status.label).lower(), counts[status], _LOSSES[status]) for status in order if counts.get(status)
-    ]
-
-
-def _confirmed(token: str, request: HttpRequest, summary: dict[str, Any]) -> bool:
-    """Whether ``token`` is this user's confirmation of exactly this selection and counts."""
-    try:
-        confirmed = signing.loads(token, salt=_DELETE_SALT, max_age=DELETE_CONFIRMATION_MAX_AGE)
-    except signing.BadSignature:
-        return False
-    return confirmed == {**summary, "user": request.user.pk}
-
-
-@dataclass(frozen=True)
-class ResultWording:
-    """What a triage action's message says: translatable, with plurals (``ngettext``)."""
-
-    changed: tuple[str, str]  # "Revived %(count)d item", and its plural
-    wanted: Promise  # the status the action takes, as skipped rows were not
-
-
-REVIVED = ResultWording(
-    (gettext_noop("Revived %(count)d item"), gettext_noop("Revived %(count)d items")), _("abandoned")
-)
-MADE_DUE = ResultWording(
-    (gettext_noop("Made due now %(count)d item"), gettext_noop("Made due now %(count)d items")), _("pending")
-)
-
-
-def describe_result(result: triage.TriageResult, wording: ResultWording) -> str:
-    """``Revived 2 items; skipped 1 that was not abandoned (1 pending).``"""
-    changed = len(result.changed)
-    text = ngettext(*wording.changed, changed) % {"count": changed}
-    skipped = len(result.skipped)
-    if not skipped:
-        return gettext("%(changed)s; skipped none.") % {"changed": text}
-    by_status: dict[str, int] = {}
-    for ref in result.skipped:
-        by_status[ref.status] = by_status.get(ref.status, 0) + 1
-    breakdown = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items()))
-    skipped_text = ngettext(
-        "skipped %(count)d that was not %(wanted)s (%(breakdown)s)",
-        "skipped %(count)d that were not %(wanted)s (%(breakdown)s)",
-        skipped,
-    ) % {"count": skipped, "wanted": wording.wanted, "breakdown": breakdown}
-    return gettext("%(changed)s; %(skipped)s.") % {"changed": text, "skipped": skipped_text}

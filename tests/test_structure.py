@@ -17,7 +17,7 @@ LONG_MODULES = {
     "nexus_workflows.runner": "being split into a package (issue 15 item 4, another branch)",
     "nexus_workflows.flow.claiming": "flow control's claims (issue 19's branch owns flow/)",
     "nexus_workflows.phi.recognizers": "mostly data: one recognizer table per category of identifier",
-    "nexus_workflows.admin": "one ModelAdmin: list columns, detail fields, three actions and their pages",
+    "nexus_workflows.admin": "one ModelAdmin: its columns, detail fields, actions and buttons (list and actions apart)",
     "nexus_workflows.phi.service": "encode/decode and the token writer; its SQL moves to nexus_workflows.sql",
 }
 
