@@ -17,8 +17,8 @@ LONG_MODULES = {
     "nexus_workflows.runner": "being split into a package (issue 15 item 4, another branch)",
     "nexus_workflows.flow.claiming": "flow control's claims (issue 19's branch owns flow/)",
     "nexus_workflows.phi.recognizers": "mostly data: one recognizer table per category of identifier",
-    "nexus_workflows.admin": "one ModelAdmin: its columns, detail fields, actions and buttons (list and actions apart)",
-    "nexus_workflows.phi.service": "encode/decode and the token writer; its SQL moves to nexus_workflows.sql",
+    "nexus_workflows.admin": "one ModelAdmin: its columns, detail fields, actions and buttons",
+    "nexus_workflows.phi.service": "encode/decode and the token writer (its SQL is in nexus_workflows.sql)",
 }
 
 #: Functions allowed over FUNCTION_LINES ("module:qualname"), with the reason.
