@@ -39,6 +39,7 @@ from . import json_values
 from .clock import DatabaseNow, database_now
 from .exceptions import ClaimLost, InvalidCheckpoint, WorkerLost
 from .expressions import JSONAppend, JSONDropLast
+from .flow import starts
 from .flow.claiming import FlowClaimer
 from .history import append_entry
 from .models import DeferredWork, Status
@@ -116,6 +117,9 @@ class ClaimedWork:
     return_value: Any = None
     error_record: dict[str, str] | None = None
     task_result: Any = None
+    # A rate-limited kind's start of its window, reserved by the claim and taken when the
+    # attempt starts (nexus_workflows.flow.starts); None once started, or without a limit.
+    reservation: Any = None
 
     @property
     def is_task(self) -> bool:
@@ -526,6 +530,7 @@ def release_after_outage(work: ClaimedWork, *, delay: timedelta, error: str) -> 
     history = append_entry(
         work.history, attempt=work.attempt, outcome="released", reason="database unavailable", error=error
     )
+    starts.give_back([work])
     return (
         work.fenced().update(
             status=Status.PENDING,
@@ -542,6 +547,7 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
     history = append_entry(
         work.history, attempt=work.attempt, outcome="abandoned", reason=reason, error=error
     )
+    starts.give_back([work])
     return (
         work.fenced().update(
             status=Status.ABANDONED,
@@ -568,6 +574,8 @@ def record_lost(work: ClaimedWork) -> bool:
 def release(works: Iterable[ClaimedWork]) -> int:
     """Give claims back at shutdown: pending, due now, attempt unchanged."""
     released = 0
+    works = list(works)
+    starts.give_back(works)  # their attempts never started: nor did their rate starts
     by_claim: dict[tuple[str, str], list[int]] = {}
     for work in works:
         by_claim.setdefault((work.using, work.claim_token), []).append(work.id)

@@ -163,3 +163,66 @@ def test_a_reclaim_keeps_its_slot_and_takes_a_start(register_workflow: Any) -> N
     assert DeferredWork.objects.get(pk=work.id).flow_slot == 0
     DeferredWork.objects.filter(pk=work.id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
     assert claimer(kind).claim_stale(10, stale_after=timedelta(minutes=5)) == []  # rate: 2 used
+
+
+def window_rows(kind: str) -> Any:
+    from nexus_workflows.models import FlowWindowSlot
+
+    return FlowWindowSlot.objects.filter(name=window_name(kind))
+
+
+def test_a_claim_reserves_a_start_and_the_attempt_takes_it_when_it_starts(register_workflow: Any) -> None:
+    from nexus_workflows.clock import database_now
+    from nexus_workflows.flow import starts
+
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(2, 60)).kind
+    enqueue_many(kind, [{"key": n} for n in range(3)])
+    works = claimer(kind).claim_due(10)
+    assert len(works) == 2
+    # Reserved, not started: stamped in the future, so nobody else can take them.
+    assert window_rows(kind).filter(started_at__gt=database_now("default")).count() == 2
+    assert claimer(kind).claim_due(10) == []
+    before = database_now("default")
+    starts.begin(works[0])
+    assert works[0].reservation is None
+    row = DeferredWork.objects.get(pk=works[0].id)
+    assert row.started_at is not None
+    assert row.started_at >= before
+    # The window counts the attempt's own start: the very stamp of its started_at.
+    assert window_rows(kind).filter(started_at=row.started_at).count() == 1
+    assert window_rows(kind).filter(started_at__gt=database_now("default")).count() == 1
+    starts.begin(works[0])  # a second call has nothing left to take
+    assert window_rows(kind).filter(started_at=row.started_at).count() == 1
+
+
+def test_a_released_claim_gives_its_reserved_start_back(register_workflow: Any) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(2, 60)).kind
+    enqueue_many(kind, [{"key": n} for n in range(3)])
+    works = claimer(kind).claim_due(10)
+    assert len(works) == 2
+    release(works[:1])  # a shutdown before the attempt started: no start was counted
+    assert len(claimer(kind).claim_due(10)) == 1
+    assert claimer(kind).claim_due(10) == []
+
+
+def test_a_lapsed_reservation_starts_on_a_free_row_or_not_at_all(register_workflow: Any) -> None:
+    from datetime import timedelta
+
+    from nexus_workflows.clock import database_now
+    from nexus_workflows.exceptions import RateLimitTimeout
+    from nexus_workflows.flow import starts
+
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(1, 60)).kind
+    enqueue_many(kind, [{"key": n} for n in range(2)])
+    (first,) = claimer(kind).claim_due(10)
+    # The hand-off outlived the reservation and another runner's attempt started on the
+    # row meanwhile: there is no free start, and the attempt must not start.
+    window_rows(kind).update(started_at=database_now("default") - timedelta(seconds=1))
+    with pytest.raises(RateLimitTimeout, match="lapsed before the attempt started"):
+        starts.begin(first)
+    assert DeferredWork.objects.get(pk=first.id).started_at is None  # nothing written
+    # Once the row is free again, the late attempt takes it as a start of its own.
+    window_rows(kind).update(started_at=database_now("default") - timedelta(seconds=61))
+    starts.begin(first)
+    stamp = DeferredWork.objects.get(pk=first.id).started_at
+    assert window_rows(kind).get().started_at == stamp

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import redis
 from django.conf import settings
 
 from nexus_workflows import PermanentError, workflow
+from nexus_workflows.signals import attempt_started
 
 from .models import Ledger
 
@@ -198,6 +200,23 @@ def flow_ordered(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any
 @workflow("test-flow-rate", dedupe_key=by_key, retry_schedule=SCHEDULE, rate_limit=(5, 1))
 def flow_rate(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
     span("test-flow-rate", trigger)
+
+
+@workflow("test-flow-rate-handoff", dedupe_key=by_key, retry_schedule=SCHEDULE, rate_limit=(4, 1))
+def flow_rate_handoff(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    span("test-flow-rate-handoff", trigger)
+
+
+def slow_handoff(sender: Any, *, kind: str, **details: Any) -> None:
+    """A slow hand-off from the claim to the attempt's start (a loaded host): the
+    attempt_started signal runs in the worker thread between the two. Attempts claimed
+    together then start spread out and out of step, which bunched starts in one window
+    while the window was counted at claim time."""
+    if kind == "test-flow-rate-handoff":
+        time.sleep(random.uniform(0, 0.6))
+
+
+attempt_started.connect(slow_handoff, dispatch_uid="tests.testapp.slow_handoff")
 
 
 @workflow(
