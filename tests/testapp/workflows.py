@@ -160,12 +160,17 @@ def ff_file(trigger: dict[str, Any]) -> None:
 # app's own counters.
 
 
+def pause(seconds: float) -> None:
+    # Not time.sleep: under libfaketime (the clock-skew fault tests) it fails with EINVAL.
+    threading.Event().wait(seconds)
+
+
 def span(kind: str, trigger: dict[str, Any], body: Any = None) -> None:
     started = time.time()
     if trigger.get("hang_file") and not Path(trigger["hang_file"]).exists():
         Path(trigger["hang_file"]).write_text(str(os.getpid()))
-        time.sleep(600)
-    time.sleep(trigger.get("sleep", 0))
+        pause(600)
+    pause(trigger.get("sleep", 0))
     ended = time.time()
     with open(trigger["ledger"], "a") as ledger:
         ledger.write(
@@ -213,10 +218,23 @@ def slow_handoff(sender: Any, *, kind: str, **details: Any) -> None:
     together then start spread out and out of step, which bunched starts in one window
     while the window was counted at claim time."""
     if kind == "test-flow-rate-handoff":
-        time.sleep(random.uniform(0, 0.6))
+        pause(random.uniform(0, 0.6))
 
 
 attempt_started.connect(slow_handoff, dispatch_uid="tests.testapp.slow_handoff")
+
+
+@workflow(
+    "test-flow-faults",
+    dedupe_key=by_key,
+    retry_schedule=SCHEDULE,
+    concurrency=2,
+    serial_key=lambda t: t.get("to"),
+    rate_limit=(10, 1),
+)
+def flow_faults(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Every limit at once, for the fault suite (restarts, kill -9, clock skew)."""
+    span("test-flow-faults", trigger)
 
 
 @workflow(
