@@ -5,7 +5,8 @@ with flow limits the same claim is narrowed, in this order:
 
 * **serial key**: a row whose key has a processing row, or an earlier-enqueued ready row
   (``ordered``: any earlier pending or processing row), is not a candidate; so at most
-  one row per key is picked, the earliest enqueued. The partial unique index
+  one row per key is picked, the earliest enqueued. Earlier-enqueued is a lower id, and
+  the ids of one key follow the commit order of their enqueues (``flow.ordering``). The partial unique index
   ``nw_serial_key_running_once`` makes a second processing row of a key impossible even
   when two runners pick at the same instant: the second claim fails and is retried.
 * **concurrency**: the free slot numbers ``0 … N-1`` are read and one is written into

@@ -226,3 +226,68 @@ def test_a_lapsed_reservation_starts_on_a_free_row_or_not_at_all(register_workfl
     starts.begin(first)
     stamp = DeferredWork.objects.get(pk=first.id).started_at
     assert window_rows(kind).get().started_at == stamp
+
+
+def advisory_lock_waiters() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("first_by", ["enqueue", "enqueue_many"])
+def test_ordered_items_of_a_key_take_their_place_by_commit_not_by_insert(
+    register_workflow: Any, first_by: str
+) -> None:
+    """Two enqueues of one key whose transactions overlap: the one that commits first is
+    the earlier-enqueued. The second waits for the first to commit before it inserts, so
+    it cannot take a lower id, nor commit first and start before the first is visible."""
+    import threading
+
+    from django.db import connections
+
+    from tests.processes import wait_for
+
+    kind = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: t["to"], ordered=True).kind
+    second: dict[str, Any] = {}
+
+    def enqueue_second() -> None:
+        try:
+            with transaction.atomic():
+                second["id"] = enqueue(kind, {"key": "second", "to": "p"})
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=enqueue_second)
+    with transaction.atomic():
+        if first_by == "enqueue":
+            first_id = enqueue(kind, {"key": "first", "to": "p"})
+        else:
+            (first_id, _) = enqueue_many(kind, [{"key": "first", "to": "p"}, {"key": "other", "to": "q"}])
+        thread.start()
+        # The second enqueue waits for our commit: it has not inserted anything.
+        wait_for(lambda: advisory_lock_waiters() == 1, timeout=30, what="the second enqueue to wait")
+        assert "id" not in second
+    thread.join(30)
+    assert int(first_id) < int(second["id"])
+    works = claimer(kind).claim_due(10)
+    assert [work.id for work in works if work.dedupe_key != "other"] == [int(first_id)]
+    finish_done(works)
+    (after,) = claimer(kind).claim_due(10)
+    assert after.id == int(second["id"])
+
+
+def test_enqueues_of_keys_on_sqlite_and_elsewhere_need_no_lock(register_workflow: Any) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: t["to"], ordered=True).kind
+    ids = [int(enqueue(kind, {"key": n, "to": "p"})) for n in range(3)]
+    ids += [int(pk) for pk in enqueue_many(kind, [{"key": n, "to": "p"} for n in range(3, 6)])]
+    assert ids == sorted(ids)
+    for expected in ids:
+        (work,) = claimer(kind).claim_due(10)
+        assert work.id == expected
+        finish_done([work])
