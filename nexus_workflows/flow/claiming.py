@@ -33,7 +33,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
@@ -114,7 +114,7 @@ def busy_starts_subquery(kind: str, flow: FlowLimits) -> Any:
             name=window_name(kind),
             key_hash=OuterRef("window_key"),
             slot__lt=limit,
-            started_at__gt=DatabaseNow() - timedelta(seconds=period),
+            started_at__gt=DatabaseNow() - windows.held_for(period),
         )
         .order_by()
         .values("name")
