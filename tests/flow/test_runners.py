@@ -36,11 +36,13 @@ def unfinished(kind: str) -> int:
 
 
 class Runners:
-    def __init__(self, count: int, *, kinds: list[str], concurrency: int = 4) -> None:
+    def __init__(
+        self, count: int, *, kinds: list[str], concurrency: int = 4, env: dict[str, str] | None = None
+    ) -> None:
         args = ["runworkflows", "--concurrency", str(concurrency)]
         for kind in kinds:
             args += ["--kind", kind]
-        self.processes = [ManagePy(*args, settings=FAST) for _ in range(count)]
+        self.processes = [ManagePy(*args, settings=FAST, env=env) for _ in range(count)]
         for process in self.processes:
             process.wait_for_output("runner started")
 
@@ -127,11 +129,12 @@ def test_rate_limit_counts_starts_across_three_runners(ledger: Path) -> None:
 
 
 def test_rate_limit_counts_the_attempts_own_starts_through_a_slow_hand_off(ledger: Path) -> None:
-    # Each attempt's start is delayed 0-0.6 s after its claim (tests/testapp: the
-    # attempt_started signal sleeps). The window must count the starts themselves: from
-    # the stamps the attempts took, the full period, no allowance.
+    # Each attempt's start is delayed 0-0.6 s after its claim (tests/testapp: with
+    # NW_TEST_SLOW_HANDOFF set, an attempt_started receiver pauses). The window must
+    # count the starts themselves: from the stamps the attempts took, the full period, no
+    # allowance.
     enqueue_many("test-flow-rate-handoff", [{"key": n, "ledger": str(ledger)} for n in range(24)])
-    runners = Runners(3, kinds=["test-flow-rate-handoff"])
+    runners = Runners(3, kinds=["test-flow-rate-handoff"], env={"NW_TEST_SLOW_HANDOFF": "1"})
     try:
         runners.drain("test-flow-rate-handoff", 90)
     finally:
