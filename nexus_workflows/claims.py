@@ -120,6 +120,8 @@ class ClaimedWork:
     # A rate-limited kind's start of its window, reserved by the claim and taken when the
     # attempt starts (nexus_workflows.flow.starts); None once started, or without a limit.
     reservation: Any = None
+    # Once started: (reservation, row, stamp) of its window start, until confirmed.
+    window_start: Any = None
 
     @property
     def is_task(self) -> bool:
@@ -615,4 +617,6 @@ def mark_started(works: Sequence[ClaimedWork], *, using: str) -> int:
     """Record that these attempts' prepare started: from now on, losing them counts."""
     if not works:
         return 0
-    return _still_processing(works, using).filter(started_at__isnull=True).update(started_at=DatabaseNow())
+    marked = _still_processing(works, using).filter(started_at__isnull=True).update(started_at=DatabaseNow())
+    starts.confirm(works)  # rate-limited attempts: running by now (flow.starts.confirm)
+    return marked

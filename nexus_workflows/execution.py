@@ -55,4 +55,7 @@ def execute(workflow: Workflow, work: ClaimedWork) -> Outcome:
         return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
     except BaseException as error:  # noqa: BLE001 - consumer code may raise anything
         return Outcome(work, Result.FAILED, error, time.perf_counter() - started)
+    finally:
+        # prepare began before this: its window start counts from now at the latest.
+        starts.confirm([work])
     return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)

@@ -21,6 +21,12 @@ from . import windows
 if TYPE_CHECKING:
     from ..claims import ClaimedWork
 
+# Seconds after a rate-limited attempt was handed to its worker thread that its runner
+# confirms the start (the start marker): long enough for the start itself (a few
+# statements) to be written first, short enough that the row is not held much longer
+# than the period (limit / (period + 0.05 + MARGIN) starts per second at most).
+CONFIRM_AFTER = 0.05
+
 
 def begin(work: ClaimedWork) -> None:
     """Start ``work``'s attempt in its rate window; nothing to do for work that reserved
@@ -32,15 +38,47 @@ def begin(work: ClaimedWork) -> None:
     if reservation is None:
         return
     with transaction.atomic(using=work.using):
-        stamp = windows.start_reserved(reservation, using=work.using)
-        if stamp is None:
+        started = windows.start_reserved(reservation, using=work.using)
+        if started is None:
             raise RateLimitTimeout(
                 f"{work.kind} #{work.id}: its reserved start of {reservation.limit} per "
                 f"{reservation.period:g}s lapsed before the attempt started, and no start is free"
             )
+        slot, stamp = started
         if work.fenced().update(started_at=stamp) != 1:
             raise ClaimLost(f"{work.kind} #{work.id}: this attempt no longer holds the work; not started")
     work.reservation = None
+    work.window_start = (reservation, slot, stamp)
+
+
+def confirm(works: Iterable[ClaimedWork]) -> None:
+    """Once an attempt is known to be running (its start marker, written a moment after
+    ``prepare`` began; or ``prepare`` returned), move its window row's stamp to now.
+
+    The database stamped the start just before ``prepare`` ran; the host reaches
+    ``prepare``'s first line a moment later (longer when the process is descheduled).
+    Counting the row from a moment known to be after that line means the next start on
+    the row comes a full period after the attempt really began, so the stamps attempts
+    take themselves never show ``limit + 1`` in a period. Best effort: a confirmation
+    that fails leaves the database's own stamp, under which the rule holds on the
+    database's clock."""
+    for work in works:
+        window_start = work.window_start
+        if window_start is None:
+            continue
+        work.window_start = None
+        reservation, slot, stamp = window_start
+        with contextlib.suppress(DatabaseError):
+            windows.confirm_start(reservation, slot, stamp, using=work.using)
+
+
+def mark_delay(works: Iterable[ClaimedWork], default: float) -> float:
+    """How long the runner's start marker may wait for company: not long when a
+    rate-limited attempt waits for it, whose window row stays held until it is
+    confirmed (``confirm``)."""
+    if any(work.reservation is not None or work.window_start is not None for work in works):
+        return min(default, CONFIRM_AFTER)
+    return default
 
 
 def give_back(works: Iterable[ClaimedWork]) -> None:

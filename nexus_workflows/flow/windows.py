@@ -182,9 +182,9 @@ def reserve_starts(
     return reserved
 
 
-def start_reserved(reservation: Reservation, *, using: str) -> datetime | None:
-    """Turn ``reservation`` into a start now (database clock) and return its stamp; None
-    when no start of the window is free. Call it inside a transaction, and write the
+def start_reserved(reservation: Reservation, *, using: str) -> tuple[int, datetime] | None:
+    """Turn ``reservation`` into a start now (database clock) and return (its row, its
+    stamp); None when no start of the window is free. Call it inside a transaction, and write the
     returned stamp as the attempt's start before committing.
 
     The reservation's own row is re-stamped while it is still reserved; if it is not
@@ -193,7 +193,7 @@ def start_reserved(reservation: Reservation, *, using: str) -> datetime | None:
     """
     mine = _slots(reservation.name, reservation.key_hash, using).filter(slot=reservation.slot)
     if mine.filter(started_at__gt=_now_plus(_FRESH_RESERVATION)).update(started_at=DatabaseNow()):
-        return mine.values_list("started_at", flat=True).get()
+        return reservation.slot, mine.values_list("started_at", flat=True).get()
     name, key, limit, period = reservation.name, reservation.key_hash, reservation.limit, reservation.period
     for _ in range(3):
         free = free_slots(name, key, limit, period, using=using)
@@ -202,8 +202,20 @@ def start_reserved(reservation: Reservation, *, using: str) -> datetime | None:
         slot = random.choice(free)
         row = _slots(name, key, using).filter(slot=slot)
         if row.filter(_free_q(period)).update(started_at=DatabaseNow()):
-            return row.values_list("started_at", flat=True).get()
+            return slot, row.values_list("started_at", flat=True).get()
     return None
+
+
+def confirm_start(reservation: Reservation, slot: int, stamp: datetime, *, using: str) -> int:
+    """Move a start's row from ``stamp`` to now: the code it started is known to be
+    running by now, so the row counts that start from no earlier than it really began
+    on its host. Only while the row still holds this start (a compare-and-set on
+    ``stamp``); a later stamp only keeps the row longer, so the ring's rule holds."""
+    return (
+        _slots(reservation.name, reservation.key_hash, using)
+        .filter(slot=slot, started_at=stamp)
+        .update(started_at=DatabaseNow())
+    )
 
 
 def give_back(reservation: Reservation, *, using: str) -> int:

@@ -193,6 +193,14 @@ def test_a_claim_reserves_a_start_and_the_attempt_takes_it_when_it_starts(regist
     assert window_rows(kind).filter(started_at__gt=database_now("default")).count() == 1
     starts.begin(works[0])  # a second call has nothing left to take
     assert window_rows(kind).filter(started_at=row.started_at).count() == 1
+    # Once prepare is known to run (its start marker, or its end), the row counts the
+    # start from then: later than the database's stamp, never earlier.
+    starts.confirm(works[:1])
+    assert works[0].window_start is None
+    assert not window_rows(kind).filter(started_at=row.started_at).exists()
+    confirmed = window_rows(kind).filter(started_at__lte=database_now("default")).get()
+    assert confirmed.started_at > row.started_at
+    assert DeferredWork.objects.get(pk=works[0].id).started_at == row.started_at
 
 
 def test_a_released_claim_gives_its_reserved_start_back(register_workflow: Any) -> None:

@@ -134,7 +134,8 @@ def test_rate_limit_counts_the_attempts_own_starts_through_a_slow_hand_off(ledge
     # count the starts themselves: from the stamps the attempts took, the full period, no
     # allowance.
     enqueue_many("test-flow-rate-handoff", [{"key": n, "ledger": str(ledger)} for n in range(24)])
-    runners = Runners(3, kinds=["test-flow-rate-handoff"], env={"NW_TEST_SLOW_HANDOFF": "1"})
+    # One thread each: a runner holds one attempt at a time, so all three take part.
+    runners = Runners(3, kinds=["test-flow-rate-handoff"], concurrency=1, env={"NW_TEST_SLOW_HANDOFF": "1"})
     try:
         runners.drain("test-flow-rate-handoff", 90)
     finally:
@@ -166,7 +167,8 @@ def test_rate_key_gives_each_key_its_own_window(ledger: Path) -> None:
 
 def test_rate_limited_inside_jobs_limits_calls_across_runners(ledger: Path) -> None:
     enqueue_many("test-flow-inside", [{"key": n, "ledger": str(ledger)} for n in range(6)])
-    runners = Runners(3, kinds=["test-flow-inside"])
+    # One thread each: a runner holds one job at a time, so the calls come from several.
+    runners = Runners(3, kinds=["test-flow-inside"], concurrency=1)
     try:
         runners.drain("test-flow-inside", 90)
     finally:
