@@ -25,9 +25,9 @@ from .ledger import max_overlap, most_starts_in_window, read_spans
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgresql]
 
 FAST = {"POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.5, "STALE_AFTER": 3, "SHUTDOWN_GRACE": 2}
-# Start stamps are taken by the bodies: rate windows are checked over the full period
-# (they count the attempts' starts, not their claims). Only lower bounds on how long a
-# drain took allow for this much jitter.
+# Start stamps are taken by the bodies: a workflow's rate window is checked over the full
+# period (it counts the attempts' confirmed starts, not their claims). Lower bounds on
+# how long a drain took, and calls of rate_limited (see that test), allow for this much.
 JITTER = 0.2
 
 
@@ -175,7 +175,11 @@ def test_rate_limited_inside_jobs_limits_calls_across_runners(ledger: Path) -> N
         runners.close()
     calls = read_spans(ledger)
     assert len(calls) == 18
-    assert most_starts_in_window(calls, 1.0) <= 4
+    # rate_limited counts the database's grants (period + 25 ms apart on a row); a call
+    # stamped after its grant lags it by its process's scheduling, tens of ms on a loaded
+    # machine, and nothing confirms it later (a workflow's start is confirmed: see the
+    # full-period checks above). So calls are checked over a window that much shorter.
+    assert most_starts_in_window(calls, 1.0 - JITTER) <= 4
     assert len({call.pid for call in calls}) >= 2
 
 
