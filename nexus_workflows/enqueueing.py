@@ -19,6 +19,7 @@ from . import json_values, signals
 from .clock import due_now
 from .delays import parse_delay
 from .exceptions import EnqueueRejected, InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
+from .flow import ordering
 from .flow.keys import flow_key_hashes
 from .limits import DEDUPE_KEY_MAX_LENGTH
 from .registry import Workflow, registry
@@ -110,6 +111,7 @@ def _enqueue_many_deferred(
     keys = list(by_key)
     try:
         with transaction.atomic(using=using):
+            ordering.lock_keys(using, workflow.kind, (serial for serial, _ in hashes.values()))
             for start in range(0, len(keys), _BULK_CHUNK):
                 chunk = keys[start : start + _BULK_CHUNK]
                 for _ in range(_DEDUPE_ROUNDS):
@@ -304,12 +306,16 @@ def _enqueue_deferred(
     using = router.db_for_write(DeferredWork)
     connection = connections[using]
     in_transaction = connection.in_atomic_block or not connection.get_autocommit()
+    # Keys of one kind take ids in their enqueues' commit order (flow.ordering).
+    serial_key = flow_hashes[0]
     for _ in range(_DEDUPE_ROUNDS):
         now = timezone.now()
         try:
             # Inside the caller's transaction a savepoint keeps a lost dedupe race from
-            # breaking it; in autocommit mode the INSERT stands alone (one round trip).
-            with transaction.atomic(using=using) if in_transaction else nullcontext():
+            # breaking it; in autocommit mode the INSERT stands alone (one round trip),
+            # unless a serial key must be locked first (see flow.ordering).
+            with transaction.atomic(using=using) if in_transaction or serial_key else nullcontext():
+                ordering.lock_keys(using, workflow.kind, [serial_key])
                 work_id = insert_pending(
                     using,
                     kind=workflow.kind,

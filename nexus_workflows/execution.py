@@ -11,6 +11,7 @@ from asgiref.sync import sync_to_async
 
 from .claims import ClaimedWork, save_checkpoints
 from .exceptions import ClaimLost
+from .flow import starts
 from .registry import Workflow
 
 
@@ -42,6 +43,8 @@ def execute(workflow: Workflow, work: ClaimedWork) -> Outcome:
 
     started = time.perf_counter()
     try:
+        # A rate-limited kind's attempt starts here, in its window (the claim reserved it).
+        starts.begin(work)
         if workflow.runs_task:
             workflow.run_task(work)  # type: ignore[attr-defined]
         elif workflow.is_async:
@@ -52,4 +55,7 @@ def execute(workflow: Workflow, work: ClaimedWork) -> Outcome:
         return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
     except BaseException as error:  # noqa: BLE001 - consumer code may raise anything
         return Outcome(work, Result.FAILED, error, time.perf_counter() - started)
+    finally:
+        # prepare began before this: its window start counts from now at the latest.
+        starts.confirm([work])
     return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)

@@ -43,6 +43,7 @@ from .claims import ClaimedWork, Claimer
 from .conf import app_settings
 from .exceptions import UnknownQueue, UnknownWorkflow, is_permanent
 from .execution import Outcome, Result, execute
+from .flow import starts as flow_starts
 from .history import describe_error
 from .limits import OUTAGE_RELEASES_MAX, UNSTARTED_LOSSES_MAX
 from .models import DeferredWork
@@ -389,7 +390,9 @@ class Runner:
                     return
                 try:
                     if self._mark_wanted.is_set():
-                        self._helpers_stop.wait(min(_MARK_STARTED_DELAY, self.heartbeat_interval))
+                        with self._lock:
+                            delay = flow_starts.mark_delay(self._unmarked.values(), _MARK_STARTED_DELAY)
+                        self._helpers_stop.wait(min(delay, self.heartbeat_interval))
                         self._mark_wanted.clear()
                         self._mark_started()
                     if time.monotonic() >= next_beat:

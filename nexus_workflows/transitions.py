@@ -37,6 +37,7 @@ from . import json_values
 from .clock import DatabaseNow, database_now, now_plus
 from .exceptions import ClaimLost, InvalidCheckpoint, WorkerLost
 from .expressions import JSONAppend, JSONDropLast
+from .flow import starts
 from .history import append_entry
 from .models import DeferredWork, Status
 from .sql.returning import can_return_from_update, update_returning
@@ -72,6 +73,11 @@ class ClaimedWork:
     return_value: Any = None
     error_record: dict[str, str] | None = None
     task_result: Any = None
+    # A rate-limited kind's start of its window, reserved by the claim and taken when the
+    # attempt starts (nexus_workflows.flow.starts); None once started, or without a limit.
+    reservation: Any = None
+    # Once started: (reservation, row, stamp) of its window start, until confirmed.
+    window_start: Any = None
 
     @property
     def is_task(self) -> bool:
@@ -292,6 +298,7 @@ def release_after_outage(work: ClaimedWork, *, delay: timedelta, error: str) -> 
     history = append_entry(
         work.history, attempt=work.attempt, outcome="released", reason="database unavailable", error=error
     )
+    starts.give_back([work])
     return (
         work.fenced().update(
             status=Status.PENDING,
@@ -308,6 +315,7 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
     history = append_entry(
         work.history, attempt=work.attempt, outcome="abandoned", reason=reason, error=error
     )
+    starts.give_back([work])
     return (
         work.fenced().update(
             status=Status.ABANDONED,
@@ -334,6 +342,8 @@ def record_lost(work: ClaimedWork) -> bool:
 def release(works: Iterable[ClaimedWork]) -> int:
     """Give claims back at shutdown: pending, due now, attempt unchanged."""
     released = 0
+    works = list(works)
+    starts.give_back(works)  # their attempts never started: nor did their rate starts
     by_claim: dict[tuple[str, str], list[int]] = {}
     for work in works:
         by_claim.setdefault((work.using, work.claim_token), []).append(work.id)
@@ -373,4 +383,6 @@ def mark_started(works: Sequence[ClaimedWork], *, using: str) -> int:
     """Record that these attempts' prepare started: from now on, losing them counts."""
     if not works:
         return 0
-    return _still_processing(works, using).filter(started_at__isnull=True).update(started_at=DatabaseNow())
+    marked = _still_processing(works, using).filter(started_at__isnull=True).update(started_at=DatabaseNow())
+    starts.confirm(works)  # rate-limited attempts: running by now (flow.starts.confirm)
+    return marked

@@ -4,7 +4,6 @@ crashes, shared work, shutdown and database outages."""
 from __future__ import annotations
 
 import io
-import sysconfig
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,6 +17,7 @@ from django.db.models import Count
 
 from nexus_workflows import enqueue
 from nexus_workflows.models import DeferredWork, Status
+from tests.faults.servers import under_faketime
 from tests.processes import ManagePy, overlapping, read_intervals, url_of_test_database, wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
@@ -272,20 +272,6 @@ def test_runner_survives_the_database_going_away() -> None:
     assert "database reachable again" in output
     assert DeferredWork.objects.filter(status=Status.DONE).count() == 400
     assert set(ledger_keys("test-ledger")) == {str(n) for n in range(400)}  # no work lost
-
-
-def under_faketime(offset: str) -> dict[str, Any]:
-    """ManagePy options that run the process with its wall clock moved by ``offset``:
-    Debian's libfaketime preloaded into the Python process itself (the ``faketime``
-    wrapper forks, so a test could not signal the runner by its pid), monotonic clocks
-    left alone so timeouts still work. (libfaketime 0.9.10 makes ``time.sleep`` fail with
-    EINVAL then; waits on events and conditions are fine, and the runner uses only those.)"""
-    library = Path(
-        f"/usr/lib/{sysconfig.get_config_var('MULTIARCH') or 'x86_64-linux-gnu'}/faketime/libfaketime.so.1"
-    )
-    if not library.exists():
-        pytest.fail(f"{library} is missing: bin/test installs Debian's faketime")
-    return {"env": {"LD_PRELOAD": str(library), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}}
 
 
 @pytest.mark.slow

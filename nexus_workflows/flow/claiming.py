@@ -5,7 +5,8 @@ with flow limits the same claim is narrowed, in this order:
 
 * **serial key**: a row whose key has a processing row, or an earlier-enqueued ready row
   (``ordered``: any earlier pending or processing row), is not a candidate; so at most
-  one row per key is picked, the earliest enqueued. The partial unique index
+  one row per key is picked, the earliest enqueued. Earlier-enqueued is a lower id, and
+  the ids of one key follow the commit order of their enqueues (``flow.ordering``). The partial unique index
   ``nw_serial_key_running_once`` makes a second processing row of a key impossible even
   when two runners pick at the same instant: the second claim fails and is retried.
 * **concurrency**: the free slot numbers ``0 … N-1`` are read and one is written into
@@ -13,10 +14,12 @@ with flow limits the same claim is narrowed, in this order:
   holds a slot to one processing row. A slot is given back by the write that ends the
   attempt and kept by a reclaim, so a dead runner's slots come back exactly when its work
   is reclaimed.
-* **rate**: starts are taken from the kind's (or the rate key's) sliding window in the
-  same transaction as the claim; if fewer are granted than rows were claimed, the whole
-  transaction is rolled back and the claim retried smaller, so a start is never counted
-  without a claim nor a claim made without its start.
+* **rate**: a start of the kind's (or the rate key's) sliding window is reserved for
+  each row in the same transaction as the claim; if fewer are granted than rows were
+  claimed, the whole transaction is rolled back and the claim retried smaller, so no
+  claim is made without its start. The reservation becomes the start when the attempt
+  starts (``flow.starts.begin``, on the database clock), so the window counts the
+  attempts' own start stamps, not their claims.
 
 Nothing here locks rows (no ``SELECT … FOR UPDATE``): unique constraints and
 compare-and-set updates decide, as everywhere else in the app.
@@ -30,7 +33,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
@@ -111,7 +114,7 @@ def busy_starts_subquery(kind: str, flow: FlowLimits) -> Any:
             name=window_name(kind),
             key_hash=OuterRef("window_key"),
             slot__lt=limit,
-            started_at__gt=DatabaseNow() - timedelta(seconds=period),
+            started_at__gt=DatabaseNow() - windows.held_for(period),
         )
         .order_by()
         .values("name")
@@ -353,11 +356,13 @@ class FlowClaimer:
         return works
 
     def _take_starts(self, kind: str, flow: FlowLimits, works: list[ClaimedWork]) -> int:
+        """Reserve a start of the window for each claimed row (counted when the attempt
+        starts: ``flow.starts``); returns how many were reserved."""
         assert flow.rate_limit is not None
         limit, period = flow.rate_limit
-        by_key: dict[str, int] = defaultdict(int)
+        by_key: dict[str, list[ClaimedWork]] = defaultdict(list)
         if flow.rate_key is None:
-            by_key[""] = len(works)
+            by_key[""] = list(works)
         else:
             hashes = dict(
                 DeferredWork.objects.using(self.using)
@@ -365,12 +370,16 @@ class FlowClaimer:
                 .values_list("pk", "rate_key_hash")
             )
             for work in works:
-                by_key[window_key_of(hashes.get(work.id))] += 1
+                by_key[window_key_of(hashes.get(work.id))].append(work)
         granted = 0
-        for key, wanted in by_key.items():
-            got = windows.take_starts(window_name(kind), key, limit, period, wanted, using=self.using)
-            granted += got
-            if got < wanted:
+        for key, group in by_key.items():
+            reserved = windows.reserve_starts(
+                window_name(kind), key, limit, period, len(group), using=self.using
+            )
+            for work, reservation in zip(group, reserved, strict=False):
+                work.reservation = reservation
+            granted += len(reserved)
+            if len(reserved) < len(group):
                 break  # the transaction rolls back: no need to take the rest
         return granted
 

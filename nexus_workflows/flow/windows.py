@@ -5,13 +5,23 @@ A window of ``limit`` starts per ``period`` seconds is a ring of ``limit`` rows 
 row whose last start is at least ``period`` old, by compare-and-set on the database's
 clock::
 
-    UPDATE … SET started_at = now() WHERE name = … AND slot IN (…) AND started_at <= now() - period
+    UPDATE … SET started_at = now() WHERE name = … AND slot IN (…)
+        AND started_at <= now() - (period + MARGIN)
 
-Two starts on one row are therefore at least ``period`` apart, and by the pigeonhole
-principle no ``period``-long window ever holds more than ``limit`` starts, however many
-processes take slots at once. No row is ever deleted while it could still count, and
-rows are made once per (name, key hash), so the table stays small and nothing needs a
-lock or a clock but the database's.
+Two starts on one row are therefore at least ``period`` apart (``period + MARGIN``: see
+``MARGIN``), and by the pigeonhole principle no ``period``-long window ever holds more
+than ``limit`` starts, however many processes take slots at once. No row is ever
+deleted while it could still count, and rows are made once per (name, key hash), so the
+table stays small and nothing needs a lock or a clock but the database's.
+
+A workflow's ``rate_limit`` counts the moment an attempt *starts*, which comes a little
+after its claim (the hand-off to a worker thread). So the claim only *reserves* a row
+(:func:`reserve_starts`: its ``started_at`` is set ``RESERVED_FOR`` seconds into the
+future, so nobody else can take it), and the attempt's start stamps it with the
+database's now, the very value written to the work's ``started_at``
+(:func:`start_reserved`). A reservation is only ever made on a row that was free, so
+its row's last start is at least ``period`` older than the reservation, and older still
+than the start that replaces it: the ring's rule holds for the starts themselves.
 """
 
 from __future__ import annotations
@@ -21,12 +31,13 @@ import logging
 import math
 import random
 import time
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import router
-from django.db.models import Case, Q, Value, When
+from django.db.models import Case, DateTimeField, DurationField, ExpressionWrapper, Q, Value, When
 
 from ..clock import DatabaseNow
 from ..exceptions import InvalidRateLimit, RateLimitTimeout
@@ -41,6 +52,40 @@ _NEVER = "1970-01-01T00:00:00+00:00"
 # process may have been given a slot back by a rollback.
 _MAX_NAP = 1.0
 
+# Seconds a start keeps its row beyond the period. The database stamps a start, and the
+# code it starts (prepare, or the block of rate_limited) runs a moment later on its host:
+# a few milliseconds on a quiet machine, more when it is loaded. Without a margin, the
+# stamps that code takes itself could show limit + 1 starts in one period by that much
+# (measured: 2.5-4 ms short of the period with three runners on a quiet machine). It
+# costs limit / (period + MARGIN) at most: 19.5 starts/s of 20.
+MARGIN = 0.025
+
+# Seconds a claim's reservation of a start stays taken without its attempt starting: far
+# longer than any hand-off from a claim to a worker thread. A reservation whose runner
+# died before the start is free again ``RESERVED_FOR + period`` after the claim; one
+# given back (a shutdown's release, an outage) is free at once.
+RESERVED_FOR = 30.0
+# A start re-stamps its reservation only if the reservation is this young: a row's
+# stamp later than ``now + RESERVED_FOR / 2`` can only be a reservation (starts are
+# stamped with the database's now), which two racing starts can never both re-stamp.
+_FRESH_RESERVATION = RESERVED_FOR / 2
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A start of a window that a claim reserved for one attempt."""
+
+    name: str
+    key_hash: str
+    slot: int
+    limit: int
+    period: float
+
+
+def _now_plus(seconds: float) -> Any:
+    later = DatabaseNow() + Value(timedelta(seconds=seconds), output_field=DurationField())
+    return ExpressionWrapper(later, output_field=DateTimeField())
+
 
 def _slots(name: str, key_hash: str, using: str) -> Any:
     from ..models import FlowWindowSlot
@@ -48,8 +93,13 @@ def _slots(name: str, key_hash: str, using: str) -> Any:
     return FlowWindowSlot.objects.using(using).filter(name=name, key_hash=key_hash)
 
 
+def held_for(period: float) -> timedelta:
+    """How long a start keeps its row: the period and ``MARGIN``."""
+    return timedelta(seconds=period + MARGIN)
+
+
 def _free_q(period: float) -> Q:
-    return Q(started_at__lte=DatabaseNow() - timedelta(seconds=period))
+    return Q(started_at__lte=DatabaseNow() - held_for(period))
 
 
 def _ensure_ring(name: str, key_hash: str, limit: int, present: set[int], using: str) -> None:
@@ -108,6 +158,77 @@ def take_starts(name: str, key_hash: str, limit: int, period: float, wanted: int
     return taken
 
 
+def reserve_starts(
+    name: str, key_hash: str, limit: int, period: float, wanted: int, *, using: str
+) -> list[Reservation]:
+    """Reserve up to ``wanted`` starts of the window for attempts about to start (see the
+    module docstring); returns the reservations made. Inside the caller's transaction,
+    like :func:`take_starts`: a rolled-back claim reserved nothing."""
+    reserved: list[Reservation] = []
+    for _ in range(3):  # a slot we picked may be taken by another process meanwhile
+        free = free_slots(name, key_hash, limit, period, using=using)
+        if not free:
+            break
+        for slot in random.sample(free, min(wanted - len(reserved), len(free))):
+            taken = (
+                _slots(name, key_hash, using)
+                .filter(_free_q(period), slot=slot)
+                .update(started_at=_now_plus(RESERVED_FOR))
+            )
+            if taken:
+                reserved.append(Reservation(name, key_hash, slot, limit, period))
+        if len(reserved) >= wanted:
+            break
+    return reserved
+
+
+def start_reserved(reservation: Reservation, *, using: str) -> tuple[int, datetime] | None:
+    """Turn ``reservation`` into a start now (database clock) and return (its row, its
+    stamp); None when no start of the window is free. Call it inside a transaction, and write the
+    returned stamp as the attempt's start before committing.
+
+    The reservation's own row is re-stamped while it is still reserved; if it is not
+    (it outlived ``RESERVED_FOR``, or a racing start took it), any free row is taken,
+    under the ring's usual rule.
+    """
+    mine = _slots(reservation.name, reservation.key_hash, using).filter(slot=reservation.slot)
+    if mine.filter(started_at__gt=_now_plus(_FRESH_RESERVATION)).update(started_at=DatabaseNow()):
+        return reservation.slot, mine.values_list("started_at", flat=True).get()
+    name, key, limit, period = reservation.name, reservation.key_hash, reservation.limit, reservation.period
+    for _ in range(3):
+        free = free_slots(name, key, limit, period, using=using)
+        if not free:
+            return None
+        slot = random.choice(free)
+        row = _slots(name, key, using).filter(slot=slot)
+        if row.filter(_free_q(period)).update(started_at=DatabaseNow()):
+            return slot, row.values_list("started_at", flat=True).get()
+    return None
+
+
+def confirm_start(reservation: Reservation, slot: int, stamp: datetime, *, using: str) -> int:
+    """Move a start's row from ``stamp`` to now: the code it started is known to be
+    running by now, so the row counts that start from no earlier than it really began
+    on its host. Only while the row still holds this start (a compare-and-set on
+    ``stamp``); a later stamp only keeps the row longer, so the ring's rule holds."""
+    return (
+        _slots(reservation.name, reservation.key_hash, using)
+        .filter(slot=slot, started_at=stamp)
+        .update(started_at=DatabaseNow())
+    )
+
+
+def give_back(reservation: Reservation, *, using: str) -> int:
+    """Free a reservation whose attempt will not start (a released claim): its row is
+    stamped ``period`` (and ``MARGIN``) ago, which is no later than its last real start could be (the row
+    was free when it was reserved), so the ring's rule still holds."""
+    return (
+        _slots(reservation.name, reservation.key_hash, using)
+        .filter(slot=reservation.slot, started_at__gt=_now_plus(_FRESH_RESERVATION))
+        .update(started_at=_now_plus(-(reservation.period + MARGIN)))
+    )
+
+
 def busy_count(name: str, key_hash: str, limit: int, period: float, *, using: str) -> int:
     """Starts of the window within the last ``period`` (database clock)."""
     rows = _slots(name, key_hash, using).filter(slot__lt=limit)
@@ -128,7 +249,7 @@ def seconds_until_free(name: str, key_hash: str, limit: int, period: float, *, u
     if oldest is None:
         return 0.0
     started_at, now = oldest
-    return max(0.0, (started_at + timedelta(seconds=period) - now).total_seconds())
+    return max(0.0, (started_at + held_for(period) - now).total_seconds())
 
 
 def prune(*, using: str, older_than: float = 3600.0) -> int:

@@ -2,14 +2,17 @@
 
 * :class:`DatabaseCollector` asks the database at scrape time (any process may expose
   it; :func:`nexus_workflows.views.metrics` does):
-  ``nexus_workflows_work{kind,status}``, ``nexus_workflows_oldest_due_age_seconds{kind}``
-  and ``nexus_workflows_runners{state}``.
+  ``nexus_workflows_work{kind,status}``, ``nexus_workflows_oldest_due_age_seconds{kind}``,
+  ``nexus_workflows_runners{state}`` and, for kinds with flow limits (issue 19),
+  ``nexus_workflows_flow_slots_in_use{kind}`` and
+  ``nexus_workflows_flow_waiting{kind,limit}`` (limit: key, slot or rate).
 * :class:`RunnerMetrics` counts what one runner does and serves both on
   ``runworkflows --metrics-port``: ``nexus_workflows_attempts_total{kind,outcome}``,
   ``nexus_workflows_attempt_duration_seconds{kind}``, ``nexus_workflows_in_flight``,
   ``nexus_workflows_claims_total``, ``nexus_workflows_database_outages_total``.
 
-Labels are kinds, statuses and outcomes only: never a dedupe key, a trigger or an error.
+Labels are kinds, statuses, outcomes and limit names only: never a dedupe key, a serial
+or rate key, a trigger or an error.
 """
 
 from __future__ import annotations
@@ -71,12 +74,27 @@ class DatabaseCollector(Collector):
             "runworkflows processes seen within STALE_AFTER (alive) or not (dead).",
             labels=["state"],
         )
+        yield GaugeMetricFamily(
+            "nexus_workflows_flow_slots_in_use",
+            "Attempts of a kind with flow limits running now, across all runners (its concurrency "
+            "slots in use).",
+            labels=["kind"],
+        )
+        yield GaugeMetricFamily(
+            "nexus_workflows_flow_waiting",
+            "Due items of a kind with flow limits that wait, by the limit holding them back "
+            "(key: a serial key; slot: concurrency; rate: the rate window).",
+            labels=["kind", "limit"],
+        )
 
     def collect(self) -> Iterable[Any]:
-        work, oldest, runners = self._families()
+        from ..flow.report import flow_metrics
+
+        work, oldest, runners, slots, waiting = self._families()
         try:
             figures = work_figures(self.using)
             alive, dead = count_alive(self.using)
+            flow = flow_metrics(using=self.using)
         except DatabaseError as error:
             if not self.swallow_errors:
                 raise
@@ -93,7 +111,12 @@ class DatabaseCollector(Collector):
             oldest.add_metric([kind], figures.oldest_due_age(kind))
         runners.add_metric(["alive"], alive)
         runners.add_metric(["dead"], dead)
-        return [work, oldest, runners]
+        for kind, numbers in flow.items():
+            slots.add_metric([kind], numbers["slots_in_use"])
+            for name, n in numbers.items():
+                if name.startswith("waiting_"):
+                    waiting.add_metric([kind, name.removeprefix("waiting_")], n)
+        return [work, oldest, runners, slots, waiting]
 
 
 def database_registry(using: str = "default") -> CollectorRegistry:

@@ -10,9 +10,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +44,20 @@ def _postgres_bin() -> Path:
         return Path(found).resolve().parent
     missing("PostgreSQL's initdb")
     raise AssertionError("unreachable")
+
+
+def under_faketime(offset: str) -> dict[str, Any]:
+    """ManagePy options that run the process with its wall clock moved by ``offset``:
+    Debian's libfaketime preloaded into the Python process itself (the ``faketime``
+    wrapper forks, so a test could not signal the runner by its pid), monotonic clocks
+    left alone so timeouts still work. (libfaketime 0.9.10 makes ``time.sleep`` fail with
+    EINVAL then; waits on events and conditions are fine, and the runner uses only those.)"""
+    library = Path(
+        f"/usr/lib/{sysconfig.get_config_var('MULTIARCH') or 'x86_64-linux-gnu'}/faketime/libfaketime.so.1"
+    )
+    if not library.exists():
+        pytest.fail(f"{library} is missing: bin/test installs Debian's faketime")
+    return {"env": {"LD_PRELOAD": str(library), "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}}
 
 
 class PrivatePostgres:

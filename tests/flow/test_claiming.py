@@ -163,3 +163,139 @@ def test_a_reclaim_keeps_its_slot_and_takes_a_start(register_workflow: Any) -> N
     assert DeferredWork.objects.get(pk=work.id).flow_slot == 0
     DeferredWork.objects.filter(pk=work.id).update(heartbeat_at=timezone.now() - timedelta(hours=1))
     assert claimer(kind).claim_stale(10, stale_after=timedelta(minutes=5)) == []  # rate: 2 used
+
+
+def window_rows(kind: str) -> Any:
+    from nexus_workflows.models import FlowWindowSlot
+
+    return FlowWindowSlot.objects.filter(name=window_name(kind))
+
+
+def test_a_claim_reserves_a_start_and_the_attempt_takes_it_when_it_starts(register_workflow: Any) -> None:
+    from nexus_workflows.clock import database_now
+    from nexus_workflows.flow import starts
+
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(2, 60)).kind
+    enqueue_many(kind, [{"key": n} for n in range(3)])
+    works = claimer(kind).claim_due(10)
+    assert len(works) == 2
+    # Reserved, not started: stamped in the future, so nobody else can take them.
+    assert window_rows(kind).filter(started_at__gt=database_now("default")).count() == 2
+    assert claimer(kind).claim_due(10) == []
+    before = database_now("default")
+    starts.begin(works[0])
+    assert works[0].reservation is None
+    row = DeferredWork.objects.get(pk=works[0].id)
+    assert row.started_at is not None
+    assert row.started_at >= before
+    # The window counts the attempt's own start: the very stamp of its started_at.
+    assert window_rows(kind).filter(started_at=row.started_at).count() == 1
+    assert window_rows(kind).filter(started_at__gt=database_now("default")).count() == 1
+    starts.begin(works[0])  # a second call has nothing left to take
+    assert window_rows(kind).filter(started_at=row.started_at).count() == 1
+    # Once prepare is known to run (its start marker, or its end), the row counts the
+    # start from then: later than the database's stamp, never earlier.
+    starts.confirm(works[:1])
+    assert works[0].window_start is None
+    assert not window_rows(kind).filter(started_at=row.started_at).exists()
+    confirmed = window_rows(kind).filter(started_at__lte=database_now("default")).get()
+    assert confirmed.started_at > row.started_at
+    assert DeferredWork.objects.get(pk=works[0].id).started_at == row.started_at
+
+
+def test_a_released_claim_gives_its_reserved_start_back(register_workflow: Any) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(2, 60)).kind
+    enqueue_many(kind, [{"key": n} for n in range(3)])
+    works = claimer(kind).claim_due(10)
+    assert len(works) == 2
+    release(works[:1])  # a shutdown before the attempt started: no start was counted
+    assert len(claimer(kind).claim_due(10)) == 1
+    assert claimer(kind).claim_due(10) == []
+
+
+def test_a_lapsed_reservation_starts_on_a_free_row_or_not_at_all(register_workflow: Any) -> None:
+    from datetime import timedelta
+
+    from nexus_workflows.clock import database_now
+    from nexus_workflows.exceptions import RateLimitTimeout
+    from nexus_workflows.flow import starts
+
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(1, 60)).kind
+    enqueue_many(kind, [{"key": n} for n in range(2)])
+    (first,) = claimer(kind).claim_due(10)
+    # The hand-off outlived the reservation and another runner's attempt started on the
+    # row meanwhile: there is no free start, and the attempt must not start.
+    window_rows(kind).update(started_at=database_now("default") - timedelta(seconds=1))
+    with pytest.raises(RateLimitTimeout, match="lapsed before the attempt started"):
+        starts.begin(first)
+    assert DeferredWork.objects.get(pk=first.id).started_at is None  # nothing written
+    # Once the row is free again, the late attempt takes it as a start of its own.
+    window_rows(kind).update(started_at=database_now("default") - timedelta(seconds=61))
+    starts.begin(first)
+    stamp = DeferredWork.objects.get(pk=first.id).started_at
+    assert window_rows(kind).get().started_at == stamp
+
+
+def advisory_lock_waiters() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("first_by", ["enqueue", "enqueue_many"])
+def test_ordered_items_of_a_key_take_their_place_by_commit_not_by_insert(
+    register_workflow: Any, first_by: str
+) -> None:
+    """Two enqueues of one key whose transactions overlap: the one that commits first is
+    the earlier-enqueued. The second waits for the first to commit before it inserts, so
+    it cannot take a lower id, nor commit first and start before the first is visible."""
+    import threading
+
+    from django.db import connections
+
+    from tests.processes import wait_for
+
+    kind = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: t["to"], ordered=True).kind
+    second: dict[str, Any] = {}
+
+    def enqueue_second() -> None:
+        try:
+            with transaction.atomic():
+                second["id"] = enqueue(kind, {"key": "second", "to": "p"})
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=enqueue_second)
+    with transaction.atomic():
+        if first_by == "enqueue":
+            first_id = enqueue(kind, {"key": "first", "to": "p"})
+        else:
+            (first_id, _) = enqueue_many(kind, [{"key": "first", "to": "p"}, {"key": "other", "to": "q"}])
+        thread.start()
+        # The second enqueue waits for our commit: it has not inserted anything.
+        wait_for(lambda: advisory_lock_waiters() == 1, timeout=30, what="the second enqueue to wait")
+        assert "id" not in second
+    thread.join(30)
+    assert int(first_id) < int(second["id"])
+    works = claimer(kind).claim_due(10)
+    assert [work.id for work in works if work.dedupe_key != "other"] == [int(first_id)]
+    finish_done(works)
+    (after,) = claimer(kind).claim_due(10)
+    assert after.id == int(second["id"])
+
+
+def test_enqueues_of_keys_on_sqlite_and_elsewhere_need_no_lock(register_workflow: Any) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: t["to"], ordered=True).kind
+    ids = [int(enqueue(kind, {"key": n, "to": "p"})) for n in range(3)]
+    ids += [int(pk) for pk in enqueue_many(kind, [{"key": n, "to": "p"} for n in range(3, 6)])]
+    assert ids == sorted(ids)
+    for expected in ids:
+        (work,) = claimer(kind).claim_due(10)
+        assert work.id == expected
+        finish_done([work])

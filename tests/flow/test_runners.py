@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from nexus_workflows import enqueue, enqueue_many
-from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.clock import database_now
+from nexus_workflows.models import DeferredWork, FlowWindowSlot, Status
 from tests.processes import ManagePy, wait_for
 
 from .ledger import max_overlap, most_starts_in_window, read_spans
@@ -24,9 +25,9 @@ from .ledger import max_overlap, most_starts_in_window, read_spans
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgresql]
 
 FAST = {"POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.5, "STALE_AFTER": 3, "SHUTDOWN_GRACE": 2}
-# Start stamps are taken by the bodies, a few milliseconds after the database granted the
-# start; windows are checked this much shorter than the period so that dispatch jitter
-# between two runners is not mistaken for a breach.
+# Start stamps are taken by the bodies: a workflow's rate window is checked over the full
+# period (it counts the attempts' confirmed starts, not their claims). Lower bounds on
+# how long a drain took, and calls of rate_limited (see that test), allow for this much.
 JITTER = 0.2
 
 
@@ -35,11 +36,13 @@ def unfinished(kind: str) -> int:
 
 
 class Runners:
-    def __init__(self, count: int, *, kinds: list[str], concurrency: int = 4) -> None:
+    def __init__(
+        self, count: int, *, kinds: list[str], concurrency: int = 4, env: dict[str, str] | None = None
+    ) -> None:
         args = ["runworkflows", "--concurrency", str(concurrency)]
         for kind in kinds:
             args += ["--kind", kind]
-        self.processes = [ManagePy(*args, settings=FAST) for _ in range(count)]
+        self.processes = [ManagePy(*args, settings=FAST, env=env) for _ in range(count)]
         for process in self.processes:
             process.wait_for_output("runner started")
 
@@ -120,9 +123,31 @@ def test_rate_limit_counts_starts_across_three_runners(ledger: Path) -> None:
         runners.close()
     spans = read_spans(ledger)
     assert len(spans) == 25
-    assert most_starts_in_window(spans, 1.0 - JITTER) <= 5
+    assert most_starts_in_window(spans, 1.0) <= 5
     starts = sorted(span.started for span in spans)
     assert starts[-1] - starts[0] >= 25 / 5 - 1 - JITTER  # 25 starts need four full windows
+
+
+def test_rate_limit_counts_the_attempts_own_starts_through_a_slow_hand_off(ledger: Path) -> None:
+    # Each attempt's start is delayed 0-0.6 s after its claim (tests/testapp: with
+    # NW_TEST_SLOW_HANDOFF set, an attempt_started receiver pauses). The window must
+    # count the starts themselves: from the stamps the attempts took, the full period, no
+    # allowance.
+    enqueue_many("test-flow-rate-handoff", [{"key": n, "ledger": str(ledger)} for n in range(24)])
+    # One thread each: a runner holds one attempt at a time, so all three take part.
+    runners = Runners(3, kinds=["test-flow-rate-handoff"], concurrency=1, env={"NW_TEST_SLOW_HANDOFF": "1"})
+    try:
+        runners.drain("test-flow-rate-handoff", 90)
+    finally:
+        runners.close()
+    spans = read_spans(ledger)
+    assert len(spans) == 24
+    assert most_starts_in_window(spans, 1.0) <= 4
+    assert len({span.pid for span in spans}) >= 2
+    # The window's rows hold no reservation once everything started.
+    rows = FlowWindowSlot.objects.filter(name="workflow:test-flow-rate-handoff")
+    assert rows.count() == 4
+    assert not rows.filter(started_at__gt=database_now("default")).exists()
 
 
 def test_rate_key_gives_each_key_its_own_window(ledger: Path) -> None:
@@ -136,19 +161,24 @@ def test_rate_key_gives_each_key_its_own_window(ledger: Path) -> None:
     spans = read_spans(ledger)
     assert len(spans) == 12
     for sender in ("sender-0", "sender-1"):
-        assert most_starts_in_window([s for s in spans if s.group == sender], 1.0 - JITTER) <= 2
-    assert most_starts_in_window(spans, 1.0 - JITTER) >= 3  # the two keys did not share one window
+        assert most_starts_in_window([s for s in spans if s.group == sender], 1.0) <= 2
+    assert most_starts_in_window(spans, 1.0) >= 3  # the two keys did not share one window
 
 
 def test_rate_limited_inside_jobs_limits_calls_across_runners(ledger: Path) -> None:
     enqueue_many("test-flow-inside", [{"key": n, "ledger": str(ledger)} for n in range(6)])
-    runners = Runners(3, kinds=["test-flow-inside"])
+    # One thread each: a runner holds one job at a time, so the calls come from several.
+    runners = Runners(3, kinds=["test-flow-inside"], concurrency=1)
     try:
         runners.drain("test-flow-inside", 90)
     finally:
         runners.close()
     calls = read_spans(ledger)
     assert len(calls) == 18
+    # rate_limited counts the database's grants (period + 25 ms apart on a row); a call
+    # stamped after its grant lags it by its process's scheduling, tens of ms on a loaded
+    # machine, and nothing confirms it later (a workflow's start is confirmed: see the
+    # full-period checks above). So calls are checked over a window that much shorter.
     assert most_starts_in_window(calls, 1.0 - JITTER) <= 4
     assert len({call.pid for call in calls}) >= 2
 

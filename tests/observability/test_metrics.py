@@ -222,3 +222,51 @@ def test_an_outage_is_counted_once_and_no_outcome_count_is_lost_or_doubled() -> 
     done = reported["done"]
     label = (("kind", "test-ledger"), ("outcome", "done"))
     assert found[("nexus_workflows_attempts_total", label)] == done
+
+
+@pytest.mark.slow
+def test_flow_limits_are_exported_per_kind_over_http_with_no_key(live_server: Any, tmp_path: Any) -> None:
+    """Slots in use and items waiting per limit, for a kind with every limit
+    (``test-flow-faults``: concurrency=2, a serial key, 10 starts a second), from a
+    runner's endpoint and from the view, each over real HTTP. Labels are kinds and limit
+    names: never a key (here phone numbers) nor a dedupe key."""
+    kind = "test-flow-faults"
+    ledger = str(tmp_path / "ledger")
+    phones = [f"+52155500{n:04d}" for n in range(5)]
+    for n, phone in enumerate(phones[:2]):  # two attempts that hang: both slots in use
+        hang = str(tmp_path / f"h{n}")
+        enqueue(kind, {"key": f"hung-{n}", "to": phone, "ledger": ledger, "hang_file": hang})
+    process = ManagePy("runworkflows", "--kind", kind, "--metrics-port", "0", settings=FAST)
+    try:
+        process.wait_for_output("/metrics")
+        port = int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", process.output()).group(1))
+        wait_for(lambda: all((tmp_path / f"h{n}").exists() for n in range(2)), timeout=30, what="two hung")
+        # Two more of the hung items' keys (held by their key) and three of other keys
+        # (held by the two slots).
+        enqueue(kind, {"key": "later-0", "to": phones[0], "ledger": ledger})
+        enqueue(kind, {"key": "later-1", "to": phones[1], "ledger": ledger})
+        for n, phone in enumerate(phones[2:]):
+            enqueue(kind, {"key": f"other-{n}", "to": phone, "ledger": ledger})
+        expected = {"key": 2, "slot": 3, "rate": 0}
+
+        def flow_samples(body: str) -> tuple[float | None, dict[str, float | None]]:
+            found = samples(body)
+            in_use = found.get(("nexus_workflows_flow_slots_in_use", (("kind", kind),)))
+            waits = {
+                limit: found.get(("nexus_workflows_flow_waiting", (("kind", kind), ("limit", limit))))
+                for limit in expected
+            }
+            return in_use, waits
+
+        wait_for(lambda: flow_samples(scrape(port)) == (2, expected), timeout=10, what="the flow figures")
+        from_runner = scrape(port)
+        with urllib.request.urlopen(f"{live_server.url}/internal/metrics", timeout=10) as response:
+            from_view = response.read().decode()
+    finally:
+        process.close()  # kill -9: the hung attempts need no shutdown
+    assert flow_samples(from_view) == (2, expected)
+    for body in (from_runner, from_view):
+        for phone in phones:
+            assert phone not in body
+        assert "hung-" not in body
+        assert "later-" not in body

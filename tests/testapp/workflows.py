@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import redis
 from django.conf import settings
 
 from nexus_workflows import PermanentError, workflow
+from nexus_workflows.signals import attempt_started
 
 from .models import Ledger
 
@@ -158,12 +160,17 @@ def ff_file(trigger: dict[str, Any]) -> None:
 # app's own counters.
 
 
+def pause(seconds: float) -> None:
+    # Not time.sleep: under libfaketime (the clock-skew fault tests) it fails with EINVAL.
+    threading.Event().wait(seconds)
+
+
 def span(kind: str, trigger: dict[str, Any], body: Any = None) -> None:
     started = time.time()
     if trigger.get("hang_file") and not Path(trigger["hang_file"]).exists():
         Path(trigger["hang_file"]).write_text(str(os.getpid()))
-        time.sleep(600)
-    time.sleep(trigger.get("sleep", 0))
+        pause(600)
+    pause(trigger.get("sleep", 0))
     ended = time.time()
     with open(trigger["ledger"], "a") as ledger:
         ledger.write(
@@ -198,6 +205,39 @@ def flow_ordered(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any
 @workflow("test-flow-rate", dedupe_key=by_key, retry_schedule=SCHEDULE, rate_limit=(5, 1))
 def flow_rate(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
     span("test-flow-rate", trigger)
+
+
+@workflow("test-flow-rate-handoff", dedupe_key=by_key, retry_schedule=SCHEDULE, rate_limit=(4, 1))
+def flow_rate_handoff(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    span("test-flow-rate-handoff", trigger)
+
+
+def slow_handoff(sender: Any, *, kind: str, **details: Any) -> None:
+    """A slow hand-off from the claim to the attempt's start (a loaded host): the
+    attempt_started signal runs in the worker thread between the two. Attempts claimed
+    together then start spread out and out of step, which bunched starts in one window
+    while the window was counted at claim time."""
+    if kind == "test-flow-rate-handoff":
+        pause(random.uniform(0, 0.6))
+
+
+# Only in the runner processes of the test that asks for it: a receiver costs every
+# attempt a signal, and other tests check that nobody listens.
+if os.environ.get("NW_TEST_SLOW_HANDOFF"):
+    attempt_started.connect(slow_handoff, dispatch_uid="tests.testapp.slow_handoff")
+
+
+@workflow(
+    "test-flow-faults",
+    dedupe_key=by_key,
+    retry_schedule=SCHEDULE,
+    concurrency=2,
+    serial_key=lambda t: t.get("to"),
+    rate_limit=(10, 1),
+)
+def flow_faults(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Every limit at once, for the fault suite (restarts, kill -9, clock skew)."""
+    span("test-flow-faults", trigger)
 
 
 @workflow(
