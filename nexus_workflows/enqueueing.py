@@ -306,8 +306,7 @@ def _enqueue_deferred(
     using = router.db_for_write(DeferredWork)
     connection = connections[using]
     in_transaction = connection.in_atomic_block or not connection.get_autocommit()
-    # Keys of one kind take ids in their enqueues' commit order (flow.ordering).
-    serial_key = flow_hashes[0]
+    serial_key = flow_hashes[0]  # keys take ids in their enqueues' commit order (flow.ordering)
     for _ in range(_DEDUPE_ROUNDS):
         now = timezone.now()
         try:
