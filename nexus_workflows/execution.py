@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,10 @@ from asgiref.sync import sync_to_async
 from .claims import ClaimedWork, save_checkpoints
 from .exceptions import ClaimLost
 from .registry import Workflow
+
+#: Writes a patch of one attempt's journal durably and fenced; returns the clean patch.
+SavePatch = Callable[[ClaimedWork, Any], dict[str, Any]]
+AsyncSavePatch = Callable[[ClaimedWork, Any], Awaitable[dict[str, Any]]]
 
 
 class Result(enum.Enum):
@@ -28,17 +33,19 @@ class Outcome:
     duration: float = 0.0
 
 
-def execute(workflow: Workflow, work: ClaimedWork) -> Outcome:
-    """Run the attempt and report how it ended; never raises.
+def execute(workflow: Workflow, work: ClaimedWork, save_patch: SavePatch = save_checkpoints) -> Outcome:
+    """Run the attempt in this thread and report how it ended; never raises.
 
     ``save(patch)`` merges ``patch`` into the checkpoint journal, durably and fenced by
     the claim, before it returns (and updates the ``checkpoints`` dict that ``prepare``
-    was given). For an ``async def`` prepare, ``save`` is a coroutine function.
+    was given); ``save_patch`` writes it (by default on this thread's connection). For an
+    ``async def`` prepare run here, ``save`` is a coroutine function; a runner runs those
+    on its event loop instead (:func:`execute_async`).
     """
     checkpoints = dict(work.checkpoints)
 
     def save(patch: dict[str, Any]) -> None:
-        checkpoints.update(save_checkpoints(work, patch))
+        checkpoints.update(save_patch(work, patch))
 
     started = time.perf_counter()
     try:
@@ -51,5 +58,28 @@ def execute(workflow: Workflow, work: ClaimedWork) -> Outcome:
     except ClaimLost as error:
         return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
     except BaseException as error:  # noqa: BLE001 - consumer code may raise anything
+        return Outcome(work, Result.FAILED, error, time.perf_counter() - started)
+    return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)
+
+
+async def execute_async(workflow: Workflow, work: ClaimedWork, save_patch: AsyncSavePatch) -> Outcome:
+    """Run the attempt of an ``async def`` prepare on the running loop; never raises
+    (a cancelled attempt raises ``CancelledError``: the runner stopped).
+
+    ``await save(patch)`` is written by ``save_patch`` (the runner's journal writer),
+    durably and fenced, before it returns; it raises :class:`ClaimLost` when the claim
+    is no longer ours.
+    """
+    checkpoints = dict(work.checkpoints)
+
+    async def save(patch: dict[str, Any]) -> None:
+        checkpoints.update(await save_patch(work, patch))
+
+    started = time.perf_counter()
+    try:
+        await workflow.prepare(work.trigger, checkpoints, save)
+    except ClaimLost as error:
+        return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
+    except Exception as error:  # noqa: BLE001 - consumer code may raise anything
         return Outcome(work, Result.FAILED, error, time.perf_counter() - started)
     return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)

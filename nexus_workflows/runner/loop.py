@@ -24,10 +24,12 @@ from ..models import DeferredWork
 from ..observability.logs import start_line
 from ..observability.observer import Observer
 from ..registry import registry
+from .async_pool import AsyncPool
 from .backoff import Backoff
 from .capacity import Capacity
 from .heartbeat import Heartbeat
-from .ledger import Ledger
+from .journal import JournalWriter
+from .ledger import ASYNC, SYNC, Ledger
 from .logs import log_outcome
 from .outcomes import OutcomeWriter
 from .pool import SyncPool
@@ -49,6 +51,7 @@ class Runner:
         kinds: Sequence[str] | None = None,
         queues: Sequence[str] | None = None,
         concurrency: int | None = None,
+        async_concurrency: int | None = None,
         poll_interval: float | None = None,
         once: bool = False,
         using: str | None = None,
@@ -65,6 +68,7 @@ class Runner:
                 )
         self.kinds, self.queues = selection(kinds, queues, deferred)
         self.concurrency = concurrency or app_settings.CONCURRENCY
+        self.async_concurrency = async_concurrency or app_settings.ASYNC_CONCURRENCY
         self.poll_interval = poll_interval or app_settings.POLL_INTERVAL
         self.once = once
         self.using = using or router.db_for_write(DeferredWork)
@@ -74,16 +78,24 @@ class Runner:
         self.shutdown_grace = float(app_settings.SHUTDOWN_GRACE)
         self.stats = RunStats()
         self.worker_id = worker_id()
+        # Stale work of any kind is reclaimed by one claimer; due work by one per lane,
+        # each only as far as its own lane has room.
         self._claimer = Claimer(
             kinds=self.kinds, queues=self.queues, using=self.using, worker_id=self.worker_id
         )
+        self._lanes = self._lane_claimers()
         self._wake = threading.Event()
         self._stop_requested = threading.Event()
         self._stop_now = threading.Event()
         self._listener: wakeup.PostgresListener | None = None
         self._claims_paused = False
-        self._ledger = Ledger()
-        self._capacity = Capacity(self.concurrency, int(app_settings.BATCH_SIZE))
+        self._ledger = Ledger(lane_of)
+        batch_size = int(app_settings.BATCH_SIZE)
+        self._capacity = {
+            SYNC: Capacity(self.concurrency, batch_size),
+            ASYNC: Capacity(self.async_concurrency, batch_size),
+        }
+        self._journal = JournalWriter(self.using, journal_writers(self.using))
         self._backoff = Backoff(self.poll_interval)
         # Runner row, outcome counts, metrics and signals: see nexus_workflows.observability.
         self._observer = Observer(
@@ -96,7 +108,7 @@ class Runner:
             metrics_port=metrics_port,
         )
         self._tally = Tally(self.stats, self._observer)
-        self._writer = OutcomeWriter(self._ledger, self._tally, self._capacity)
+        self._writer = OutcomeWriter(self._ledger, self._tally, self._observe_runtime)
         self._heartbeat = Heartbeat(
             self._ledger,
             using=self.using,
@@ -111,6 +123,14 @@ class Runner:
             started=self._attempt_started,
             finished=self._attempt_finished,
             outage_epoch=lambda: self._backoff.epoch,
+            save_patch=self._journal.save,
+        )
+        self._async_pool = AsyncPool(
+            self._ledger,
+            self.async_concurrency,
+            started=self._attempt_started,
+            finished=self._attempt_finished,
+            save_patch=self._journal.save_async,
         )
 
     # --- public -----------------------------------------------------------------------
@@ -199,8 +219,26 @@ class Runner:
 
     # --- helpers ----------------------------------------------------------------------
 
+    def _lane_claimers(self) -> dict[str, Claimer]:
+        """A due-work claimer per lane that has kinds: async kinds on the event loop;
+        sync kinds and Django tasks on the thread pool."""
+        async_kinds = [kind for kind in self.kinds if registry.get(kind).is_async]
+        sync_kinds = [kind for kind in self.kinds if kind not in async_kinds]
+        lanes = {}
+        if sync_kinds or self.queues != []:
+            lanes[SYNC] = Claimer(
+                kinds=sync_kinds, queues=self.queues, using=self.using, worker_id=self.worker_id
+            )
+        if async_kinds:
+            lanes[ASYNC] = Claimer(kinds=async_kinds, queues=[], using=self.using, worker_id=self.worker_id)
+        return lanes
+
     def _start_helpers(self) -> None:
-        self._pool.start()
+        self._journal.start()
+        if SYNC in self._lanes:
+            self._pool.start()
+        if ASYNC in self._lanes:
+            self._async_pool.start()
         self._heartbeat.start()
         wakeup.add_local_waiter(self._wake)
         if not self.once and app_settings.WAKEUP and connections[self.using].vendor == "postgresql":
@@ -215,6 +253,14 @@ class Runner:
     def _attempt_started(self, work: ClaimedWork) -> None:
         self._heartbeat.started()
         self._observer.attempt_started(work)
+
+    def _observe_runtime(self, outcome: Outcome) -> None:
+        self._capacity[lane_of(outcome.work)].observe(outcome.duration)
+
+    def _dispatch(self, works: list[ClaimedWork]) -> None:
+        """Hand claimed work to its lane: sync workers wake on the ledger, the loop on a call."""
+        if ASYNC in self._ledger.dispatch(works):
+            self._async_pool.wake()
 
     def _attempt_finished(self, outcome: Outcome) -> None:
         self._observer.attempt_ended(outcome.work, outcome.duration)
@@ -259,7 +305,7 @@ class Runner:
         """One turn of the loop: write outcomes, guard reclaims, purge and claim when
         due; returns (items claimed, whether more may be due, whether purging goes on)."""
         self._writer.write()
-        guard_unguarded(self._ledger, self._tally)
+        guard_unguarded(self._ledger, self._tally, self._dispatch)
         purging = False
         if schedule.purge_due():
             deleted = retention.purge_batch(using=self.using)
@@ -276,9 +322,10 @@ class Runner:
         """How long the loop may sleep: until the next poll (short while wake-ups do not
         arrive), an outcome's retry, or a rate window that held work back freeing a start."""
         wait = self.idle_interval()
-        retry_in = self._claimer.retry_in()
-        if retry_in is not None:
-            wait = min(wait, max(retry_in, 0.005))
+        for claimer in self._lanes.values():
+            retry_in = claimer.retry_in()
+            if retry_in is not None:
+                wait = min(wait, max(retry_in, 0.005))
         if self._ledger.has_unguarded():
             wait = min(wait, 0.05)
         next_retry = self._ledger.next_retry()
@@ -298,34 +345,45 @@ class Runner:
         if self._claims_paused:
             self._claims_paused = False
             logger.warning("heartbeats succeed again; claiming again")
-        return self._capacity.wants_more(self._ledger.held_count())
+        return any(self._lane_wants_more(lane) for lane in self._lanes)
+
+    def _lane_wants_more(self, lane: str) -> bool:
+        return self._capacity[lane].wants_more(self._ledger.held_count(lane))
 
     def _claim(self, cutoff: datetime | None, *, check_stale: bool) -> tuple[int, bool]:
         """Claim due work and, when a check is due, stale work; returns (items claimed,
         whether more may be waiting: a claim got all it asked for, or lost rows to another
         runner).
 
-        Due work is handed to the workers before the stale check runs, so a wake-up for
-        new work does not wait for it; the stale check may take up to ``concurrency`` rows
-        beyond a full claim, so a busy runner still reclaims a dead runner's work.
+        Each lane claims its own kinds only as far as its own slots (plus prefetch) allow,
+        so sync work never waits for a thread while async slots are free, and the other
+        way round. Due work is handed to the workers before the stale check runs, so a
+        wake-up for new work does not wait for it; the stale check may take up to
+        ``concurrency`` rows beyond a full claim, so a busy runner still reclaims a dead
+        runner's work.
         """
-        limit = self._capacity.claim_limit(self._ledger.held_count())
-        startable = self._ledger.free_slots(self.concurrency)
-        due = self._claimer.claim_due(limit, now=cutoff, startable=startable) if limit > 0 else []
-        self._observer.claimed(due)
-        self._ledger.dispatch(due)
-        for work in due:
-            log_outcome(work, "started", logging.INFO)
-        more = 0 < limit <= len(due) or bool(due and self._claimer.contended)
-        claimed = len(due)
+        claimed, more, room = 0, False, 0
+        for lane, claimer in self._lanes.items():
+            if not self._lane_wants_more(lane):
+                continue
+            limit = self._capacity[lane].claim_limit(self._ledger.held_count(lane))
+            startable = self._ledger.free_slots(self._capacity[lane].concurrency, lane)
+            due = claimer.claim_due(limit, now=cutoff, startable=startable) if limit > 0 else []
+            self._observer.claimed(due)
+            self._dispatch(due)
+            for work in due:
+                log_outcome(work, "started", logging.INFO)
+            more = more or 0 < limit <= len(due) or bool(due and claimer.contended)
+            claimed += len(due)
+            room += max(limit - len(due), 0)
         if check_stale:
-            stale_limit = max(limit - len(due), self.concurrency)
+            stale_limit = max(room, self.concurrency)
             stale = self._claimer.claim_stale(stale_limit, stale_after=self.stale_after, now=cutoff)
             more = more or len(stale) >= stale_limit
             self.stats.reclaimed += len(stale)
             self._observer.claimed(stale)
             self._ledger.add_unguarded(stale)
-            claimed += guard_unguarded(self._ledger, self._tally)
+            claimed += guard_unguarded(self._ledger, self._tally, self._dispatch)
         return claimed, more
 
     # --- database outages -------------------------------------------------------------
@@ -384,12 +442,29 @@ class Runner:
         logger.info("released %d claim(s) at shutdown: pending again, due now, attempt unchanged", released)
 
     def _stop_helpers(self) -> None:
+        self._async_pool.stop()
+        self._journal.stop()
         self._heartbeat.stop()
         wakeup.remove_local_waiter(self._wake)
         if self._listener is not None:
             self._listener.stop()
         self._observer.stop()
         close_connection(self.using)
+
+
+def lane_of(work: ClaimedWork) -> str:
+    """The lane an attempt of ``work`` runs in: the event loop for an ``async def``
+    prepare, the thread pool for the rest (sync prepares, Django tasks, unknown kinds)."""
+    if work.is_task or work.kind not in registry:
+        return SYNC
+    return ASYNC if registry.get(work.kind).is_async else SYNC
+
+
+def journal_writers(using: str) -> int:
+    """Journal writer threads (one connection each): ``DB_CONNECTIONS`` less the main
+    loop's, the heartbeat's and, where there is one, the wake-up listener's connection."""
+    own = 2 + (1 if app_settings.WAKEUP and connections[using].vendor == "postgresql" else 0)
+    return max(1, int(app_settings.DB_CONNECTIONS) - own)
 
 
 class _Schedule:

@@ -17,7 +17,6 @@ from ..history import describe_error
 from ..limits import OUTAGE_RELEASES_MAX
 from ..registry import registry
 from ..tasks import running as tasks_running
-from .capacity import Capacity
 from .ledger import Ledger, Pending
 from .logs import log_write_error
 from .stats import Tally
@@ -75,10 +74,10 @@ class OutcomeWriter:
     and exception type, and retried with a growing delay while the others are written.
     """
 
-    def __init__(self, ledger: Ledger, tally: Tally, capacity: Capacity) -> None:
+    def __init__(self, ledger: Ledger, tally: Tally, observe: Callable[[Outcome], None]) -> None:
         self.ledger = ledger
         self.tally = tally
-        self.capacity = capacity
+        self.observe = observe  # each outcome's duration, for the claim sizing
         self._arrived: SimpleQueue[Outcome] = SimpleQueue()
 
     def put(self, outcome: Outcome) -> None:
@@ -103,7 +102,7 @@ class OutcomeWriter:
                 outcome = self._arrived.get_nowait()
             except Empty:
                 return
-            self.capacity.observe(outcome.duration)
+            self.observe(outcome)
             self.ledger.add_unwritten(Pending(outcome))
 
     def _write_batch(self, batch: list[Pending], write: Callable[[list[Pending]], None]) -> None:

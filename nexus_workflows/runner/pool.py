@@ -9,16 +9,16 @@ from collections.abc import Callable
 from django.db import close_old_connections, connections
 
 from ..claims import ClaimedWork
-from ..execution import Outcome, Result, execute
+from ..execution import Outcome, Result, SavePatch, execute
 from ..registry import registry
 from .ledger import Ledger
 from .unavailable import close_connection
 
 
-def run_attempt(work: ClaimedWork) -> Outcome:
+def run_attempt(work: ClaimedWork, save_patch: SavePatch) -> Outcome:
     """Run one attempt; never raises (an unregistered kind is a failed attempt)."""
     try:
-        return execute(registry.for_work(work), work)
+        return execute(registry.for_work(work), work, save_patch)
     except BaseException as error:  # noqa: BLE001 - e.g. the kind was unregistered
         return Outcome(work, Result.FAILED, error)
 
@@ -43,9 +43,9 @@ def check_connections(using: str, outage: bool) -> None:
 
 class SyncPool:
     """``size`` daemon threads; each takes queued work from the ledger, runs it, and hands
-    the outcome to ``finished``, until the ledger is closed. Each thread's database
-    connections are its own (a prepare that uses the ORM keeps one open) and are closed
-    when the thread exits.
+    the outcome to ``finished``, until the ledger is closed. ``save()`` goes through
+    ``save_patch`` (the journal writer), so a thread opens a database connection only if
+    its prepare uses the ORM itself; then it keeps it until the thread exits.
 
     ``started(work)`` is called when an attempt starts, ``outage_epoch()`` says whether
     an outage happened since the thread's last attempt (then its connection is checked).
@@ -60,6 +60,7 @@ class SyncPool:
         started: Callable[[ClaimedWork], None],
         finished: Callable[[Outcome], None],
         outage_epoch: Callable[[], int],
+        save_patch: SavePatch,
     ) -> None:
         self.ledger = ledger
         self.size = size
@@ -67,6 +68,7 @@ class SyncPool:
         self._started = started
         self._finished = finished
         self._outage_epoch = outage_epoch
+        self._save_patch = save_patch
         self.threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -82,7 +84,7 @@ class SyncPool:
                 check_connections(self.using, outage=epoch != self._outage_epoch())
                 epoch = self._outage_epoch()
                 self._started(work)
-                outcome = run_attempt(work)
+                outcome = run_attempt(work, self._save_patch)
                 self.ledger.finished(work)
                 self._finished(outcome)
                 if outcome.result is not Result.SUCCEEDED:

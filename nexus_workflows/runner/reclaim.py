@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from .. import claims
 from ..claims import ClaimedWork
@@ -44,8 +45,8 @@ def guard_crash_loop(work: ClaimedWork, tally: Tally) -> bool:
     return False
 
 
-def guard_unguarded(ledger: Ledger, tally: Tally) -> int:
-    """Run the crash-loop guard on the ledger's reclaimed work and dispatch what may run;
+def guard_unguarded(ledger: Ledger, tally: Tally, dispatch: Callable[[list[ClaimedWork]], None]) -> int:
+    """Run the crash-loop guard on the ledger's reclaimed work and ``dispatch`` what may run;
     returns how many. An item whose guard write fails stays held (and heart-beaten) and
     is tried again on the next turn; it never takes the batch's other claims with it. A
     database outage is raised after keeping the rest."""
@@ -58,11 +59,11 @@ def guard_unguarded(ledger: Ledger, tally: Tally) -> int:
                 runnable.append(work)
         except DATABASE_UNAVAILABLE:
             ledger.add_unguarded([*retry, *works[number:]])
-            ledger.dispatch(runnable)
+            dispatch(runnable)
             raise
         except Exception as error:  # noqa: BLE001 - contained to this item
             log_write_error(work, "reclaim", error)
             retry.append(work)
     ledger.add_unguarded(retry)
-    ledger.dispatch(runnable)
+    dispatch(runnable)
     return len(runnable)
