@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
 from collections.abc import Awaitable, Callable
@@ -64,7 +65,7 @@ def execute(workflow: Workflow, work: ClaimedWork, save_patch: SavePatch = save_
 
 async def execute_async(workflow: Workflow, work: ClaimedWork, save_patch: AsyncSavePatch) -> Outcome:
     """Run the attempt of an ``async def`` prepare on the running loop; never raises
-    (a cancelled attempt raises ``CancelledError``: the runner stopped).
+    but ``CancelledError`` (the attempt's task was cancelled).
 
     ``await save(patch)`` is written by ``save_patch`` (the runner's journal writer),
     durably and fenced, before it returns; it raises :class:`ClaimLost` when the claim
@@ -80,6 +81,9 @@ async def execute_async(workflow: Workflow, work: ClaimedWork, save_patch: Async
         await workflow.prepare(work.trigger, checkpoints, save)
     except ClaimLost as error:
         return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
-    except Exception as error:  # noqa: BLE001 - consumer code may raise anything
+    except asyncio.CancelledError:
+        raise
+    except BaseException as error:  # noqa: BLE001 - consumer code may raise anything
+        # SystemExit or KeyboardInterrupt from a prepare must not end the runner's loop.
         return Outcome(work, Result.FAILED, error, time.perf_counter() - started)
     return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)

@@ -21,8 +21,9 @@ class AsyncPool:
     ledger, as far as free slots allow; each finished attempt frees its slot and starts
     the next. ``started``/``finished`` are called on the loop thread, as the sync pool
     calls them on its workers. ``save_patch`` writes ``await save(...)`` (the journal
-    writer: no connection of the loop's own). :meth:`stop` cancels attempts still
-    running (the runner's grace is over: they keep their claims, which go stale).
+    writer: no connection of the loop's own). :meth:`stop` lets attempts still running
+    go on, as sync ones do (the runner's grace is over: they keep their claims, which go
+    stale), and ends the loop once they are done.
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class AsyncPool:
         self._save_patch = save_patch
         self._loop = asyncio.new_event_loop()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="nexus-workflows-async", daemon=True)
 
     def start(self) -> None:
@@ -52,12 +54,11 @@ class AsyncPool:
             self._loop.call_soon_threadsafe(self._fill)
 
     def stop(self) -> None:
-        """Cancel what still runs and close the loop (from another thread)."""
+        """Start nothing more; end the loop when no attempt runs (from another thread)."""
         if not self._thread.is_alive():
             return
         with contextlib.suppress(RuntimeError):
-            self._loop.call_soon_threadsafe(self._cancel_all)
-        self._thread.join(5.0)
+            self._loop.call_soon_threadsafe(self._stop_when_idle)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -75,24 +76,21 @@ class AsyncPool:
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        self._fill()
+        if self._stopping:
+            self._stop_when_idle()
+        else:
+            self._fill()
+
+    def _stop_when_idle(self) -> None:
+        self._stopping = True
+        if not self._tasks:
+            self._loop.stop()
 
     async def _attempt(self, work: ClaimedWork) -> None:
         self._started(work)
         try:
             outcome = await execute_async(registry.for_work(work), work, self._save_patch)
-        except asyncio.CancelledError:
-            raise  # stopped after the grace: no outcome, the claim is kept
         except BaseException as error:  # noqa: BLE001 - e.g. the kind was unregistered
             outcome = Outcome(work, Result.FAILED, error)
         self.ledger.finished(work)
         self._finished(outcome)
-
-    def _cancel_all(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            gathered = asyncio.gather(*self._tasks, return_exceptions=True)
-            gathered.add_done_callback(lambda _: self._loop.stop())
-        else:
-            self._loop.stop()

@@ -98,9 +98,9 @@ class JournalWriter:
     """``size`` writer threads, each with one connection to ``using``; see the module.
 
     :meth:`save` (sync) and :meth:`save_async` may be called from any number of threads
-    and event loops at once. :meth:`stop` fails saves not yet written with
-    :class:`ClaimLost` (the runner keeps their claims; they go stale) and closes the
-    writers' connections.
+    and event loops at once. :meth:`stop` ends the writers (closing their connections);
+    saves still waiting then fail with :class:`ClaimLost`, and later saves (of attempts
+    that outlived the shutdown grace, whose claims are kept) are written by the caller.
     """
 
     def __init__(self, using: str, size: int) -> None:
@@ -162,7 +162,9 @@ class JournalWriter:
             loop.call_soon_threadsafe(_settle, future, error)
 
         if self._stopped:
-            raise stopped(work)
+            # An attempt that outlived the grace: written as a sync one's is (a thread
+            # for this rare case only; the writers are gone).
+            return await asyncio.to_thread(self.save, work, patch)
         self._waiting.put(_Save(work, merged, complete))
         await future
         work.checkpoints = merged
