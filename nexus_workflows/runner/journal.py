@@ -17,18 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import json
 import logging
 import queue
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Case, F, JSONField, Q, Value, When
+from django.db.models import F, JSONField, Value
 from django.db.models.functions import Coalesce
 
-from .. import claims
 from ..claims import ClaimedWork, validate_patch
 from ..clock import DatabaseNow
 from ..exceptions import ClaimLost
@@ -43,11 +42,40 @@ MAX_BATCH = 200
 
 @dataclass(eq=False)
 class _Save:
-    """One ``save()`` waiting for the writer; ``complete`` is called once, from a writer."""
+    """One ``save()`` waiting for the writer: a sync caller waits on ``written``, an async
+    one on ``future`` (of ``loop``); ``error`` is what the save raises, if anything."""
 
     work: ClaimedWork
     checkpoints: dict[str, Any]
-    complete: Callable[[BaseException | None], None]
+    written: threading.Event | None = None
+    future: asyncio.Future[None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    error: BaseException | None = None
+
+
+def _complete(saves: list[_Save]) -> None:
+    """Wake the callers of written (or failed) saves: sync ones one by one, async ones
+    with one call per event loop (one wake-up of the loop for the whole batch)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Save]] = {}
+    for save in saves:
+        if save.loop is not None:
+            by_loop.setdefault(save.loop, []).append(save)
+        elif save.written is not None:
+            save.written.set()
+    for loop, settled in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_settle, settled)
+
+
+def _settle(saves: list[_Save]) -> None:
+    for save in saves:
+        future = save.future
+        if future is None or future.done():  # the attempt was cancelled meanwhile
+            continue
+        if save.error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(save.error)
 
 
 def claim_lost(work: ClaimedWork) -> ClaimLost:
@@ -63,35 +91,59 @@ def stopped(work: ClaimedWork) -> ClaimLost:
     return ClaimLost(f"{work.kind} #{work.id}: the runner stopped; checkpoints not saved")
 
 
+_TABLE = DeferredWork._meta.db_table
+
+# PostgreSQL: every save of a batch in one statement, its rows passed as three arrays, so
+# the statement's text (and plan) is the same whatever the batch's size. The fence is the
+# pair (id, claim token) of each save and the status; STATEMENT_TIMESTAMP() is what
+# DatabaseNow compiles to there. (Issue 15 gathers statements like this one in one module.)
+_SAVE_BATCH_POSTGRESQL = f"""
+UPDATE {_TABLE} AS w
+SET checkpoints = v.checkpoints::jsonb,
+    heartbeat_at = STATEMENT_TIMESTAMP(),
+    updated_at = STATEMENT_TIMESTAMP(),
+    started_at = COALESCE(w.started_at, STATEMENT_TIMESTAMP())
+FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS v(id, token, checkpoints)
+WHERE w.id = v.id AND w.claim_token = v.token AND w.status = %s
+RETURNING w.id
+"""
+
+
 def write_batch(saves: list[_Save], using: str) -> set[int]:
-    """Write ``saves`` (at most one per row) in one statement and one transaction; the ids
-    whose fence held. Each row gets its merged journal and a fresh heartbeat, and counts
-    as started (a save proves the attempt ran)."""
-    fence = Q()
-    for save in saves:
-        fence |= Q(pk=save.work.id, claim_token=save.work.claim_token)
-    rows = DeferredWork.objects.using(using).filter(fence, status=Status.PROCESSING)
-    journal = Case(
-        *(When(pk=save.work.id, then=Value(save.checkpoints, output_field=JSONField())) for save in saves),
-        output_field=JSONField(),
-    )
-    changes = {
-        "checkpoints": journal,
-        "heartbeat_at": DatabaseNow(),
-        "updated_at": DatabaseNow(),
-        "started_at": Coalesce(F("started_at"), DatabaseNow()),
-    }
-    with transaction.atomic(using=using):
-        if claims._can_return_from_update(using):
-            return {row["pk"] for row in claims._update_returning(rows, changes, using, ("pk",))}
-        # No RETURNING: one fenced UPDATE per save, still one commit.
-        return {
-            save.work.id
-            for save in saves
-            if rows.filter(pk=save.work.id).update(
-                **{**changes, "checkpoints": Value(save.checkpoints, JSONField())}
+    """Write ``saves`` (at most one per row) in one transaction; the ids whose fence held
+    (row still held under the save's claim token). Each row gets its merged journal and a
+    fresh heartbeat, and counts as started (a save proves the attempt ran)."""
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:  # autocommit: one statement, one transaction
+            cursor.execute(
+                _SAVE_BATCH_POSTGRESQL,
+                [
+                    [save.work.id for save in saves],
+                    [save.work.claim_token for save in saves],
+                    [json.dumps(save.checkpoints) for save in saves],
+                    Status.PROCESSING,
+                ],
             )
-        }
+            return {row[0] for row in cursor.fetchall()}
+    return _write_batch_orm(saves, using)
+
+
+def _write_batch_orm(saves: list[_Save], using: str) -> set[int]:
+    """Elsewhere: one fenced ``UPDATE`` per save (the ORM's), all in one transaction."""
+    rows = DeferredWork.objects.using(using).filter(status=Status.PROCESSING)
+    written = set()
+    with transaction.atomic(using=using):
+        for save in saves:
+            matched = rows.filter(pk=save.work.id, claim_token=save.work.claim_token).update(
+                checkpoints=Value(save.checkpoints, output_field=JSONField()),
+                heartbeat_at=DatabaseNow(),
+                updated_at=DatabaseNow(),
+                started_at=Coalesce(F("started_at"), DatabaseNow()),
+            )
+            if matched:
+                written.add(save.work.id)
+    return written
 
 
 class JournalWriter:
@@ -132,42 +184,29 @@ class JournalWriter:
         kept), the save is written on the caller's own connection, still fenced.
         """
         clean = validate_patch(patch)
-        merged = {**work.checkpoints, **clean}
-        written = threading.Event()
-        outcome: list[BaseException | None] = []
-
-        def complete(error: BaseException | None) -> None:
-            outcome.append(error)
-            written.set()
-
-        save = _Save(work, merged, complete)
+        save = _Save(work, {**work.checkpoints, **clean}, written=threading.Event())
         if self._stopped:
             self._write([save])
         else:
             self._waiting.put(save)
-        written.wait()
-        if outcome[0] is not None:
-            raise outcome[0]
-        work.checkpoints = merged
+        save.written.wait()  # type: ignore[union-attr]
+        if save.error is not None:
+            raise save.error
+        work.checkpoints = save.checkpoints
         return clean
 
     async def save_async(self, work: ClaimedWork, patch: Any) -> dict[str, Any]:
         """:meth:`save` for an ``async def`` prepare: awaits the write on its own loop."""
-        clean = validate_patch(patch)
-        merged = {**work.checkpoints, **clean}
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-
-        def complete(error: BaseException | None) -> None:
-            loop.call_soon_threadsafe(_settle, future, error)
-
         if self._stopped:
             # An attempt that outlived the grace: written as a sync one's is (a thread
             # for this rare case only; the writers are gone).
             return await asyncio.to_thread(self.save, work, patch)
-        self._waiting.put(_Save(work, merged, complete))
-        await future
-        work.checkpoints = merged
+        clean = validate_patch(patch)
+        loop = asyncio.get_running_loop()
+        save = _Save(work, {**work.checkpoints, **clean}, future=loop.create_future(), loop=loop)
+        self._waiting.put(save)
+        await save.future  # type: ignore[misc]
+        work.checkpoints = save.checkpoints
         return clean
 
     def _run(self) -> None:
@@ -201,17 +240,22 @@ class JournalWriter:
             close_connection(self.using)  # the next batch reconnects
             for save in batch:
                 # One instance per attempt: each raises it in its own thread or task.
-                save.complete(_own_copy(error))
-            return
-        for save in batch:
-            save.complete(None if save.work.id in written else claim_lost(save.work))
+                save.error = _own_copy(error)
+        else:
+            for save in batch:
+                if save.work.id not in written:
+                    save.error = claim_lost(save.work)
+        _complete(batch)
 
     def _fail_waiting(self) -> None:
+        failed = []
         with contextlib.suppress(queue.Empty):
             while True:
                 save = self._waiting.get_nowait()
                 if save is not None:
-                    save.complete(stopped(save.work))
+                    save.error = stopped(save.work)
+                    failed.append(save)
+        _complete(failed)
 
 
 def _own_copy(error: BaseException) -> BaseException:
@@ -219,12 +263,3 @@ def _own_copy(error: BaseException) -> BaseException:
         return copy.copy(error)
     except Exception:  # noqa: BLE001 - an exception that cannot be copied is shared
         return error
-
-
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    if future.done():  # the attempt was cancelled meanwhile
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
