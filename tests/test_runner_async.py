@@ -9,15 +9,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.test import override_settings
+from django.utils import timezone
 
-from nexus_workflows import ClaimLost, enqueue_many
+from nexus_workflows import ClaimLost, enqueue_many, wakeup
+from nexus_workflows.claims import Claimer
 from nexus_workflows.models import DeferredWork, Status
 from nexus_workflows.runner import Runner
+from nexus_workflows.wakeup import parse_new_work
 from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -223,3 +227,49 @@ def test_attempts_in_flight_with_saves_never_hold_more_connections_than_the_sett
     assert 1 <= peak <= db_connections, f"{peak} connections for DB_CONNECTIONS = {db_connections}"
     journals = list(DeferredWork.objects.filter(kind=kind).values_list("checkpoints", flat=True))
     assert journals == [{"step": 2}] * in_flight
+
+
+# --- wake-up by id (issue 12, item 3) ------------------------------------------------------
+
+
+def test_a_row_named_by_its_notify_is_claimed_by_id_only_while_it_is_pending_due_and_ours(
+    register_workflow: Any,
+) -> None:
+    mine = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    other = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    due, later = map(int, enqueue_many(mine, [{"key": 1}, {"key": 2}]))
+    DeferredWork.objects.filter(pk=later).update(next_attempt_at=timezone.now() + timedelta(hours=1))
+    foreign = int(enqueue_many(other, [{"key": 1}])[0])
+    claimer = Claimer(kinds=[mine], using="default")
+    assert claimer.takes_by_id(mine)
+    assert not claimer.takes_by_id(other)
+    (claimed,) = claimer.claim_due_ids([due, later, foreign])
+    assert (claimed.id, claimed.kind, claimed.attempt) == (due, mine, 0)
+    assert DeferredWork.objects.get(pk=due).claim_token == claimed.claim_token
+    assert claimer.claim_due_ids([due]) == []  # already processing: never twice
+    statuses = dict(DeferredWork.objects.filter(pk__in=[later, foreign]).values_list("pk", "status"))
+    assert statuses == {later: Status.PENDING, foreign: Status.PENDING}
+
+
+def test_parse_new_work_reads_only_the_one_row_payload() -> None:
+    assert parse_new_work("42 send-reminder") == (42, "send-reminder")
+    assert parse_new_work("7 myapp.tasks.send") == (7, "myapp.tasks.send")
+    for payload in ("", "probe:abc", "42", "x y", " 42 kind"):
+        assert parse_new_work(payload) is None
+
+
+@pytest.mark.postgresql
+def test_the_notify_of_one_inserted_row_names_it_and_of_many_names_none(register_workflow: Any) -> None:
+    import psycopg
+
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    params = dict(connection.get_connection_params())
+    for django_only in ("cursor_factory", "context"):
+        params.pop(django_only, None)
+    with psycopg.connect(**params, autocommit=True) as listener:
+        listener.execute(f"LISTEN {wakeup.CHANNEL}")
+        (one,) = enqueue_many(kind, [{"key": 1}])
+        enqueue_many(kind, [{"key": 2}, {"key": 3}])
+        enqueue_many(kind, [{"key": 1}])  # a dedupe conflict: nothing inserted
+        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=3)]
+    assert payloads == [f"{one} {kind}", "", ""]

@@ -8,6 +8,7 @@ import logging
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from types import FrameType
@@ -89,6 +90,8 @@ class Runner:
         self._stop_now = threading.Event()
         self._listener: wakeup.PostgresListener | None = None
         self._claims_paused = False
+        # Rows a NOTIFY named, by lane, for claiming by id (appended by the listener).
+        self._notified: dict[str, deque[int]] = {SYNC: deque(), ASYNC: deque()}
         self._ledger = Ledger(lane_of)
         batch_size = int(app_settings.BATCH_SIZE)
         self._capacity = {
@@ -243,7 +246,7 @@ class Runner:
         wakeup.add_local_waiter(self._wake)
         if not self.once and app_settings.WAKEUP and connections[self.using].vendor == "postgresql":
             self._listener = wakeup.PostgresListener(
-                self.using, self._wake, on_mode_change=self._observer.heartbeat
+                self.using, self._wake, on_mode_change=self._observer.heartbeat, on_new_work=self._new_work
             )
             self._listener.start()
             # The start line says whether wake-ups work; the probe takes milliseconds
@@ -253,6 +256,32 @@ class Runner:
     def _attempt_started(self, work: ClaimedWork) -> None:
         self._heartbeat.started()
         self._observer.attempt_started(work)
+
+    def _new_work(self, work_id: int, kind: str) -> None:
+        """Listener thread: a row of ``kind`` was inserted alone; remember it for a claim by
+        id if one of our lanes takes it (by kind; the claim re-checks everything)."""
+        for lane, claimer in self._lanes.items():
+            if claimer.takes_by_id(kind):
+                self._notified[lane].append(work_id)
+                return
+
+    def _claim_notified(self, cutoff: datetime | None) -> int:
+        """Claim the rows NOTIFYs named, by id, each lane only as far as it has free slots
+        (the rest go to the ordinary claim), and dispatch them before anything else."""
+        claimed = 0
+        for lane, claimer in self._lanes.items():
+            notified = self._notified[lane]
+            free = self._ledger.free_slots(self._capacity[lane].concurrency, lane)
+            ids = [notified.popleft() for _ in range(min(free, len(notified)))]
+            notified.clear()  # those beyond the free slots: the ordinary claim takes them
+            if ids:
+                due = claimer.claim_due_ids(ids, now=cutoff)
+                self._observer.claimed(due)
+                self._dispatch(due)
+                claimed += len(due)
+                for work in due:
+                    log_outcome(work, "started", logging.INFO)
+        return claimed
 
     def _observe_runtime(self, outcome: Outcome) -> None:
         self._capacity[lane_of(outcome.work)].observe(outcome.duration)
@@ -304,6 +333,8 @@ class Runner:
     def _turn(self, cutoff: datetime | None, schedule: _Schedule) -> tuple[int, bool, bool]:
         """One turn of the loop: write outcomes, guard reclaims, purge and claim when
         due; returns (items claimed, whether more may be due, whether purging goes on)."""
+        if not self._stop_requested.is_set() and not self._heartbeat.failing():
+            self._claim_notified(cutoff)  # first: the wake-up path of an idle runner
         self._writer.write()
         guard_unguarded(self._ledger, self._tally, self._dispatch)
         purging = False
