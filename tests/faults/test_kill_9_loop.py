@@ -29,6 +29,8 @@ RUNNER_SETTINGS = {
     "STALE_AFTER": 2,
     "SHUTDOWN_GRACE": 1,
     "CONCURRENCY": 4,
+    # The async variant runs as many at once: the same drain, as long, as many kills.
+    "ASYNC_CONCURRENCY": 4,
 }
 
 

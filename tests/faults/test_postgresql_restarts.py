@@ -27,6 +27,8 @@ RUNNER_SETTINGS = {
     "STALE_AFTER": 10,
     "SHUTDOWN_GRACE": 5,
     "CONCURRENCY": 4,
+    # The async variant runs as many at once: the same drain, as long, as many kills.
+    "ASYNC_CONCURRENCY": 4,
 }
 
 
