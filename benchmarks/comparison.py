@@ -481,7 +481,20 @@ def run_io(options: argparse.Namespace, urls: dict[str, str]) -> list[dict[str, 
             python = sys.executable if system == "ours" else options.peers_python
             args = [python, "benchmarks/io_workload.py", system, "--database-url", urls[system]]
             args += ["--mode", mode, "--jobs", str(jobs), "--concurrency", str(concurrency)]
-            results.append(run_json([*args, "--save"] if save else args))
+            try:
+                results.append(run_json([*args, "--save"] if save else args))
+            except SystemExit as failure:  # one cell's failure is a figure too, not the end
+                log(f"io cell failed: {str(failure)[:300]}")
+                results.append(
+                    {
+                        "system": system,
+                        "mode": mode,
+                        "save": save,
+                        "jobs": jobs,
+                        "concurrency": concurrency,
+                        "failed": str(failure).splitlines()[-1][:200] if str(failure) else "failed",
+                    }
+                )
     return results
 
 
@@ -492,7 +505,9 @@ def io_label(result: dict[str, Any]) -> str:
 
 def report_io(results: list[dict[str, Any]]) -> tuple[str, list[str]]:
     rows = [
-        [
+        [f"{result['jobs']:,}", str(result["concurrency"]), io_label(result), "failed", "—", "—", "—", "—"]
+        if "failed" in result
+        else [
             f"{result['jobs']:,}",
             str(result["concurrency"]),
             io_label(result),
@@ -520,6 +535,8 @@ def report_io(results: list[dict[str, Any]]) -> tuple[str, list[str]]:
 
     def cell(system: str, mode: str, save: bool, jobs: int, concurrency: int) -> dict[str, Any] | None:
         for result in results:
+            if "failed" in result:
+                continue
             if (result["system"], result["mode"], result["save"], result["jobs"], result["concurrency"]) == (
                 system,
                 mode,
@@ -555,7 +572,11 @@ def report_io(results: list[dict[str, Any]]) -> tuple[str, list[str]]:
         (
             r
             for r in results
-            if r["system"] == "ours" and r["mode"] == "sync" and r["save"] and r["concurrency"] == 128
+            if "failed" not in r
+            and r["system"] == "ours"
+            and r["mode"] == "sync"
+            and r["save"]
+            and r["concurrency"] == 128
         ),
         None,
     )

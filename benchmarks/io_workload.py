@@ -232,7 +232,8 @@ def measure(system: Ours | Procrastinate, options: argparse.Namespace) -> dict[s
     sampler = Sampler(options.database_url, worker.process.pid, watcher.info.backend_pid)
     sampler.start()
     began = time.monotonic()
-    timeout = options.jobs * WAIT / options.concurrency * 20 + 120
+    # Whatever the concurrency, at least 10 jobs/s (a peer's thread pool may cap it).
+    timeout = options.jobs / 10 + 120
     try:
         with watcher:
             while True:

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from types import FrameType
-from typing import Any
 
 from django.db import connections, router
 
@@ -30,14 +26,17 @@ from .backoff import Backoff
 from .capacity import Capacity
 from .heartbeat import Heartbeat
 from .journal import JournalWriter
+from .lanes import LaneClaims, journal_writers, lane_of
 from .ledger import ASYNC, SYNC, Ledger
 from .logs import log_outcome
 from .outcomes import OutcomeWriter
 from .pool import SyncPool
 from .reclaim import guard_unguarded
+from .schedule import LoopSchedule
 from .selection import selection, worker_id
 from .shutdown import Shutdown, release_claims
 from .stats import RunStats, Tally
+from .stop_signals import StopSignals
 from .unavailable import DATABASE_UNAVAILABLE, close_connection
 
 logger = logging.getLogger("nexus_workflows.runner")
@@ -79,25 +78,34 @@ class Runner:
         self.shutdown_grace = float(app_settings.SHUTDOWN_GRACE)
         self.stats = RunStats()
         self.worker_id = worker_id()
-        # Stale work of any kind is reclaimed by one claimer; due work by one per lane,
-        # each only as far as its own lane has room.
-        self._claimer = Claimer(
-            kinds=self.kinds, queues=self.queues, using=self.using, worker_id=self.worker_id
-        )
-        self._lanes = self._lane_claimers()
         self._wake = threading.Event()
         self._stop_requested = threading.Event()
         self._stop_now = threading.Event()
         self._listener: wakeup.PostgresListener | None = None
         self._claims_paused = False
-        # Rows a NOTIFY named, by lane, for claiming by id (appended by the listener).
-        self._notified: dict[str, deque[int]] = {SYNC: deque(), ASYNC: deque()}
+        self._build_parts(metrics_host, metrics_port)
+
+    def _build_parts(self, metrics_host: str, metrics_port: int | None) -> None:
+        """The runner's parts, each in its module, wired to each other."""
+        # Stale work of any kind is reclaimed by one claimer; due work by one per lane.
+        self._claimer = Claimer(
+            kinds=self.kinds, queues=self.queues, using=self.using, worker_id=self.worker_id
+        )
         self._ledger = Ledger(lane_of)
         batch_size = int(app_settings.BATCH_SIZE)
         self._capacity = {
             SYNC: Capacity(self.concurrency, batch_size),
             ASYNC: Capacity(self.async_concurrency, batch_size),
         }
+        self._lanes = LaneClaims(
+            kinds=self.kinds,
+            queues=self.queues,
+            using=self.using,
+            worker_id=self.worker_id,
+            ledger=self._ledger,
+            capacity=self._capacity,
+            claimed=self._claimed,
+        )
         self._journal = JournalWriter(self.using, journal_writers(self.using))
         self._backoff = Backoff(self.poll_interval)
         # Runner row, outcome counts, metrics and signals: see nexus_workflows.observability.
@@ -119,6 +127,9 @@ class Runner:
             stale_after=self.stale_after.total_seconds(),
             on_beat=self._observer.heartbeat,
         )
+        self._build_pools()
+
+    def _build_pools(self) -> None:
         self._pool = SyncPool(
             self._ledger,
             self.concurrency,
@@ -141,7 +152,9 @@ class Runner:
     def run(self) -> RunStats:
         """Run until stopped; returns the counts of what happened."""
         metrics = self._observer.start()  # first: a metrics port in use fails here, cleanly
-        previous_handlers = self._install_signal_handlers()
+        signals = StopSignals(self.request_stop, self._stop_requested.is_set, self.shutdown_grace)
+        if self.install_signal_handlers:
+            signals.install()
         self._start_helpers()
         logger.info(
             "runner started: %s",
@@ -163,7 +176,7 @@ class Runner:
             try:
                 self._shutdown()
             finally:
-                self._restore_signal_handlers(previous_handlers)
+                signals.restore()
         logger.info("runner stopped: %s", self.stats.summary())
         return self.stats
 
@@ -194,59 +207,22 @@ class Runner:
             self._stop_now.set()
         self._wake.set()
 
-    # --- signals ----------------------------------------------------------------------
-
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        if not self.install_signal_handlers or threading.current_thread() is not threading.main_thread():
-            return {}
-        return {
-            signum: signal.signal(signum, self._handle_signal) for signum in (signal.SIGTERM, signal.SIGINT)
-        }
-
-    @staticmethod
-    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-    def _handle_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._stop_requested.is_set():
-            logger.warning("second %s: stopping now", signal.Signals(signum).name)
-            self.request_stop(now=True)
-        else:
-            logger.info(
-                "%s: no new work is claimed; in-flight attempts have %gs to finish",
-                signal.Signals(signum).name,
-                self.shutdown_grace,
-            )
-            self.request_stop()
-
     # --- helpers ----------------------------------------------------------------------
-
-    def _lane_claimers(self) -> dict[str, Claimer]:
-        """A due-work claimer per lane that has kinds: async kinds on the event loop;
-        sync kinds and Django tasks on the thread pool."""
-        async_kinds = [kind for kind in self.kinds if registry.get(kind).is_async]
-        sync_kinds = [kind for kind in self.kinds if kind not in async_kinds]
-        lanes = {}
-        if sync_kinds or self.queues != []:
-            lanes[SYNC] = Claimer(
-                kinds=sync_kinds, queues=self.queues, using=self.using, worker_id=self.worker_id
-            )
-        if async_kinds:
-            lanes[ASYNC] = Claimer(kinds=async_kinds, queues=[], using=self.using, worker_id=self.worker_id)
-        return lanes
 
     def _start_helpers(self) -> None:
         self._journal.start()
-        if SYNC in self._lanes:
+        if SYNC in self._lanes.claimers:
             self._pool.start()
-        if ASYNC in self._lanes:
+        if ASYNC in self._lanes.claimers:
             self._async_pool.start()
         self._heartbeat.start()
         wakeup.add_local_waiter(self._wake)
         if not self.once and app_settings.WAKEUP and connections[self.using].vendor == "postgresql":
             self._listener = wakeup.PostgresListener(
-                self.using, self._wake, on_mode_change=self._observer.heartbeat, on_new_work=self._new_work
+                self.using,
+                self._wake,
+                on_mode_change=self._observer.heartbeat,
+                on_new_work=self._lanes.new_work,
             )
             self._listener.start()
             # The start line says whether wake-ups work; the probe takes milliseconds
@@ -257,31 +233,12 @@ class Runner:
         self._heartbeat.started()
         self._observer.attempt_started(work)
 
-    def _new_work(self, work_id: int, kind: str) -> None:
-        """Listener thread: a row of ``kind`` was inserted alone; remember it for a claim by
-        id if one of our lanes takes it (by kind; the claim re-checks everything)."""
-        for lane, claimer in self._lanes.items():
-            if claimer.takes_by_id(kind):
-                self._notified[lane].append(work_id)
-                return
-
-    def _claim_notified(self, cutoff: datetime | None) -> int:
-        """Claim the rows NOTIFYs named, by id, each lane only as far as it has free slots
-        (the rest go to the ordinary claim), and dispatch them before anything else."""
-        claimed = 0
-        for lane, claimer in self._lanes.items():
-            notified = self._notified[lane]
-            free = self._ledger.free_slots(self._capacity[lane].concurrency, lane)
-            ids = [notified.popleft() for _ in range(min(free, len(notified)))]
-            notified.clear()  # those beyond the free slots: the ordinary claim takes them
-            if ids:
-                due = claimer.claim_due_ids(ids, now=cutoff)
-                self._observer.claimed(due)
-                self._dispatch(due)
-                claimed += len(due)
-                for work in due:
-                    log_outcome(work, "started", logging.INFO)
-        return claimed
+    def _claimed(self, works: list[ClaimedWork]) -> None:
+        """Due work was claimed: count it, hand it to its lane, log its start."""
+        self._observer.claimed(works)
+        self._dispatch(works)
+        for work in works:
+            log_outcome(work, "started", logging.INFO)
 
     def _observe_runtime(self, outcome: Outcome) -> None:
         self._capacity[lane_of(outcome.work)].observe(outcome.duration)
@@ -302,7 +259,7 @@ class Runner:
         # --once runs what is due when it starts (by the database's clock), so
         # rescheduled work is not retried within the same run.
         cutoff: datetime | None = None
-        schedule = _Schedule(
+        schedule = LoopSchedule(
             min(self.poll_interval, self.stale_after.total_seconds() / 4), self.sweep_interval
         )
         while not self._stop_requested.is_set():
@@ -330,11 +287,11 @@ class Runner:
                 continue
             self._wake.wait(self._next_wait())
 
-    def _turn(self, cutoff: datetime | None, schedule: _Schedule) -> tuple[int, bool, bool]:
+    def _turn(self, cutoff: datetime | None, schedule: LoopSchedule) -> tuple[int, bool, bool]:
         """One turn of the loop: write outcomes, guard reclaims, purge and claim when
         due; returns (items claimed, whether more may be due, whether purging goes on)."""
         if not self._stop_requested.is_set() and not self._heartbeat.failing():
-            self._claim_notified(cutoff)  # first: the wake-up path of an idle runner
+            self._lanes.claim_notified(cutoff)  # first: the wake-up path of an idle runner
         self._writer.write()
         guard_unguarded(self._ledger, self._tally, self._dispatch)
         purging = False
@@ -353,10 +310,9 @@ class Runner:
         """How long the loop may sleep: until the next poll (short while wake-ups do not
         arrive), an outcome's retry, or a rate window that held work back freeing a start."""
         wait = self.idle_interval()
-        for claimer in self._lanes.values():
-            retry_in = claimer.retry_in()
-            if retry_in is not None:
-                wait = min(wait, max(retry_in, 0.005))
+        retry_in = self._lanes.retry_in()
+        if retry_in is not None:
+            wait = min(wait, max(retry_in, 0.005))
         if self._ledger.has_unguarded():
             wait = min(wait, 0.05)
         next_retry = self._ledger.next_retry()
@@ -376,37 +332,19 @@ class Runner:
         if self._claims_paused:
             self._claims_paused = False
             logger.warning("heartbeats succeed again; claiming again")
-        return any(self._lane_wants_more(lane) for lane in self._lanes)
-
-    def _lane_wants_more(self, lane: str) -> bool:
-        return self._capacity[lane].wants_more(self._ledger.held_count(lane))
+        return self._lanes.wants_more()
 
     def _claim(self, cutoff: datetime | None, *, check_stale: bool) -> tuple[int, bool]:
         """Claim due work and, when a check is due, stale work; returns (items claimed,
         whether more may be waiting: a claim got all it asked for, or lost rows to another
         runner).
 
-        Each lane claims its own kinds only as far as its own slots (plus prefetch) allow,
-        so sync work never waits for a thread while async slots are free, and the other
-        way round. Due work is handed to the workers before the stale check runs, so a
-        wake-up for new work does not wait for it; the stale check may take up to
-        ``concurrency`` rows beyond a full claim, so a busy runner still reclaims a dead
-        runner's work.
+        Each lane claims only as far as it has room (:class:`.lanes.LaneClaims`). Due work
+        is handed to the workers before the stale check runs, so a wake-up for new work
+        does not wait for it; the stale check may take up to ``concurrency`` rows beyond a
+        full claim, so a busy runner still reclaims a dead runner's work.
         """
-        claimed, more, room = 0, False, 0
-        for lane, claimer in self._lanes.items():
-            if not self._lane_wants_more(lane):
-                continue
-            limit = self._capacity[lane].claim_limit(self._ledger.held_count(lane))
-            startable = self._ledger.free_slots(self._capacity[lane].concurrency, lane)
-            due = claimer.claim_due(limit, now=cutoff, startable=startable) if limit > 0 else []
-            self._observer.claimed(due)
-            self._dispatch(due)
-            for work in due:
-                log_outcome(work, "started", logging.INFO)
-            more = more or 0 < limit <= len(due) or bool(due and claimer.contended)
-            claimed += len(due)
-            room += max(limit - len(due), 0)
+        claimed, more, room = self._lanes.claim_due(cutoff)
         if check_stale:
             stale_limit = max(room, self.concurrency)
             stale = self._claimer.claim_stale(stale_limit, stale_after=self.stale_after, now=cutoff)
@@ -481,40 +419,3 @@ class Runner:
             self._listener.stop()
         self._observer.stop()
         close_connection(self.using)
-
-
-def lane_of(work: ClaimedWork) -> str:
-    """The lane an attempt of ``work`` runs in: the event loop for an ``async def``
-    prepare, the thread pool for the rest (sync prepares, Django tasks, unknown kinds)."""
-    if work.is_task or work.kind not in registry:
-        return SYNC
-    return ASYNC if registry.get(work.kind).is_async else SYNC
-
-
-def journal_writers(using: str) -> int:
-    """Journal writer threads (one connection each): ``DB_CONNECTIONS`` less the main
-    loop's, the heartbeat's and, where there is one, the wake-up listener's connection."""
-    own = 2 + (1 if app_settings.WAKEUP and connections[using].vendor == "postgresql" else 0)
-    return max(1, int(app_settings.DB_CONNECTIONS) - own)
-
-
-class _Schedule:
-    """When the loop next checks for stale work and purges expired rows."""
-
-    def __init__(self, stale_check_every: float, sweep_interval: float) -> None:
-        self.stale_check_every = stale_check_every
-        self.sweep_interval = sweep_interval
-        self.next_stale_check = 0.0
-        self.next_purge = 0.0
-
-    def stale_check_due(self) -> bool:
-        if time.monotonic() < self.next_stale_check:
-            return False
-        self.next_stale_check = time.monotonic() + self.stale_check_every
-        return True
-
-    def purge_due(self) -> bool:
-        if time.monotonic() < self.next_purge:
-            return False
-        self.next_purge = time.monotonic() + self.sweep_interval
-        return True
