@@ -17,7 +17,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from nexus_workflows import ClaimLost, enqueue_many, wakeup
+from nexus_workflows import ClaimLost, enqueue_many
 from nexus_workflows.claims import Claimer
 from nexus_workflows.models import DeferredWork, Status
 from nexus_workflows.runner import Runner
@@ -256,20 +256,3 @@ def test_parse_new_work_reads_only_the_one_row_payload() -> None:
     assert parse_new_work("7 myapp.tasks.send") == (7, "myapp.tasks.send")
     for payload in ("", "probe:abc", "42", "x y", " 42 kind"):
         assert parse_new_work(payload) is None
-
-
-@pytest.mark.postgresql
-def test_the_notify_of_one_inserted_row_names_it_and_of_many_names_none(register_workflow: Any) -> None:
-    import psycopg
-
-    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
-    params = dict(connection.get_connection_params())
-    for django_only in ("cursor_factory", "context"):
-        params.pop(django_only, None)
-    with psycopg.connect(**params, autocommit=True) as listener:
-        listener.execute(f"LISTEN {wakeup.CHANNEL}")
-        (one,) = enqueue_many(kind, [{"key": 1}])
-        enqueue_many(kind, [{"key": 2}, {"key": 3}])
-        enqueue_many(kind, [{"key": 1}])  # a dedupe conflict: nothing inserted
-        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=3)]
-    assert payloads == [f"{one} {kind}", "", ""]
