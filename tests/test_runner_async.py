@@ -5,6 +5,7 @@ on the real database; connections are counted in ``pg_stat_activity``."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -224,7 +225,12 @@ def test_attempts_in_flight_with_saves_never_hold_more_connections_than_the_sett
             release.set()
             wait_for(lambda: runner.stats.done == in_flight, timeout=60, what="all done")
         peak = counter.peak
-    assert 1 <= peak <= db_connections, f"{peak} connections for DB_CONNECTIONS = {db_connections}"
+    assert peak <= db_connections, f"{peak} connections for DB_CONNECTIONS = {db_connections}"
+    # Through a pooler (bin/test's PgBouncer leg) the runner may reuse server sessions the
+    # baseline already counted; a pooler never opens more than its clients, so the bound
+    # above still holds. Directly, the runner's own sessions must have been seen.
+    if not os.environ.get("DIRECT_DATABASE_URL"):
+        assert peak >= 1
     journals = list(DeferredWork.objects.filter(kind=kind).values_list("checkpoints", flat=True))
     assert journals == [{"step": 2}] * in_flight
 
