@@ -22,7 +22,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("ours", "django-tasks", "procrastinate")
-SECTIONS = ("compare", "scaling", "growth", "purge", "limit", "pgbouncer")
+SECTIONS = ("compare", "scaling", "growth", "purge", "limit", "io", "pgbouncer")
 DEFAULT_SECTIONS = SECTIONS[:-1]  # pgbouncer: with --via-pgbouncer (or --sections pgbouncer)
 # Behind PgBouncer (transaction pooling), beside direct runs of the same systems.
 VARIANTS = {
@@ -55,6 +55,26 @@ TARGET_POOLED_DRAIN = 0.80  # of the direct drain
 # Issue 13: Django's Tasks API on our runner against django-tasks-db, same @task module.
 TARGET_TASKS_DRAIN_MULTIPLE = 20
 TARGET_TASKS_LATENCY_DIVISOR = 50
+# Issue 12: jobs that wait 200 ms (benchmarks/io_workload.py).
+IO_CONCURRENCY = (4, 32, 128, 512)
+IO_JOBS = (1000, 5000)
+# --io-reduced: one job count per concurrency, about 5 s of ideal work or less each, and
+# the 5,000 jobs at 512 the targets are about.
+IO_REDUCED_JOBS = {4: 100, 32: 800, 128: 1000, 512: 5000}
+# (system, mode, one save() per job)
+IO_VARIANTS = (
+    ("ours", "sync", False),
+    ("ours", "sync", True),
+    ("ours", "async", False),
+    ("ours", "async", True),
+    ("procrastinate", "sync", False),
+    ("procrastinate", "async", False),
+)
+TARGET_IO_ASYNC_OF_IDEAL = 0.80
+TARGET_IO_CONNECTIONS = 10
+TARGET_IO_THREADS = 64
+TARGET_IO_PEER_MULTIPLE = 2
+TARGET_IO_SYNC_SAVE_OF_IDEAL = 0.80
 
 
 def log(message: str) -> None:
@@ -79,6 +99,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--purge-expired", type=int, default=1_000_000)
     parser.add_argument("--purge-backlog", type=int, default=300_000)
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(DEFAULT_SECTIONS))
+    parser.add_argument(
+        "--io-reduced",
+        action="store_true",
+        help="io section: one job count per concurrency (4: 100, 32: 800, 128: 1000, 512: 5000) "
+        "instead of 1,000 and 5,000 at each: a few minutes instead of about an hour",
+    )
     parser.add_argument(
         "--via-pgbouncer",
         action="store_true",
@@ -441,6 +467,136 @@ def report_limit(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]] |
     return "\n".join(lines)
 
 
+def io_cells(reduced: bool) -> list[tuple[int, int]]:
+    """(jobs, concurrency) of the io section's matrix."""
+    if reduced:
+        return [(IO_REDUCED_JOBS[concurrency], concurrency) for concurrency in IO_CONCURRENCY]
+    return [(jobs, concurrency) for jobs in IO_JOBS for concurrency in IO_CONCURRENCY]
+
+
+def run_io(options: argparse.Namespace, urls: dict[str, str]) -> list[dict[str, Any]]:
+    results = []
+    for jobs, concurrency in io_cells(options.io_reduced):
+        for system, mode, save in IO_VARIANTS:
+            python = sys.executable if system == "ours" else options.peers_python
+            args = [python, "benchmarks/io_workload.py", system, "--database-url", urls[system]]
+            args += ["--mode", mode, "--jobs", str(jobs), "--concurrency", str(concurrency)]
+            try:
+                results.append(run_json([*args, "--save"] if save else args))
+            except SystemExit as failure:  # one cell's failure is a figure too, not the end
+                log(f"io cell failed: {str(failure)[:300]}")
+                results.append(
+                    {
+                        "system": system,
+                        "mode": mode,
+                        "save": save,
+                        "jobs": jobs,
+                        "concurrency": concurrency,
+                        "failed": str(failure).splitlines()[-1][:200] if str(failure) else "failed",
+                    }
+                )
+    return results
+
+
+def io_label(result: dict[str, Any]) -> str:
+    name = "ours" if result["system"] == "ours" else "Procrastinate"
+    return f"{name} {result['mode']}" + (" + save()" if result["save"] else "")
+
+
+def report_io(results: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    rows = [
+        [f"{result['jobs']:,}", str(result["concurrency"]), io_label(result), "failed", "—", "—", "—", "—"]
+        if "failed" in result
+        else [
+            f"{result['jobs']:,}",
+            str(result["concurrency"]),
+            io_label(result),
+            f"{result['jobs_per_s']:,.0f}",
+            f"{result['of_ideal']:.0%}",
+            str(result["peak_connections"]),
+            str(result["peak_threads"]),
+            f"{result['peak_rss_mib']:.0f}",
+        ]
+        for result in results
+    ]
+    text = table(
+        [
+            "jobs",
+            "concurrency",
+            "system",
+            "jobs/s",
+            "of ideal",
+            "peak connections",
+            "peak threads",
+            "peak RSS MiB",
+        ],
+        rows,
+    )
+
+    def cell(system: str, mode: str, save: bool, jobs: int, concurrency: int) -> dict[str, Any] | None:
+        for result in results:
+            if "failed" in result:
+                continue
+            if (result["system"], result["mode"], result["save"], result["jobs"], result["concurrency"]) == (
+                system,
+                mode,
+                save,
+                jobs,
+                concurrency,
+            ):
+                return result
+        return None
+
+    targets = []
+    ours, peer = cell("ours", "async", False, 5000, 512), cell("procrastinate", "async", False, 5000, 512)
+    if ours and peer:
+        multiple = ours["jobs_per_s"] / peer["jobs_per_s"]
+        met = (
+            ours["of_ideal"] >= TARGET_IO_ASYNC_OF_IDEAL
+            and ours["peak_connections"] <= TARGET_IO_CONNECTIONS
+            and ours["peak_threads"] <= TARGET_IO_THREADS
+            and multiple >= TARGET_IO_PEER_MULTIPLE
+        )
+        targets.append(
+            "I/O, ours async at 512 in flight over 5,000 jobs ≥ "
+            f"{TARGET_IO_ASYNC_OF_IDEAL:.0%} of ideal on ≤ {TARGET_IO_CONNECTIONS} connections and "
+            f"≤ {TARGET_IO_THREADS} threads, ≥ {TARGET_IO_PEER_MULTIPLE} times Procrastinate's async: "
+            + verdict(
+                met,
+                f"{ours['of_ideal']:.0%}, {ours['peak_connections']} connections, {ours['peak_threads']} "
+                f"threads, {multiple:.1f} times "
+                f"({ours['jobs_per_s']:,.0f}/s against {peer['jobs_per_s']:,.0f}/s)",
+            )
+        )
+    saving = next(
+        (
+            r
+            for r in results
+            if "failed" not in r
+            and r["system"] == "ours"
+            and r["mode"] == "sync"
+            and r["save"]
+            and r["concurrency"] == 128
+        ),
+        None,
+    )
+    if saving:
+        met = (
+            saving["of_ideal"] >= TARGET_IO_SYNC_SAVE_OF_IDEAL
+            and saving["peak_connections"] <= TARGET_IO_CONNECTIONS
+        )
+        targets.append(
+            f"I/O, ours sync with one save() per job at 128 ≥ {TARGET_IO_SYNC_SAVE_OF_IDEAL:.0%} of ideal on "
+            f"≤ {TARGET_IO_CONNECTIONS} connections: "
+            + verdict(
+                met,
+                f"{saving['of_ideal']:.0%} over {saving['jobs']:,} jobs, "
+                f"{saving['peak_connections']} connections",
+            )
+        )
+    return text, targets
+
+
 # --- Main -----------------------------------------------------------------------------------
 
 
@@ -636,6 +792,7 @@ def main() -> None:
         ),
     )
     limit = section("limit", lambda: run_json([*growth_script, "limit", "--database-url", urls["ours"]]))
+    io = section("io", lambda: run_io(options, urls))
     pooled = section("pgbouncer", lambda: run_pgbouncer(options, server))
     load_at_end = os.getloadavg()
 
@@ -704,6 +861,22 @@ def main() -> None:
         out += ["### Purge of expired rows while a runner drains", "", text, ""]
     if limit:
         out += ["### The physical limit", "", report_limit(limit, runs), ""]
+    if io:
+        text, met = report_io(io)
+        targets += met
+        out += [
+            "### I/O workload: jobs that wait 200 ms, one worker process each",
+            "",
+            "Jobs enqueued in one commit, then ONE worker drains them (`benchmarks/io_workload.py`): "
+            "jobs/s over first start to last finish as the database records them; ideal = "
+            "concurrency ÷ 0.2 s; peak sessions on the database (`pg_stat_activity`), peak threads "
+            "and RSS of the worker (`/proc`), sampled every 20 ms. Ours: `CONCURRENCY` (sync) or "
+            "`ASYNC_CONCURRENCY` (async) = concurrency, `DB_CONNECTIONS` default (8); "
+            "Procrastinate: `procrastinate worker --concurrency`.",
+            "",
+            text,
+            "",
+        ]
     if pooled:
         text, met = report_pgbouncer(pooled, poll=SHORT_POLL)
         targets += met
@@ -713,7 +886,7 @@ def main() -> None:
             "",
             "A private PgBouncer (`pool_mode = transaction`, default pool size 20) in front of the same "
             "PostgreSQL; the systems' DATABASE_URL points at it, everything else default. "
-            "\"WAKEUP_DATABASE direct\": the runner LISTENs on a second alias that connects "
+            '"WAKEUP_DATABASE direct": the runner LISTENs on a second alias that connects '
             "straight to PostgreSQL.",
             "",
             text,

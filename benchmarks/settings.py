@@ -26,6 +26,12 @@ if env.str("WAKEUP_DATABASE_URL", default=""):
     DATABASES["wakeup"] = env.db("WAKEUP_DATABASE_URL")
     NEXUS_WORKFLOWS = {**NEXUS_WORKFLOWS, "WAKEUP_DATABASE": "wakeup"}
 
+# Runner settings of one measurement (benchmarks/io_workload.py), as JSON.
+if os.environ.get("BENCH_NEXUS_WORKFLOWS"):
+    import json
+
+    NEXUS_WORKFLOWS = {**NEXUS_WORKFLOWS, **json.loads(os.environ["BENCH_NEXUS_WORKFLOWS"])}
+
 # The kinds with flow limits (benchmarks/flow_control.py sets BENCH_FLOW=1, and its runner
 # processes inherit it); left out elsewhere so other runners claim only what they did.
 if os.environ.get("BENCH_FLOW") == "1":

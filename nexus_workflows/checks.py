@@ -24,7 +24,15 @@ _SECONDS = {
     "SWEEP_INTERVAL": ("greater than 0", lambda v: v > 0),
     "SHUTDOWN_GRACE": ("0 or more", lambda v: v >= 0),
 }
-_COUNTS = ("CONCURRENCY", "BATCH_SIZE", "PURGE_BATCH_SIZE")
+# Whole-number settings and their least value. A runner's DB_CONNECTIONS covers its main
+# loop, heartbeat and wake-up listener, and at least one journal writer.
+_COUNTS = {
+    "CONCURRENCY": 1,
+    "ASYNC_CONCURRENCY": 1,
+    "BATCH_SIZE": 1,
+    "PURGE_BATCH_SIZE": 1,
+    "DB_CONNECTIONS": 4,
+}
 _BOOLEANS = ("WAKEUP",)
 
 
@@ -71,11 +79,11 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
         if not is_number(value) or not accepts(value):
             messages.append(setting_error(name, f"a number of seconds {rule}", value, "nexus_workflows.E002"))
             valid = False
-    for name in _COUNTS:
+    for name, least in _COUNTS.items():
         value = getattr(app_settings, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
             messages.append(
-                setting_error(name, "a whole number of at least 1", value, "nexus_workflows.E003")
+                setting_error(name, f"a whole number of at least {least}", value, "nexus_workflows.E003")
             )
     for name in _BOOLEANS:
         value = getattr(app_settings, name)

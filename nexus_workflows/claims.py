@@ -295,6 +295,23 @@ class Claimer:
             works += self._claim(due, limit, ("-priority", "next_attempt_at"), reclaimed=False)
         return works
 
+    def takes_by_id(self, kind: str) -> bool:
+        """Whether a row of ``kind`` may be claimed by id (:meth:`claim_due_ids`): a kind
+        of this claimer without flow limits, or a Django task when it takes task queues
+        (the claim re-checks the row's queue)."""
+        if "." in kind:
+            return self.queues != []
+        return kind in self.plain_kinds
+
+    def claim_due_ids(self, ids: list[int], *, now: datetime | None = None) -> list[ClaimedWork]:
+        """Claim the rows ``ids`` if they are still pending, due and of this claimer's
+        selection (of kinds without flow limits): one ``UPDATE … RETURNING``, no ``SELECT``
+        first; the wake-up path for a row whose NOTIFY named it."""
+        if not ids or not self._has_plain():
+            return []
+        due = DeferredWork.objects.using(self.using).due(now or DatabaseNow()).filter(self._selection())
+        return self.claim_rows(due, ids, reclaimed=False)
+
     def retry_in(self) -> float | None:
         """Seconds until a rate window the last claim found full has a start again."""
         return self.flow.retry_in if self.flow is not None else None

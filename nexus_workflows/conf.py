@@ -31,8 +31,17 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a runner sleeps when no work is due. On PostgreSQL an enqueue also wakes
     # runners at once through LISTEN/NOTIFY (see WAKEUP), so this is only a fallback.
     "POLL_INTERVAL": 1.0,
-    # Attempts a runner process executes at the same time (threads).
+    # Attempts of sync prepares (and Django tasks) a runner executes at the same time
+    # (threads).
     "CONCURRENCY": 4,
+    # Attempts of `async def` prepares a runner executes at the same time, all on one
+    # event loop of its own (no thread per attempt).
+    "ASYNC_CONCURRENCY": 100,
+    # Database connections a runner uses for its own work, whatever its concurrency:
+    # claims and outcomes (one), heartbeats (one), the wake-up LISTEN (one, on
+    # PostgreSQL) and the journal writers (the rest) through which every save() goes.
+    # A prepare that uses the ORM itself costs a connection of its thread on top.
+    "DB_CONNECTIONS": 8,
     # Seconds between purges of expired done/abandoned work.
     "SWEEP_INTERVAL": 60,
     # Most rows one claim query takes. A runner claims ahead of its free threads only

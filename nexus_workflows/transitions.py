@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Case, F, JSONField, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 
-from . import json_values
+from . import json_values, sql
 from .clock import DatabaseNow, database_now, now_plus
 from .exceptions import ClaimLost, InvalidCheckpoint, WorkerLost
 from .expressions import JSONAppend, JSONDropLast
@@ -189,6 +190,29 @@ def save_checkpoints(work: ClaimedWork, patch: Any) -> dict[str, Any]:
         )
     work.checkpoints = merged
     return clean
+
+
+def save_journals(saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], *, using: str) -> set[int]:
+    """Write many attempts' merged journals at once (the runner's journal writer), each
+    fenced like :func:`save_checkpoints`; at most one save per row. Returns the ids whose
+    fence held. Each row also gets a fresh heartbeat and counts as started."""
+    statements = sql.for_connection(using)
+    if hasattr(statements, "save_journals"):
+        return statements.save_journals(
+            using, [work.id for work, _ in saves], [work.claim_token for work, _ in saves],
+            [journal for _, journal in saves],
+        )
+    written = set()
+    with transaction.atomic(using=using):
+        for work, journal in saves:
+            if work.fenced().update(
+                checkpoints=Value(journal, output_field=JSONField()),
+                heartbeat_at=DatabaseNow(),
+                updated_at=DatabaseNow(),
+                started_at=Coalesce(F("started_at"), DatabaseNow()),
+            ):
+                written.add(work.id)
+    return written
 
 
 def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[ClaimedWork]]:

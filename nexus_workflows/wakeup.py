@@ -1,12 +1,14 @@
 """Waking idle runners as soon as work is enqueued.
 
 Polling alone makes an idle runner start new work up to ``POLL_INTERVAL`` late. On
-PostgreSQL, a statement trigger on the work table sends ``NOTIFY nexus_workflows`` for every
-``INSERT`` (so an enqueue costs no extra round trip; delivered at commit, dropped on
-rollback), :func:`notify` sends one when existing work becomes due (revive, run now,
-release), and every runner ``LISTEN``\\s on a connection of its own, so new work starts
-within milliseconds. Runners in the same process are woken through an in-process event, on
-every database. Other databases fall back to polling.
+PostgreSQL, a statement trigger on the work table sends ``NOTIFY nexus_workflows`` for
+every ``INSERT`` (so an enqueue costs no extra round trip; delivered at commit, dropped on
+rollback; the payload names the row, ``"<id> <kind>"``, when the statement inserted one,
+so an idle runner claims it by id in one statement), :func:`notify` sends one when
+existing work becomes due (revive, run now, release), and every runner ``LISTEN``\\s on a
+connection of its own, so new work starts within milliseconds. Runners in the same
+process are woken through an in-process event, on every database. Other databases fall
+back to polling.
 
 ``LISTEN`` is session state: behind a pooler in transaction mode (PgBouncer) the
 registration lands on a server connection the listener no longer holds, and every
@@ -94,6 +96,13 @@ class WakeupMode(StrEnum):
     POLL = "poll"
 
 
+def parse_new_work(payload: str) -> tuple[int, str] | None:
+    """(id, kind) from the NOTIFY of an INSERT of one row (``"<id> <kind>"``, see
+    migration 0009); None for any other payload (many rows, ``notify``, a probe)."""
+    number, _, kind = payload.partition(" ")
+    if not kind or not number.isdigit():
+        return None
+    return int(number), kind
 
 
 def wakeup_alias(using: str) -> str:
@@ -111,7 +120,12 @@ class PostgresListener(threading.Thread):
     """
 
     def __init__(
-        self, using: str, event: threading.Event, *, on_mode_change: Callable[[], None] | None = None
+        self,
+        using: str,
+        event: threading.Event,
+        *,
+        on_mode_change: Callable[[], None] | None = None,
+        on_new_work: Callable[[int, str], None] | None = None,
     ) -> None:
         super().__init__(name="nexus-workflows-listener", daemon=True)
         self.using = using
@@ -121,6 +135,9 @@ class PostgresListener(threading.Thread):
         self.decided = threading.Event()  # set once the first probe has an answer
         # Called from this thread when the mode changed: the runner's row shows it.
         self.on_mode_change = on_mode_change
+        # Called from this thread with (id, kind) of a row inserted alone, before the
+        # event is set: the runner can claim that row by id (see parse_new_work).
+        self.on_new_work = on_new_work
         self._stopping = threading.Event()
         self._reported_lost = False
 
@@ -190,6 +207,9 @@ class PostgresListener(threading.Thread):
         """Handle one notification; True if it was a probe (ours or another runner's)."""
         if payload.startswith(PROBE_PREFIX):
             return True
+        new_work = parse_new_work(payload)
+        if new_work is not None and self.on_new_work is not None:
+            self.on_new_work(*new_work)
         self.event.set()
         return False
 

@@ -54,6 +54,17 @@ def test_unknown_settings_are_a_warning_naming_them() -> None:
         ),
         ({"CONCURRENCY": 0}, "nexus_workflows.E003", "CONCURRENCY'] must be a whole number of at least 1"),
         ({"BATCH_SIZE": 2.5}, "nexus_workflows.E003", "BATCH_SIZE"),
+        (
+            {"ASYNC_CONCURRENCY": 0},
+            "nexus_workflows.E003",
+            "ASYNC_CONCURRENCY'] must be a whole number of at least 1",
+        ),
+        # Main loop, heartbeat, wake-up listener and at least one journal writer.
+        (
+            {"DB_CONNECTIONS": 3},
+            "nexus_workflows.E003",
+            "DB_CONNECTIONS'] must be a whole number of at least 4",
+        ),
         ({"WAKEUP": "yes"}, "nexus_workflows.E005", "WAKEUP'] must be True or False"),
         (
             {"WAKEUP_FALLBACK_POLL_INTERVAL": 0},

@@ -3,6 +3,7 @@ database); the multi-process scenarios are in test_runworkflows_command.py."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -375,7 +376,10 @@ def test_logs_name_kind_id_attempt_and_outcome_but_no_contents(register_workflow
         "STALE_AFTER": 1.0,
     }
 )
-def test_shutdown_keeps_the_claim_of_an_attempt_that_outlives_the_grace(register_workflow: Any) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_shutdown_keeps_the_claim_of_an_attempt_that_outlives_the_grace(
+    register_workflow: Any, mode: str
+) -> None:
     """Never two executions at once: the claim of an attempt still running when the grace
     ends is neither released nor refreshed, so nobody can take it until it goes stale."""
     started = threading.Event()
@@ -392,7 +396,19 @@ def test_shutdown_keeps_the_claim_of_an_attempt_that_outlives_the_grace(register
             late_save["error"] = error
             raise
 
-    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    async def async_prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        started.set()
+        deadline = time.monotonic() + 10
+        while not finish.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        try:
+            await save({"late": True})
+            late_save["saved"] = True
+        except ClaimLost as error:
+            late_save["error"] = error
+            raise
+
+    kind = register_workflow(prepare if mode == "sync" else async_prepare, retry_schedule=[1]).kind
     work_id = enqueue(kind, {"key": "a"})
     runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
     thread = threading.Thread(target=runner.run)

@@ -7,6 +7,7 @@ writes fail the way a constraint or a read-only primary would.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -48,6 +49,18 @@ def running(*kinds: str, concurrency: int = 2) -> Iterator[tuple[Runner, threadi
     assert not thread.is_alive()
 
 
+def in_mode(mode: str, prepare: Any) -> Any:
+    """``prepare`` as is ("sync": the thread pool) or as an ``async def`` ("async": the
+    runner's event loop) doing the same; for bodies that do not block."""
+    if mode == "sync":
+        return prepare
+
+    async def async_prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        prepare(trigger, checkpoints, save)
+
+    return async_prepare
+
+
 # --- 1. poison never spreads --------------------------------------------------------------
 
 
@@ -74,13 +87,16 @@ POISON = {
 }
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("poison", list(POISON))
-def test_whatever_prepare_raises_only_its_own_item_fails(register_workflow: Any, poison: str) -> None:
-    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+def test_whatever_prepare_raises_only_its_own_item_fails(
+    register_workflow: Any, poison: str, mode: str
+) -> None:
+    def sync_prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
         if trigger["key"] == "poison":
             raise POISON[poison]()
 
-    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    kind = register_workflow(in_mode(mode, sync_prepare), retry_schedule=[1]).kind
     others = [enqueue(kind, {"key": f"ok-{n}"}) for n in range(5)]
     poisoned = enqueue(kind, {"key": "poison"})
     stats = run_once(kind, concurrency=2)
@@ -149,8 +165,9 @@ def test_an_error_message_the_database_rejects_is_stored_as_its_type_alone(
 # --- 3. heartbeats survive any exception ----------------------------------------------------
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_heartbeats_survive_errors_and_a_runner_without_them_stops_claiming(
-    register_workflow: Any, write_blocker: Any, caplog: Any
+    register_workflow: Any, write_blocker: Any, caplog: Any, mode: str
 ) -> None:
     release_slow = threading.Event()
     runs: list[str] = []
@@ -160,7 +177,13 @@ def test_heartbeats_survive_errors_and_a_runner_without_them_stops_claiming(
         if trigger["key"] == "slow":
             release_slow.wait(20)
 
-    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    async def async_prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        runs.append(trigger["key"])
+        deadline = time.monotonic() + 20
+        while trigger["key"] == "slow" and not release_slow.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    kind = register_workflow(prepare if mode == "sync" else async_prepare, retry_schedule=[1]).kind
     slow = enqueue(kind, {"key": "slow"})
     # Heartbeat-only updates fail (InternalError on PostgreSQL, as on a read-only primary).
     heartbeat_only = (
@@ -192,13 +215,14 @@ def test_heartbeats_survive_errors_and_a_runner_without_them_stops_claiming(
 # --- 4. an unreachable database does not consume the schedule ------------------------------
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_database_outage_inside_prepare_releases_the_attempt_a_bounded_number_of_times(
-    register_workflow: Any,
+    register_workflow: Any, mode: str
 ) -> None:
     def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
         raise OperationalError("server closed the connection unexpectedly")
 
-    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    kind = register_workflow(in_mode(mode, prepare), retry_schedule=[1]).kind
     work_id = enqueue(kind, {"key": "a"})
     for _ in range(OUTAGE_RELEASES_MAX):
         stats = run_once(kind)

@@ -160,3 +160,19 @@ def test_a_minute_as_epoch_seconds() -> None:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {epoch} FROM {OutcomeCount._meta.db_table}")
         assert cursor.fetchone()[0] == int(minute.timestamp())
+
+
+def test_the_journal_writers_batch_writes_only_rows_whose_claim_holds() -> None:
+    """``transitions.save_journals``: PostgreSQL's one-statement batch, the ORM elsewhere."""
+    from nexus_workflows import transitions
+    from nexus_workflows.claims import Claimer
+
+    for key in ("a", "b"):
+        new_row(key)
+    held, lost = sorted(Claimer(kinds=["k"], using="default").claim_due(2), key=lambda work: work.dedupe_key)
+    DeferredWork.objects.filter(pk=lost.id).update(claim_token="someone else's")
+    written = transitions.save_journals([(held, {"step": 1}), (lost, {"step": 9})], using="default")
+    assert written == {held.id}
+    rows = {row.pk: row for row in DeferredWork.objects.all()}
+    assert rows[held.id].checkpoints == {"step": 1} and rows[held.id].started_at is not None
+    assert rows[lost.id].checkpoints == {} and rows[lost.id].started_at is None

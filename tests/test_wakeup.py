@@ -13,7 +13,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, connections
 
+from nexus_workflows import enqueue_many
 from nexus_workflows.models import DeferredWork
+from nexus_workflows.wakeup import CHANNEL
 from tests.processes import ManagePy, database_url, wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
@@ -160,3 +162,21 @@ def test_a_listener_that_reconnects_proves_its_wakeups_again(pgbouncer: Any) -> 
         runner.close()
     assert LOST_WARNING not in output  # the probe after the reconnect arrived
     assert max(latencies) < 1.0, latencies
+
+
+# The NOTIFY of an INSERT names a row inserted alone (issue 12: the runner claims it by id).
+@pytest.mark.postgresql
+def test_the_notify_of_one_inserted_row_names_it_and_of_many_names_none(register_workflow: Any) -> None:
+    import psycopg
+
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    params = dict(connection.get_connection_params())
+    for django_only in ("cursor_factory", "context"):
+        params.pop(django_only, None)
+    with psycopg.connect(**params, autocommit=True) as listener:
+        listener.execute(f"LISTEN {CHANNEL}")
+        (one,) = enqueue_many(kind, [{"key": 1}])
+        enqueue_many(kind, [{"key": 2}, {"key": 3}])
+        enqueue_many(kind, [{"key": 1}])  # a dedupe conflict: nothing inserted
+        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=3)]
+    assert payloads == [f"{one} {kind}", "", ""]

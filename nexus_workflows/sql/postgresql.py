@@ -9,9 +9,11 @@ thread and pooled; a ``LISTEN`` needs a session that stays).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
+from django.apps import apps
 from django.db import IntegrityError, connections, transaction
 
 from .returning import can_return_from_update, insert_returning_pk, update_returning
@@ -25,6 +27,7 @@ __all__ = [
     "insert_returning_pk",
     "listen",
     "notify",
+    "save_journals",
     "update_returning",
     "violated_constraint",
 ]
@@ -135,3 +138,29 @@ _ADD_TO_MINUTE = "ON CONFLICT (minute, kind, outcome) DO UPDATE SET count = {tab
 
 #: A minute column as seconds since the epoch (the dashboard's 5-minute buckets).
 EPOCH_OF_MINUTE = "EXTRACT(EPOCH FROM minute)::bigint"
+
+
+# Every save of a batch in one statement, its rows passed as three arrays, so the text
+# (and plan) is the same whatever the batch's size. The fence is each save's (id, claim
+# token) and the status; STATEMENT_TIMESTAMP() is what DatabaseNow compiles to here.
+_SAVE_JOURNALS = """
+UPDATE {table} AS w
+SET checkpoints = v.checkpoints::jsonb,
+    heartbeat_at = STATEMENT_TIMESTAMP(),
+    updated_at = STATEMENT_TIMESTAMP(),
+    started_at = COALESCE(w.started_at, STATEMENT_TIMESTAMP())
+FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS v(id, token, checkpoints)
+WHERE w.id = v.id AND w.claim_token = v.token AND w.status = %s
+RETURNING w.id
+"""
+
+
+def save_journals(using: str, ids: Sequence[int], tokens: Sequence[str], journals: Sequence[Any]) -> set[int]:
+    """The journal writer's batch of fenced saves (see ``transitions.save_journals``)."""
+    model = apps.get_model("nexus_workflows", "DeferredWork")
+    with connections[using].cursor() as cursor:  # autocommit: one statement, one transaction
+        cursor.execute(
+            _SAVE_JOURNALS.format(table=model._meta.db_table),
+            [list(ids), list(tokens), [json.dumps(journal) for journal in journals], "processing"],
+        )
+        return {row[0] for row in cursor.fetchall()}

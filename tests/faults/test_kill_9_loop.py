@@ -29,6 +29,8 @@ RUNNER_SETTINGS = {
     "STALE_AFTER": 2,
     "SHUTDOWN_GRACE": 1,
     "CONCURRENCY": 4,
+    # The async variant runs as many at once: the same drain, as long, as many kills.
+    "ASYNC_CONCURRENCY": 4,
 }
 
 
@@ -36,12 +38,14 @@ def unfinished() -> int:
     return DeferredWork.objects.filter(status__in=[Status.PENDING, Status.PROCESSING]).count()
 
 
+# The same drain with sync prepares (worker threads) and async ones (the runner's loop).
+@pytest.mark.parametrize("kind", ["test-interval", "test-interval-async"])
 def test_twenty_kill_9s_during_a_three_step_drain_lose_nothing(
-    tmp_path: Path, report_figures: Callable[[str], None]
+    tmp_path: Path, report_figures: Callable[[str], None], kind: str
 ) -> None:
     ledger = tmp_path / "ledger"
     trigger = {"ledger": str(ledger), "steps": STEPS, "step_seconds": 0.1}
-    enqueue_many("test-interval", [{**trigger, "key": str(n)} for n in range(ITEMS)])
+    enqueue_many(kind, [{**trigger, "key": str(n)} for n in range(ITEMS)])
     chance = random.Random(20)
     slots = [ManagePy("runworkflows", settings=RUNNER_SETTINGS) for _ in range(2)]
     killed: list[ManagePy] = []
@@ -66,7 +70,7 @@ def test_twenty_kill_9s_during_a_three_step_drain_lose_nothing(
         for process in [*killed, *slots]:
             process.close()
 
-    max_attempts = registry.get("test-interval").max_attempts
+    max_attempts = registry.get(kind).max_attempts
     rows = list(DeferredWork.objects.values("dedupe_key", "status", "attempt", "lost_unstarted", "history"))
     statuses = Counter(row["status"] for row in rows)
     intervals = read_intervals(ledger)
@@ -78,7 +82,7 @@ def test_twenty_kill_9s_during_a_three_step_drain_lose_nothing(
         entry.get("started") for row in rows for entry in row["history"] if entry.get("outcome") == "lost"
     )
     report_figures(
-        f"kill -9 loop: {KILLS} kills of 2 runners during a {ITEMS}-item, {STEPS}-step "
+        f"kill -9 loop ({kind}): {KILLS} kills of 2 runners during a {ITEMS}-item, {STEPS}-step "
         f"drain, {drained:.1f}s; unfinished items at each kill {kills_at}; statuses {dict(statuses)}; "
         f"attempts {dict(Counter(row['attempt'] for row in rows))}; lost attempts in history: "
         f"{lost_entries.get(True, 0)} started, {lost_entries.get(False, 0)} before starting; "

@@ -27,6 +27,8 @@ RUNNER_SETTINGS = {
     "STALE_AFTER": 10,
     "SHUTDOWN_GRACE": 5,
     "CONCURRENCY": 4,
+    # The async variant runs as many at once: the same drain, as long, as many kills.
+    "ASYNC_CONCURRENCY": 4,
 }
 
 
@@ -63,18 +65,20 @@ ENQUEUE = """
 from nexus_workflows import enqueue_many
 triggers = [{{"key": str(n), "ledger": {ledger!r}, "steps": 1, "step_seconds": 0.01}} for n in range({items})]
 for start in range(0, len(triggers), 500):
-    enqueue_many("test-interval", triggers[start:start + 500])
+    enqueue_many({kind!r}, triggers[start:start + 500])
 """
 
 
+# The same drain with sync prepares (worker threads) and async ones (the runner's loop).
+@pytest.mark.parametrize("kind", ["test-interval", "test-interval-async"])
 def test_postgresql_restarts_during_a_drain_consume_no_attempts(
-    private_postgres: PrivatePostgres, tmp_path: Path, report_figures: Callable[[str], None]
+    private_postgres: PrivatePostgres, tmp_path: Path, report_figures: Callable[[str], None], kind: str
 ) -> None:
     private_postgres.create_database("nw_faults_drain")
     url = private_postgres.url("nw_faults_drain")
     ledger = tmp_path / "ledger"
     run_to_end("migrate", "--no-input", "-v", "0", url=url)
-    run_to_end("shell", "-c", ENQUEUE.format(ledger=str(ledger), items=ITEMS), url=url)
+    run_to_end("shell", "-c", ENQUEUE.format(ledger=str(ledger), items=ITEMS, kind=kind), url=url)
     table = "nexus_workflows_deferredwork"
 
     def done() -> int:
@@ -118,7 +122,7 @@ def test_postgresql_restarts_during_a_drain_consume_no_attempts(
     unavailable_logs = sum(output.count("database unavailable (") for output in outputs)
 
     report_figures(
-        f"PostgreSQL restarts: {ITEMS} items drained by 2 runners in {drained:.1f}s; "
+        f"PostgreSQL restarts ({kind}): {ITEMS} items drained by 2 runners in {drained:.1f}s; "
         + "; ".join(f"restart -m {mode} at {at} done, server away {away:.2f}s" for mode, at, away in outages)
         + f"; statuses {statuses}; attempts {attempts}; attempts released for the outage {released}; "
         f"claims lost and reclaimed {lost}; items started more than once {restarted}; "

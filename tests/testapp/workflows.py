@@ -7,6 +7,7 @@ which is this.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import random
@@ -115,6 +116,31 @@ def interval(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) ->
             continue
         tick_for(trigger.get("step_seconds", 0))
         save({f"step{step}": True})
+        append_line(ledger, key, f"step{step}", time.time())
+    append_line(ledger, key, "end", time.time())
+
+
+@workflow("test-interval-async", dedupe_key=by_key, retry_schedule=SCHEDULE)
+async def interval_async(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """``test-interval`` as an ``async def`` prepare (on the runner's event loop): the same
+    ledger lines, ``await save(...)`` per step."""
+    ledger = trigger["ledger"]
+    key = trigger["key"]
+    append_line(ledger, key, "start", time.time())
+    until = Path(trigger["until_file"]) if trigger.get("until_file") else None
+
+    async def tick_for(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (until and until.exists()):
+            await asyncio.sleep(min(0.01, seconds))
+            append_line(ledger, key, "tick", time.time())
+
+    await tick_for(trigger.get("seconds", 0))
+    for step in range(trigger.get("steps", 0)):
+        if checkpoints.get(f"step{step}"):
+            continue
+        await tick_for(trigger.get("step_seconds", 0))
+        await save({f"step{step}": True})
         append_line(ledger, key, f"step{step}", time.time())
     append_line(ledger, key, "end", time.time())
 

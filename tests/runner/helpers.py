@@ -1,0 +1,45 @@
+"""In-memory parts for the runner's unit tier: claimed work that never touched a database."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from nexus_workflows.claims import ClaimedWork
+from nexus_workflows.execution import Outcome, Result
+
+_ids = itertools.count(1)
+
+
+def work(token: str = "t1", **fields: Any) -> ClaimedWork:
+    """A claimed row as the claim would return it (no database involved)."""
+    values: dict[str, Any] = {
+        "id": next(_ids),
+        "kind": "unit",
+        "dedupe_key": "",
+        "trigger": {},
+        "checkpoints": {},
+        "attempt": 0,
+        "history": [],
+        "claim_token": token,
+    }
+    values.update(fields)
+    return ClaimedWork(**values)
+
+
+def outcome(result: Result = Result.SUCCEEDED, token: str = "t1", **fields: Any) -> Outcome:
+    error = None if result is Result.SUCCEEDED else RuntimeError("boom")
+    return Outcome(work(token, **fields), result, error)
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

@@ -1,0 +1,138 @@
+"""What a runner holds, and the order in which it lets go of it when stopping."""
+
+from __future__ import annotations
+
+import threading
+
+from nexus_workflows.claims import ClaimedWork
+from nexus_workflows.runner.ledger import Ledger, Pending
+from nexus_workflows.runner.shutdown import Shutdown
+
+from .helpers import FakeClock, outcome, work
+
+
+def test_free_slots_count_queued_and_running_work() -> None:
+    ledger = Ledger()
+    ledger.dispatch([work(), work(), work()])
+    assert ledger.free_slots(4) == 1
+    taken = ledger.take()
+    assert taken is not None
+    assert (ledger.free_slots(4), ledger.running_count()) == (1, 1)
+    assert ledger.unmarked() == [taken]  # its start marker is not written yet
+    ledger.finished(taken)
+    assert (ledger.free_slots(4), ledger.running_count(), ledger.unmarked()) == (2, 0, [])
+
+
+def test_a_closed_ledger_hands_out_nothing_and_returns_what_never_started() -> None:
+    ledger = Ledger()
+    queued, reclaimed = work(), work(reclaimed=True)
+    ledger.dispatch([queued])
+    ledger.add_unguarded([reclaimed])
+    empty = Ledger()
+    waiting: list[ClaimedWork | None] = []
+    worker = threading.Thread(target=lambda: waiting.append(empty.take()))
+    worker.start()
+    assert empty.close() == []
+    worker.join(5)
+    assert waiting == [None]  # a blocked worker is let go
+    assert ledger.close() == [queued, reclaimed]
+    assert ledger.take() is None
+    assert ledger.held_count() == 0
+
+
+class Recorder:
+    """The parts a stop drives, recording what they were asked, in order."""
+
+    def __init__(self, ledger: Ledger, clock: FakeClock, *, finishes_after: float | None) -> None:
+        self.ledger = ledger
+        self.clock = clock
+        self.finishes_after = finishes_after
+        self.calls: list[tuple[str, object]] = []
+        self.running = ledger.take()
+
+    def release(self, works: list[ClaimedWork], deadline: float) -> None:
+        self.calls.append(("release", [w.id for w in works]))
+
+    def write_outcomes(self) -> bool:
+        self.clock.advance(0.5)
+        due = self.finishes_after is not None and self.clock.now >= self.finishes_after
+        if self.running is not None and due:
+            self.ledger.finished(self.running)
+            self.calls.append(("finished", self.running.id))
+            self.running = None
+        return True
+
+    def stop_helpers(self) -> None:
+        self.calls.append(("stop helpers", self.ledger.running_count()))
+
+
+def stop(ledger: Ledger, recorder: Recorder, clock: FakeClock, *, now: bool = False) -> None:
+    stop_now = threading.Event()
+    if now:
+        stop_now.set()
+    Shutdown(
+        ledger,
+        grace=3.0,
+        stale_after=30.0,
+        stop_now=stop_now,
+        wake=threading.Event(),
+        release=recorder.release,
+        write_outcomes=recorder.write_outcomes,
+        stop_helpers=recorder.stop_helpers,
+        monotonic=clock,
+    ).run()
+
+
+def test_unstarted_work_is_released_first_and_running_work_gets_the_grace() -> None:
+    ledger, clock = Ledger(), FakeClock()
+    running, queued = work(), work()
+    ledger.dispatch([running, queued])
+    recorder = Recorder(ledger, clock, finishes_after=clock.now + 2.0)
+    stop(ledger, recorder, clock)
+    assert recorder.calls == [("release", [queued.id]), ("finished", running.id), ("stop helpers", 0)]
+
+
+def test_an_attempt_outliving_the_grace_keeps_its_claim() -> None:
+    ledger, clock = Ledger(), FakeClock()
+    running = work()
+    ledger.dispatch([running])
+    recorder = Recorder(ledger, clock, finishes_after=None)
+    stop(ledger, recorder, clock)
+    # Never released: another runner may take it only once it goes stale.
+    assert recorder.calls == [("stop helpers", 1)]
+    assert ledger.held() == [running]
+
+
+def test_stop_now_gives_no_grace() -> None:
+    ledger, clock = Ledger(), FakeClock()
+    ledger.dispatch([work()])
+    recorder = Recorder(ledger, clock, finishes_after=clock.now + 1.0)
+    started = clock.now
+    stop(ledger, recorder, clock, now=True)
+    assert recorder.calls == [("stop helpers", 1)]
+    assert clock.now - started <= 0.5  # one flush of finished outcomes, no waiting
+
+
+def test_outcomes_that_keep_failing_are_flushed_for_a_bounded_time() -> None:
+    ledger, clock = Ledger(), FakeClock()
+    ledger.add_unwritten(Pending(outcome()))
+    attempts = []
+
+    def never_written() -> bool:
+        attempts.append(clock.now)
+        clock.advance(1.0)
+        return False
+
+    Shutdown(
+        ledger,
+        grace=3.0,
+        stale_after=30.0,
+        stop_now=threading.Event(),
+        wake=threading.Event(),
+        release=lambda works, deadline: None,
+        write_outcomes=never_written,
+        stop_helpers=lambda: None,
+        monotonic=clock,
+    ).run()
+    # Tries for min(grace, 5) = 3 s past the stop (1 s each here), then exits.
+    assert attempts == [1000.0, 1001.0, 1002.0]

@@ -1,0 +1,264 @@
+"""``async def`` prepares on the runner's own event loop, and every ``save()`` through the
+journal writer over at most ``DB_CONNECTIONS`` connections (issue 12). In-process runners
+on the real database; connections are counted in ``pg_stat_activity``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from nexus_workflows import ClaimLost, enqueue_many
+from nexus_workflows.claims import Claimer
+from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.runner import Runner
+from nexus_workflows.wakeup import parse_new_work
+from tests.processes import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"POLL_INTERVAL": 0.05, "HEARTBEAT_INTERVAL": 0.2, "STALE_AFTER": 5.0, "SHUTDOWN_GRACE": 5}
+
+
+@contextmanager
+def running(kinds: list[str], **options: Any) -> Iterator[Runner]:
+    """A runner in a thread of this process; stopped (and checked to stop) on exit."""
+    runner = Runner(kinds=kinds, install_signal_handlers=False, **options)
+    thread = threading.Thread(target=runner.run, name="test-runner")
+    thread.start()
+    try:
+        yield runner
+    finally:
+        runner.request_stop()
+        thread.join(20)
+        connection.close()
+    assert not thread.is_alive()
+
+
+class Gate:
+    """What attempts wait on, and who is waiting (the test's side of the attempts)."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.waiting: set[int] = set()
+        self.threads: set[str] = set()
+        self.lock = threading.Lock()
+
+    def arrived(self, key: int) -> None:
+        with self.lock:
+            self.waiting.add(key)
+            self.threads.add(threading.current_thread().name)
+
+    async def wait(self, key: int) -> None:
+        self.arrived(key)
+        deadline = time.monotonic() + 60
+        while not self.open.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.waiting)
+
+
+class ConnectionCounter:
+    """Samples, on a connection of its own, how many sessions the test database has
+    beyond those it had before (the test's own): the peak is what a runner held."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        params = dict(connection.get_connection_params())
+        for django_only in ("cursor_factory", "context"):
+            params.pop(django_only, None)
+        params["prepare_threshold"] = None
+        self._connection = psycopg.connect(**params, autocommit=True)
+        self.baseline = self.sessions()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="connection-counter", daemon=True)
+
+    def sessions(self) -> int:
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return self._connection.execute(sql).fetchone()[0]
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.sessions() - self.baseline)
+            self._stop.wait(0.01)
+
+    def __enter__(self) -> ConnectionCounter:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._connection.close()
+
+
+def test_async_attempts_run_concurrently_on_one_thread_of_the_runner(register_workflow: Any) -> None:
+    gate = Gate()
+
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        await gate.wait(trigger["key"])
+        await save({"done": True})
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": n} for n in range(60)])
+    threads_before = threading.active_count()
+    with (
+        override_settings(NEXUS_WORKFLOWS=FAST),
+        running([kind], concurrency=2, async_concurrency=60) as runner,
+    ):
+        wait_for(lambda: gate.count() == 60, timeout=30, what="60 attempts in flight")
+        # One loop thread; a thread per attempt would add 60.
+        assert gate.threads == {"nexus-workflows-async"}
+        assert threading.active_count() - threads_before < 20
+        gate.open.set()
+        wait_for(lambda: runner.stats.done == 60, timeout=30, what="all 60 done")
+    journals = list(DeferredWork.objects.filter(kind=kind).values_list("checkpoints", flat=True))
+    assert journals == [{"done": True}] * 60
+
+
+def test_an_async_attempt_that_lost_its_claim_gets_claim_lost_from_await_save(register_workflow: Any) -> None:
+    gate = Gate()
+    seen: list[BaseException] = []
+
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        await save({"before": True})
+        await gate.wait(trigger["key"])
+        try:
+            await save({"after": True})
+        except ClaimLost as error:
+            seen.append(error)
+            raise
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    (work_id,) = enqueue_many(kind, [{"key": 1}])
+    with override_settings(NEXUS_WORKFLOWS=FAST), running([kind], async_concurrency=4) as runner:
+        wait_for(lambda: gate.count() == 1, timeout=30, what="the attempt to wait")
+        # Another runner (or an operator) took the work over.
+        DeferredWork.objects.filter(pk=work_id).update(claim_token="someone-else")
+        gate.open.set()
+        wait_for(lambda: runner.stats.lost == 1, timeout=30, what="the lost claim")
+    assert [type(error) for error in seen] == [ClaimLost]
+    work = DeferredWork.objects.get(pk=work_id)
+    assert (work.claim_token, work.checkpoints, work.status) == (
+        "someone-else",
+        {"before": True},
+        Status.PROCESSING,
+    )
+
+
+def test_each_lane_claims_only_as_far_as_its_own_slots(register_workflow: Any) -> None:
+    """Sync work is not claimed for free async slots (nor the other way round): a row
+    claimed for a busy thread pool would wait in this runner while others could run it."""
+    sync_gate, async_gate = threading.Event(), Gate()
+
+    def blocking(trigger: Any, checkpoints: Any, save: Any) -> None:
+        sync_gate.wait(30)
+
+    async def waiting(trigger: Any, checkpoints: Any, save: Any) -> None:
+        await async_gate.wait(trigger["key"])
+
+    sync_kind = register_workflow(blocking, retry_schedule=[1]).kind
+    async_kind = register_workflow(waiting, retry_schedule=[1]).kind
+    enqueue_many(sync_kind, [{"key": n} for n in range(6)])
+    enqueue_many(async_kind, [{"key": n} for n in range(12)])
+
+    def processing(kind: str) -> int:
+        return DeferredWork.objects.filter(kind=kind, status=Status.PROCESSING).count()
+
+    with (
+        override_settings(NEXUS_WORKFLOWS=FAST),
+        running([sync_kind, async_kind], concurrency=1, async_concurrency=8) as runner,
+    ):
+        wait_for(lambda: async_gate.count() == 8, timeout=30, what="8 async attempts in flight")
+        time.sleep(0.3)  # several polls: nothing more may be claimed
+        assert (processing(sync_kind), processing(async_kind)) == (1, 8)
+        sync_gate.set()
+        async_gate.open.set()
+        wait_for(lambda: runner.stats.done == 18, timeout=30, what="all 18 done")
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize(("mode", "in_flight", "db_connections"), [("async", 500, 5), ("sync", 32, 4)])
+def test_attempts_in_flight_with_saves_never_hold_more_connections_than_the_setting(
+    register_workflow: Any, mode: str, in_flight: int, db_connections: int
+) -> None:
+    gate = Gate()
+    release = threading.Event()
+
+    async def async_prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        await save({"step": 1})
+        await gate.wait(trigger["key"])
+        await save({"step": 2})
+
+    def sync_prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        save({"step": 1})
+        gate.arrived(trigger["key"])
+        release.wait(60)
+        save({"step": 2})
+
+    prepare: Callable[..., Any] = async_prepare if mode == "async" else sync_prepare
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": n} for n in range(in_flight)])
+    settings = {**FAST, "DB_CONNECTIONS": db_connections}
+    options = {"async_concurrency": in_flight} if mode == "async" else {"concurrency": in_flight}
+    with override_settings(NEXUS_WORKFLOWS=settings), ConnectionCounter() as counter:
+        with running([kind], **options) as runner:
+            wait_for(lambda: gate.count() == in_flight, timeout=60, what=f"{in_flight} attempts in flight")
+            gate.open.set()
+            release.set()
+            wait_for(lambda: runner.stats.done == in_flight, timeout=60, what="all done")
+        peak = counter.peak
+    assert peak <= db_connections, f"{peak} connections for DB_CONNECTIONS = {db_connections}"
+    # Through a pooler (bin/test's PgBouncer leg) the runner may reuse server sessions the
+    # baseline already counted; a pooler never opens more than its clients, so the bound
+    # above still holds. Directly, the runner's own sessions must have been seen.
+    if not os.environ.get("DIRECT_DATABASE_URL"):
+        assert peak >= 1
+    journals = list(DeferredWork.objects.filter(kind=kind).values_list("checkpoints", flat=True))
+    assert journals == [{"step": 2}] * in_flight
+
+
+# --- wake-up by id (issue 12, item 3) ------------------------------------------------------
+
+
+def test_a_row_named_by_its_notify_is_claimed_by_id_only_while_it_is_pending_due_and_ours(
+    register_workflow: Any,
+) -> None:
+    mine = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    other = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    due, later = map(int, enqueue_many(mine, [{"key": 1}, {"key": 2}]))
+    DeferredWork.objects.filter(pk=later).update(next_attempt_at=timezone.now() + timedelta(hours=1))
+    foreign = int(enqueue_many(other, [{"key": 1}])[0])
+    claimer = Claimer(kinds=[mine], using="default")
+    assert claimer.takes_by_id(mine)
+    assert not claimer.takes_by_id(other)
+    (claimed,) = claimer.claim_due_ids([due, later, foreign])
+    assert (claimed.id, claimed.kind, claimed.attempt) == (due, mine, 0)
+    assert DeferredWork.objects.get(pk=due).claim_token == claimed.claim_token
+    assert claimer.claim_due_ids([due]) == []  # already processing: never twice
+    statuses = dict(DeferredWork.objects.filter(pk__in=[later, foreign]).values_list("pk", "status"))
+    assert statuses == {later: Status.PENDING, foreign: Status.PENDING}
+
+
+def test_parse_new_work_reads_only_the_one_row_payload() -> None:
+    assert parse_new_work("42 send-reminder") == (42, "send-reminder")
+    assert parse_new_work("7 myapp.tasks.send") == (7, "myapp.tasks.send")
+    for payload in ("", "probe:abc", "42", "x y", " 42 kind"):
+        assert parse_new_work(payload) is None
