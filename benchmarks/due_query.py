@@ -36,9 +36,9 @@ def main() -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from nexus_workflows.claims import Claimer
+    from nexus_workflows.deferred.claims import Claimer
+    from nexus_workflows.deferred.registry import registry
     from nexus_workflows.models import DeferredWork
-    from nexus_workflows.registry import registry
 
     call_command("migrate", verbosity=0)
     table = DeferredWork._meta.db_table

@@ -29,8 +29,8 @@ django.setup()
 from django.test import override_settings  # noqa: E402
 
 from nexus_workflows import enqueue, register  # noqa: E402
-from nexus_workflows.embedded import embedded_queue  # noqa: E402
 from nexus_workflows.fire_and_forget import get_queue  # noqa: E402
+from nexus_workflows.fire_and_forget.embedded import embedded_queue  # noqa: E402
 
 
 def noop(trigger: dict[str, int]) -> None:

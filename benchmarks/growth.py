@@ -168,9 +168,9 @@ def due_query_cost(runs: int = 30) -> dict[str, Any]:
     from django.db import connection
     from django.utils import timezone
 
-    from nexus_workflows.claims import Claimer
+    from nexus_workflows.deferred.claims import Claimer
+    from nexus_workflows.deferred.registry import registry
     from nexus_workflows.models import DeferredWork
-    from nexus_workflows.registry import registry
 
     claimer = Claimer(kinds=registry.kinds(deferred=True), queues=None, using="default")
     now = timezone.now()
@@ -256,7 +256,7 @@ def purge(options: argparse.Namespace) -> dict[str, Any]:
     )
     result["vacuum_analyze_seconds"] = vacuum_analyze()
     # What one purge batch costs the runner's loop, timed alone on the full table.
-    from nexus_workflows.retention import purge_batch
+    from nexus_workflows.deferred.retention import purge_batch
 
     batches = []
     for _ in range(options.timed_batches):

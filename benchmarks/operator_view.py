@@ -110,9 +110,9 @@ def measure(runs: int) -> dict[str, Any]:
 
 def drain_cost(items: int) -> dict[str, Any]:
     from nexus_workflows import enqueue_many
+    from nexus_workflows.deferred.runner import Runner
     from nexus_workflows.models import DeferredWork
     from nexus_workflows.observability import counts
-    from nexus_workflows.runner import Runner
 
     execute(f"TRUNCATE {TABLE}")
     vacuum_analyze()

@@ -95,9 +95,9 @@ def make_rows() -> int:
     from django.utils import timezone
 
     from nexus_workflows import enqueue
-    from nexus_workflows.claims import Claimer
+    from nexus_workflows.deferred.claims import Claimer
+    from nexus_workflows.deferred.runner import Runner
     from nexus_workflows.models import DeferredWork
-    from nexus_workflows.runner import Runner
 
     for contact in (3101, 3102, 3103, 3104):
         enqueue("sync-airtable-contact", {"contact": contact, "conversation": f"conv_{contact:x}"})
@@ -231,7 +231,7 @@ def main() -> None:
         register_workflows()
         detail_id = make_rows()
         backfill_history()
-        from nexus_workflows.runner import Runner
+        from nexus_workflows.deferred.runner import Runner
 
         # A live runner (in a thread) while the pages are photographed; nothing is due for it.
         runner = Runner(install_signal_handlers=False, kinds=["appointment-reminder"], concurrency=2)

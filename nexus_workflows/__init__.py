@@ -7,8 +7,9 @@ Public API::
     from nexus_workflows import rate_limited, RateLimitTimeout
 """
 
-from .enqueueing import enqueue, enqueue_many
-from .exceptions import (
+from nexus_workflows.deferred.enqueue import enqueue, enqueue_many
+from nexus_workflows.deferred.registry import Workflow, register, workflow
+from nexus_workflows.exceptions import (
     AlreadyRegistered,
     ClaimLost,
     EnqueueError,
@@ -27,8 +28,7 @@ from .exceptions import (
     UnknownWorkflow,
     WorkflowError,
 )
-from .flow import rate_limited
-from .registry import Workflow, register, workflow
+from nexus_workflows.flow import rate_limited
 
 __version__ = "0.1.0"
 

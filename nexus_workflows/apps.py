@@ -7,11 +7,11 @@ class NexusWorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the system checks
-        from .airtable import checks as airtable_checks  # noqa: F401 - registers the Airtable checks
-        from .phi import checks as phi_checks  # noqa: F401 - registers the PHI checks
-        from .registry import autodiscover, registry
-        from .tasks.running import task_workflow
+        from nexus_workflows import checks  # noqa: F401 - registers the system checks
+        from nexus_workflows.airtable import checks as airtable_checks  # noqa: F401 - registers the Airtable checks
+        from nexus_workflows.deferred.registry import autodiscover, registry
+        from nexus_workflows.phi import checks as phi_checks  # noqa: F401 - registers the PHI checks
+        from nexus_workflows.tasks.running import task_workflow
 
         registry.task_adapter = task_workflow
         autodiscover()

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from .conf import DEFAULTS, SETTINGS_NAME, app_settings
+from nexus_workflows.conf import DEFAULTS, SETTINGS_NAME, app_settings
 
 # Settings that are a number of seconds, and the smallest value each allows.
 _SECONDS = {
@@ -143,7 +143,7 @@ def _check_pooled_database() -> list[CheckMessage]:
     transaction mode: warn about Django options that keep state in a server session."""
     from django.db import connections, router
 
-    from .models import DeferredWork
+    from nexus_workflows.models import DeferredWork
 
     using = router.db_for_write(DeferredWork)
     if using == app_settings.WAKEUP_DATABASE or connections[using].vendor != "postgresql":
@@ -176,7 +176,7 @@ def _check_pooled_database() -> list[CheckMessage]:
 
 
 def _check_schedules() -> list[CheckMessage]:
-    from .registry import registry
+    from nexus_workflows.deferred.registry import registry
 
     retention_minutes = app_settings.RETENTION / 60
     messages: list[CheckMessage] = []
@@ -221,7 +221,7 @@ def check_rq_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
     from django.apps import apps
     from django.conf import settings
 
-    from .embedded import is_embedded
+    from nexus_workflows.fire_and_forget.embedded import is_embedded
 
     messages: list[CheckMessage] = []
     if not apps.is_installed("django_rq"):
@@ -238,8 +238,8 @@ def check_rq_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
         messages.append(
             Error(
                 "RQ_QUEUES must be a non-empty dict of django-rq queues.",
-                hint="For example: RQ_QUEUES = {'default': {'URL': REDIS_URL}}, or "
-                "{'default': nexus_workflows.embedded.embedded_queue()} without a Redis server.",
+                hint="For example: RQ_QUEUES = {'default': {'URL': REDIS_URL}}, or {'default': "
+                "nexus_workflows.fire_and_forget.embedded.embedded_queue()} without a Redis server.",
                 id="nexus_workflows.E301",
             )
         )
@@ -264,8 +264,8 @@ def check_rq_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
                 Error(
                     f"RQ_QUEUES[{queue_name!r}] uses an in-process fakeredis server but is asynchronous.",
                     hint="No worker process can see an in-process server, so its jobs would never "
-                    "run. Build the entry with nexus_workflows.embedded.embedded_queue() (which sets "
-                    "ASYNC=False) or point it at a Redis server.",
+                    "run. Build the entry with nexus_workflows.fire_and_forget.embedded.embedded_queue() "
+                    "(which sets ASYNC=False) or point it at a Redis server.",
                     id="nexus_workflows.E304",
                 )
             )

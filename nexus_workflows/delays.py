@@ -7,8 +7,8 @@ import math
 from datetime import timedelta
 from typing import Any
 
-from .exceptions import InvalidEnqueueOption
-from .limits import MAX_DELAY
+from nexus_workflows.exceptions import InvalidEnqueueOption
+from nexus_workflows.limits import MAX_DELAY
 
 __all__ = ["parse_delay"]
 

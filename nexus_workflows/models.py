@@ -13,7 +13,7 @@ from typing import Any
 from django.db import models
 from django.utils import timezone
 
-from .limits import (
+from nexus_workflows.limits import (
     BACKEND_ALIAS_MAX_LENGTH,
     DEDUPE_KEY_MAX_LENGTH,
     KIND_COLUMN_LENGTH,
@@ -205,5 +205,5 @@ class FlowWindowSlot(models.Model):
         return f"{self.name} slot {self.slot}"
 
 
-from .observability.models import OutcomeCount, OutcomeFlush, Runner  # noqa: E402,F401
-from .phi.models import PhiToken, TokenMap  # noqa: E402,F401
+from nexus_workflows.observability.models import OutcomeCount, OutcomeFlush, Runner  # noqa: E402,F401
+from nexus_workflows.phi.models import PhiToken, TokenMap  # noqa: E402,F401

@@ -3,7 +3,7 @@
 Error messages are where patient names and phone numbers end up, so the admin without
 ``reveal_deferredwork`` and ``manage.py workflows status`` without ``--reveal`` show an
 error's *type* only. ``last_error`` is written as ``"<ExceptionType>: <message>"``
-(:func:`nexus_workflows.history.describe_error`); the type is what precedes the colon.
+(:func:`nexus_workflows.deferred.history.describe_error`); the type is what precedes the colon.
 """
 
 from __future__ import annotations

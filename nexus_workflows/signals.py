@@ -59,7 +59,7 @@ def send(signal: Signal, *, kind: str, id: int, attempt: int, **extra: Any) -> N
     """Send ``signal`` robustly; a receiver's exception is logged by type, never raised."""
     if not signal.receivers:  # the hot path: nothing connected, nothing built
         return
-    from .models import DeferredWork
+    from nexus_workflows.models import DeferredWork
 
     _sending.active = True
     try:

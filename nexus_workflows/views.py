@@ -21,8 +21,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .models import DeferredWork
-from .observability.metrics import database_registry
+from nexus_workflows.models import DeferredWork
+from nexus_workflows.observability.metrics import database_registry
 
 
 @never_cache

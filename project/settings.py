@@ -9,7 +9,7 @@ from pathlib import Path
 import django
 import environ
 
-from nexus_workflows.embedded import embedded_queue
+from nexus_workflows.fire_and_forget.embedded import embedded_queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -92,7 +92,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Redis / django-rq ------------------------------------------------------------------
 # REDIS_URL=redis://host:6379/0 (run `manage.py rqworker --with-scheduler` beside the web
 # process and the runner). Unset means the embedded mode: fire-and-forget workflows run
-# synchronously at enqueue on an in-process fakeredis (see nexus_workflows.embedded).
+# synchronously at enqueue on an in-process fakeredis (see nexus_workflows.fire_and_forget.embedded).
 REDIS_URL = env.str("REDIS_URL", default="")
 RQ_QUEUES = {
     "default": (

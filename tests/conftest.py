@@ -17,7 +17,7 @@ import pytest
 import redis
 from django.db import connection
 
-from nexus_workflows.registry import Workflow, registry
+from nexus_workflows.deferred.registry import Workflow, registry
 from tests.processes import database_url
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from nexus_workflows.embedded import embedded_queue
+from nexus_workflows.fire_and_forget.embedded import embedded_queue
 from project.settings import *  # noqa: F403
 from project.settings import BASE_DIR, DATABASES, INSTALLED_APPS, env
 

@@ -8,7 +8,7 @@ import pytest
 from django.test import override_settings
 
 from nexus_workflows.checks import check_rq_queues
-from nexus_workflows.embedded import embedded_queue
+from nexus_workflows.fire_and_forget.embedded import embedded_queue
 
 
 def ids(messages: list[Any]) -> list[str]:

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from nexus_workflows import ClaimLost, InvalidCheckpoint, enqueue
-from nexus_workflows.claims import (
+from nexus_workflows.deferred.claims import (
     Claimer,
     abandon,
     finish_done,
@@ -254,7 +254,7 @@ def test_a_save_marks_the_attempt_started(kind: str) -> None:
 def test_claimed_work_is_the_row_as_the_claim_left_it(kind: str, monkeypatch: Any, returning: bool) -> None:
     """Claims return the rows from the UPDATE (RETURNING) where the database can, else read
     them back by their token; both give the same claimed work."""
-    from nexus_workflows import transitions
+    from nexus_workflows.deferred import transitions
 
     if not returning:
         monkeypatch.setattr(transitions, "can_return_from_update", lambda using: False)

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from nexus_workflows.clock import DatabaseNow, database_now
-from nexus_workflows.enqueueing import enqueue
+from nexus_workflows.deferred.enqueue import enqueue
 from nexus_workflows.models import DeferredWork
 
 pytestmark = pytest.mark.django_db

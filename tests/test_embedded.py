@@ -20,10 +20,15 @@ from django.db import transaction
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
-from nexus_workflows import embedded as embedded_module
 from nexus_workflows import enqueue
-from nexus_workflows.embedded import embedded_queue, embedded_server, is_embedded, warn_if_embedded
+from nexus_workflows.fire_and_forget import embedded as embedded_module
 from nexus_workflows.fire_and_forget import get_queue
+from nexus_workflows.fire_and_forget.embedded import (
+    embedded_queue,
+    embedded_server,
+    is_embedded,
+    warn_if_embedded,
+)
 from tests.conftest import PYTHON, REPOSITORY
 from tests.testapp.models import Ledger
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nexus_workflows import enqueue
-from nexus_workflows.expressions import JSONAppend, JSONDropLast
+from nexus_workflows.deferred.expressions import JSONAppend, JSONDropLast
 from nexus_workflows.models import DeferredWork
 
 pytestmark = pytest.mark.django_db

@@ -25,9 +25,9 @@ from rq.queue import Queue
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 
 from nexus_workflows import InvalidEnqueueOption, QueueUnavailable, enqueue
+from nexus_workflows.deferred.registry import registry
 from nexus_workflows.fire_and_forget import get_queue, job_id_for, run_job, split_job_id
 from nexus_workflows.models import DeferredWork
-from nexus_workflows.registry import registry
 from tests.conftest import PYTHON, REPOSITORY
 from tests.testapp.models import Ledger
 

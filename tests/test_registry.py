@@ -7,7 +7,7 @@ import pytest
 from django.test import override_settings
 
 from nexus_workflows import AlreadyRegistered, RegistrationError, WorkflowError, register, workflow
-from nexus_workflows.registry import registry
+from nexus_workflows.deferred.registry import registry
 
 
 def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:

@@ -11,8 +11,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import enqueue
+from nexus_workflows.deferred.retention import purge_batch, purge_expired
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.retention import purge_batch, purge_expired
 
 pytestmark = pytest.mark.django_db
 

@@ -16,10 +16,10 @@ from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import ClaimLost, PermanentError, enqueue
-from nexus_workflows.claims import Claimer
+from nexus_workflows.deferred.claims import Claimer
+from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.limits import LAST_ERROR_MAX_LENGTH
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.runner import Runner
 from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -477,7 +477,7 @@ def behind_the_test_pooler() -> bool:
 
 @override_settings(NEXUS_WORKFLOWS={"POLL_INTERVAL": 5, "WAKEUP_FALLBACK_POLL_INTERVAL": 0.1})
 def test_the_runner_knows_and_logs_its_wakeup_mode(register_workflow: Any, caplog: Any) -> None:
-    from nexus_workflows.wakeup import WakeupMode
+    from nexus_workflows.deferred.wakeup import WakeupMode
 
     kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
     runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)

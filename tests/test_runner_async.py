@@ -19,10 +19,10 @@ from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import ClaimLost, enqueue_many
-from nexus_workflows.claims import Claimer
+from nexus_workflows.deferred.claims import Claimer
+from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.deferred.wakeup import parse_new_work
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.runner import Runner
-from nexus_workflows.wakeup import parse_new_work
 from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

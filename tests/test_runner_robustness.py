@@ -22,10 +22,10 @@ from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import enqueue
-from nexus_workflows.history import describe_error
+from nexus_workflows.deferred.history import describe_error
+from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.limits import LAST_ERROR_MAX_LENGTH, OUTAGE_RELEASES_MAX, UNSTARTED_LOSSES_MAX
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.runner import Runner
 from tests.processes import wait_for
 from tests.test_runner import make_due, row, run_once, stale
 
@@ -342,7 +342,7 @@ def test_a_failing_guard_write_leaves_the_other_reclaimed_work_running(
 
 
 def test_the_admin_history_says_which_losses_and_releases_were_not_counted(register_workflow: Any) -> None:
-    from nexus_workflows.admin_display import history_rows
+    from nexus_workflows.admin.display import history_rows
 
     kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
     work_id = enqueue(kind, {"key": "a"})

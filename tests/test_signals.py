@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from nexus_workflows import PermanentError, enqueue, enqueue_many, signals
+from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.deferred.triage import revive
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.runner import Runner
-from nexus_workflows.triage import revive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

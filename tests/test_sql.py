@@ -14,11 +14,11 @@ from django.utils import timezone
 
 from nexus_workflows import sql
 from nexus_workflows.clock import DatabaseNow
-from nexus_workflows.inserts import insert_pending, insert_pending_many_postgresql
+from nexus_workflows.deferred.inserts import insert_pending, insert_pending_many_postgresql
+from nexus_workflows.deferred.wakeup import CHANNEL
 from nexus_workflows.models import DEDUPE_CONSTRAINT, DeferredWork, Status
 from nexus_workflows.phi.models import PhiToken, TokenMap
 from nexus_workflows.sql import portable, returning
-from nexus_workflows.wakeup import CHANNEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -164,8 +164,8 @@ def test_a_minute_as_epoch_seconds() -> None:
 
 def test_the_journal_writers_batch_writes_only_rows_whose_claim_holds() -> None:
     """``transitions.save_journals``: PostgreSQL's one-statement batch, the ORM elsewhere."""
-    from nexus_workflows import transitions
-    from nexus_workflows.claims import Claimer
+    from nexus_workflows.deferred import transitions
+    from nexus_workflows.deferred.claims import Claimer
 
     for key in ("a", "b"):
         new_row(key)
@@ -174,5 +174,7 @@ def test_the_journal_writers_batch_writes_only_rows_whose_claim_holds() -> None:
     written = transitions.save_journals([(held, {"step": 1}), (lost, {"step": 9})], using="default")
     assert written == {held.id}
     rows = {row.pk: row for row in DeferredWork.objects.all()}
-    assert rows[held.id].checkpoints == {"step": 1} and rows[held.id].started_at is not None
-    assert rows[lost.id].checkpoints == {} and rows[lost.id].started_at is None
+    assert rows[held.id].checkpoints == {"step": 1}
+    assert rows[held.id].started_at is not None
+    assert rows[lost.id].checkpoints == {}
+    assert rows[lost.id].started_at is None

@@ -14,8 +14,8 @@ FUNCTION_LINES = 60
 
 #: Modules allowed over MODULE_LINES, with the reason.
 LONG_MODULES = {
-    "nexus_workflows.transitions": "the state machine: every transition of a row in one module, by design",
-    "nexus_workflows.runner.loop": "the Runner: its loop and the one place its parts are wired together",
+    "nexus_workflows.deferred.transitions": "the state machine: every transition of a row in one module",
+    "nexus_workflows.deferred.runner.loop": "the Runner: its loop, and where its parts are wired together",
     "nexus_workflows.flow.claiming": "flow control's claims: slots, keys and rate windows in one claim",
     "nexus_workflows.phi.recognizers": "mostly data: one recognizer table per category of identifier",
     "nexus_workflows.admin": "one ModelAdmin: its columns, detail fields, actions and buttons",
@@ -26,8 +26,8 @@ LONG_MODULES = {
 LONG_FUNCTIONS = {
     "nexus_workflows.airtable.checks:check_airtable_settings": "a flat list of independent setting checks",
     "nexus_workflows.phi.keys:key_problems": "a flat list of independent key checks, each with its hint",
-    "nexus_workflows.enqueueing:_settle_chunk": "one batch's insert, dedupe and revive in one transaction",
-    "nexus_workflows.enqueueing:_enqueue_deferred": "the dedupe rounds of one enqueue in one loop",
+    "nexus_workflows.deferred.enqueue:_settle_chunk": "one batch's insert, dedupe and revive in one atomic",
+    "nexus_workflows.deferred.enqueue:_enqueue_deferred": "the dedupe rounds of one enqueue in one loop",
     "nexus_workflows.phi.service:_Writer.allocate": "the allocation's retry loop around one statement",
 }
 

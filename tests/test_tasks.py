@@ -379,7 +379,7 @@ def test_backend_options_are_checked(options: dict[str, Any], check_id: str) -> 
 
 
 def test_a_failed_task_is_on_the_triage_desk_and_revived_there(admin_client: Any) -> None:
-    from nexus_workflows import triage
+    from nexus_workflows.deferred import triage
 
     result = tasks.explode.enqueue("a")
     run_once()

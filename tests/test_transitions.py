@@ -1,4 +1,4 @@
-"""One state machine: nothing but :mod:`nexus_workflows.transitions` writes a row's status
+"""One state machine: nothing but :mod:`nexus_workflows.deferred.transitions` writes a row's status
 (read from the source with ``ast``), and each transition keeps its compare-and-set."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from nexus_workflows import enqueue, transitions
+from nexus_workflows import enqueue
+from nexus_workflows.deferred import transitions
 from nexus_workflows.models import DeferredWork, Status
 from tests.structure import module_files
 
 WRITES = {"update", "create", "bulk_create", "update_or_create", "get_or_create", "bulk_update"}
-STATE_MACHINE = "nexus_workflows.transitions"
+STATE_MACHINE = "nexus_workflows.deferred.transitions"
 
 #: Modules that still spell a status change out of the state machine, and why.
 ALLOWED = {

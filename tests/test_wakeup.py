@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.db import connection, connections
 
 from nexus_workflows import enqueue_many
+from nexus_workflows.deferred.wakeup import CHANNEL
 from nexus_workflows.models import DeferredWork
-from nexus_workflows.wakeup import CHANNEL
 from tests.processes import ManagePy, database_url, wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger

@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from benchmarks.benchapp.workflows import by_key
 from nexus_workflows import workflow
-
-from ..benchapp.workflows import by_key
 
 
 def journal(trigger: Any, started: float) -> None:

@@ -9,8 +9,8 @@ Public API::
     )
 """
 
-from .eval_mode import is_eval_mode, set_eval_mode
-from .exceptions import (
+from nexus_workflows.airtable.eval_mode import is_eval_mode, set_eval_mode
+from nexus_workflows.airtable.exceptions import (
     AirtableError,
     AirtableHTTPError,
     AirtableNetworkError,
@@ -20,8 +20,8 @@ from .exceptions import (
     InvalidLink,
     ReferenceNotFound,
 )
-from .formulas import FormulaInput, equality_match, to_formula
-from .records import (
+from nexus_workflows.airtable.formulas import FormulaInput, equality_match, to_formula
+from nexus_workflows.airtable.records import (
     LinkSpec,
     add_linked_record,
     add_record,
@@ -29,7 +29,7 @@ from .records import (
     get_records,
     update_record_by_filter,
 )
-from .retry import is_permanent_airtable_error, with_airtable_retry
+from nexus_workflows.airtable.retry import is_permanent_airtable_error, with_airtable_retry
 
 __all__ = [
     "AirtableError",

@@ -8,9 +8,9 @@ from urllib.parse import urlsplit
 
 from django.core.checks import CheckMessage, Error, Tags, register
 
-from ..checks import is_number, setting_error
-from ..conf import SETTINGS_NAME, app_settings
-from .client import API_KEY_SETTING
+from nexus_workflows.airtable.client import API_KEY_SETTING
+from nexus_workflows.checks import is_number, setting_error
+from nexus_workflows.conf import SETTINGS_NAME, app_settings
 
 
 @register(Tags.compatibility)

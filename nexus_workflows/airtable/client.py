@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from pyairtable import Api, Table
 
-from ..conf import app_settings
-from .exceptions import AirtableNotConfigured
+from nexus_workflows.airtable.exceptions import AirtableNotConfigured
+from nexus_workflows.conf import app_settings
 
 API_KEY_SETTING = "AIRTABLE_API_KEY"
 DEFAULT_ENDPOINT_URL = "https://api.airtable.com"
@@ -65,7 +65,7 @@ class RateLimitedApi(Api):
         limit = app_settings.AIRTABLE_RATE_LIMIT
         base = base_of(url)
         if limit is not None and base is not None:
-            from ..flow import rate_limited
+            from nexus_workflows.flow import rate_limited
 
             with rate_limited(
                 f"airtable:{base}", limit[0], limit[1], app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT

@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 
 from pyairtable.formulas import AND, EQ, Field, Formula
 
-from .exceptions import InvalidFormula
+from nexus_workflows.airtable.exceptions import InvalidFormula
 
 #: Types of the values of a ``{field: value}`` formula.
 LITERAL_TYPES = (str, bool, int, float, Decimal, datetime.date)

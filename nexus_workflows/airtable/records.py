@@ -16,11 +16,11 @@ from typing import Any
 
 from pyairtable.api.types import RecordDict
 
-from .client import get_table
-from .eval_mode import is_eval_mode, log_skipped_write
-from .exceptions import InvalidAirtableArgument, InvalidLink, ReferenceNotFound
-from .formulas import FormulaInput, to_formula
-from .retry import with_airtable_retry
+from nexus_workflows.airtable.client import get_table
+from nexus_workflows.airtable.eval_mode import is_eval_mode, log_skipped_write
+from nexus_workflows.airtable.exceptions import InvalidAirtableArgument, InvalidLink, ReferenceNotFound
+from nexus_workflows.airtable.formulas import FormulaInput, to_formula
+from nexus_workflows.airtable.retry import with_airtable_retry
 
 logger = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import TypeVar
 import requests
 import urllib3.exceptions
 
-from ..conf import app_settings
-from .exceptions import AirtableError, AirtableHTTPError, AirtableNetworkError
+from nexus_workflows.airtable.exceptions import AirtableError, AirtableHTTPError, AirtableNetworkError
+from nexus_workflows.conf import app_settings
 
 logger = logging.getLogger(__name__)
 

@@ -40,14 +40,14 @@ from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, Count, F, Min, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
 
-from ..clock import DatabaseNow
-from ..models import DeferredWork, FlowWindowSlot, Status
-from . import windows
+from nexus_workflows.clock import DatabaseNow
+from nexus_workflows.flow import windows
+from nexus_workflows.models import DeferredWork, FlowWindowSlot, Status
 
 if TYPE_CHECKING:
-    from ..claims import ClaimedWork, Claimer
-    from ..registry import Workflow
-    from .options import FlowLimits
+    from nexus_workflows.deferred.claims import ClaimedWork, Claimer
+    from nexus_workflows.deferred.registry import Workflow
+    from nexus_workflows.flow.options import FlowLimits
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class FlowClaimer:
 
     @classmethod
     def for_kinds(cls, kinds: Sequence[str], using: str) -> FlowClaimer | None:
-        from ..registry import registry
+        from nexus_workflows.deferred.registry import registry
 
         limited = [registry.get(kind) for kind in kinds if kind in registry and registry.get(kind).flow]
         return cls(limited, using) if limited else None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..exceptions import InvalidFlowKey
-from .options import FlowLimits
+from nexus_workflows.exceptions import InvalidFlowKey
+from nexus_workflows.flow.options import FlowLimits
 
 SERIAL = "serial"
 RATE = "rate"
@@ -26,7 +26,7 @@ def _hash(kind: str, purpose: str, function: Any, trigger: Any) -> str | None:
             f"workflow {kind!r}: {purpose}_key returned {type(key).__name__}; it must return a "
             "string or None (convert numbers with str())"
         )
-    from ..phi.keys import keyring
+    from nexus_workflows.phi.keys import keyring
 
     return keyring().flow_key_hash(kind, purpose, key)
 

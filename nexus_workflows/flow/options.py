@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..exceptions import RegistrationError
+from nexus_workflows.exceptions import RegistrationError
 
 KeyFunction = Callable[[Any], "str | None"]
 

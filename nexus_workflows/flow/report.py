@@ -22,11 +22,11 @@ from django.db import router
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 
-from ..clock import DatabaseNow
-from ..models import DeferredWork, Status
-from ..registry import Workflow, registry
-from . import windows
-from .claiming import busy_starts_subquery, key_conditions, window_name
+from nexus_workflows.clock import DatabaseNow
+from nexus_workflows.deferred.registry import Workflow, registry
+from nexus_workflows.flow import windows
+from nexus_workflows.flow.claiming import busy_starts_subquery, key_conditions, window_name
+from nexus_workflows.models import DeferredWork, Status
 
 REASONS = ("key", "slot", "rate")
 

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, transaction
 
-from ..exceptions import ClaimLost, RateLimitTimeout
-from . import windows
+from nexus_workflows.exceptions import ClaimLost, RateLimitTimeout
+from nexus_workflows.flow import windows
 
 if TYPE_CHECKING:
-    from ..claims import ClaimedWork
+    from nexus_workflows.deferred.claims import ClaimedWork
 
 # Seconds after a rate-limited attempt was handed to its worker thread that its runner
 # confirms the start (the start marker): long enough for the start itself (a few

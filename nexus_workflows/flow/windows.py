@@ -39,8 +39,8 @@ from asgiref.sync import sync_to_async
 from django.db import router
 from django.db.models import Case, DateTimeField, DurationField, ExpressionWrapper, Q, Value, When
 
-from ..clock import DatabaseNow
-from ..exceptions import InvalidRateLimit, RateLimitTimeout
+from nexus_workflows.clock import DatabaseNow
+from nexus_workflows.exceptions import InvalidRateLimit, RateLimitTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _now_plus(seconds: float) -> Any:
 
 
 def _slots(name: str, key_hash: str, using: str) -> Any:
-    from ..models import FlowWindowSlot
+    from nexus_workflows.models import FlowWindowSlot
 
     return FlowWindowSlot.objects.using(using).filter(name=name, key_hash=key_hash)
 
@@ -107,7 +107,7 @@ def _ensure_ring(name: str, key_hash: str, limit: int, present: set[int], using:
     limit), free from the start. Concurrent makers are harmless: the rows are unique."""
     from datetime import datetime
 
-    from ..models import FlowWindowSlot
+    from nexus_workflows.models import FlowWindowSlot
 
     missing = [slot for slot in range(limit) if slot not in present]
     if not missing:
@@ -256,7 +256,7 @@ def prune(*, using: str, older_than: float = 3600.0) -> int:
     """Delete slot rows whose last start is over ``older_than`` seconds old. A missing
     row is as free as an old one (the ring remakes it), so this only bounds the table
     for keys that come and go (per-sender or per-base windows)."""
-    from ..models import FlowWindowSlot
+    from nexus_workflows.models import FlowWindowSlot
 
     deleted, _ = (
         FlowWindowSlot.objects.using(using)
@@ -323,7 +323,7 @@ class rate_limited:
 
     @property
     def using(self) -> str:
-        from ..models import FlowWindowSlot
+        from nexus_workflows.models import FlowWindowSlot
 
         return self._using or router.db_for_write(FlowWindowSlot)
 

@@ -13,12 +13,12 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from .. import admin_display as display
-from ..admin_readonly import ReadOnlyAdminMixin
-from ..models import DeferredWork
-from . import dashboard
-from .models import Runner
-from .runners import with_liveness
+from nexus_workflows.admin import display as display
+from nexus_workflows.admin.readonly import ReadOnlyAdminMixin
+from nexus_workflows.models import DeferredWork
+from nexus_workflows.observability import dashboard
+from nexus_workflows.observability.models import Runner
+from nexus_workflows.observability.runners import with_liveness
 
 
 @admin.register(Runner)

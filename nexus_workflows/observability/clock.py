@@ -1,5 +1,5 @@
 """The database's clock (see :mod:`nexus_workflows.clock`)."""
 
-from ..clock import database_now
+from nexus_workflows.clock import database_now
 
 __all__ = ["database_now"]

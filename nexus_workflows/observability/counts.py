@@ -18,8 +18,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from .. import sql
-from .models import OutcomeCount, OutcomeFlush
+from nexus_workflows import sql
+from nexus_workflows.observability.models import OutcomeCount, OutcomeFlush
 
 #: Counts older than this are purged: the dashboard shows the last 24 hours.
 KEEP = timedelta(hours=25)

@@ -17,10 +17,10 @@ from django.utils.html import escape, format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
-from .. import sql
-from .figures import work_figures
-from .models import OutcomeCount
-from .runners import count_alive
+from nexus_workflows import sql
+from nexus_workflows.observability.figures import work_figures
+from nexus_workflows.observability.models import OutcomeCount
+from nexus_workflows.observability.runners import count_alive
 
 BUCKET = timedelta(minutes=5)
 WINDOW = timedelta(hours=24)

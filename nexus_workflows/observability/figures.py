@@ -16,9 +16,9 @@ from datetime import datetime
 
 from django.db.models import Count, Min
 
-from ..models import DeferredWork, Status
-from ..registry import registry
-from .clock import database_now
+from nexus_workflows.deferred.registry import registry
+from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.observability.clock import database_now
 
 #: Statuses reported as ``nexus_workflows_work{status}`` (see the module's docstring).
 COUNTED_STATUSES = (Status.PENDING, Status.PROCESSING, Status.ABANDONED)

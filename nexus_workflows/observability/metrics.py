@@ -28,8 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .figures import COUNTED_STATUSES, work_figures
-from .runners import count_alive
+from nexus_workflows.observability.figures import COUNTED_STATUSES, work_figures
+from nexus_workflows.observability.runners import count_alive
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class DatabaseCollector(Collector):
         )
 
     def collect(self) -> Iterable[Any]:
-        from ..flow.report import flow_metrics
+        from nexus_workflows.flow.report import flow_metrics
 
         work, oldest, runners, slots, waiting = self._families()
         try:

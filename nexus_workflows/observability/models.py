@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from ..limits import KIND_MAX_LENGTH
+from nexus_workflows.limits import KIND_MAX_LENGTH
 
 
 class Runner(models.Model):
@@ -27,7 +27,7 @@ class Runner(models.Model):
     # Outcomes this runner wrote since it started: done, and failed (rescheduled or abandoned).
     done = models.PositiveBigIntegerField(default=0)
     failed = models.PositiveBigIntegerField(default=0)
-    # How it learns of new work (nexus_workflows.wakeup.WakeupMode), and since when.
+    # How it learns of new work (nexus_workflows.deferred.wakeup.WakeupMode), and since when.
     wakeup_mode = models.CharField(max_length=20, default="poll")
     wakeup_mode_since = models.DateTimeField(null=True)
 

@@ -21,14 +21,14 @@ from typing import Any
 from django.db import Error as DatabaseError  # InterfaceError included
 from django.db import InterfaceError, OperationalError, connections
 
-from .. import signals
-from ..attempts import attempt_number
-from ..conf import app_settings
-from . import counts, runners
-from .clock import database_now
-from .metrics import RunnerMetrics
+from nexus_workflows import signals
+from nexus_workflows.conf import app_settings
+from nexus_workflows.deferred.attempts import attempt_number
+from nexus_workflows.observability import counts, runners
+from nexus_workflows.observability.clock import database_now
+from nexus_workflows.observability.metrics import RunnerMetrics
 
-logger = logging.getLogger("nexus_workflows.runner")
+logger = logging.getLogger("nexus_workflows.deferred.runner")
 
 FAILED = ("rescheduled", "abandoned")
 

@@ -9,13 +9,13 @@ from datetime import datetime, timedelta
 
 from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, QuerySet, When
 
-from ..clock import DatabaseNow
-from ..conf import app_settings
-from .models import Runner
+from nexus_workflows.clock import DatabaseNow
+from nexus_workflows.conf import app_settings
+from nexus_workflows.observability.models import Runner
 
 
 def version() -> str:
-    from .. import __version__
+    from nexus_workflows import __version__
 
     return __version__
 

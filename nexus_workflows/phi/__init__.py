@@ -9,7 +9,7 @@ Public API::
     decode("conv-42", "Hola <<PERSONA_1>>")                    # "Hola María López"
 """
 
-from .exceptions import (
+from nexus_workflows.phi.exceptions import (
     InvalidCategory,
     InvalidCode,
     InvalidPhiValue,
@@ -20,8 +20,8 @@ from .exceptions import (
     SurfaceDecryptionError,
     TokenAllocationError,
 )
-from .normalization import CATEGORIES, normalize
-from .service import decode, encode, encode_text, find_spans
+from nexus_workflows.phi.normalization import CATEGORIES, normalize
+from nexus_workflows.phi.service import decode, encode, encode_text, find_spans
 
 __all__ = [
     "CATEGORIES",

@@ -5,7 +5,7 @@ alone, and a deleted map would leave text already sent out undecodable. A map is
 typing its conversation code exactly (it is looked up by the code's keyed hash and never
 echoed back). A surface is shown only on a dedicated page, to users with the
 ``reveal_phitoken`` permission, after a POST, and every reveal is written to the admin
-log (the token's history) — never the surface (see :mod:`nexus_workflows.admin_reveal`).
+log (the token's history) — never the surface (see :mod:`nexus_workflows.admin.reveal`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..admin_readonly import ReadOnlyAdminMixin
-from ..admin_reveal import RevealFailed, RevealMixin
-from .exceptions import PhiError, SurfaceDecryptionError
-from .keys import code_hash, keyring
-from .models import PhiToken, TokenMap
-from .tokens import check_code
+from nexus_workflows.admin.readonly import ReadOnlyAdminMixin
+from nexus_workflows.admin.reveal import RevealFailed, RevealMixin
+from nexus_workflows.phi.exceptions import PhiError, SurfaceDecryptionError
+from nexus_workflows.phi.keys import code_hash, keyring
+from nexus_workflows.phi.models import PhiToken, TokenMap
+from nexus_workflows.phi.tokens import check_code
 
 REVEAL_PERMISSION = "nexus_workflows.reveal_phitoken"
 

@@ -21,8 +21,8 @@ from typing import Any
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from ..conf import SETTINGS_NAME, app_settings
-from .keys import keyring
+from nexus_workflows.conf import SETTINGS_NAME, app_settings
+from nexus_workflows.phi.keys import keyring
 
 
 @dataclass

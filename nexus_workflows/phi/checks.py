@@ -14,8 +14,8 @@ from typing import Any
 import phonenumbers
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from ..conf import DEFAULTS, SETTINGS_NAME, app_settings
-from .keys import key_problems
+from nexus_workflows.conf import DEFAULTS, SETTINGS_NAME, app_settings
+from nexus_workflows.phi.keys import key_problems
 
 
 def _settings_are_a_dict() -> bool:

@@ -22,8 +22,8 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.crypto import salted_hmac
 
-from ..conf import SETTINGS_NAME, app_settings
-from .exceptions import PhiConfigurationError, SurfaceDecryptionError
+from nexus_workflows.conf import SETTINGS_NAME, app_settings
+from nexus_workflows.phi.exceptions import PhiConfigurationError, SurfaceDecryptionError
 
 logger = logging.getLogger(__name__)
 

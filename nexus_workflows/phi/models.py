@@ -12,8 +12,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from .normalization import CATEGORIES
-from .tokens import TOKEN_MAX_LENGTH
+from nexus_workflows.phi.normalization import CATEGORIES
+from nexus_workflows.phi.tokens import TOKEN_MAX_LENGTH
 
 CATEGORY_CHOICES = [(category, category) for category in CATEGORIES]
 
@@ -21,7 +21,7 @@ CATEGORY_CHOICES = [(category, category) for category in CATEGORIES]
 class TokenMapQuerySet(models.QuerySet["TokenMap"]):
     def for_code(self, code: str) -> TokenMapQuerySet:
         """The map of a conversation code, found by the code's keyed hash."""
-        from .keys import code_hash
+        from nexus_workflows.phi.keys import code_hash
 
         return self.filter(code_hash=code_hash(code))
 

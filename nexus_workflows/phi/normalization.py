@@ -14,9 +14,9 @@ from typing import Any
 
 import phonenumbers
 
-from ..conf import app_settings
-from .exceptions import InvalidCategory, InvalidPhiValue
-from .recognizers import canonical_email, canonical_phone
+from nexus_workflows.conf import app_settings
+from nexus_workflows.phi.exceptions import InvalidCategory, InvalidPhiValue
+from nexus_workflows.phi.recognizers import canonical_email, canonical_phone
 
 CATEGORIES = ("PERSONA", "TELEFONO", "EMAIL", "ID")
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from django.db import router
 from django.utils import timezone
 
-from .cache import token_cache
-from .exceptions import SurfaceDecryptionError
-from .keys import Keyring, keyring
-from .models import PhiToken
+from nexus_workflows.phi.cache import token_cache
+from nexus_workflows.phi.exceptions import SurfaceDecryptionError
+from nexus_workflows.phi.keys import Keyring, keyring
+from nexus_workflows.phi.models import PhiToken
 
 logger = logging.getLogger(__name__)
 

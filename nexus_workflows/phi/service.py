@@ -29,16 +29,22 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import FilteredRelation, Max, Q
 from django.utils import timezone
 
-from ..conf import app_settings
-from ..sql import postgresql
-from .cache import MapState, TokenRow, token_cache
-from .exceptions import InvalidPhiValue, InvalidSpan, InvalidText, TokenAllocationError
-from .keys import code_hash, keyring
-from .models import PhiToken, TokenMap
-from .normalization import check_category, is_richer, normalize_text, surface_form, value_text
-from .recognizers import find as recognize
-from .recognizers import resolve
-from .tokens import TOKEN_PATTERN, check_code, make_token
+from nexus_workflows.conf import app_settings
+from nexus_workflows.phi.cache import MapState, TokenRow, token_cache
+from nexus_workflows.phi.exceptions import InvalidPhiValue, InvalidSpan, InvalidText, TokenAllocationError
+from nexus_workflows.phi.keys import code_hash, keyring
+from nexus_workflows.phi.models import PhiToken, TokenMap
+from nexus_workflows.phi.normalization import (
+    check_category,
+    is_richer,
+    normalize_text,
+    surface_form,
+    value_text,
+)
+from nexus_workflows.phi.recognizers import find as recognize
+from nexus_workflows.phi.recognizers import resolve
+from nexus_workflows.phi.tokens import TOKEN_PATTERN, check_code, make_token
+from nexus_workflows.sql import postgresql
 
 logger = logging.getLogger(__name__)
 

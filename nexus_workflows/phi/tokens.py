@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .exceptions import InvalidCode
-from .normalization import CATEGORIES, is_valid_unicode
+from nexus_workflows.phi.exceptions import InvalidCode
+from nexus_workflows.phi.normalization import CATEGORIES, is_valid_unicode
 
 CODE_MAX_LENGTH = 255
 TOKEN_MAX_LENGTH = 40  # "<<TELEFONO_" + up to 27 digits + ">>"

@@ -11,7 +11,7 @@
 
 Two kinds of backend-specific SQL stay where Django expects them, as expressions the ORM
 composes into its own statements: the JSON-array updates of
-:mod:`nexus_workflows.expressions` and the database clock of :mod:`nexus_workflows.clock`.
+:mod:`nexus_workflows.deferred.expressions` and the database clock of :mod:`nexus_workflows.clock`.
 
 ``for_connection(using)`` picks the module for a connection; callers ask it and never
 test ``connection.vendor`` themselves. Each statement has a test that runs it
@@ -29,13 +29,13 @@ def for_connection(using: str) -> ModuleType:
     """The statements module of the database ``using``: its backend's, or the portable one."""
     vendor = connections[using].vendor
     if vendor == "postgresql":
-        from . import postgresql
+        from nexus_workflows.sql import postgresql
 
         return postgresql
     if vendor == "sqlite":
-        from . import sqlite
+        from nexus_workflows.sql import sqlite
 
         return sqlite
-    from . import portable
+    from nexus_workflows.sql import portable
 
     return portable

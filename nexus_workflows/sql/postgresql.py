@@ -16,7 +16,7 @@ from typing import Any
 from django.apps import apps
 from django.db import IntegrityError, connections, transaction
 
-from .returning import can_return_from_update, insert_returning_pk, update_returning
+from nexus_workflows.sql.returning import can_return_from_update, insert_returning_pk, update_returning
 
 __all__ = [
     "EPOCH_OF_MINUTE",
@@ -115,7 +115,7 @@ def add_outcome_counts(using: str, token: str, items: Sequence[tuple[str, str, i
     ``token``, in ONE statement: a data-modifying CTE writes the token's row (``ON
     CONFLICT DO NOTHING``) and the counts only if it did (``unnest`` of three arrays, ``ON
     CONFLICT DO UPDATE`` adds to the minute's rows). Returns whether they were added."""
-    from ..observability.models import OutcomeCount, OutcomeFlush
+    from nexus_workflows.observability.models import OutcomeCount, OutcomeFlush
 
     connection = connections[using]
     table = connection.ops.quote_name(OutcomeCount._meta.db_table)

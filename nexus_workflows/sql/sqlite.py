@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from django.apps import apps
 from django.db import IntegrityError, connections, transaction
 
-from .returning import can_return_from_update, insert_returning_pk, update_returning
+from nexus_workflows.sql.returning import can_return_from_update, insert_returning_pk, update_returning
 
 __all__ = [
     "EPOCH_OF_MINUTE",
@@ -55,7 +55,7 @@ def add_outcome_counts(using: str, token: str, items: Sequence[tuple[str, str, i
     ``token``: the token's row (``INSERT OR IGNORE``) and, only if it was new, the counts
     (``ON CONFLICT DO UPDATE`` adds to the minute's rows), in one transaction. Returns
     whether they were added."""
-    from ..observability.models import OutcomeCount, OutcomeFlush
+    from nexus_workflows.observability.models import OutcomeCount, OutcomeFlush
 
     connection = connections[using]
     table = connection.ops.quote_name(OutcomeCount._meta.db_table)

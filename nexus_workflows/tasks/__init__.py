@@ -7,6 +7,11 @@ reclaims, retries and retention of deferred workflows. It works on ``django.task
 (Django 6.0+) and on the ``django-tasks`` backport (Django 5.2).
 """
 
-from .backend import DeferredBackend, DeferredTask, InvalidTaskArguments, InvalidTaskOptions
+from nexus_workflows.tasks.backend import (
+    DeferredBackend,
+    DeferredTask,
+    InvalidTaskArguments,
+    InvalidTaskOptions,
+)
 
 __all__ = ["DeferredBackend", "DeferredTask", "InvalidTaskArguments", "InvalidTaskOptions"]

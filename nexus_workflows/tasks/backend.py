@@ -18,9 +18,9 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
-from ..exceptions import EnqueueError, RegistrationError
-from ..limits import BACKEND_ALIAS_MAX_LENGTH, KIND_COLUMN_LENGTH, QUEUE_NAME_MAX_LENGTH
-from .compat import (
+from nexus_workflows.exceptions import EnqueueError, RegistrationError
+from nexus_workflows.limits import BACKEND_ALIAS_MAX_LENGTH, KIND_COLUMN_LENGTH, QUEUE_NAME_MAX_LENGTH
+from nexus_workflows.tasks.compat import (
     BaseTaskBackend,
     InvalidTask,
     Task,
@@ -76,7 +76,7 @@ class InvalidTaskArguments(EnqueueError, TypeError):
 def schedule_of(owner: str, value: object) -> tuple[float, ...]:
     """A retry schedule checked like a workflow's (finite positive minutes, each shorter
     than ``RETENTION``); ``None`` or empty means the task runs once."""
-    from ..registry import _validate_schedule
+    from nexus_workflows.deferred.registry import _validate_schedule
 
     if value is None or (isinstance(value, list | tuple) and not value):
         return ()
@@ -177,10 +177,10 @@ class DeferredBackend(BaseTaskBackend):
     # --- enqueue ------------------------------------------------------------------------
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
-        from ..clock import due_now
-        from ..inserts import insert_pending
-        from ..models import DeferredWork
-        from ..wakeup import notify
+        from nexus_workflows.clock import due_now
+        from nexus_workflows.deferred.inserts import insert_pending
+        from nexus_workflows.deferred.wakeup import notify
+        from nexus_workflows.models import DeferredWork
 
         self.validate_task(task)
         trigger = _trigger(task, args, kwargs)
@@ -221,7 +221,7 @@ class DeferredBackend(BaseTaskBackend):
     # --- results ------------------------------------------------------------------------
 
     def get_result(self, result_id: str) -> TaskResult:
-        from ..models import DeferredWork
+        from nexus_workflows.models import DeferredWork
 
         using = router.db_for_read(DeferredWork)
         row = None

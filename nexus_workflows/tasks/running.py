@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.utils import timezone
 
-from ..history import truncate
-from ..limits import TRACEBACK_MAX_LENGTH
-from ..registry import Workflow
+from nexus_workflows.deferred.history import truncate
+from nexus_workflows.deferred.registry import Workflow
+from nexus_workflows.limits import TRACEBACK_MAX_LENGTH
 
 if TYPE_CHECKING:
-    from ..claims import ClaimedWork
+    from nexus_workflows.deferred.claims import ClaimedWork
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +54,14 @@ class TaskWorkflow(Workflow):
             raise
 
     def _run(self, work: ClaimedWork) -> None:
-        from .backend import task_as_enqueued
-        from .compat import TaskContext, TaskResult, TaskResultStatus, task_backends, task_started
+        from nexus_workflows.tasks.backend import task_as_enqueued
+        from nexus_workflows.tasks.compat import (
+            TaskContext,
+            TaskResult,
+            TaskResultStatus,
+            task_backends,
+            task_started,
+        )
 
         columns = work.columns
         task = task_as_enqueued(self.kind, {**columns, "trigger": work.trigger})
@@ -87,7 +93,7 @@ class TaskWorkflow(Workflow):
 def stored_return_value(path: str, value: Any) -> Any:
     """The return value as the database will keep it; a value it cannot keep fails the
     attempt (as in django-tasks-db), so the error is recorded instead of breaking the write."""
-    from .compat import normalize_json
+    from nexus_workflows.tasks.compat import normalize_json
 
     value = normalize_json(value)
     try:
@@ -120,8 +126,8 @@ def task_workflow(path: str, backend_alias: str) -> TaskWorkflow:
     if workflow is not None:
         return workflow
     try:
-        from .backend import DeferredBackend, load_task
-        from .compat import task_backends
+        from nexus_workflows.tasks.backend import DeferredBackend, load_task
+        from nexus_workflows.tasks.compat import task_backends
 
         backend = task_backends[backend_alias]
         schedule = (
@@ -140,7 +146,7 @@ def task_workflow(path: str, backend_alias: str) -> TaskWorkflow:
 def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
     """Send ``task_finished`` for the tasks among ``works`` whose final outcome was just
     written. A receiver that raises is logged (its error type only) and never stops the runner."""
-    from .compat import TaskError, TaskResultStatus, task_backends, task_finished
+    from nexus_workflows.tasks.compat import TaskError, TaskResultStatus, task_backends, task_finished
 
     for work in works:
         if not work.is_task:
@@ -148,7 +154,7 @@ def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
         try:
             result = work.task_result
             if result is None:  # never started: lost too often, or the task could not be loaded
-                from .compat import TaskResultDoesNotExist
+                from nexus_workflows.tasks.compat import TaskResultDoesNotExist
 
                 try:
                     result = task_backends[work.columns.get("backend_name", "")].get_result(work.dedupe_key)
@@ -184,8 +190,8 @@ def configured_queues() -> list[str] | None:
     """The queues of every :class:`DeferredBackend` in ``TASKS``: what a runner takes by
     default. ``None`` means every queue (a backend without ``QUEUES`` accepts any name)."""
     try:
-        from .backend import DeferredBackend
-        from .compat import task_backends
+        from nexus_workflows.tasks.backend import DeferredBackend
+        from nexus_workflows.tasks.compat import task_backends
     except ImportError:  # neither django.tasks nor the backport: no tasks to run
         return []
     queues: set[str] = set()

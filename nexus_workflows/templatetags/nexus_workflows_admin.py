@@ -17,10 +17,10 @@ from django import template
 from django.template.context import Context
 from django.urls import NoReverseMatch, reverse
 
-from nexus_workflows.admin import NEEDS_ATTENTION
+from nexus_workflows.admin.changelist import NEEDS_ATTENTION
+from nexus_workflows.deferred.triage import stale_q
 from nexus_workflows.models import DeferredWork, Runner, Status
 from nexus_workflows.observability.runners import count_alive
-from nexus_workflows.triage import stale_q
 
 register = template.Library()
 

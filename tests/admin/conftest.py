@@ -12,9 +12,9 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from django.utils import timezone
 
-from nexus_workflows.history import append_entry
+from nexus_workflows.deferred.history import append_entry
+from nexus_workflows.deferred.registry import Workflow
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.registry import Workflow
 
 PASSWORD = "correct horse battery staple"
 

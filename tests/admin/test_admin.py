@@ -13,8 +13,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from nexus_workflows.models import DeferredWork, Status
-
-from .conftest import client_for
+from tests.admin.conftest import client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -10,12 +10,11 @@ from django.contrib.auth.models import Permission, User
 from django.contrib.staticfiles.testing import StaticLiveServerTestCase
 from django.utils import timezone
 
-from nexus_workflows.history import append_entry
+from nexus_workflows.deferred.history import append_entry
+from nexus_workflows.deferred.registry import registry
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.registry import registry
+from tests.admin import browser
 from tests.conftest import IN_CI
-
-from . import browser
 
 PASSWORD = "correct horse battery staple"
 KIND = "browser-visit-summary"

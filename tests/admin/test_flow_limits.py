@@ -8,10 +8,9 @@ import pytest
 from django.urls import reverse
 
 from nexus_workflows import enqueue_many
-from nexus_workflows.claims import Claimer
+from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.models import DeferredWork, Status
-
-from .conftest import client_for
+from tests.admin.conftest import client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -10,9 +10,9 @@ from django.test import RequestFactory
 from django.utils.functional import Promise
 from django.utils.translation import override
 
-from nexus_workflows import triage
 from nexus_workflows.admin import MADE_DUE, REVIVED, DeferredWorkAdmin, describe_result
-from nexus_workflows.admin_readonly import ReadOnlyAdminMixin
+from nexus_workflows.admin.readonly import ReadOnlyAdminMixin
+from nexus_workflows.deferred import triage
 from nexus_workflows.models import DeferredWork, PhiToken, Runner, TokenMap
 
 pytestmark = pytest.mark.django_db

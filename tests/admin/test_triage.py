@@ -1,4 +1,4 @@
-"""nexus_workflows.triage: revive and run-now are compare-and-set and leave a trace."""
+"""nexus_workflows.deferred.triage: revive and run-now are compare-and-set and leave a trace."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from nexus_workflows import enqueueing, triage
-from nexus_workflows.enqueueing import enqueue
+from nexus_workflows.deferred import enqueue as enqueueing
+from nexus_workflows.deferred import triage
+from nexus_workflows.deferred.enqueue import enqueue
 from nexus_workflows.models import DeferredWork, Status
 from tests.clock import database_resolution_now
 

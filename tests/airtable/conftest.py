@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from nexus_workflows.airtable import set_eval_mode
-
-from .emulator import API_KEY, AirtableEmulator
+from tests.airtable.emulator import API_KEY, AirtableEmulator
 
 BASE = "appTestBase0000001"
 

@@ -9,10 +9,9 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from nexus_workflows import enqueue
+from nexus_workflows.deferred.runner import Runner, RunStats
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.runner import Runner, RunStats
-
-from .emulator import AirtableEmulator
+from tests.airtable.emulator import AirtableEmulator
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,9 +17,8 @@ from nexus_workflows.airtable import (
     set_eval_mode,
     update_record_by_filter,
 )
-
-from .conftest import BASE
-from .emulator import AirtableEmulator
+from tests.airtable.conftest import BASE
+from tests.airtable.emulator import AirtableEmulator
 
 PATIENT = "Maria Lopez"
 

@@ -17,9 +17,8 @@ from nexus_workflows.airtable import (
     to_formula,
     update_record_by_filter,
 )
-
-from .conftest import BASE
-from .emulator import AirtableEmulator, FormulaError, parse_formula
+from tests.airtable.conftest import BASE
+from tests.airtable.emulator import AirtableEmulator, FormulaError, parse_formula
 
 HOSTILE = "x' , TRUE()) & OR(1=1, '"
 

@@ -11,9 +11,8 @@ import pytest
 from nexus_workflows.airtable import add_record
 from nexus_workflows.airtable.client import base_of
 from nexus_workflows.models import FlowWindowSlot
-
-from .conftest import BASE
-from .emulator import AirtableEmulator
+from tests.airtable.conftest import BASE
+from tests.airtable.emulator import AirtableEmulator
 
 
 def test_requests_to_one_base_keep_to_its_window(

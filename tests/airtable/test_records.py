@@ -22,9 +22,8 @@ from nexus_workflows.airtable import (
     update_record_by_filter,
 )
 from nexus_workflows.exceptions import is_permanent
-
-from .conftest import BASE
-from .emulator import AirtableEmulator
+from tests.airtable.conftest import BASE
+from tests.airtable.emulator import AirtableEmulator
 
 PATIENT_LINK = LinkSpec(table="Patients", formula={"Patient ID": "P-17"}, field="Patient")
 

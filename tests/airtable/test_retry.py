@@ -21,9 +21,8 @@ from nexus_workflows.airtable import (
     with_airtable_retry,
 )
 from nexus_workflows.exceptions import is_permanent
-
-from .conftest import BASE
-from .emulator import API_KEY, AirtableEmulator
+from tests.airtable.conftest import BASE
+from tests.airtable.emulator import API_KEY, AirtableEmulator
 
 PATIENT = "Maria Lopez"  # stands for patient data: must never reach messages or logs
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from nexus_workflows import enqueue_many
+from nexus_workflows.deferred.registry import registry
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.registry import registry
 from tests.processes import ManagePy, overlapping, read_intervals, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]

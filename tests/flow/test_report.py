@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 
 from nexus_workflows import enqueue_many
-from nexus_workflows.claims import Claimer
+from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.flow.report import flow_metrics, waiting_on_limit_q, waiting_reason
 from nexus_workflows.models import DeferredWork
 

@@ -18,9 +18,8 @@ import pytest
 from nexus_workflows import enqueue, enqueue_many
 from nexus_workflows.clock import database_now
 from nexus_workflows.models import DeferredWork, FlowWindowSlot, Status
+from tests.flow.ledger import max_overlap, most_starts_in_window, read_spans
 from tests.processes import ManagePy, wait_for
-
-from .ledger import max_overlap, most_starts_in_window, read_spans
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.postgresql]
 

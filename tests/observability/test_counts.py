@@ -11,10 +11,10 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from nexus_workflows import PermanentError, enqueue
+from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.models import DeferredWork, OutcomeCount, Status
 from nexus_workflows.observability import counts
 from nexus_workflows.observability.clock import database_now
-from nexus_workflows.runner import Runner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

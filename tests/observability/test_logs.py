@@ -77,7 +77,7 @@ def test_with_the_projects_logging_the_command_adds_no_handler_of_its_own() -> N
     # The project's formatter names the logger; ours does not. Each line comes once.
     done = [line for line in result.stderr.splitlines() if f"#{ids['done']} attempt 1 of 4: done" in line]
     assert len(done) == 1, result.stderr
-    assert " nexus_workflows.runner " in done[0]
+    assert " nexus_workflows.deferred.runner " in done[0]
     assert DeferredWork.objects.filter(pk=ids["done"], status="done").exists()
 
 

@@ -14,9 +14,8 @@ from nexus_workflows.phi import decode, normalize
 from nexus_workflows.phi.cache import token_cache
 from nexus_workflows.phi.models import PhiToken, TokenMap
 from nexus_workflows.phi.normalization import surface_form
+from tests.phi.encode_worker import values
 from tests.processes import url_of_test_database
-
-from .encode_worker import values
 
 ROOT = Path(__file__).resolve().parents[2]
 PROCESSES = 8

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from nexus_workflows.runner.backoff import MAX_BACKOFF, Backoff
-from nexus_workflows.runner.heartbeat import heartbeat_failing
-
-from .helpers import FakeClock
+from nexus_workflows.deferred.runner.backoff import MAX_BACKOFF, Backoff
+from nexus_workflows.deferred.runner.heartbeat import heartbeat_failing
+from tests.runner.helpers import FakeClock
 
 
 def test_an_outage_starts_short_doubles_and_is_capped() -> None:

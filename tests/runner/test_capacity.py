@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nexus_workflows.runner.capacity import Capacity
+from nexus_workflows.deferred.runner.capacity import Capacity
 
 
 def test_before_any_attempt_finished_a_runner_holds_one_item_per_slot() -> None:

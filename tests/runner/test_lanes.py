@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nexus_workflows.runner.ledger import ASYNC, SYNC, Ledger
-
-from .helpers import work
+from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
+from tests.runner.helpers import work
 
 
 def by_kind(item: Any) -> str:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from nexus_workflows.claims import ClaimedWork
-from nexus_workflows.runner.ledger import Ledger, Pending
-from nexus_workflows.runner.shutdown import Shutdown
-
-from .helpers import FakeClock, outcome, work
+from nexus_workflows.deferred.claims import ClaimedWork
+from nexus_workflows.deferred.runner.ledger import Ledger, Pending
+from nexus_workflows.deferred.runner.shutdown import Shutdown
+from tests.runner.helpers import FakeClock, outcome, work
 
 
 def test_free_slots_count_queued_and_running_work() -> None:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from nexus_workflows.execution import Result
-from nexus_workflows.runner.ledger import Ledger, Pending
-from nexus_workflows.runner.outcomes import (
+from nexus_workflows.deferred.execution import Result
+from nexus_workflows.deferred.runner.ledger import Ledger, Pending
+from nexus_workflows.deferred.runner.outcomes import (
     WRITE_RETRY_MAX_DELAY,
     batches,
     released_for_outage,
     retry_delay,
 )
-from nexus_workflows.runner.unavailable import DATABASE_UNAVAILABLE
-
-from .helpers import outcome, work
+from nexus_workflows.deferred.runner.unavailable import DATABASE_UNAVAILABLE
+from tests.runner.helpers import outcome, work
 
 
 def test_successes_of_one_claim_are_one_write_and_failures_are_written_alone() -> None:

@@ -15,8 +15,7 @@ except ModuleNotFoundError:  # Django 5.2: the backport
     from django_tasks import task
 
 from nexus_workflows import PermanentError
-
-from .models import Ledger
+from tests.testapp.models import Ledger
 
 # Minutes: a retry 0.6 s later.
 RETRY = [0.01, 0.01]

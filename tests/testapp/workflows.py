@@ -21,8 +21,7 @@ from django.conf import settings
 
 from nexus_workflows import PermanentError, workflow
 from nexus_workflows.signals import attempt_started
-
-from .models import Ledger
+from tests.testapp.models import Ledger
 
 SCHEDULE = [0.01, 0.01, 0.01]
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.exceptions import UnknownQueue, UnknownWorkflow
 from nexus_workflows.observability.logs import install_default_handler, remove_default_handler
-from nexus_workflows.runner import Runner
 
 
 def _positive_int(value: str) -> int:

@@ -5,12 +5,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from nexus_workflows import triage
-from nexus_workflows.enqueueing import enqueue
+from nexus_workflows.deferred import triage
+from nexus_workflows.deferred.enqueue import enqueue
+from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.status import build_status_report, render_status_report
 from nexus_workflows.exceptions import WorkflowError
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.registry import registry
-from nexus_workflows.status import build_status_report, render_status_report
 
 
 class Command(BaseCommand):

@@ -19,8 +19,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from nexus_workflows import enqueue
 from nexus_workflows.conf import app_settings
-from nexus_workflows.registry import registry
-from nexus_workflows.runner import Runner
+from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.runner import Runner
 
 # (kind, trigger, what the newcomer should see)
 DEMO_WORK: list[tuple[str, dict[str, Any], str]] = [

@@ -1,0 +1,116 @@
+"""The triage desk's change list: the status filter with the two slices triage cares
+about ("needs attention", "stale"), the flow-limit filter, and the counts per status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+from django.utils.functional import Promise, cached_property
+from django.utils.translation import gettext_lazy as _
+
+from nexus_workflows.deferred import triage
+from nexus_workflows.flow.report import waiting_on_limit_q
+from nexus_workflows.models import DeferredWork, Status
+
+#: Query-string value of the status filter that shows abandoned and stale work.
+NEEDS_ATTENTION = "attention"
+STALE = "stale"
+WAITING_ON_A_LIMIT = "waiting"
+
+
+class StatusFilter(admin.SimpleListFilter):
+    """Status, plus the two slices triage cares about: "needs attention" and "stale"."""
+
+    title = _("status")
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            (NEEDS_ATTENTION, _("Needs attention")),
+            (Status.PENDING.value, _("Pending")),
+            (Status.PROCESSING.value, _("Processing")),
+            (STALE, _("Processing, stale heartbeat")),
+            (Status.DONE.value, _("Done")),
+            (Status.ABANDONED.value, _("Abandoned")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
+        value = self.value()
+        if value == NEEDS_ATTENTION:
+            return queryset.filter(triage.needs_attention_q())
+        if value == STALE:
+            return queryset.filter(triage.stale_q())
+        if value in Status.values:
+            return queryset.filter(status=value)
+        return queryset
+
+
+class FlowLimitFilter(admin.SimpleListFilter):
+    """Due items that a flow limit (serial key, concurrency, rate) holds back."""
+
+    title = _("flow control")
+    parameter_name = "flow"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(WAITING_ON_A_LIMIT, _("Waiting on a limit"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
+        if self.value() == WAITING_ON_A_LIMIT:
+            return queryset.filter(waiting_on_limit_q(using=queryset.db))
+        return queryset
+
+
+@dataclass(frozen=True)
+class SummaryItem:
+    value: str | None  # the status filter's value; None for "all"
+    label: str | Promise
+    count: int
+    url: str
+    active: bool
+    tone: str
+
+
+class TriageChangeList(ChangeList):
+    """The change list, minus the columns that may hold patient data, plus the counts
+    per status of the current filter (search and kind included, status left out)."""
+
+    def __init__(self, request: HttpRequest, *args: Any, **kwargs: Any) -> None:
+        self.request = request
+        super().__init__(request, *args, **kwargs)
+        status = self.params.get(StatusFilter.parameter_name)
+        attention = status == NEEDS_ATTENTION
+        self.title = _("Deferred work that needs attention") if attention else _("Deferred work")
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[DeferredWork]:
+        queryset = super().get_queryset(request, exclude_parameters)
+        return queryset.defer("trigger", "checkpoints", "history")
+
+    @cached_property
+    def status_summary(self) -> list[SummaryItem]:
+        queryset = self.get_queryset(self.request, exclude_parameters=[StatusFilter.parameter_name])
+        counts = dict(queryset.order_by().values_list("status").annotate(n=Count("pk")))
+        stale = queryset.filter(triage.stale_q()).count() if counts.get(Status.PROCESSING) else 0
+        current = self.params.get(StatusFilter.parameter_name)
+        abandoned = counts.get(Status.ABANDONED, 0)
+
+        def item(value: str | None, label: Promise, count: int, tone: str) -> SummaryItem:
+            if value is None:
+                url = self.get_query_string(remove=[StatusFilter.parameter_name, PAGE_VAR])
+            else:
+                url = self.get_query_string({StatusFilter.parameter_name: value}, remove=[PAGE_VAR])
+            return SummaryItem(value, label, count, url, current == value, tone if count else "none")
+
+        return [
+            item(None, _("All"), sum(counts.values()), "all"),
+            item(NEEDS_ATTENTION, _("Needs attention"), abandoned + stale, "attention"),
+            item(Status.PENDING, _("Pending"), counts.get(Status.PENDING, 0), "pending"),
+            item(Status.PROCESSING, _("Processing"), counts.get(Status.PROCESSING, 0), "processing"),
+            item(STALE, _("Stale heartbeat"), stale, "stale"),
+            item(Status.DONE, _("Done"), counts.get(Status.DONE, 0), "done"),
+            item(Status.ABANDONED, _("Abandoned"), abandoned, "abandoned"),
+        ]

@@ -1,0 +1,34 @@
+"""How attempts are numbered wherever a person reads them: logs, the CLI, the admin, signals.
+
+The ``attempt`` column counts failed and lost attempts (0 for work that never failed); people
+read "attempt 1 of 3" for the first run. Every place that shows an attempt goes through here.
+"""
+
+from __future__ import annotations
+
+from nexus_workflows.deferred.registry import registry
+
+
+def max_attempts(kind: str) -> int | None:
+    """Runs allowed for a kind, or ``None`` when this project does not register it."""
+    if kind not in registry:
+        return None
+    return registry.get(kind).max_attempts
+
+
+def attempt_number(kind: str, attempt: int) -> int:
+    """The number (from 1) of the attempt that runs next, runs now, or ran last.
+
+    Work abandoned because its runners kept dying has ``attempt`` equal to the runs
+    allowed, all of them lost, hence the cap.
+    """
+    allowed = max_attempts(kind)
+    number = attempt + 1
+    return min(number, allowed) if allowed else number
+
+
+def describe_attempt(kind: str, attempt: int) -> str:
+    """``"attempt 2 of 3"`` (``"attempt 2"`` for a kind this project does not register)."""
+    allowed = max_attempts(kind)
+    number = attempt_number(kind, attempt)
+    return f"attempt {number} of {allowed}" if allowed else f"attempt {number}"

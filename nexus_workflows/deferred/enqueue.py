@@ -1,0 +1,400 @@
+"""``enqueue``: the one entry point that starts a workflow, deferred or fire-and-forget.
+
+Everything is validated before anything is written, so a rejected call leaves no trace.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from contextlib import nullcontext
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, DataError, IntegrityError, connections, router, transaction
+from django.utils import timezone
+
+from nexus_workflows import json_values, signals
+from nexus_workflows.clock import due_now
+from nexus_workflows.deferred.registry import Workflow, registry
+from nexus_workflows.delays import parse_delay
+from nexus_workflows.exceptions import EnqueueRejected, InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
+from nexus_workflows.flow import ordering
+from nexus_workflows.flow.keys import flow_key_hashes
+from nexus_workflows.limits import DEDUPE_KEY_MAX_LENGTH
+
+logger = logging.getLogger("nexus_workflows.enqueueing")  # the name it has always logged under
+
+DEFERRED_OPTIONS = frozenset({"delay"})
+
+# Rows per INSERT statement in enqueue_many: large enough to amortise the round trips,
+# small enough to stay well under every backend's parameter limit.
+_BULK_CHUNK = 500
+
+# Rounds of insert-then-look when the row we collide with vanishes (purged) or changes
+# status between our two statements; more than a couple means something is wrong.
+_DEDUPE_ROUNDS = 5
+
+
+def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
+    """Start workflow ``kind`` for ``trigger`` unless its dedupe key is already taken.
+
+    Deferred workflows (registered with a ``retry_schedule``): returns the work's id as a
+    string when the work is pending — newly created, already pending (its trigger is
+    left unchanged) or revived from abandoned (attempt 0, due now, checkpoints kept) —
+    and ``None`` when work with that key is processing or done (within ``RETENTION``).
+    Option: ``delay`` (seconds or a ``timedelta``) to make new work due later.
+
+    Fire-and-forget workflows (no ``retry_schedule``): returns the RQ job id
+    ``<kind>__<dedupe key>`` (keys outside RQ's id alphabet are escaped), or ``None``
+    while a job with that id exists — queued, scheduled, running, or finished or failed
+    within ``RETENTION``. Options: ``queue``, ``job_timeout``, ``at_front``, ``delay``.
+    Inside ``transaction.atomic()`` the job is sent at commit; see
+    :mod:`nexus_workflows.fire_and_forget` for what is returned then. Raises
+    :class:`~nexus_workflows.exceptions.QueueUnavailable` when Redis cannot be reached.
+    """
+    workflow = registry.get(kind)
+    dedupe_key = compute_dedupe_key(workflow, trigger)
+    if workflow.is_deferred:
+        check_trigger(workflow, trigger)
+        delay = _deferred_options(workflow, options)
+        flow_hashes = flow_key_hashes(workflow.kind, workflow.flow, trigger)
+        return _enqueue_deferred(workflow, trigger, dedupe_key, delay, flow_hashes)
+
+    from nexus_workflows.fire_and_forget import enqueue_job
+
+    return enqueue_job(workflow, to_json(workflow, trigger), dedupe_key, options)
+
+
+def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str | None]:
+    """Enqueue many triggers of one deferred workflow with a few statements per thousand.
+
+    Returns one result per trigger, in order, with :func:`enqueue`'s meaning: the id of
+    pending work (new, already pending, or revived from abandoned), or ``None`` when that
+    key is processing or done. A key that appears twice gets the same result twice. Every
+    trigger is validated before anything is written; one bad trigger rejects the batch.
+    """
+    workflow = registry.get(kind)
+    if not workflow.is_deferred:
+        from nexus_workflows.fire_and_forget import enqueue_job
+
+        prepared = [(compute_dedupe_key(workflow, t), to_json(workflow, t)) for t in triggers]
+        return [enqueue_job(workflow, trigger, key, options) for key, trigger in prepared]
+    delay = _deferred_options(workflow, options)
+    by_key: dict[str, str] = {}  # dedupe key -> the trigger's JSON text
+    hashes: dict[str, tuple[str | None, str | None]] = {}  # dedupe key -> flow key hashes
+    order: list[str] = []
+    for trigger in triggers:
+        key = compute_dedupe_key(workflow, trigger)
+        text = json_text(workflow, trigger)
+        if key not in by_key:  # the first trigger of a key wins, as with enqueue
+            by_key[key] = text
+            if workflow.flow is not None:
+                hashes[key] = flow_key_hashes(workflow.kind, workflow.flow, trigger)
+        order.append(key)
+    results = _enqueue_many_deferred(workflow, by_key, delay, hashes)
+    return [results[key] for key in order]
+
+
+def _enqueue_many_deferred(
+    workflow: Workflow,
+    by_key: dict[str, str],
+    delay: timedelta,
+    hashes: dict[str, tuple[str | None, str | None]],
+) -> dict[str, str | None]:
+    from nexus_workflows.deferred.wakeup import notify
+    from nexus_workflows.models import DeferredWork
+
+    using = router.db_for_write(DeferredWork)
+    results: dict[str, str | None] = {}
+    keys = list(by_key)
+    try:
+        with transaction.atomic(using=using):
+            ordering.lock_keys(using, workflow.kind, (serial for serial, _ in hashes.values()))
+            for start in range(0, len(keys), _BULK_CHUNK):
+                chunk = keys[start : start + _BULK_CHUNK]
+                for _ in range(_DEDUPE_ROUNDS):
+                    chunk = _settle_chunk(workflow, by_key, hashes, chunk, delay, using, results)
+                    if not chunk:
+                        break
+                else:
+                    raise RuntimeError(
+                        f"workflow {workflow.kind!r}: could not settle {len(chunk)} dedupe key(s) "
+                        f"after {_DEDUPE_ROUNDS} rounds; rows kept changing under concurrent writers"
+                    )
+            notify(using, inserted=True)
+    except (IntegrityError, DataError) as error:  # never the dedupe race: ON CONFLICT skips it
+        raise _rejected(workflow, error) from None
+    return results
+
+
+def _settle_chunk(
+    workflow: Workflow,
+    by_key: dict[str, str],
+    hashes: dict[str, tuple[str | None, str | None]],
+    chunk: list[str],
+    delay: timedelta,
+    using: str,
+    results: dict[str, str | None],
+) -> list[str]:
+    """Insert the keys of ``chunk`` that are new and record every key's result; returns
+    the keys to try again (their conflicting row was purged before it could be read)."""
+    from nexus_workflows.deferred.inserts import insert_pending_many_postgresql
+    from nexus_workflows.deferred.transitions import revive
+    from nexus_workflows.deferred.wakeup import notify
+    from nexus_workflows.models import DeferredWork, Status
+
+    now = timezone.now()
+    due = due_now(now, using) + delay
+    # Existing keys are skipped by the database (ON CONFLICT DO NOTHING / INSERT OR
+    # IGNORE), so concurrent writers cannot make this fail half-way.
+    if connections[using].vendor == "postgresql":
+        inserted = insert_pending_many_postgresql(
+            using,
+            kind=workflow.kind,
+            keys=chunk,
+            triggers=by_key,
+            due=due,
+            now=now,
+            flow_hashes=hashes,
+        )
+        results.update((key, str(pk)) for key, pk in inserted.items())
+        for pk in inserted.values():
+            signals.send(signals.work_enqueued, kind=workflow.kind, id=pk, attempt=1)
+        chunk = [key for key in chunk if key not in inserted]
+        if not chunk:
+            return []
+    else:
+        DeferredWork.objects.using(using).bulk_create(
+            [
+                DeferredWork(
+                    kind=workflow.kind,
+                    dedupe_key=key,
+                    trigger=json.loads(by_key[key]),
+                    next_attempt_at=due,
+                    created_at=now,
+                    updated_at=now,
+                    serial_key_hash=hashes.get(key, (None, None))[0],
+                    rate_key_hash=hashes.get(key, (None, None))[1],
+                )
+                for key in chunk
+            ],
+            ignore_conflicts=True,
+        )
+        if signals.has_receivers(signals.work_enqueued):
+            # Rows inserted just now carry this call's exact creation time.
+            for pk in (
+                DeferredWork.objects.using(using)
+                .filter(kind=workflow.kind, dedupe_key__in=chunk, created_at=now)
+                .values_list("pk", flat=True)
+            ):
+                signals.send(signals.work_enqueued, kind=workflow.kind, id=pk, attempt=1)
+    rows = list(
+        DeferredWork.objects.using(using)
+        .filter(kind=workflow.kind, dedupe_key__in=chunk)
+        .values_list("dedupe_key", "pk", "status")
+    )
+    abandoned = [pk for _, pk, status in rows if status == Status.ABANDONED]
+    revived: set[int] = set()
+    if abandoned:
+        revived = set(
+            DeferredWork.objects.using(using)
+            .filter(pk__in=abandoned, status=Status.ABANDONED)
+            .values_list("pk", flat=True)
+        )
+        revive(DeferredWork.objects.using(using).filter(pk__in=revived), due=due)
+        notify(using)
+        for pk in revived:
+            signals.send(signals.work_revived, kind=workflow.kind, id=pk, attempt=1)
+    for key, pk, status in rows:
+        # Abandoned rows revived just now are pending; one that changed first is not ours.
+        pending = status == Status.PENDING or pk in revived
+        results[key] = str(pk) if pending else None
+    seen = {key for key, _, _ in rows}
+    return [key for key in chunk if key not in seen]
+
+
+def compute_dedupe_key(workflow: Workflow, trigger: Any) -> str:
+    """Run the workflow's ``dedupe_key`` and check what it returned.
+
+    Messages name the kind and the rule but never the key or the trigger, which may
+    carry patient data.
+    """
+    kind = workflow.kind
+    try:
+        key = workflow.dedupe_key(trigger)
+    except Exception as error:
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key raised {type(error).__name__} for this trigger"
+        ) from error
+    if key is None:
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key returned None; it must return a non-empty string"
+        )
+    if not isinstance(key, str):
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key returned {type(key).__name__}; it must return a "
+            "string (convert numbers with str())"
+        )
+    if not key.strip():
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key returned an empty or whitespace-only string; "
+            "it must return a non-empty string"
+        )
+    if len(key) > DEDUPE_KEY_MAX_LENGTH:
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key returned {len(key)} characters; at most "
+            f"{DEDUPE_KEY_MAX_LENGTH} are allowed"
+        )
+    problem = json_values.text_problem(key)
+    if problem:
+        raise InvalidDedupeKey(
+            f"workflow {kind!r}: dedupe_key returned a string that {problem}; it must return "
+            "valid Unicode text without NUL characters"
+        )
+    return key
+
+
+def check_trigger(workflow: Workflow, trigger: Any) -> None:
+    """Refuse a trigger that would not come back equal and of the same types.
+
+    The one check of every enqueue path (deferred, many, fire-and-forget); the rules are
+    in :mod:`nexus_workflows.json_values`. The message names the kind and the rule, never
+    the trigger.
+    """
+    try:
+        json_values.check(trigger)
+    except json_values.Rejected as problem:
+        raise InvalidTrigger(
+            f"workflow {workflow.kind!r}: the trigger {problem}; {json_values.ALLOWED}"
+        ) from None
+
+
+def to_json(workflow: Workflow, trigger: Any) -> Any:
+    """A checked copy of the trigger, as it will be stored and later handed to ``prepare``."""
+    return json.loads(json_text(workflow, trigger))
+
+
+def json_text(workflow: Workflow, trigger: Any) -> str:
+    """The trigger as JSON text, after checking that it can be stored."""
+    check_trigger(workflow, trigger)
+    return json_values.dumps(trigger)
+
+
+def _deferred_options(workflow: Workflow, options: dict[str, Any]) -> timedelta:
+    unknown = sorted(set(options) - DEFERRED_OPTIONS)
+    if unknown:
+        raise InvalidEnqueueOption(
+            f"workflow {workflow.kind!r} is deferred; unknown option(s) {', '.join(unknown)}. "
+            f"Allowed: {', '.join(sorted(DEFERRED_OPTIONS))}"
+        )
+    return parse_delay(workflow.kind, options.get("delay", 0))
+
+
+def _enqueue_deferred(
+    workflow: Workflow,
+    trigger: Any,
+    dedupe_key: str,
+    delay: timedelta,
+    flow_hashes: tuple[str | None, str | None] = (None, None),
+) -> str | None:
+    from nexus_workflows.deferred.inserts import insert_pending
+    from nexus_workflows.deferred.wakeup import notify
+    from nexus_workflows.models import DeferredWork, Status
+
+    using = router.db_for_write(DeferredWork)
+    connection = connections[using]
+    in_transaction = connection.in_atomic_block or not connection.get_autocommit()
+    serial_key = flow_hashes[0]  # keys take ids in their enqueues' commit order (flow.ordering)
+    for _ in range(_DEDUPE_ROUNDS):
+        now = timezone.now()
+        try:
+            # Inside the caller's transaction a savepoint keeps a lost dedupe race from
+            # breaking it; in autocommit mode the INSERT stands alone (one round trip),
+            # unless a serial key must be locked first (see flow.ordering).
+            with transaction.atomic(using=using) if in_transaction or serial_key else nullcontext():
+                ordering.lock_keys(using, workflow.kind, [serial_key])
+                work_id = insert_pending(
+                    using,
+                    kind=workflow.kind,
+                    dedupe_key=dedupe_key,
+                    trigger=trigger,
+                    due=due_now(now, using) + delay,
+                    now=now,
+                    flow_hashes=flow_hashes,
+                )
+            notify(using, inserted=True)
+        except IntegrityError as error:
+            if not is_dedupe_conflict(error, connection):
+                raise _rejected(workflow, error) from None
+            existing = (
+                DeferredWork.objects.using(using)
+                .filter(kind=workflow.kind, dedupe_key=dedupe_key)
+                .values("pk", "status", "history")
+                .first()
+            )
+            if existing is None:
+                continue  # purged between the INSERT and this read: insert again
+            if existing["status"] == Status.PENDING:
+                return str(existing["pk"])
+            if existing["status"] != Status.ABANDONED:
+                logger.debug(
+                    "%s #%s not enqueued: already %s", workflow.kind, existing["pk"], existing["status"]
+                )
+                return None
+            if _revive(existing, due_now(now, using) + delay, using):
+                notify(using)
+                signals.send(signals.work_revived, kind=workflow.kind, id=existing["pk"], attempt=1)
+                logger.info("%s #%s revived by enqueue: pending, attempt 0", workflow.kind, existing["pk"])
+                return str(existing["pk"])
+            continue  # someone else changed it first: look again
+        except DataError as error:
+            raise _rejected(workflow, error) from None
+        else:
+            logger.debug("%s #%s enqueued", workflow.kind, work_id)
+            signals.send(signals.work_enqueued, kind=workflow.kind, id=work_id, attempt=1)
+            return str(work_id)
+    raise RuntimeError(
+        f"workflow {workflow.kind!r}: could not settle the dedupe key after {_DEDUPE_ROUNDS} "
+        "rounds; the row kept changing under concurrent writers"
+    )
+
+
+def is_dedupe_conflict(error: IntegrityError, connection: Any) -> bool:
+    """Whether ``error`` is the dedupe constraint refusing a second row for a key.
+
+    Only that is the dedupe race; any other constraint (NOT NULL, a CHECK or trigger added
+    by the project) is a real refusal and must not be retried as if it were one.
+    """
+    from nexus_workflows import sql
+    from nexus_workflows.models import DEDUPE_CONSTRAINT
+
+    return sql.for_connection(connection.alias).violated_constraint(error) == DEDUPE_CONSTRAINT
+
+
+def _rejected(workflow: Workflow, error: DatabaseError) -> EnqueueRejected:
+    """The app's error for a database refusal: the constraint's name, never the row."""
+    diag = getattr(error.__cause__, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    what = f"constraint {name!r}" if name else type(error).__name__
+    return EnqueueRejected(
+        f"workflow {workflow.kind!r}: the database refused the new work ({what}); nothing was "
+        "written. Every documented input rule was met, so this is a constraint or trigger added "
+        "to the table outside nexus_workflows"
+    )
+
+
+def _revive(existing: dict[str, Any], due: Any, using: str) -> bool:
+    from nexus_workflows.deferred.history import append_entry
+    from nexus_workflows.deferred.transitions import revive
+    from nexus_workflows.models import DeferredWork
+
+    return (
+        revive(
+            DeferredWork.objects.using(using).filter(pk=existing["pk"]),
+            due=due,
+            history=append_entry(existing["history"], event="revived", by="enqueue"),
+        )
+        == 1
+    )

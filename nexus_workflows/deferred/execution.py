@@ -1,0 +1,101 @@
+"""Running one attempt of deferred work: ``prepare(trigger, checkpoints, save)``."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from nexus_workflows.deferred.claims import ClaimedWork, save_checkpoints
+from nexus_workflows.deferred.registry import Workflow
+from nexus_workflows.exceptions import ClaimLost
+from nexus_workflows.flow import starts
+
+#: Writes a patch of one attempt's journal durably and fenced; returns the clean patch.
+SavePatch = Callable[[ClaimedWork, Any], dict[str, Any]]
+AsyncSavePatch = Callable[[ClaimedWork, Any], Awaitable[dict[str, Any]]]
+
+
+class Result(enum.Enum):
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CLAIM_LOST = "claim lost"
+
+
+@dataclass
+class Outcome:
+    work: ClaimedWork
+    result: Result
+    error: BaseException | None = None
+    duration: float = 0.0
+
+
+def execute(workflow: Workflow, work: ClaimedWork, save_patch: SavePatch = save_checkpoints) -> Outcome:
+    """Run the attempt in this thread and report how it ended; never raises.
+
+    ``save(patch)`` merges ``patch`` into the checkpoint journal, durably and fenced by
+    the claim, before it returns (and updates the ``checkpoints`` dict that ``prepare``
+    was given); ``save_patch`` writes it (by default on this thread's connection). For an
+    ``async def`` prepare run here, ``save`` is a coroutine function; a runner runs those
+    on its event loop instead (:func:`execute_async`).
+    """
+    checkpoints = dict(work.checkpoints)
+
+    def save(patch: dict[str, Any]) -> None:
+        checkpoints.update(save_patch(work, patch))
+
+    started = time.perf_counter()
+    try:
+        # A rate-limited kind's attempt starts here, in its window (the claim reserved it).
+        starts.begin(work)
+        if workflow.runs_task:
+            workflow.run_task(work)  # type: ignore[attr-defined]
+        elif workflow.is_async:
+            workflow.call_prepare(work.trigger, checkpoints, sync_to_async(save, thread_sensitive=True))
+        else:
+            workflow.call_prepare(work.trigger, checkpoints, save)
+    except ClaimLost as error:
+        return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
+    except BaseException as error:  # noqa: BLE001 - consumer code may raise anything
+        return Outcome(work, Result.FAILED, error, time.perf_counter() - started)
+    finally:
+        # prepare began before this: its window start counts from now at the latest.
+        starts.confirm([work])
+    return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)
+
+
+async def execute_async(workflow: Workflow, work: ClaimedWork, save_patch: AsyncSavePatch) -> Outcome:
+    """Run the attempt of an ``async def`` prepare on the running loop; never raises
+    but ``CancelledError`` (the attempt's task was cancelled).
+
+    ``await save(patch)`` is written by ``save_patch`` (the runner's journal writer),
+    durably and fenced, before it returns; it raises :class:`ClaimLost` when the claim
+    is no longer ours.
+    """
+    checkpoints = dict(work.checkpoints)
+
+    async def save(patch: dict[str, Any]) -> None:
+        checkpoints.update(await save_patch(work, patch))
+
+    started = time.perf_counter()
+    try:
+        if work.reservation is not None:
+            # A rate-limited kind's start (a few statements) off the loop, like late saves.
+            await asyncio.to_thread(starts.begin, work)
+        await workflow.prepare(work.trigger, checkpoints, save)
+    except ClaimLost as error:
+        return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as error:  # noqa: BLE001 - consumer code may raise anything
+        # SystemExit or KeyboardInterrupt from a prepare must not end the runner's loop.
+        return Outcome(work, Result.FAILED, error, time.perf_counter() - started)
+    finally:
+        if work.window_start is not None:
+            await asyncio.to_thread(starts.confirm, [work])
+    return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)

@@ -1,0 +1,96 @@
+"""The async pool: one event loop, owned by the runner, that runs ``async def`` prepares."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable
+
+from nexus_workflows.deferred.claims import ClaimedWork
+from nexus_workflows.deferred.execution import AsyncSavePatch, Outcome, Result, execute_async
+from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.runner.ledger import ASYNC, Ledger
+
+
+class AsyncPool:
+    """One thread running one asyncio loop; up to ``size`` async attempts run on it at
+    once as tasks (no thread, and no event loop, per attempt).
+
+    :meth:`wake` (from any thread) makes the loop start queued async work from the
+    ledger, as far as free slots allow; each finished attempt frees its slot and starts
+    the next. ``started``/``finished`` are called on the loop thread, as the sync pool
+    calls them on its workers. ``save_patch`` writes ``await save(...)`` (the journal
+    writer: no connection of the loop's own). :meth:`stop` lets attempts still running
+    go on, as sync ones do (the runner's grace is over: they keep their claims, which go
+    stale), and ends the loop once they are done.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        size: int,
+        *,
+        started: Callable[[ClaimedWork], None],
+        finished: Callable[[Outcome], None],
+        save_patch: AsyncSavePatch,
+    ) -> None:
+        self.ledger = ledger
+        self.size = size
+        self._started = started
+        self._finished = finished
+        self._save_patch = save_patch
+        self._loop = asyncio.new_event_loop()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="nexus-workflows-async", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Start queued async work (thread-safe; returns at once)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the runner stopped
+            self._loop.call_soon_threadsafe(self._fill)
+
+    def stop(self) -> None:
+        """Start nothing more; end the loop when no attempt runs (from another thread)."""
+        if not self._thread.is_alive():
+            return
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._stop_when_idle)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    def _fill(self) -> None:
+        free = self.size - len(self._tasks)
+        for work in self.ledger.take_now(ASYNC, free) if free > 0 else ():
+            task = self._loop.create_task(self._attempt(work))
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if self._stopping:
+            self._stop_when_idle()
+        else:
+            self._fill()
+
+    def _stop_when_idle(self) -> None:
+        self._stopping = True
+        if not self._tasks:
+            self._loop.stop()
+
+    async def _attempt(self, work: ClaimedWork) -> None:
+        self._started(work)
+        try:
+            outcome = await execute_async(registry.for_work(work), work, self._save_patch)
+        except BaseException as error:  # noqa: BLE001 - e.g. the kind was unregistered
+            outcome = Outcome(work, Result.FAILED, error)
+        self.ledger.finished(work)
+        self._finished(outcome)

@@ -1,0 +1,208 @@
+"""The journal writer: every ``save()`` of a runner's attempts, batched and fenced, over a
+bounded number of database connections.
+
+An attempt's ``save(patch)`` validates the patch in its own thread (or task), hands the
+merged journal to the writer and waits: sync prepares block on an event, ``async def``
+prepares await a future of their own loop, so neither holds a connection. ``DB_WRITERS``
+writer threads (each one connection) take whatever saves are waiting, up to
+:data:`MAX_BATCH`, and write them in one fenced ``UPDATE`` and one commit: a row is
+written only while the claim that took it is still held (id *and* claim token). A save
+returns once its batch committed; a save whose fence failed raises :class:`ClaimLost` in
+its attempt; a database error fails every save of its batch with that error (so the
+runner's outage rules apply to the attempt as to any other ``OperationalError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections
+
+from nexus_workflows.deferred import transitions
+from nexus_workflows.deferred.claims import ClaimedWork, validate_patch
+from nexus_workflows.deferred.runner.unavailable import close_connection
+from nexus_workflows.exceptions import ClaimLost
+
+logger = logging.getLogger("nexus_workflows.deferred.runner")
+
+#: Most saves one statement writes: bounds the statement's size and one batch's latency.
+MAX_BATCH = 200
+
+
+@dataclass(eq=False)
+class _Save:
+    """One ``save()`` waiting for the writer: a sync caller waits on ``written``, an async
+    one on ``future`` (of ``loop``); ``error`` is what the save raises, if anything."""
+
+    work: ClaimedWork
+    checkpoints: dict[str, Any]
+    written: threading.Event | None = None
+    future: asyncio.Future[None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    error: BaseException | None = None
+
+
+def _complete(saves: list[_Save]) -> None:
+    """Wake the callers of written (or failed) saves: sync ones one by one, async ones
+    with one call per event loop (one wake-up of the loop for the whole batch)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Save]] = {}
+    for save in saves:
+        if save.loop is not None:
+            by_loop.setdefault(save.loop, []).append(save)
+        elif save.written is not None:
+            save.written.set()
+    for loop, settled in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_settle, settled)
+
+
+def _settle(saves: list[_Save]) -> None:
+    for save in saves:
+        future = save.future
+        if future is None or future.done():  # the attempt was cancelled meanwhile
+            continue
+        if save.error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(save.error)
+
+
+def claim_lost(work: ClaimedWork) -> ClaimLost:
+    return ClaimLost(
+        f"{work.kind} #{work.id}: this attempt no longer holds the work (it was "
+        "reclaimed or changed by someone else); checkpoints not saved"
+    )
+
+
+def stopped(work: ClaimedWork) -> ClaimLost:
+    """The runner stopped before this save was written: the attempt must end (its claim
+    is kept and goes stale, as for any attempt that outlived the shutdown grace)."""
+    return ClaimLost(f"{work.kind} #{work.id}: the runner stopped; checkpoints not saved")
+
+
+class JournalWriter:
+    """``size`` writer threads, each with one connection to ``using``; see the module.
+
+    :meth:`save` (sync) and :meth:`save_async` may be called from any number of threads
+    and event loops at once. :meth:`stop` ends the writers (closing their connections);
+    saves still waiting then fail with :class:`ClaimLost`, and later saves (of attempts
+    that outlived the shutdown grace, whose claims are kept) are written by the caller.
+    """
+
+    def __init__(self, using: str, size: int) -> None:
+        self.using = using
+        self.size = size
+        self._waiting: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._stopped = False
+
+    def start(self) -> None:
+        for number in range(self.size):
+            thread = threading.Thread(target=self._run, name=f"nexus-workflows-journal-{number}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stopped = True
+        for _ in self._threads:
+            self._waiting.put(None)
+        for thread in self._threads:
+            thread.join(5.0)
+        self._fail_waiting()
+
+    def save(self, work: ClaimedWork, patch: Any) -> dict[str, Any]:
+        """Merge ``patch`` into the journal of ``work`` durably; returns the clean patch.
+        Blocks until written; raises :class:`ClaimLost` or the database's error.
+
+        After :meth:`stop` (an attempt that outlived the shutdown grace: its claim is
+        kept), the save is written on the caller's own connection, still fenced.
+        """
+        clean = validate_patch(patch)
+        save = _Save(work, {**work.checkpoints, **clean}, written=threading.Event())
+        if self._stopped:
+            self._write([save])
+        else:
+            self._waiting.put(save)
+        save.written.wait()  # type: ignore[union-attr]
+        if save.error is not None:
+            raise save.error
+        work.checkpoints = save.checkpoints
+        return clean
+
+    async def save_async(self, work: ClaimedWork, patch: Any) -> dict[str, Any]:
+        """:meth:`save` for an ``async def`` prepare: awaits the write on its own loop."""
+        if self._stopped:
+            # An attempt that outlived the grace: written as a sync one's is (a thread
+            # for this rare case only; the writers are gone).
+            return await asyncio.to_thread(self.save, work, patch)
+        clean = validate_patch(patch)
+        loop = asyncio.get_running_loop()
+        save = _Save(work, {**work.checkpoints, **clean}, future=loop.create_future(), loop=loop)
+        self._waiting.put(save)
+        await save.future  # type: ignore[misc]
+        work.checkpoints = save.checkpoints
+        return clean
+
+    def _run(self) -> None:
+        try:
+            while (first := self._waiting.get()) is not None:
+                batch = self._gather(first)
+                self._write(batch)
+        finally:
+            connections.close_all()
+
+    def _gather(self, first: _Save) -> list[_Save]:
+        """``first`` and whatever else waits, up to MAX_BATCH, one save per row (a later
+        save of the same row waits for the next batch, which puts the stop sentinel back)."""
+        batch, rows = [first], {first.work.id}
+        while len(batch) < MAX_BATCH:
+            try:
+                save = self._waiting.get_nowait()
+            except queue.Empty:
+                break
+            if save is None or save.work.id in rows:
+                self._waiting.put(save)
+                break
+            batch.append(save)
+            rows.add(save.work.id)
+        return batch
+
+    def _write(self, batch: list[_Save]) -> None:
+        try:
+            written = transitions.save_journals(
+                [(save.work, save.checkpoints) for save in batch], using=self.using
+            )
+        except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
+            close_connection(self.using)  # the next batch reconnects
+            for save in batch:
+                # One instance per attempt: each raises it in its own thread or task.
+                save.error = _own_copy(error)
+        else:
+            for save in batch:
+                if save.work.id not in written:
+                    save.error = claim_lost(save.work)
+        _complete(batch)
+
+    def _fail_waiting(self) -> None:
+        failed = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                save = self._waiting.get_nowait()
+                if save is not None:
+                    save.error = stopped(save.work)
+                    failed.append(save)
+        _complete(failed)
+
+
+def _own_copy(error: BaseException) -> BaseException:
+    try:
+        return copy.copy(error)
+    except Exception:  # noqa: BLE001 - an exception that cannot be copied is shared
+        return error

@@ -1,0 +1,112 @@
+"""The runner's two lanes (sync attempts on threads, async ones on the event loop): which
+work goes where, and claiming due work for each only as far as it has room."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from django.db import connections
+
+from nexus_workflows.conf import app_settings
+from nexus_workflows.deferred.claims import ClaimedWork, Claimer
+from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.runner.capacity import Capacity
+from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
+
+
+def lane_of(work: ClaimedWork) -> str:
+    """The lane an attempt of ``work`` runs in: the event loop for an ``async def``
+    prepare, the thread pool for the rest (sync prepares, Django tasks, unknown kinds)."""
+    if work.is_task or work.kind not in registry:
+        return SYNC
+    return ASYNC if registry.get(work.kind).is_async else SYNC
+
+
+def journal_writers(using: str) -> int:
+    """Journal writer threads (one connection each): ``DB_CONNECTIONS`` less the main
+    loop's, the heartbeat's and, where there is one, the wake-up listener's connection."""
+    own = 2 + (1 if app_settings.WAKEUP and connections[using].vendor == "postgresql" else 0)
+    return max(1, int(app_settings.DB_CONNECTIONS) - own)
+
+
+class LaneClaims:
+    """Claims due work per lane: each lane's kinds only as far as its own slots (plus
+    prefetch) allow, so sync work never waits in this runner for a thread while async
+    slots are free, nor the other way round; and the wake-up path, rows a NOTIFY named
+    claimed by id. ``claimed(works)`` hands what was claimed to the runner.
+    """
+
+    def __init__(
+        self,
+        *,
+        kinds: Sequence[str],
+        queues: Sequence[str] | None,
+        using: str,
+        worker_id: str,
+        ledger: Ledger,
+        capacity: dict[str, Capacity],
+        claimed: Callable[[list[ClaimedWork]], None],
+    ) -> None:
+        async_kinds = [kind for kind in kinds if registry.get(kind).is_async]
+        sync_kinds = [kind for kind in kinds if kind not in async_kinds]
+        self.claimers: dict[str, Claimer] = {}
+        if sync_kinds or queues != []:
+            self.claimers[SYNC] = Claimer(kinds=sync_kinds, queues=queues, using=using, worker_id=worker_id)
+        if async_kinds:
+            self.claimers[ASYNC] = Claimer(kinds=async_kinds, queues=[], using=using, worker_id=worker_id)
+        self.ledger = ledger
+        self.capacity = capacity
+        self.claimed = claimed
+        # Rows a NOTIFY named, by lane (appended by the listener's thread).
+        self._notified: dict[str, deque[int]] = {SYNC: deque(), ASYNC: deque()}
+
+    def wants_more(self, lane: str | None = None) -> bool:
+        """Whether ``lane`` (or any lane) has room for more claims."""
+        lanes = self.claimers if lane is None else [lane]
+        return any(self.capacity[name].wants_more(self.ledger.held_count(name)) for name in lanes)
+
+    def retry_in(self) -> float | None:
+        """Seconds until a rate window a claim found full has a start again."""
+        waits = [wait for claimer in self.claimers.values() if (wait := claimer.retry_in()) is not None]
+        return min(waits) if waits else None
+
+    def new_work(self, work_id: int, kind: str) -> None:
+        """Listener thread: a row of ``kind`` was inserted alone; remember it for a claim by
+        id if a lane takes it (by kind; the claim re-checks everything)."""
+        for lane, claimer in self.claimers.items():
+            if claimer.takes_by_id(kind):
+                self._notified[lane].append(work_id)
+                return
+
+    def claim_notified(self, cutoff: datetime | None) -> int:
+        """Claim the rows NOTIFYs named, by id in one statement per lane, each lane only as
+        far as it has free slots (the ordinary claim takes the rest); how many."""
+        claimed = 0
+        for lane, claimer in self.claimers.items():
+            notified = self._notified[lane]
+            free = self.ledger.free_slots(self.capacity[lane].concurrency, lane)
+            ids = [notified.popleft() for _ in range(min(free, len(notified)))]
+            notified.clear()
+            if ids:
+                due = claimer.claim_due_ids(ids, now=cutoff)
+                self.claimed(due)
+                claimed += len(due)
+        return claimed
+
+    def claim_due(self, cutoff: datetime | None) -> tuple[int, bool, int]:
+        """Claim due work for every lane with room: (items claimed, whether more may be
+        waiting: a claim got all it asked for or lost rows to another runner, room left)."""
+        claimed, more, room = 0, False, 0
+        for lane, claimer in self.claimers.items():
+            if not self.wants_more(lane):
+                continue
+            limit = self.capacity[lane].claim_limit(self.ledger.held_count(lane))
+            startable = self.ledger.free_slots(self.capacity[lane].concurrency, lane)
+            due = claimer.claim_due(limit, now=cutoff, startable=startable) if limit > 0 else []
+            self.claimed(due)
+            more = more or 0 < limit <= len(due) or bool(due and claimer.contended)
+            claimed += len(due)
+            room += max(limit - len(due), 0)
+        return claimed, more, room

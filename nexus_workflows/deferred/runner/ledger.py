@@ -1,0 +1,191 @@
+"""Everything a runner holds, by stage, under one lock."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from nexus_workflows.deferred.claims import ClaimedWork
+from nexus_workflows.deferred.execution import Outcome
+
+#: The lanes of a runner: sync attempts run on the thread pool, async ones on the loop.
+SYNC = "sync"
+ASYNC = "async"
+LANES = (SYNC, ASYNC)
+
+
+@dataclass
+class Pending:
+    """An outcome not written yet, and when its write may be tried again."""
+
+    outcome: Outcome
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+class Ledger:
+    """The claims one runner holds, by stage; thread-safe, no I/O.
+
+    A claim is *queued* (claimed, not started), *running* (its attempt has started;
+    *unmarked* too until the start marker is written), *unwritten* (finished, outcome not
+    written yet) or *unguarded* (reclaimed, crash-loop guard not written yet). Every held
+    claim is heart-beaten. Running attempts are keyed by claim, not row: a row may be
+    reclaimed while an old attempt still runs.
+
+    Queued work waits in the lane ``lane_of(work)`` says (:data:`SYNC` or :data:`ASYNC`):
+    sync workers block in :meth:`take`, the event loop polls :meth:`take_now`.
+    """
+
+    def __init__(self, lane_of: Callable[[ClaimedWork], str] = lambda work: SYNC) -> None:
+        self.lock = threading.Lock()
+        self.lane_of = lane_of
+        self._work_available = threading.Condition(self.lock)
+        self._queued: dict[str, deque[ClaimedWork]] = {lane: deque() for lane in LANES}
+        self._running: dict[tuple[str, int], ClaimedWork] = {}
+        self._running_lanes: Counter[str] = Counter()
+        self._unmarked: dict[tuple[str, int], ClaimedWork] = {}
+        self._unwritten: list[Pending] = []
+        self._unguarded: list[ClaimedWork] = []
+        self._closed = False
+
+    # --- queued and running -------------------------------------------------------------
+
+    def dispatch(self, works: list[ClaimedWork]) -> set[str]:
+        """Queue claimed work in its lanes (wakes as many sync workers as sync items);
+        returns the lanes that got work."""
+        lanes: set[str] = set()
+        if works:
+            with self._work_available:
+                for work in works:
+                    lane = self.lane_of(work)
+                    self._queued[lane].append(work)
+                    lanes.add(lane)
+                if SYNC in lanes:
+                    self._work_available.notify(len(self._queued[SYNC]))
+        return lanes
+
+    def take(self) -> ClaimedWork | None:
+        """Block until queued sync work (now running, unmarked) or :meth:`close` (None)."""
+        with self._work_available:
+            queued = self._queued[SYNC]
+            while not queued and not self._closed:
+                self._work_available.wait()
+            if not queued:
+                return None
+            return self._start(queued.popleft(), SYNC)
+
+    def take_now(self, lane: str, limit: int) -> list[ClaimedWork]:
+        """Up to ``limit`` queued items of ``lane`` (now running, unmarked); never blocks."""
+        with self.lock:
+            queued = self._queued[lane]
+            count = min(limit, len(queued)) if not self._closed else 0
+            return [self._start(queued.popleft(), lane) for _ in range(count)]
+
+    def _start(self, work: ClaimedWork, lane: str) -> ClaimedWork:
+        self._running[work.key] = work
+        self._running_lanes[lane] += 1
+        self._unmarked[work.key] = work
+        return work
+
+    def finished(self, work: ClaimedWork) -> None:
+        """The attempt of ``work`` ended (its outcome goes to the writer)."""
+        with self.lock:
+            if self._running.pop(work.key, None) is not None:
+                self._running_lanes[self.lane_of(work)] -= 1
+            self._unmarked.pop(work.key, None)
+
+    def close(self) -> list[ClaimedWork]:
+        """Stop handing out work; returns (and forgets) what was claimed but not started."""
+        with self._work_available:
+            unstarted = [*self._queued[SYNC], *self._queued[ASYNC], *self._unguarded]
+            for queued in self._queued.values():
+                queued.clear()
+            self._unguarded = []
+            self._closed = True
+            self._work_available.notify_all()
+        return unstarted
+
+    def running_count(self) -> int:
+        with self.lock:
+            return len(self._running)
+
+    def free_slots(self, slots: int, lane: str = SYNC) -> int:
+        """Of ``slots`` of ``lane``, how many have nothing to run nor queued for them."""
+        with self.lock:
+            return slots - len(self._queued[lane]) - self._running_lanes[lane]
+
+    # --- start markers ------------------------------------------------------------------
+
+    def unmarked(self) -> list[ClaimedWork]:
+        with self.lock:
+            return list(self._unmarked.values())
+
+    def marked(self, works: list[ClaimedWork]) -> None:
+        with self.lock:
+            for work in works:
+                self._unmarked.pop(work.key, None)
+
+    # --- outcomes -----------------------------------------------------------------------
+
+    def add_unwritten(self, pending: Pending) -> None:
+        with self.lock:
+            self._unwritten.append(pending)
+
+    def due_unwritten(self, now: float) -> list[Pending]:
+        with self.lock:
+            return [pending for pending in self._unwritten if pending.retry_at <= now]
+
+    def written(self, batch: list[Pending]) -> None:
+        done = {id(pending) for pending in batch}
+        with self.lock:
+            self._unwritten = [pending for pending in self._unwritten if id(pending) not in done]
+
+    def unwritten_count(self) -> int:
+        with self.lock:
+            return len(self._unwritten)
+
+    def next_retry(self) -> float | None:
+        """When the earliest outcome whose write failed may be tried again."""
+        with self.lock:
+            retries = [pending.retry_at for pending in self._unwritten if pending.failures]
+        return min(retries) if retries else None
+
+    # --- reclaimed ----------------------------------------------------------------------
+
+    def add_unguarded(self, works: list[ClaimedWork]) -> None:
+        with self.lock:
+            self._unguarded.extend(works)
+
+    def take_unguarded(self) -> list[ClaimedWork]:
+        with self.lock:
+            works, self._unguarded = self._unguarded, []
+        return works
+
+    def has_unguarded(self) -> bool:
+        with self.lock:
+            return bool(self._unguarded)
+
+    # --- everything ---------------------------------------------------------------------
+
+    def held(self) -> list[ClaimedWork]:
+        """Every claim to heart-beat."""
+        with self.lock:
+            return [
+                *self._queued[SYNC],
+                *self._queued[ASYNC],
+                *self._running.values(),
+                *(pending.outcome.work for pending in self._unwritten),
+                *self._unguarded,
+            ]
+
+    def held_count(self, lane: str | None = None) -> int:
+        """Claims held (of ``lane`` only, when given)."""
+        with self.lock:
+            if lane is None:
+                queued = sum(len(queued) for queued in self._queued.values())
+                return queued + len(self._running) + len(self._unwritten) + len(self._unguarded)
+            finished = [pending.outcome.work for pending in self._unwritten]
+            others = sum(1 for work in (*finished, *self._unguarded) if self.lane_of(work) == lane)
+            return len(self._queued[lane]) + self._running_lanes[lane] + others

@@ -1,0 +1,43 @@
+"""The runner's log lines: kind, id, attempt and outcome only, never trigger or error text
+(they may carry patient data and stay in the database)."""
+
+from __future__ import annotations
+
+import logging
+
+from nexus_workflows.deferred.attempts import attempt_number, describe_attempt
+from nexus_workflows.deferred.claims import ClaimedWork
+
+# One logger for every part: the projects' formatters name it.
+logger = logging.getLogger("nexus_workflows.deferred.runner")
+
+
+def log_outcome(work: ClaimedWork, outcome: str, level: int) -> None:
+    """One line about one attempt of ``work``."""
+    logger.log(
+        level,
+        "%s #%s %s: %s",
+        work.kind,
+        work.id,
+        describe_attempt(work.kind, work.attempt),
+        outcome,
+        extra={
+            "workflow_kind": work.kind,
+            "work_id": work.id,
+            "attempt": attempt_number(work.kind, work.attempt),
+            "outcome": outcome,
+        },
+    )
+
+
+def log_write_error(work: ClaimedWork, what: str, error: BaseException) -> None:
+    """A write about ``work`` failed; by exception type only (its message may echo data)."""
+    logger.error(
+        "%s #%s attempt %d: writing its %s failed (%s); it stays held and is tried again",
+        work.kind,
+        work.id,
+        work.attempt,
+        what,
+        type(error).__name__,
+        extra={"workflow_kind": work.kind, "work_id": work.id, "attempt": work.attempt},
+    )

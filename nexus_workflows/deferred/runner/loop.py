@@ -1,0 +1,422 @@
+"""The runner: its main loop claims due (and stale) work and dispatches it; the parts
+(pool, heartbeat, outcome writer, back-off, shutdown) live in their own modules."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from django.db import connections, router
+
+from nexus_workflows import __version__
+from nexus_workflows.conf import app_settings
+from nexus_workflows.deferred import claims, retention, wakeup
+from nexus_workflows.deferred.claims import ClaimedWork, Claimer
+from nexus_workflows.deferred.execution import Outcome
+from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.runner.async_pool import AsyncPool
+from nexus_workflows.deferred.runner.backoff import Backoff
+from nexus_workflows.deferred.runner.capacity import Capacity
+from nexus_workflows.deferred.runner.heartbeat import Heartbeat
+from nexus_workflows.deferred.runner.journal import JournalWriter
+from nexus_workflows.deferred.runner.lanes import LaneClaims, journal_writers, lane_of
+from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
+from nexus_workflows.deferred.runner.logs import log_outcome
+from nexus_workflows.deferred.runner.outcomes import OutcomeWriter
+from nexus_workflows.deferred.runner.pool import SyncPool
+from nexus_workflows.deferred.runner.reclaim import guard_unguarded
+from nexus_workflows.deferred.runner.schedule import LoopSchedule
+from nexus_workflows.deferred.runner.selection import selection, worker_id
+from nexus_workflows.deferred.runner.shutdown import Shutdown, release_claims
+from nexus_workflows.deferred.runner.stats import RunStats, Tally
+from nexus_workflows.deferred.runner.stop_signals import StopSignals
+from nexus_workflows.deferred.runner.unavailable import DATABASE_UNAVAILABLE, close_connection
+from nexus_workflows.exceptions import UnknownWorkflow
+from nexus_workflows.models import DeferredWork
+from nexus_workflows.observability.logs import start_line
+from nexus_workflows.observability.observer import Observer
+
+logger = logging.getLogger("nexus_workflows.deferred.runner")
+
+
+class Runner:
+    """Runs deferred work until stopped (or, with ``once``, until nothing is due)."""
+
+    def __init__(
+        self,
+        *,
+        kinds: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        concurrency: int | None = None,
+        async_concurrency: int | None = None,
+        poll_interval: float | None = None,
+        once: bool = False,
+        using: str | None = None,
+        install_signal_handlers: bool = True,
+        metrics_host: str = "127.0.0.1",
+        metrics_port: int | None = None,
+    ) -> None:
+        deferred = registry.kinds(deferred=True)
+        for kind in kinds or ():
+            if kind not in deferred:
+                raise UnknownWorkflow(
+                    f"no deferred workflow is registered for kind {kind!r}; deferred kinds: "
+                    f"{', '.join(deferred) or 'none'}"
+                )
+        self.kinds, self.queues = selection(kinds, queues, deferred)
+        self.concurrency = concurrency or app_settings.CONCURRENCY
+        self.async_concurrency = async_concurrency or app_settings.ASYNC_CONCURRENCY
+        self.poll_interval = poll_interval or app_settings.POLL_INTERVAL
+        self.once = once
+        self.using = using or router.db_for_write(DeferredWork)
+        self.install_signal_handlers = install_signal_handlers
+        self.stale_after = timedelta(seconds=app_settings.STALE_AFTER)
+        self.sweep_interval = float(app_settings.SWEEP_INTERVAL)
+        self.shutdown_grace = float(app_settings.SHUTDOWN_GRACE)
+        self.stats = RunStats()
+        self.worker_id = worker_id()
+        self._wake = threading.Event()
+        self._stop_requested = threading.Event()
+        self._stop_now = threading.Event()
+        self._listener: wakeup.PostgresListener | None = None
+        self._claims_paused = False
+        self._build_parts(metrics_host, metrics_port)
+
+    def _build_parts(self, metrics_host: str, metrics_port: int | None) -> None:
+        """The runner's parts, each in its module, wired to each other."""
+        # Stale work of any kind is reclaimed by one claimer; due work by one per lane.
+        self._claimer = Claimer(
+            kinds=self.kinds, queues=self.queues, using=self.using, worker_id=self.worker_id
+        )
+        self._ledger = Ledger(lane_of)
+        batch_size = int(app_settings.BATCH_SIZE)
+        self._capacity = {
+            SYNC: Capacity(self.concurrency, batch_size),
+            ASYNC: Capacity(self.async_concurrency, batch_size),
+        }
+        self._lanes = LaneClaims(
+            kinds=self.kinds,
+            queues=self.queues,
+            using=self.using,
+            worker_id=self.worker_id,
+            ledger=self._ledger,
+            capacity=self._capacity,
+            claimed=self._claimed,
+        )
+        self._journal = JournalWriter(self.using, journal_writers(self.using))
+        self._backoff = Backoff(self.poll_interval)
+        # Runner row, outcome counts, metrics and signals: see nexus_workflows.observability.
+        self._observer = Observer(
+            kinds=self.kinds,
+            concurrency=self.concurrency,
+            using=self.using,
+            in_flight=self._ledger.running_count,
+            wakeup_mode=lambda: self.wakeup_mode,
+            metrics_host=metrics_host,
+            metrics_port=metrics_port,
+        )
+        self._tally = Tally(self.stats, self._observer)
+        self._writer = OutcomeWriter(self._ledger, self._tally, self._observe_runtime)
+        self._heartbeat = Heartbeat(
+            self._ledger,
+            using=self.using,
+            interval=float(app_settings.HEARTBEAT_INTERVAL),
+            stale_after=self.stale_after.total_seconds(),
+            on_beat=self._observer.heartbeat,
+        )
+        self._build_pools()
+
+    def _build_pools(self) -> None:
+        self._pool = SyncPool(
+            self._ledger,
+            self.concurrency,
+            using=self.using,
+            started=self._attempt_started,
+            finished=self._attempt_finished,
+            outage_epoch=lambda: self._backoff.epoch,
+            save_patch=self._journal.save,
+        )
+        self._async_pool = AsyncPool(
+            self._ledger,
+            self.async_concurrency,
+            started=self._attempt_started,
+            finished=self._attempt_finished,
+            save_patch=self._journal.save_async,
+        )
+
+    # --- public -----------------------------------------------------------------------
+
+    def run(self) -> RunStats:
+        """Run until stopped; returns the counts of what happened."""
+        metrics = self._observer.start()  # first: a metrics port in use fails here, cleanly
+        signals = StopSignals(self.request_stop, self._stop_requested.is_set, self.shutdown_grace)
+        if self.install_signal_handlers:
+            signals.install()
+        self._start_helpers()
+        logger.info(
+            "runner started: %s",
+            start_line(
+                version=__version__,
+                using=self.using,
+                kinds=self.kinds,
+                queues=self.queues,
+                concurrency=self.concurrency,
+                wakeup=self.describe_wakeup(),
+                once=self.once,
+                metrics=metrics,
+                worker_id=self.worker_id,
+            ),
+        )
+        try:
+            self._loop()
+        finally:
+            try:
+                self._shutdown()
+            finally:
+                signals.restore()
+        logger.info("runner stopped: %s", self.stats.summary())
+        return self.stats
+
+    @property
+    def wakeup_mode(self) -> wakeup.WakeupMode:
+        """How this runner learns of new work (``listening`` once its probe arrived)."""
+        return self._listener.mode if self._listener is not None else wakeup.WakeupMode.POLL
+
+    def describe_wakeup(self) -> str:
+        """The wake-up mode for the start line, with the interval it polls at."""
+        mode = self.wakeup_mode
+        if mode is wakeup.WakeupMode.LISTENING:
+            return f"{mode} (LISTEN/NOTIFY)"
+        return f"{mode} (polling every {self.idle_interval():g}s)"
+
+    def idle_interval(self) -> float:
+        """Seconds to sleep when nothing is due: short while wake-ups do not arrive."""
+        if self._listener is None or self._listener.mode is wakeup.WakeupMode.LISTENING:
+            return self.poll_interval
+        return min(self.poll_interval, float(app_settings.WAKEUP_FALLBACK_POLL_INTERVAL))
+
+    def request_stop(self, *, now: bool = False) -> None:
+        """Stop claiming; in-flight attempts get ``SHUTDOWN_GRACE`` seconds (none with
+        ``now``). Claims of work not started are released; attempts still running keep
+        their claims, unrefreshed, until they go stale (see :class:`.shutdown.Shutdown`)."""
+        self._stop_requested.set()
+        if now:
+            self._stop_now.set()
+        self._wake.set()
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _start_helpers(self) -> None:
+        self._journal.start()
+        if SYNC in self._lanes.claimers:
+            self._pool.start()
+        if ASYNC in self._lanes.claimers:
+            self._async_pool.start()
+        self._heartbeat.start()
+        wakeup.add_local_waiter(self._wake)
+        if not self.once and app_settings.WAKEUP and connections[self.using].vendor == "postgresql":
+            self._listener = wakeup.PostgresListener(
+                self.using,
+                self._wake,
+                on_mode_change=self._observer.heartbeat,
+                on_new_work=self._lanes.new_work,
+            )
+            self._listener.start()
+            # The start line says whether wake-ups work; the probe takes milliseconds
+            # when they do, PROBE_TIMEOUT when they do not.
+            self._listener.decided.wait(wakeup.PROBE_TIMEOUT + 5.0)
+
+    def _attempt_started(self, work: ClaimedWork) -> None:
+        self._heartbeat.started()
+        self._observer.attempt_started(work)
+
+    def _claimed(self, works: list[ClaimedWork]) -> None:
+        """Due work was claimed: count it, hand it to its lane, log its start."""
+        self._observer.claimed(works)
+        self._dispatch(works)
+        for work in works:
+            log_outcome(work, "started", logging.INFO)
+
+    def _observe_runtime(self, outcome: Outcome) -> None:
+        self._capacity[lane_of(outcome.work)].observe(outcome.duration)
+
+    def _dispatch(self, works: list[ClaimedWork]) -> None:
+        """Hand claimed work to its lane: sync workers wake on the ledger, the loop on a call."""
+        if ASYNC in self._ledger.dispatch(works):
+            self._async_pool.wake()
+
+    def _attempt_finished(self, outcome: Outcome) -> None:
+        self._observer.attempt_ended(outcome.work, outcome.duration)
+        self._writer.put(outcome)
+        self._wake.set()
+
+    # --- main loop --------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        # --once runs what is due when it starts (by the database's clock), so
+        # rescheduled work is not retried within the same run.
+        cutoff: datetime | None = None
+        schedule = LoopSchedule(
+            min(self.poll_interval, self.stale_after.total_seconds() / 4), self.sweep_interval
+        )
+        while not self._stop_requested.is_set():
+            self._wake.clear()
+            try:
+                if self.once and cutoff is None:
+                    cutoff = claims.database_now(self.using)
+                claimed, more_due, purging = self._turn(cutoff, schedule)
+                self._database_back()
+            except DATABASE_UNAVAILABLE as error:
+                self._database_lost(error)
+                self._stop_requested.wait(self._backoff.delay)
+                continue
+            except Exception as error:  # noqa: BLE001 - only a signal ends the runner
+                # Its message may hold patient data (a trigger echoed by a constraint): type only.
+                logger.error("runner loop error (%s); carrying on", type(error).__name__)
+                self._backoff.loop_error()
+                self._stop_requested.wait(self._backoff.delay)
+                continue
+            if self.once and not claimed and not purging and self._ledger.held_count() == 0:
+                return
+            # Claim again at once only if the last claim may have left due work behind;
+            # otherwise wait, so the workers start the work just claimed right away.
+            if purging or (more_due and self._wants_more()):
+                continue
+            self._wake.wait(self._next_wait())
+
+    def _turn(self, cutoff: datetime | None, schedule: LoopSchedule) -> tuple[int, bool, bool]:
+        """One turn of the loop: write outcomes, guard reclaims, purge and claim when
+        due; returns (items claimed, whether more may be due, whether purging goes on)."""
+        if not self._stop_requested.is_set() and not self._heartbeat.failing():
+            self._lanes.claim_notified(cutoff)  # first: the wake-up path of an idle runner
+        self._writer.write()
+        guard_unguarded(self._ledger, self._tally, self._dispatch)
+        purging = False
+        if schedule.purge_due():
+            deleted = retention.purge_batch(using=self.using)
+            self.stats.purged += deleted
+            purging = deleted >= app_settings.PURGE_BATCH_SIZE
+            if purging:
+                schedule.next_purge = 0.0
+        claimed, more_due = 0, False
+        if self._wants_more():
+            claimed, more_due = self._claim(cutoff, check_stale=schedule.stale_check_due())
+        return claimed, more_due, purging
+
+    def _next_wait(self) -> float:
+        """How long the loop may sleep: until the next poll (short while wake-ups do not
+        arrive), an outcome's retry, or a rate window that held work back freeing a start."""
+        wait = self.idle_interval()
+        retry_in = self._lanes.retry_in()
+        if retry_in is not None:
+            wait = min(wait, max(retry_in, 0.005))
+        if self._ledger.has_unguarded():
+            wait = min(wait, 0.05)
+        next_retry = self._ledger.next_retry()
+        if next_retry is not None:
+            wait = min(wait, max(0.05, next_retry - time.monotonic()))
+        return wait
+
+    def _wants_more(self) -> bool:
+        if self._stop_requested.is_set():
+            return False
+        if self._heartbeat.failing():
+            # Our claims may be going stale: taking more would only hand them out twice.
+            if not self._claims_paused:
+                self._claims_paused = True
+                logger.warning("no heartbeat for over half of STALE_AFTER; not claiming until one succeeds")
+            return False
+        if self._claims_paused:
+            self._claims_paused = False
+            logger.warning("heartbeats succeed again; claiming again")
+        return self._lanes.wants_more()
+
+    def _claim(self, cutoff: datetime | None, *, check_stale: bool) -> tuple[int, bool]:
+        """Claim due work and, when a check is due, stale work; returns (items claimed,
+        whether more may be waiting: a claim got all it asked for, or lost rows to another
+        runner).
+
+        Each lane claims only as far as it has room (:class:`.lanes.LaneClaims`). Due work
+        is handed to the workers before the stale check runs, so a wake-up for new work
+        does not wait for it; the stale check may take up to ``concurrency`` rows beyond a
+        full claim, so a busy runner still reclaims a dead runner's work.
+        """
+        claimed, more, room = self._lanes.claim_due(cutoff)
+        if check_stale:
+            stale_limit = max(room, self.concurrency)
+            stale = self._claimer.claim_stale(stale_limit, stale_after=self.stale_after, now=cutoff)
+            more = more or len(stale) >= stale_limit
+            self.stats.reclaimed += len(stale)
+            self._observer.claimed(stale)
+            self._ledger.add_unguarded(stale)
+            claimed += guard_unguarded(self._ledger, self._tally, self._dispatch)
+        return claimed, more
+
+    # --- database outages -------------------------------------------------------------
+
+    def _database_lost(self, error: BaseException) -> None:
+        close_connection(self.using)
+        if self._backoff.database_lost():
+            self._observer.database_lost()
+            logger.warning(
+                "database unavailable (%s); holding %d unwritten outcome(s) and retrying",
+                type(error).__name__,
+                self._ledger.unwritten_count(),
+            )
+
+    def _database_back(self) -> None:
+        lasted = self._backoff.succeeded()
+        if lasted is not None:
+            logger.warning("database reachable again after %.1fs", lasted)
+
+    # --- shutdown ---------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        Shutdown(
+            self._ledger,
+            grace=self.shutdown_grace,
+            stale_after=self.stale_after.total_seconds(),
+            stop_now=self._stop_now,
+            wake=self._wake,
+            release=self._release,
+            write_outcomes=self._try_write_outcomes,
+            stop_helpers=self._stop_helpers,
+        ).run()
+
+    def _try_write_outcomes(self) -> bool:
+        """Write what can be written; whether nothing is left to write."""
+        try:
+            self._writer.write()
+        except DATABASE_UNAVAILABLE as error:
+            self._database_lost(error)
+            return False
+        except Exception as error:  # noqa: BLE001 - shutting down must not fail
+            logger.error("writing outcomes at shutdown failed (%s)", type(error).__name__)
+            return False
+        return self._ledger.unwritten_count() == 0
+
+    def _release(self, works: list[ClaimedWork], deadline: float) -> None:
+        pause = threading.Event()  # events only: libfaketime breaks time.sleep
+        released = release_claims(works, deadline, on_outage=self._database_lost, pause=pause.wait)
+        if released is None:
+            return
+        self.stats.released += released
+        self._observer.released(works)
+        if released:
+            with contextlib.suppress(Exception):
+                wakeup.notify(self.using)  # another runner can start them at once
+        logger.info("released %d claim(s) at shutdown: pending again, due now, attempt unchanged", released)
+
+    def _stop_helpers(self) -> None:
+        self._async_pool.stop()
+        self._journal.stop()
+        self._heartbeat.stop()
+        wakeup.remove_local_waiter(self._wake)
+        if self._listener is not None:
+            self._listener.stop()
+        self._observer.stop()
+        close_connection(self.using)

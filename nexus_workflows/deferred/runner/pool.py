@@ -1,0 +1,95 @@
+"""The sync pool: ``CONCURRENCY`` threads that run attempts taken from the ledger."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+from django.db import close_old_connections, connections
+
+from nexus_workflows.deferred.claims import ClaimedWork
+from nexus_workflows.deferred.execution import Outcome, Result, SavePatch, execute
+from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.runner.ledger import Ledger
+from nexus_workflows.deferred.runner.unavailable import close_connection
+
+
+def run_attempt(work: ClaimedWork, save_patch: SavePatch) -> Outcome:
+    """Run one attempt; never raises (an unregistered kind is a failed attempt)."""
+    try:
+        return execute(registry.for_work(work), work, save_patch)
+    except BaseException as error:  # noqa: BLE001 - e.g. the kind was unregistered
+        return Outcome(work, Result.FAILED, error)
+
+
+def check_connections(using: str, outage: bool) -> None:
+    """Before an attempt: replace this thread's connections that saw errors and, after an
+    outage, the runner's database connection if it no longer answers. Costs no query
+    unless one of those happened (``close_old_connections`` would also close a healthy
+    connection on every attempt when ``CONN_MAX_AGE`` is 0)."""
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is None or connection.in_atomic_block:
+            continue
+        if connection.errors_occurred or (outage and connection.alias == using):
+            try:
+                if connection.is_usable():
+                    connection.errors_occurred = False
+                else:
+                    connection.close()
+            except Exception:  # noqa: BLE001 - a broken connection fails to close, too
+                close_connection(connection.alias)
+
+
+class SyncPool:
+    """``size`` daemon threads; each takes queued work from the ledger, runs it, and hands
+    the outcome to ``finished``, until the ledger is closed. ``save()`` goes through
+    ``save_patch`` (the journal writer), so a thread opens a database connection only if
+    its prepare uses the ORM itself; then it keeps it until the thread exits.
+
+    ``started(work)`` is called when an attempt starts, ``outage_epoch()`` says whether
+    an outage happened since the thread's last attempt (then its connection is checked).
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        size: int,
+        *,
+        using: str,
+        started: Callable[[ClaimedWork], None],
+        finished: Callable[[Outcome], None],
+        outage_epoch: Callable[[], int],
+        save_patch: SavePatch,
+    ) -> None:
+        self.ledger = ledger
+        self.size = size
+        self.using = using
+        self._started = started
+        self._finished = finished
+        self._outage_epoch = outage_epoch
+        self._save_patch = save_patch
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for number in range(self.size):
+            thread = threading.Thread(target=self._work, name=f"nexus-workflows-worker-{number}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _work(self) -> None:
+        epoch = self._outage_epoch()
+        try:
+            while (work := self.ledger.take()) is not None:
+                check_connections(self.using, outage=epoch != self._outage_epoch())
+                epoch = self._outage_epoch()
+                self._started(work)
+                outcome = run_attempt(work, self._save_patch)
+                self.ledger.finished(work)
+                self._finished(outcome)
+                if outcome.result is not Result.SUCCEEDED:
+                    # prepare may have left this thread's connection broken.
+                    with contextlib.suppress(Exception):
+                        close_old_connections()
+        finally:
+            connections.close_all()

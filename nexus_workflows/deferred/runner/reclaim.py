@@ -1,0 +1,69 @@
+"""The crash-loop guard of reclaimed work."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from nexus_workflows.deferred import claims
+from nexus_workflows.deferred.claims import ClaimedWork
+from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.runner.ledger import Ledger
+from nexus_workflows.deferred.runner.logs import log_outcome, log_write_error
+from nexus_workflows.deferred.runner.stats import Tally
+from nexus_workflows.deferred.runner.unavailable import DATABASE_UNAVAILABLE
+from nexus_workflows.limits import UNSTARTED_LOSSES_MAX
+from nexus_workflows.tasks import running as tasks_running
+
+
+def guard_crash_loop(work: ClaimedWork, tally: Tally) -> bool:
+    """Whether reclaimed ``work`` may run again: unless its lost attempts used up the
+    schedule (or its claims were lost before starting too often), in which case it is
+    abandoned. The lost attempt is in the history before the work runs again."""
+    workflow = registry.for_work(work)
+    if work.attempt < workflow.max_attempts and work.lost_unstarted < UNSTARTED_LOSSES_MAX:
+        if not claims.record_lost(work):
+            tally.lost(work)
+            return False
+        log_outcome(work, "reclaimed from a runner that stopped heart-beating", logging.WARNING)
+        return True
+    if work.attempt >= workflow.max_attempts:
+        error = (
+            f"WorkerLost: the runner of attempt {work.attempt} stopped heart-beating and "
+            f"the retry schedule allows {workflow.max_attempts} attempts"
+        )
+    else:
+        error = (
+            f"WorkerLost: {work.lost_unstarted} claims of this work were lost before their "
+            f"attempt started; at most {UNSTARTED_LOSSES_MAX} are allowed"
+        )
+    if claims.abandon(work, error=error, reason="lost too many times"):
+        tally.finished(work, "abandoned", "abandoned (its runners kept dying)", logging.ERROR)
+        tasks_running.send_finished([work], succeeded=False)
+    else:
+        tally.lost(work)
+    return False
+
+
+def guard_unguarded(ledger: Ledger, tally: Tally, dispatch: Callable[[list[ClaimedWork]], None]) -> int:
+    """Run the crash-loop guard on the ledger's reclaimed work and ``dispatch`` what may run;
+    returns how many. An item whose guard write fails stays held (and heart-beaten) and
+    is tried again on the next turn; it never takes the batch's other claims with it. A
+    database outage is raised after keeping the rest."""
+    works = ledger.take_unguarded()
+    runnable: list[ClaimedWork] = []
+    retry: list[ClaimedWork] = []
+    for number, work in enumerate(works):
+        try:
+            if guard_crash_loop(work, tally):
+                runnable.append(work)
+        except DATABASE_UNAVAILABLE:
+            ledger.add_unguarded([*retry, *works[number:]])
+            dispatch(runnable)
+            raise
+        except Exception as error:  # noqa: BLE001 - contained to this item
+            log_write_error(work, "reclaim", error)
+            retry.append(work)
+    ledger.add_unguarded(retry)
+    dispatch(runnable)
+    return len(runnable)

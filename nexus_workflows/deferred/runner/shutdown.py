@@ -1,0 +1,120 @@
+"""Stopping a runner: what happens to its claims, in which order."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from nexus_workflows.deferred import claims
+from nexus_workflows.deferred.claims import ClaimedWork
+from nexus_workflows.deferred.runner.ledger import Ledger
+from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
+
+logger = logging.getLogger("nexus_workflows.deferred.runner")
+
+
+def release_claims(
+    works: list[ClaimedWork],
+    deadline: float,
+    *,
+    on_outage: Callable[[BaseException], None],
+    pause: Callable[[float], None],
+    monotonic: Callable[[], float] = time.monotonic,
+) -> int | None:
+    """Give back claims of work not started (pending again, due now, attempt unchanged),
+    retrying through an outage until ``deadline``; the number released, or None when
+    they could not be (they go stale and are reclaimed, no worse)."""
+    while True:
+        try:
+            return claims.release(works)
+        except Exception as error:  # noqa: BLE001 - unreleased claims go stale, no worse
+            if not is_database_unavailable(error):
+                logger.error("releasing claims failed (%s)", type(error).__name__)
+                return None
+            on_outage(error)
+            if monotonic() >= deadline:
+                logger.error(
+                    "could not release %d claim(s) before exiting; they will be reclaimed after STALE_AFTER",
+                    len(works),
+                )
+                return None
+            pause(0.2)
+
+
+class Shutdown:
+    """The order of a runner's stop; every part it drives is injected.
+
+    1. the ledger closes: nothing more starts, and work claimed but not started is
+       handed to ``release`` (with the grace's deadline);
+    2. attempts still running get ``grace`` seconds (none once ``stop_now`` is set),
+       while ``write_outcomes`` writes what finishes;
+    3. outcomes that arrived are flushed for up to ``min(grace, 5)`` more seconds;
+    4. what is left is reported (those claims are kept, unrefreshed: another runner
+       takes them after ``STALE_AFTER``, never while they may still run here);
+    5. ``stop_helpers`` stops the heartbeat, listener and observer.
+
+    Never two executions of one item at once: an attempt still running when the grace
+    ends keeps its claim; releasing it would let another runner start the item while
+    this one still runs it.
+    """
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        grace: float,
+        stale_after: float,
+        stop_now: threading.Event,
+        wake: threading.Event,
+        release: Callable[[list[ClaimedWork], float], None],
+        write_outcomes: Callable[[], bool],
+        stop_helpers: Callable[[], None],
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ledger = ledger
+        self.grace = grace
+        self.stale_after = stale_after
+        self.stop_now = stop_now
+        self.wake = wake
+        self.release = release
+        self.write_outcomes = write_outcomes
+        self.stop_helpers = stop_helpers
+        self.monotonic = monotonic
+        self._pause = threading.Event()  # events only: libfaketime breaks time.sleep
+
+    def run(self) -> None:
+        unstarted = self.ledger.close()
+        deadline = self.monotonic() + (0.0 if self.stop_now.is_set() else self.grace)
+        if unstarted:
+            self.release(unstarted, deadline)
+        self._wait_for_running(deadline)
+        self._flush(max(deadline, self.monotonic() + min(self.grace, 5.0)))
+        self._report_left()
+        self.stop_helpers()
+
+    def _wait_for_running(self, deadline: float) -> None:
+        while self.ledger.running_count() and self.monotonic() < deadline and not self.stop_now.is_set():
+            self.wake.wait(0.05)
+            self.wake.clear()
+            self.write_outcomes()
+
+    def _flush(self, deadline: float) -> None:
+        # Outcomes of finished attempts only: a write that keeps failing is left to go
+        # stale, like a running attempt.
+        while not self.write_outcomes() and self.monotonic() < deadline:
+            self._pause.wait(0.2)
+
+    def _report_left(self) -> None:
+        still_running = self.ledger.running_count()
+        unwritten = self.ledger.unwritten_count()
+        if still_running or unwritten:
+            logger.warning(
+                "exiting with %d attempt(s) still running and %d outcome(s) unwritten: their "
+                "claims are kept and no longer refreshed, so other runners take them over "
+                "after STALE_AFTER (%gs), never while they may still run here",
+                still_running,
+                unwritten,
+                self.stale_after,
+            )

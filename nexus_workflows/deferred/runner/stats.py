@@ -1,0 +1,56 @@
+"""What a runner did, counted, and the bookkeeping every outcome shares."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields
+
+from nexus_workflows.deferred.claims import ClaimedWork
+from nexus_workflows.deferred.runner.logs import log_outcome
+from nexus_workflows.observability.observer import Observer
+
+
+@dataclass
+class RunStats:
+    done: int = 0
+    rescheduled: int = 0
+    abandoned: int = 0
+    reclaimed: int = 0
+    released: int = 0
+    lost: int = 0
+    purged: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"{self.done} done, {self.rescheduled} rescheduled, {self.abandoned} abandoned, "
+            f"{self.reclaimed} reclaimed"
+            + (f", {self.lost} lost" if self.lost else "")
+            + (f", {self.released} released" if self.released else "")
+            + (f", {self.purged} purged" if self.purged else "")
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
+
+class Tally:
+    """Counts, observes and logs each written outcome in one call."""
+
+    def __init__(self, stats: RunStats, observer: Observer) -> None:
+        self.stats = stats
+        self.observer = observer
+
+    def finished(self, work: ClaimedWork, counter: str, line: str, level: int) -> None:
+        """``work`` ended as ``counter`` (a :class:`RunStats` field): count, observe, log."""
+        setattr(self.stats, counter, getattr(self.stats, counter) + 1)
+        self.observer.finished(work, counter)
+        log_outcome(work, line, level)
+
+    def lost(self, work: ClaimedWork) -> None:
+        """The claim of ``work`` was taken over: nothing of this attempt is written."""
+        self.finished(
+            work,
+            "lost",
+            "claim lost; result discarded (another runner or an operator took over)",
+            logging.WARNING,
+        )

@@ -1,0 +1,132 @@
+"""What ``manage.py workflows status`` reports: counts, the oldest due item, abandoned work,
+and how each live runner learns of new work (its wake-up mode).
+
+Dedupe keys and error messages may carry patient data: the report names work by kind and
+id and errors by exception type, unless it is rendered with ``reveal=True``
+(``workflows status --reveal``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db.models import Count
+from django.utils import timezone
+
+from nexus_workflows.deferred.attempts import describe_attempt
+from nexus_workflows.deferred.history import first_line
+from nexus_workflows.deferred.wakeup import WakeupMode
+from nexus_workflows.flow.report import KindFlow, flow_report
+from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.observability import runners as live_runners
+from nexus_workflows.observability.models import Runner
+from nexus_workflows.redaction import error_type
+
+
+@dataclass
+class StatusReport:
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    oldest_due: DeferredWork | None = None
+    abandoned: list[DeferredWork] = field(default_factory=list)
+    abandoned_total: int = 0
+    runners: list[Runner] = field(default_factory=list)
+    generated_at: datetime = field(default_factory=timezone.now)
+    flow: list[KindFlow] = field(default_factory=list)
+
+
+def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
+    report = StatusReport()
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: {status.value: 0 for status in Status})
+    rows = DeferredWork.objects.values("kind", "status").annotate(n=Count("pk")).order_by("kind")
+    for row in rows:
+        counts[row["kind"]][row["status"]] = row["n"]
+    report.counts = dict(counts)
+    report.oldest_due = (
+        DeferredWork.objects.due(report.generated_at)
+        .order_by("next_attempt_at")
+        .only("pk", "kind", "dedupe_key", "next_attempt_at", "attempt")
+        .first()
+    )
+    abandoned = DeferredWork.objects.filter(status=Status.ABANDONED).order_by("-updated_at")
+    report.flow = flow_report()
+    report.abandoned_total = abandoned.count()
+    report.abandoned = list(
+        abandoned.only("pk", "kind", "dedupe_key", "attempt", "last_error", "updated_at")[:abandoned_limit]
+    )
+    # Rows of runners that stopped without removing theirs are left out after STALE_AFTER,
+    # on the database's clock like the rows' own times.
+    report.runners = list(Runner.objects.filter(live_runners.alive_q()).order_by("host", "pid"))
+    return report
+
+
+_MODE_NOTES = {
+    WakeupMode.LISTENING: "new work starts at once (LISTEN/NOTIFY, proven by a probe)",
+    WakeupMode.SHORT_POLL: "wake-ups do not arrive: polling every WAKEUP_FALLBACK_POLL_INTERVAL; "
+    "behind a pooler, set WAKEUP_DATABASE",
+    WakeupMode.STARTING: "proving its wake-ups",
+    WakeupMode.POLL: "polls every POLL_INTERVAL (no LISTEN: not PostgreSQL, WAKEUP off, or --once)",
+}
+
+
+def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
+    statuses = [status.value for status in Status]
+    lines = []
+    if not report.counts:
+        lines.append("No deferred work in the database.")
+    else:
+        width = max(len("KIND"), *(len(kind) for kind in report.counts))
+        lines.append("KIND".ljust(width) + "".join(s.upper().rjust(12) for s in statuses))
+        for kind, by_status in sorted(report.counts.items()):
+            lines.append(kind.ljust(width) + "".join(str(by_status[s]).rjust(12) for s in statuses))
+    if report.oldest_due is not None:
+        due = report.oldest_due
+        late = (report.generated_at - due.next_attempt_at).total_seconds()
+        lines.append(
+            f"Oldest due: {due.kind} #{due.pk} ({describe_attempt(due.kind, due.attempt)}), due since "
+            f"{due.next_attempt_at:%Y-%m-%d %H:%M:%S %Z} ({late:.0f}s ago)"
+        )
+    else:
+        lines.append("Oldest due: nothing is due.")
+    lines.extend(render_flow(report.flow))
+    lines.append(f"Abandoned: {report.abandoned_total}")
+    for work in report.abandoned:
+        key = f" key={work.dedupe_key}" if reveal else ""
+        error = first_line(work.last_error) if reveal else error_type(work.last_error)
+        lines.append(
+            f"  #{work.pk} {work.kind}{key} {describe_attempt(work.kind, work.attempt)} "
+            f"updated {work.updated_at:%Y-%m-%d %H:%M:%S %Z}: {error}"
+        )
+    if report.abandoned_total > len(report.abandoned):
+        lines.append(f"  … and {report.abandoned_total - len(report.abandoned)} more")
+    if report.runners:
+        lines.append(f"Runners' wake-ups: {len(report.runners)}")
+        for runner in report.runners:
+            note = _MODE_NOTES.get(runner.wakeup_mode, "")  # type: ignore[call-overload]
+            lines.append(
+                f"  {runner.host}:{runner.pid} {runner.wakeup_mode} since "
+                f"{runner.wakeup_mode_since:%Y-%m-%d %H:%M:%S %Z}"
+                + (f": {note}" if note else "")
+            )
+    else:
+        lines.append(
+            "Runners' wake-ups: no runner listening (no runworkflows process is alive)"
+        )
+    return "\n".join(lines)
+
+
+def render_flow(flows: list[KindFlow]) -> list[str]:
+    """Each limited kind: its limits, attempts running (slots in use) and the due items
+    waiting for a key, a slot or the rate."""
+    if not flows:
+        return []
+    lines = ["Flow control (due items waiting, by reason):"]
+    width = max(len(item.kind) for item in flows)
+    for item in flows:
+        slots = f"{item.slots_in_use}/{item.concurrency}" if item.concurrency else str(item.slots_in_use)
+        lines.append(
+            f"  {item.kind.ljust(width)}  {item.limits}; running {slots}; waiting: "
+            f"key {item.waiting['key']}, slot {item.waiting['slot']}, rate {item.waiting['rate']}"
+        )
+    return lines

@@ -1,0 +1,412 @@
+"""The state machine of a :class:`DeferredWork` row: every change of its status, each one
+named function here, with its compare-and-set (and, after a claim, its fence) inside it.
+
+    enqueue ─► pending ─claim─► processing ─done────────► done ──purge─► (gone)
+                 ▲  ▲               │  ▲ ─abandon─────► abandoned ──purge─► (gone)
+                 │  └─reschedule────┤  └─reclaim (stale heartbeat)      │
+                 │  └─release───────┘                                   │
+                 └──────────────revive──────────────────────────────────┘
+              run now: pending ─► pending, due now
+
+* ``enqueue``: :func:`nexus_workflows.deferred.inserts.insert_pending` (new rows take the
+  model's default status, pending; nothing here is a change of one).
+* ``claim`` / ``reclaim``: :func:`claim` (the runner's :class:`~nexus_workflows.deferred.claims.Claimer`
+  picks the rows; this writes them, re-checking the candidates' conditions).
+* ``save``, ``done``, ``reschedule``, ``abandon``, ``release``: fenced by the claim token
+  (:meth:`ClaimedWork.fenced`) and judged by the rows matched: a write that matches
+  nothing means the claim was lost, and nothing was written.
+* ``revive``, ``run now``: compare-and-set on the status the operator saw.
+* ``purge``: :func:`purge`, re-checking status and expiry in the ``DELETE``.
+
+Nothing outside this module writes ``status`` (``tests/test_transitions.py`` checks).
+Every time written here comes from the database (``DatabaseNow()``), never from a host.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Case, F, JSONField, QuerySet, Value, When
+from django.db.models.functions import Coalesce
+
+from nexus_workflows import json_values, sql
+from nexus_workflows.clock import DatabaseNow, database_now, now_plus
+from nexus_workflows.deferred.expressions import JSONAppend, JSONDropLast
+from nexus_workflows.deferred.history import append_entry
+from nexus_workflows.exceptions import ClaimLost, InvalidCheckpoint, WorkerLost
+from nexus_workflows.flow import starts
+from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.sql.returning import can_return_from_update, update_returning
+
+
+@dataclass
+class ClaimedWork:
+    """A row this runner holds, as it was read at claim time."""
+
+    id: int
+    kind: str
+    dedupe_key: str
+    trigger: Any
+    checkpoints: dict[str, Any]
+    attempt: int
+    history: list[Any]
+    claim_token: str
+    reclaimed: bool = False
+    # Reclaimed only: whether the lost attempt's prepare had started (then it counted).
+    lost_started: bool = False
+    # Claims of this row lost before their prepare started (bounded by the guard).
+    lost_unstarted: int = 0
+    # Which of the claim's variants took the row (see ``Claimer.claim_rows``).
+    claim_variant: int = 0
+    # Set when ``history`` gained entries that only an individual write can persist.
+    history_changed: bool = False
+    using: str = "default"
+    # The _TASK_FIELDS columns as the claim left them.
+    columns: dict[str, Any] = field(default_factory=dict)
+    # Set by an attempt of a Django task (nexus_workflows.tasks) for the outcome write:
+    # what it returned, how it failed ({"exception_class_path", "traceback"}), and the
+    # TaskResult its signals carry.
+    return_value: Any = None
+    error_record: dict[str, str] | None = None
+    task_result: Any = None
+    # A rate-limited kind's start of its window, reserved by the claim and taken when the
+    # attempt starts (nexus_workflows.flow.starts); None once started, or without a limit.
+    reservation: Any = None
+    # Once started: (reservation, row, stamp) of its window start, until confirmed.
+    window_start: Any = None
+
+    @property
+    def is_task(self) -> bool:
+        """A Django task's row: its kind is an import path (workflow kinds have no dot)."""
+        return "." in self.kind
+
+    def fenced(self) -> Any:
+        """The queryset matching this row only while our claim holds."""
+        return DeferredWork.objects.using(self.using).held(self.claim_token).filter(pk=self.id)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """This attempt, as opposed to this row: a row may be claimed again."""
+        return (self.claim_token, self.id)
+
+
+# --- Claims, revives, run now and purge ----------------------------------------------------
+
+
+def claim(
+    candidates: QuerySet[DeferredWork], changes: dict[str, Any], names: Sequence[str]
+) -> list[dict[str, Any]] | None:
+    """pending (or stale processing) → processing: compare-and-set the rows of ``candidates``
+    (whose conditions the ``UPDATE`` re-checks) with ``changes`` (a new claim token among
+    them). Returns the claimed rows' ``names`` where the database can say which rows it
+    wrote (``RETURNING``); ``None`` elsewhere, when the caller reads them back by token
+    (and nothing is known if nothing matched: then it returns ``[]``)."""
+    changes = {**changes, "status": Status.PROCESSING}
+    if can_return_from_update(candidates.db):
+        return update_returning(candidates, changes, names)
+    return None if candidates.update(**changes) else []
+
+
+def revive(queryset: QuerySet[DeferredWork], *, due: Any = None, history: list[Any] | None = None) -> int:
+    """abandoned → pending: compare-and-set abandoned rows of ``queryset`` back to pending
+    (attempt 0, due at ``due`` or now, error and claim cleared, checkpoints kept); returns
+    rows revived. Rows that are not abandoned (a runner may be working on them) are left
+    alone; ``queryset`` may add its own conditions (the ``updated_at`` the caller read)."""
+    now = DatabaseNow()
+    fields: dict[str, Any] = {
+        "status": Status.PENDING,
+        "attempt": 0,
+        "lost_unstarted": 0,
+        "next_attempt_at": due if due is not None else now,
+        "last_error": "",
+        "finished_at": None,
+        **_unclaimed(now),
+    }
+    if history is not None:
+        fields["history"] = history
+    return queryset.filter(status=Status.ABANDONED).update(**fields)
+
+
+def run_now(queryset: QuerySet[DeferredWork]) -> int:
+    """pending → pending, due now: compare-and-set on the status; attempt and history kept.
+    Returns rows changed."""
+    return queryset.filter(status=Status.PENDING).update(
+        next_attempt_at=DatabaseNow(), updated_at=DatabaseNow()
+    )
+
+
+def purge(expired: QuerySet[DeferredWork], ids: list[int]) -> int:
+    """done/abandoned → gone: delete the rows ``ids`` of ``expired`` (whose status and
+    expiry the ``DELETE`` re-checks, so a row revived meanwhile stays). One statement,
+    never Django's collector, which deletes by primary key only whenever a delete signal
+    receiver is connected: no delete signals, as ``update()`` sends no save signals."""
+    # _raw_delete: DELETE … WHERE id IN (…) AND status IN (…) AND updated_at < cutoff. A
+    # private QuerySet method: the public delete() cannot keep the WHERE clause (see above).
+    return expired.filter(pk__in=ids)._raw_delete(expired.db)
+
+
+# --- An attempt's fenced writes: save, done, reschedule, release, abandon ----------------
+
+
+def validate_patch(patch: Any) -> dict[str, Any]:
+    if not isinstance(patch, dict):
+        raise InvalidCheckpoint(
+            f"save() takes a dict of checkpoint names to JSON values; got {type(patch).__name__}"
+        )
+    for key in patch:
+        if not isinstance(key, str):
+            raise InvalidCheckpoint(f"save() takes string checkpoint names; got a {type(key).__name__} key")
+    # The same rules as triggers: what is journalled comes back exactly, or is refused.
+    try:
+        json_values.check(patch)
+    except json_values.Rejected as problem:
+        raise InvalidCheckpoint(
+            f"save() takes JSON values only, ones that come back exactly: the patch {problem}; "
+            f"{json_values.ALLOWED}"
+        ) from None
+    return json.loads(json_values.dumps(patch))
+
+
+def save_checkpoints(work: ClaimedWork, patch: Any) -> dict[str, Any]:
+    """Merge ``patch`` into the journal durably; raises :class:`ClaimLost`."""
+    clean = validate_patch(patch)
+    merged = {**work.checkpoints, **clean}
+    matched = work.fenced().update(
+        checkpoints=merged,
+        heartbeat_at=DatabaseNow(),
+        updated_at=DatabaseNow(),
+        # A save proves the attempt started: it counts if its runner is lost.
+        started_at=Coalesce(F("started_at"), DatabaseNow()),
+    )
+    if matched != 1:
+        raise ClaimLost(
+            f"{work.kind} #{work.id}: this attempt no longer holds the work (it was "
+            "reclaimed or changed by someone else); checkpoints not saved"
+        )
+    work.checkpoints = merged
+    return clean
+
+
+def save_journals(saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], *, using: str) -> set[int]:
+    """Write many attempts' merged journals at once (the runner's journal writer), each
+    fenced like :func:`save_checkpoints`; at most one save per row. Returns the ids whose
+    fence held. Each row also gets a fresh heartbeat and counts as started."""
+    statements = sql.for_connection(using)
+    if hasattr(statements, "save_journals"):
+        return statements.save_journals(
+            using, [work.id for work, _ in saves], [work.claim_token for work, _ in saves],
+            [journal for _, journal in saves],
+        )
+    written = set()
+    with transaction.atomic(using=using):
+        for work, journal in saves:
+            if work.fenced().update(
+                checkpoints=Value(journal, output_field=JSONField()),
+                heartbeat_at=DatabaseNow(),
+                updated_at=DatabaseNow(),
+                started_at=Coalesce(F("started_at"), DatabaseNow()),
+            ):
+                written.add(work.id)
+    return written
+
+
+def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[ClaimedWork]]:
+    """Mark finished work done; returns ``(written, lost)``.
+
+    Rows of one claim are written by one statement. When it matches fewer rows than
+    it was given, the rows it did write are the ones it returned (``RETURNING``) or,
+    elsewhere, the ones stamped with its ``updated_at``.
+    """
+    written: list[ClaimedWork] = []
+    lost: list[ClaimedWork] = []
+    by_claim: dict[tuple[str, str], list[ClaimedWork]] = {}
+    for work in works:
+        if work.history_changed:
+            (written if _finish_one(work) else lost).append(work)
+        else:
+            by_claim.setdefault((work.using, work.claim_token), []).append(work)
+    for (using, token), group in by_claim.items():
+        ids = [work.id for work in group]
+        rows = DeferredWork.objects.using(using).held(token).filter(pk__in=ids)
+        returned = {"return_value": _return_values(group)}
+        if can_return_from_update(using):
+            done = {**_done_fields(DatabaseNow()), **returned}
+            ours = {row["pk"] for row in update_returning(rows, done, ("pk",))}
+        else:
+            now = database_now(using)
+            if rows.update(**_done_fields(now), **returned) == len(group):
+                ours = set(ids)
+            else:
+                ours = set(
+                    DeferredWork.objects.using(using)
+                    .filter(pk__in=ids, status=Status.DONE, updated_at=now)
+                    .values_list("pk", flat=True)
+                )
+        for work in group:
+            (written if work.id in ours else lost).append(work)
+    return written, lost
+
+
+def _return_values(group: list[ClaimedWork]) -> Any:
+    """What each row of one done-write returned: one constant when they agree (no-op
+    tasks and workflows return None), else a CASE on the id."""
+    values = [work.return_value for work in group]
+    if all(value is None for value in values):
+        return None
+    return Case(
+        *(When(pk=work.id, then=Value(work.return_value, output_field=JSONField())) for work in group),
+        default=Value(None, output_field=JSONField()),
+        output_field=JSONField(),
+    )
+
+
+def _failure_fields(work: ClaimedWork, error: str) -> dict[str, Any]:
+    """A Django task's failed attempt adds an entry to its ``errors``."""
+    if not work.is_task:
+        return {}
+    record = work.error_record or {
+        "exception_class_path": f"{WorkerLost.__module__}.{WorkerLost.__qualname__}",
+        "traceback": error,
+    }
+    return {"errors": JSONAppend("errors", record)}
+
+
+def _unclaimed(now: Any) -> dict[str, Any]:
+    """The fields every write that ends an attempt sets: the claim is given up."""
+    return {
+        "claim_token": "",
+        "claimed_at": None,
+        "heartbeat_at": None,
+        "started_at": None,
+        "updated_at": now,
+    }
+
+
+def _done_fields(now: Any) -> dict[str, Any]:
+    return {"status": Status.DONE, "last_error": "", "finished_at": now, **_unclaimed(now)}
+
+
+def _finish_one(work: ClaimedWork) -> bool:
+    return (
+        work.fenced().update(
+            history=work.history, return_value=_return_values([work]), **_done_fields(DatabaseNow())
+        )
+        == 1
+    )
+
+
+def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
+    history = append_entry(work.history, attempt=work.attempt, outcome="rescheduled", error=error)
+    return (
+        work.fenced().update(
+            status=Status.PENDING,
+            attempt=work.attempt + 1,
+            next_attempt_at=now_plus(delay),
+            last_error=error,
+            history=history,
+            **_failure_fields(work, error),
+            **_unclaimed(DatabaseNow()),
+        )
+        == 1
+    )
+
+
+def release_after_outage(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
+    """The attempt failed only because the database was unreachable: pending again
+    soon, attempt unchanged, and the history says so."""
+    history = append_entry(
+        work.history, attempt=work.attempt, outcome="released", reason="database unavailable", error=error
+    )
+    starts.give_back([work])
+    return (
+        work.fenced().update(
+            status=Status.PENDING,
+            next_attempt_at=now_plus(delay),
+            last_error=error,
+            history=history,
+            **_unclaimed(DatabaseNow()),
+        )
+        == 1
+    )
+
+
+def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
+    history = append_entry(
+        work.history, attempt=work.attempt, outcome="abandoned", reason=reason, error=error
+    )
+    starts.give_back([work])
+    return (
+        work.fenced().update(
+            status=Status.ABANDONED,
+            last_error=error,
+            history=history,
+            finished_at=DatabaseNow(),
+            **_failure_fields(work, error),
+            **_unclaimed(DatabaseNow()),
+        )
+        == 1
+    )
+
+
+def record_lost(work: ClaimedWork) -> bool:
+    """Write the history of a reclaimed row (its lost attempt) before it runs again."""
+    if not work.history_changed:
+        return True
+    if work.fenced().update(history=work.history) != 1:
+        return False
+    work.history_changed = False
+    return True
+
+
+def release(works: Iterable[ClaimedWork]) -> int:
+    """Give claims back at shutdown: pending, due now, attempt unchanged."""
+    released = 0
+    works = list(works)
+    starts.give_back(works)  # their attempts never started: nor did their rate starts
+    by_claim: dict[tuple[str, str], list[int]] = {}
+    for work in works:
+        by_claim.setdefault((work.using, work.claim_token), []).append(work.id)
+    for (using, token), ids in by_claim.items():
+        released += (
+            DeferredWork.objects.using(using)
+            .held(token)
+            .filter(pk__in=ids)
+            .update(
+                status=Status.PENDING,
+                next_attempt_at=DatabaseNow(),
+                # The claim did not start an attempt: it does not count as one.
+                worker_ids=JSONDropLast("worker_ids"),
+                **_unclaimed(DatabaseNow()),
+            )
+        )
+    return released
+
+
+def _still_processing(works: Sequence[ClaimedWork], using: str) -> Any:
+    """The rows of ``works`` still held by one of their claims (one statement for many
+    claims: a token of another row cannot match, the ids keep the rows apart)."""
+    tokens = {work.claim_token for work in works}
+    return DeferredWork.objects.using(using).filter(
+        pk__in=[work.id for work in works], claim_token__in=tokens, status=Status.PROCESSING
+    )
+
+
+def heartbeat(works: Sequence[ClaimedWork], *, using: str) -> int:
+    """Refresh ``heartbeat_at`` of every row still held; returns rows refreshed."""
+    if not works:
+        return 0
+    return _still_processing(works, using).update(heartbeat_at=DatabaseNow())
+
+
+def mark_started(works: Sequence[ClaimedWork], *, using: str) -> int:
+    """Record that these attempts' prepare started: from now on, losing them counts."""
+    if not works:
+        return 0
+    marked = _still_processing(works, using).filter(started_at__isnull=True).update(started_at=DatabaseNow())
+    starts.confirm(works)  # rate-limited attempts: running by now (flow.starts.confirm)
+    return marked

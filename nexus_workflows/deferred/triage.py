@@ -1,0 +1,191 @@
+"""What an operator does to deferred work: revive what was abandoned, run what waits now.
+
+The admin triage desk and ``manage.py workflows revive`` both call these functions. Every
+write is a compare-and-set on the row's status (and, for revive, on its ``updated_at``),
+so a row a runner is working on is never touched and a row that changed since it was
+read is read again instead of being overwritten.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from nexus_workflows import signals
+from nexus_workflows.conf import app_settings
+from nexus_workflows.deferred.history import append_entry
+from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.transitions import revive as revive_rows
+from nexus_workflows.deferred.transitions import run_now as make_due_now
+from nexus_workflows.deferred.wakeup import notify
+from nexus_workflows.models import DeferredWork, Status
+
+logger = logging.getLogger("nexus_workflows.triage")  # the name it has always logged under
+
+# Reads and compare-and-set attempts per row before giving up on a row that keeps
+# changing under us (only concurrent writers can make it change).
+_ROUNDS = 3
+
+_CHUNK = 500
+_FIELDS = ("pk", "kind", "dedupe_key", "status", "history", "updated_at")
+
+
+@dataclass(frozen=True)
+class WorkRef:
+    """One row as the operator sees it in a result: never its trigger or checkpoints."""
+
+    pk: int
+    kind: str
+    dedupe_key: str
+    # The status the row had when it was changed or skipped ("gone" when it vanished).
+    status: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk}"
+
+
+@dataclass
+class TriageResult:
+    changed: list[WorkRef] = field(default_factory=list)
+    skipped: list[WorkRef] = field(default_factory=list)
+
+    @property
+    def unregistered_kinds(self) -> list[str]:
+        """Kinds of changed rows that no runner of this project will pick up."""
+        # A Django task's kind is its import path, which any runner imports when it runs it.
+        return sorted({ref.kind for ref in self.changed if ref.kind not in registry and "." not in ref.kind})
+
+
+# --- what needs attention --------------------------------------------------------------
+
+
+def stale_cutoff(now: datetime | None = None) -> datetime:
+    """Processing work whose last heartbeat is older than this belongs to a dead runner."""
+    return (now or timezone.now()) - timedelta(seconds=app_settings.STALE_AFTER)
+
+
+def stale_q(now: datetime | None = None) -> Q:
+    """Processing rows with a stale heartbeat, or with none at all (no runner would
+    ever reclaim those on its own)."""
+    return Q(status=Status.PROCESSING) & (
+        Q(heartbeat_at__lt=stale_cutoff(now)) | Q(heartbeat_at__isnull=True)
+    )
+
+
+def needs_attention_q(now: datetime | None = None) -> Q:
+    """Abandoned work plus processing work whose runner seems to be gone."""
+    return Q(status=Status.ABANDONED) | stale_q(now)
+
+
+def is_stale(work: DeferredWork, now: datetime | None = None) -> bool:
+    return work.status == Status.PROCESSING and (
+        work.heartbeat_at is None or work.heartbeat_at < stale_cutoff(now)
+    )
+
+
+# --- actions ---------------------------------------------------------------------------
+
+
+def _rows(queryset: QuerySet[DeferredWork]) -> Iterator[dict]:
+    """The rows of ``queryset`` in id order, read in chunks.
+
+    The ids are collected first, so that the updates made while walking them cannot move
+    rows in or out of an open cursor (SQLite gives no isolation within a connection).
+    Only what the compare-and-set needs is read: the trigger and checkpoints stay put.
+    """
+    pks = sorted(queryset.order_by().values_list("pk", flat=True))
+    for start in range(0, len(pks), _CHUNK):
+        chunk = pks[start : start + _CHUNK]
+        yield from (
+            DeferredWork.objects.using(queryset.db).filter(pk__in=chunk).order_by("pk").values(*_FIELDS)
+        )
+
+
+def _reread(using: str, pk: int) -> dict | None:
+    return DeferredWork.objects.using(using).filter(pk=pk).values(*_FIELDS).first()
+
+
+def _ref(row: dict, status: str | None = None) -> WorkRef:
+    return WorkRef(row["pk"], row["kind"], row["dedupe_key"], status or row["status"])
+
+
+def revive(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> TriageResult:
+    """Revive the abandoned rows of ``queryset``: pending, attempt 0, due now, error and
+    claim cleared, checkpoints kept, and a ``revived`` entry in their history.
+
+    Rows in any other status are skipped. ``by`` says where the revive came from
+    ("admin", "command line") and ``user`` who did it; both go into the history entry.
+    """
+    using = queryset.db
+    result = TriageResult()
+    who = {"by": by, **({"user": user} if user else {})}
+    for row in _rows(queryset):
+        for _ in range(_ROUNDS):
+            if row["status"] != Status.ABANDONED:
+                result.skipped.append(_ref(row))
+                break
+            # The updated_at match makes this a compare-and-set on the whole row: the
+            # history written below was computed from exactly the row we read.
+            matched = revive_rows(
+                DeferredWork.objects.using(using).filter(pk=row["pk"], updated_at=row["updated_at"]),
+                history=append_entry(row["history"], event="revived", **who),
+            )
+            if matched:
+                result.changed.append(_ref(row))
+                break
+            fresh = _reread(using, row["pk"])
+            if fresh is None:
+                result.skipped.append(_ref(row, "gone"))
+                break
+            row = fresh
+        else:
+            result.skipped.append(_ref(row))
+    _after(result, using, "revived", who)
+    for ref in result.changed:
+        signals.send(signals.work_revived, kind=ref.kind, id=ref.pk, attempt=1)
+    return result
+
+
+def run_now(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> TriageResult:
+    """Make the pending rows of ``queryset`` due now; other rows are skipped.
+
+    The attempt count and the history are left as they are: this only moves the wait.
+    """
+    using = queryset.db
+    result = TriageResult()
+    for row in _rows(queryset):
+        if row["status"] != Status.PENDING:
+            result.skipped.append(_ref(row))
+            continue
+        matched = make_due_now(DeferredWork.objects.using(using).filter(pk=row["pk"]))
+        if matched:
+            result.changed.append(_ref(row))
+        else:
+            fresh = _reread(using, row["pk"])
+            result.skipped.append(_ref(row, fresh["status"] if fresh else "gone"))
+    _after(result, using, "made due now", {"by": by, **({"user": user} if user else {})})
+    return result
+
+
+def _after(result: TriageResult, using: str, what: str, who: dict[str, str]) -> None:
+    if result.changed:
+        notify(using)  # wake idle runners instead of waiting for their next poll
+    actor = describe_actor(**who)
+    for ref in result.changed:
+        # Kind and id only: the dedupe key may be derived from patient data.
+        logger.info("%s #%s %s %s", ref.kind, ref.pk, what, actor)
+
+
+#: How each source of a triage action reads in a sentence ("revived in the admin by alice").
+_SOURCES = {"admin": "in the admin", "command line": "from the command line"}
+
+
+def describe_actor(by: str, user: str = "") -> str:
+    """Where a triage action came from and who did it, as words that follow the verb."""
+    source = _SOURCES.get(by, f"by {by}")
+    return f"{source} by {user}" if user else source

@@ -1,0 +1,302 @@
+"""Waking idle runners as soon as work is enqueued.
+
+Polling alone makes an idle runner start new work up to ``POLL_INTERVAL`` late. On
+PostgreSQL, a statement trigger on the work table sends ``NOTIFY nexus_workflows`` for
+every ``INSERT`` (so an enqueue costs no extra round trip; delivered at commit, dropped on
+rollback; the payload names the row, ``"<id> <kind>"``, when the statement inserted one,
+so an idle runner claims it by id in one statement), :func:`notify` sends one when
+existing work becomes due (revive, run now, release), and every runner ``LISTEN``\\s on a
+connection of its own, so new work starts within milliseconds. Runners in the same
+process are woken through an in-process event, on every database. Other databases fall
+back to polling.
+
+``LISTEN`` is session state: behind a pooler in transaction mode (PgBouncer) the
+registration lands on a server connection the listener no longer holds, and every
+``NOTIFY`` is lost. So the listener connects to ``WAKEUP_DATABASE`` (an alias pointing
+straight at PostgreSQL) when it is set, and never trusts an unproven connection: after
+every ``LISTEN`` it sends a probe ``NOTIFY`` the way enqueues send theirs (a connection of
+the runner's own alias, through the pooler if there is one) and waits for it. A probe
+that does not arrive is reported once, and the runner polls every
+``WAKEUP_FALLBACK_POLL_INTERVAL`` until a later probe arrives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from django.db import connections, transaction
+
+from nexus_workflows.conf import app_settings
+from nexus_workflows.sql import postgresql
+
+logger = logging.getLogger("nexus_workflows.wakeup")  # the name it has always logged under
+
+CHANNEL = "nexus_workflows"
+#: Payload prefix of a listener's probe; other listeners ignore probes that are not theirs.
+PROBE_PREFIX = "probe:"
+#: Seconds a listener waits for its probe before it reports wake-ups as not arriving.
+PROBE_TIMEOUT = 2.0
+#: Seconds between probes while wake-ups do not arrive (and after a probe could not be sent).
+REPROBE_INTERVAL = 30.0
+
+_local_waiters: weakref.WeakSet[threading.Event] = weakref.WeakSet()
+_local_waiters_lock = threading.Lock()
+
+
+def add_local_waiter(event: threading.Event) -> None:
+    with _local_waiters_lock:
+        _local_waiters.add(event)
+
+
+def remove_local_waiter(event: threading.Event) -> None:
+    with _local_waiters_lock:
+        _local_waiters.discard(event)
+
+
+def _wake_local_waiters() -> None:
+    with _local_waiters_lock:
+        waiters = list(_local_waiters)
+    for event in waiters:
+        event.set()
+
+
+def notify(using: str, *, inserted: bool = False) -> None:
+    """Tell runners that work is due now; call after writing it on ``using``.
+
+    ``inserted``: the work was just inserted, so on PostgreSQL the table's trigger has
+    already sent the NOTIFY and only in-process runners need waking.
+    """
+    connection = connections[using]
+    if connection.vendor == "postgresql" and not inserted and app_settings.WAKEUP:
+        with connection.cursor() as cursor:
+            postgresql.notify(cursor, CHANNEL)
+    if _local_waiters:
+        transaction.on_commit(_wake_local_waiters, using=using)
+
+
+class WakeupMode(StrEnum):
+    """How a runner learns that work is due; shown in its start line and in status."""
+
+    #: Listening, and a probe sent from another connection arrived: wake-ups work.
+    LISTENING = "listening"
+    #: Listening, but the probe did not arrive (a pooler in transaction mode?), or the
+    #: listener cannot connect: polling every WAKEUP_FALLBACK_POLL_INTERVAL.
+    SHORT_POLL = "short-poll"
+    #: The listener has not proven its connection yet.
+    STARTING = "starting"
+    #: No listener (not PostgreSQL, WAKEUP off, or --once): polling every POLL_INTERVAL.
+    POLL = "poll"
+
+
+def parse_new_work(payload: str) -> tuple[int, str] | None:
+    """(id, kind) from the NOTIFY of an INSERT of one row (``"<id> <kind>"``, see
+    migration 0009); None for any other payload (many rows, ``notify``, a probe)."""
+    number, _, kind = payload.partition(" ")
+    if not kind or not number.isdigit():
+        return None
+    return int(number), kind
+
+
+def wakeup_alias(using: str) -> str:
+    """The database alias a runner of ``using`` LISTENs on."""
+    return app_settings.WAKEUP_DATABASE or using
+
+
+class PostgresListener(threading.Thread):
+    """Sets ``event`` whenever a ``NOTIFY nexus_workflows`` arrives; proves its connection
+    with a probe after every (re)connect; reconnects after the database goes away.
+
+    ``using`` is the runner's alias (probes are sent there, as enqueues send their
+    NOTIFY); the listener itself connects to :func:`wakeup_alias`, on a connection of its
+    own outside Django's (it must stay in one server session).
+    """
+
+    def __init__(
+        self,
+        using: str,
+        event: threading.Event,
+        *,
+        on_mode_change: Callable[[], None] | None = None,
+        on_new_work: Callable[[int, str], None] | None = None,
+    ) -> None:
+        super().__init__(name="nexus-workflows-listener", daemon=True)
+        self.using = using
+        self.listen_using = wakeup_alias(using)
+        self.event = event
+        self.mode = WakeupMode.STARTING
+        self.decided = threading.Event()  # set once the first probe has an answer
+        # Called from this thread when the mode changed: the runner's row shows it.
+        self.on_mode_change = on_mode_change
+        # Called from this thread with (id, kind) of a row inserted alone, before the
+        # event is set: the runner can claim that row by id (see parse_new_work).
+        self.on_new_work = on_new_work
+        self._stopping = threading.Event()
+        self._reported_lost = False
+
+    def stop(self) -> None:
+        """Stop listening (from the calling thread)."""
+        self._stopping.set()
+        if self.is_alive():
+            self.join(2.0)  # it notices within half a second
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        params = dict(connections[self.listen_using].get_connection_params())
+        for django_only in ("cursor_factory", "context"):
+            params.pop(django_only, None)
+        params["connect_timeout"] = params.get("connect_timeout") or 5
+        params["prepare_threshold"] = None  # no server-side state beyond the LISTEN itself
+        connection = psycopg.connect(**params, autocommit=True)
+        postgresql.listen(connection, CHANNEL)
+        return connection
+
+    def run(self) -> None:
+        backoff = 0.5
+        while not self._stopping.is_set():
+            try:
+                connection = self._connect()
+            except Exception as error:  # noqa: BLE001 - any failure means "retry later"
+                logger.warning(
+                    "wake-up listener cannot connect to database %r (%s); polling every %gs until it can",
+                    self.listen_using,
+                    type(error).__name__,
+                    app_settings.WAKEUP_FALLBACK_POLL_INTERVAL,
+                )
+                self._set_mode(WakeupMode.SHORT_POLL)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            backoff = 0.5
+            # Work may have been enqueued while we were not listening.
+            self.event.set()
+            try:
+                with connection:
+                    self._listen(connection)
+            except Exception as error:  # noqa: BLE001
+                if not self._stopping.is_set():
+                    logger.warning(
+                        "wake-up listener lost its connection (%s); reconnecting",
+                        type(error).__name__,
+                    )
+                    self._set_mode(WakeupMode.SHORT_POLL)
+        self.decided.set()
+
+    def _listen(self, connection: Any) -> None:
+        next_probe = 0.0  # probe at once after every (re)connect
+        while not self._stopping.is_set():
+            if time.monotonic() >= next_probe:
+                arrived = self._probe(connection)
+                if arrived is None:  # the probe could not be sent: try again soon
+                    next_probe = time.monotonic() + min(REPROBE_INTERVAL, 5.0)
+                else:
+                    self._probe_answered(arrived)
+                    next_probe = float("inf") if arrived else time.monotonic() + REPROBE_INTERVAL
+            for notification in connection.notifies(timeout=0.5):
+                self._received(notification.payload)
+
+    def _received(self, payload: str) -> bool:
+        """Handle one notification; True if it was a probe (ours or another runner's)."""
+        if payload.startswith(PROBE_PREFIX):
+            return True
+        new_work = parse_new_work(payload)
+        if new_work is not None and self.on_new_work is not None:
+            self.on_new_work(*new_work)
+        self.event.set()
+        return False
+
+    def _probe(self, connection: Any) -> bool | None:
+        """Send a probe from the runner's own alias and wait for it on ``connection``:
+        True if it arrived, False if not, None if it could not be sent."""
+        payload = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+        try:
+            send_probe(self.using, payload)
+        except Exception as error:  # noqa: BLE001 - the database may be down: retry later
+            logger.warning(
+                "wake-up probe could not be sent through database %r (%s); retrying",
+                self.using,
+                type(error).__name__,
+            )
+            if self.mode is WakeupMode.STARTING:
+                self._set_mode(WakeupMode.SHORT_POLL)
+            return None
+        deadline = time.monotonic() + PROBE_TIMEOUT
+        while (remaining := deadline - time.monotonic()) > 0:
+            for notification in connection.notifies(timeout=remaining):
+                if notification.payload == payload:
+                    return True
+                self._received(notification.payload)
+        return False
+
+    def _probe_answered(self, arrived: bool) -> None:
+        if arrived:
+            if self.mode is WakeupMode.SHORT_POLL:
+                logger.warning(
+                    "wake-ups arrive again on database %r; polling every %gs again",
+                    self.listen_using,
+                    app_settings.POLL_INTERVAL,
+                )
+            self._reported_lost = False
+            self._set_mode(WakeupMode.LISTENING)
+        else:
+            if not self._reported_lost:
+                logger.warning(self._lost_message())
+                self._reported_lost = True
+            self._set_mode(WakeupMode.SHORT_POLL)
+
+    def _lost_message(self) -> str:
+        if app_settings.WAKEUP_DATABASE:
+            cause = (
+                f"a NOTIFY sent through database {self.using!r} did not reach the LISTEN on "
+                f"WAKEUP_DATABASE {self.listen_using!r} within {PROBE_TIMEOUT:g}s: does that "
+                "alias connect straight to the same PostgreSQL database?"
+            )
+        else:
+            cause = (
+                f"a NOTIFY sent through database {self.using!r} did not reach this runner's "
+                f"LISTEN within {PROBE_TIMEOUT:g}s. LISTEN is session state, and a connection "
+                "pooler in transaction mode (PgBouncer's pool_mode = transaction) drops it: set "
+                "NEXUS_WORKFLOWS['WAKEUP_DATABASE'] to a database alias that connects straight "
+                "to PostgreSQL"
+            )
+        return (
+            f"wake-ups do not arrive: {cause}. Until they do, this runner polls every "
+            f"{app_settings.WAKEUP_FALLBACK_POLL_INTERVAL:g}s (WAKEUP_FALLBACK_POLL_INTERVAL) "
+            "and probes again every "
+            f"{REPROBE_INTERVAL:g}s"
+        )
+
+    def _set_mode(self, mode: WakeupMode) -> None:
+        changed = mode is not self.mode
+        self.mode = mode
+        if mode is not WakeupMode.STARTING:
+            self.decided.set()
+        if changed:
+            self.event.set()  # the runner re-reads its poll interval
+            if self.on_mode_change is not None and not self._stopping.is_set():
+                try:
+                    self.on_mode_change()
+                except Exception as error:  # noqa: BLE001 - the row is only shown
+                    logger.debug("runner row not updated (%s)", type(error).__name__)
+                finally:
+                    with contextlib.suppress(Exception):
+                        connections[self.using].close()  # hold no second connection
+
+
+def send_probe(using: str, payload: str) -> None:
+    """NOTIFY ``payload`` on a connection of ``using`` (this thread's, closed afterwards so
+    an idle listener holds no second connection)."""
+    connection = connections[using]
+    try:
+        with connection.cursor() as cursor:
+            postgresql.notify(cursor, CHANNEL, payload)
+    finally:
+        connection.close()

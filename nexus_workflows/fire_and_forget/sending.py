@@ -1,0 +1,250 @@
+"""Sending a fire-and-forget job: its options, its queue, and the dedupe on enqueue and at
+commit (see :mod:`nexus_workflows.fire_and_forget`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.db import DEFAULT_DB_ALIAS, transaction
+from rq.exceptions import DuplicateJobError
+from rq.queue import Queue
+
+from nexus_workflows.conf import app_settings
+from nexus_workflows.deferred.registry import Workflow
+from nexus_workflows.delays import parse_delay
+from nexus_workflows.exceptions import (
+    InvalidEnqueueOption,
+    QueueUnavailable,
+)
+from nexus_workflows.fire_and_forget.embedded import warn_if_embedded
+from nexus_workflows.fire_and_forget.job_ids import job_id_for
+from nexus_workflows.limits import MAX_DELAY
+
+logger = logging.getLogger("nexus_workflows.fire_and_forget")
+
+FIRE_AND_FORGET_OPTIONS = frozenset({"queue", "job_timeout", "at_front", "delay"})
+# The job body by its stable path: the package re-exports it, so jobs already in Redis
+# (sent when it lived there) and jobs sent now name the same function.
+RUN_JOB = "nexus_workflows.fire_and_forget.run_job"
+
+
+# --- options ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    queue: str
+    job_timeout: int | None
+    at_front: bool
+    delay: timedelta
+
+
+def configured_queues() -> list[str]:
+    queues = getattr(settings, "RQ_QUEUES", None)
+    return sorted(queues) if isinstance(queues, dict) else []
+
+
+def parse_options(workflow: Workflow, options: dict[str, Any]) -> JobOptions:
+    """Check ``enqueue``'s options for a fire-and-forget workflow; raises InvalidEnqueueOption."""
+    kind = workflow.kind
+    unknown = sorted(set(options) - FIRE_AND_FORGET_OPTIONS)
+    if unknown:
+        raise InvalidEnqueueOption(
+            f"workflow {kind!r} is fire-and-forget; unknown option(s) {', '.join(unknown)}. "
+            f"Allowed: {', '.join(sorted(FIRE_AND_FORGET_OPTIONS))}"
+        )
+    queue = options.get("queue", app_settings.RQ_QUEUE)
+    known_queues = configured_queues()
+    if not isinstance(queue, str) or queue not in known_queues:
+        raise InvalidEnqueueOption(
+            f"workflow {kind!r}: queue must be the name of a queue in RQ_QUEUES "
+            f"({', '.join(known_queues) or 'none configured'}); got {queue!r:.80}"
+        )
+    job_timeout = options.get("job_timeout")
+    if job_timeout is not None:
+        job_timeout = _parse_job_timeout(kind, job_timeout)
+    at_front = options.get("at_front", False)
+    if not isinstance(at_front, bool):
+        raise InvalidEnqueueOption(
+            f"workflow {kind!r}: at_front must be True or False; got {type(at_front).__name__}"
+        )
+    return JobOptions(queue, job_timeout, at_front, parse_delay(kind, options.get("delay", 0)))
+
+
+def _parse_job_timeout(kind: str, value: Any) -> int:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif type(value) is int or (type(value) is float and math.isfinite(value)):
+        seconds = value  # an int is compared as it is: float() of a huge one overflows
+    else:
+        raise InvalidEnqueueOption(
+            f"workflow {kind!r}: job_timeout must be a number of seconds or a timedelta; "
+            f"got {type(value).__name__}"
+        )
+    if not 0 < seconds <= MAX_DELAY.total_seconds():
+        raise InvalidEnqueueOption(
+            f"workflow {kind!r}: job_timeout must be greater than 0 seconds and at most "
+            f"{MAX_DELAY.days} days"
+        )
+    return math.ceil(seconds)
+
+
+def horizon_seconds() -> int:
+    """How long a finished or failed job keeps its id: RETENTION, as whole seconds."""
+    return max(1, math.ceil(app_settings.RETENTION))
+
+
+# --- queues and connections -----------------------------------------------------------------
+
+# One queue object (and Redis client) per queue name, reused: RQ caches its Lua scripts
+# per client object, so a new client per enqueue would grow that cache forever, and the
+# queue object caches the server version RQ would otherwise ask for on every enqueue.
+_queues: dict[str, Queue] = {}
+
+
+def _forget_queues(*, setting: str, **kwargs: Any) -> None:
+    if setting == "RQ_QUEUES":
+        _queues.clear()
+
+
+setting_changed.connect(_forget_queues)
+
+
+def get_queue(name: str) -> Queue:
+    """The django-rq queue ``name``, sending at once (this module handles transactions)."""
+    queue = _queues.get(name)
+    if queue is None:
+        import django_rq
+
+        queue = _queues.setdefault(name, django_rq.get_queue(name, commit_mode="auto"))
+    return queue
+
+
+def describe_server(connection: redis.Redis) -> str:
+    """Where a client connects, as ``host:port`` (or the socket path); never credentials."""
+    kwargs = connection.connection_pool.connection_kwargs
+    if kwargs.get("path"):
+        return str(kwargs["path"])
+    if kwargs.get("host") is not None:
+        return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
+    return "the configured Redis server"
+
+
+@contextmanager
+def _reachable(queue: Queue) -> Iterator[None]:
+    """Turn a connection failure into :class:`QueueUnavailable` naming host and port."""
+    try:
+        yield
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
+        reason = f"{type(error).__name__}: {error}"
+        password = queue.connection.connection_pool.connection_kwargs.get("password")
+        if password:
+            reason = reason.replace(str(password), "***")
+        raise QueueUnavailable(
+            f"cannot reach Redis at {describe_server(queue.connection)} for queue {queue.name!r} "
+            f"({reason}). The request may have reached Redis before the connection failed, so "
+            "the job may exist; enqueueing the same trigger again is safe (its dedupe key "
+            "makes it one job). Is the server running and REDIS_URL right?"
+        ) from None
+
+
+# --- enqueue ---------------------------------------------------------------------------------
+
+
+def enqueue_job(workflow: Workflow, trigger: Any, dedupe_key: str, options: dict[str, Any]) -> str | None:
+    """Send the job for ``enqueue``; returns its id, or ``None`` if a job with it exists.
+
+    ``trigger`` is already JSON-safe and ``dedupe_key`` already validated. See the module
+    docstring for deduplication, the horizon and transactions.
+    """
+    job_options = parse_options(workflow, options)
+    job_id = job_id_for(workflow.kind, dedupe_key)
+    queue = get_queue(job_options.queue)
+    if transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block:
+        with _reachable(queue):
+            exists = queue.connection.exists(queue.job_class.key_for(job_id))
+        if exists:
+            logger.debug("%s job not enqueued: a job with this dedupe key exists", workflow.kind)
+            return None
+
+        def send_at_commit() -> None:
+            _send_at_commit(queue, workflow.kind, trigger, job_id, job_options)
+
+        transaction.on_commit(send_at_commit, using=DEFAULT_DB_ALIAS)
+        return job_id
+    with _reachable(queue):
+        sent = _send(queue, workflow.kind, trigger, job_id, job_options)
+    if not sent:
+        logger.debug("%s job not enqueued: a job with this dedupe key exists", workflow.kind)
+        return None
+    return job_id
+
+
+def _send(queue: Queue, kind: str, trigger: Any, job_id: str, options: JobOptions) -> bool:
+    """Create the job unless its id exists (atomically); whether it was created."""
+    horizon = horizon_seconds()
+    common: dict[str, Any] = {
+        "job_id": job_id,
+        "unique": True,
+        "result_ttl": horizon,
+        "failure_ttl": horizon,
+        # No TTL while queued or scheduled: the job must not vanish before it runs.
+        "ttl": None,
+        # RQ's default description is the call with its arguments, i.e. the trigger,
+        # and it appears on list pages and in the worker's log.
+        "description": f"workflow {kind}",
+    }
+    delay = options.delay
+    if not queue.is_async:
+        warn_if_embedded(queue.name)
+    if delay and not queue.is_async:
+        logger.warning("%s job: delay ignored, the embedded queue runs jobs at enqueue", kind)
+        delay = timedelta(0)
+    try:
+        if delay:
+            queue.enqueue_in(
+                delay,
+                RUN_JOB,
+                kind,
+                trigger,
+                job_timeout=options.job_timeout,
+                at_front=options.at_front,
+                **common,
+            )
+            logger.debug("%s job scheduled in %ss", kind, delay.total_seconds())
+        else:
+            queue.enqueue_call(
+                RUN_JOB,
+                args=(kind, trigger),
+                timeout=options.job_timeout,
+                at_front=options.at_front,
+                **common,
+            )
+            logger.debug("%s job enqueued on %s", kind, queue.name)
+    except DuplicateJobError:
+        return False
+    return True
+
+
+def _send_at_commit(queue: Queue, kind: str, trigger: Any, job_id: str, options: JobOptions) -> None:
+    # Runs after the caller's transaction committed: raising here would make a
+    # committed transaction look failed, so every outcome is logged instead.
+    try:
+        with _reachable(queue):
+            sent = _send(queue, kind, trigger, job_id, options)
+    except QueueUnavailable as error:
+        logger.error("%s job lost at commit: %s", kind, error)
+    except Exception as error:  # noqa: BLE001 - must not raise into the caller's commit
+        logger.error("%s job lost at commit: %s", kind, type(error).__name__)
+    else:
+        if not sent:
+            logger.info("%s job dropped at commit: a job with this dedupe key already exists", kind)
