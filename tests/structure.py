@@ -5,6 +5,7 @@ and how long modules and functions are."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,18 +112,46 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 class Function:
     qualname: str
     lines: int
+    # The reason it may be long, from a "# Long function: ..." comment in its body.
+    reason: str | None = None
+
+
+LONG_MODULE = re.compile(r"^# Long module: (?P<reason>\S.*)$", re.M)
+LONG_FUNCTION = re.compile(r"^\s*# Long function: (?P<reason>\S.*)$")
+
+
+def module_reason(path: Path) -> str | None:
+    """The reason a module gives for being long: a top-level "# Long module: ..." line."""
+    match = LONG_MODULE.search(path.read_text())
+    return match["reason"] if match else None
 
 
 def functions(path: Path) -> Iterator[Function]:
     """Every function and method of a module with its length in lines (decorators and
     docstring included)."""
 
+    source = path.read_text().splitlines()
+
+    def reason(first: int, last: int) -> str | None:
+        for line in source[first - 1 : last]:
+            match = LONG_FUNCTION.match(line)
+            if match:
+                return match["reason"]
+        return None
+
     def walk(node: ast.AST, prefix: str) -> Iterator[Function]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
                 qualname = f"{prefix}{child.name}"
                 first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                yield Function(qualname, (child.end_lineno or child.lineno) - first + 1)
+                last = child.end_lineno or child.lineno
+                # The reason belongs to the function's own lines before any nested function.
+                nested = [
+                    inner.lineno
+                    for inner in ast.walk(child)
+                    if inner is not child and isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef)
+                ]
+                yield Function(qualname, last - first + 1, reason(first, min([last, *nested])))
                 yield from walk(child, f"{qualname}.")
             elif isinstance(child, ast.ClassDef):
                 yield from walk(child, f"{prefix}{child.name}.")

@@ -12,6 +12,8 @@ Work is found by typing its dedupe key exactly. Deleting selected work always go
 through a confirmation page that says what will be lost.
 """
 
+# Long module: one ModelAdmin: its columns, detail fields, actions and buttons.
+
 from __future__ import annotations
 
 from typing import Any

@@ -15,6 +15,7 @@ from nexus_workflows.conf import SETTINGS_NAME, app_settings
 
 @register(Tags.compatibility)
 def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    # Long function: a flat list of independent setting checks.
     from django.conf import settings
 
     if not isinstance(getattr(settings, SETTINGS_NAME, {}), dict):

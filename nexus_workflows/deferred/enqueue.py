@@ -3,6 +3,9 @@
 Everything is validated before anything is written, so a rejected call leaves no trace.
 """
 
+# Long module: models are imported in each function, not once here (the package exports
+# enqueue before Django's apps are ready), which costs lines.
+
 from __future__ import annotations
 
 import json
@@ -140,6 +143,7 @@ def _settle_chunk(
 ) -> list[str]:
     """Insert the keys of ``chunk`` that are new and record every key's result; returns
     the keys to try again (their conflicting row was purged before it could be read)."""
+    # Long function: one batch's insert, dedupe and revive in one atomic.
     from nexus_workflows.deferred.inserts import insert_pending_many_postgresql
     from nexus_workflows.deferred.transitions import revive
     from nexus_workflows.deferred.wakeup import notify
@@ -299,6 +303,7 @@ def _enqueue_deferred(
     delay: timedelta,
     flow_hashes: tuple[str | None, str | None] = (None, None),
 ) -> str | None:
+    # Long function: the dedupe rounds of one enqueue in one loop.
     from nexus_workflows.deferred.inserts import insert_pending
     from nexus_workflows.deferred.wakeup import notify
     from nexus_workflows.models import DeferredWork, Status

@@ -22,6 +22,8 @@ Nothing outside this module writes ``status`` (``tests/test_transitions.py`` che
 Every time written here comes from the database (``DatabaseNow()``), never from a host.
 """
 
+# Long module: the state machine: every transition of a row in one module.
+
 from __future__ import annotations
 
 import json

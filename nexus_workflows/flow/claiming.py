@@ -25,6 +25,8 @@ Nothing here locks rows (no ``SELECT … FOR UPDATE``): unique constraints and
 compare-and-set updates decide, as everywhere else in the app.
 """
 
+# Long module: flow control's claims: slots, keys and rate windows in one claim.
+
 from __future__ import annotations
 
 import itertools

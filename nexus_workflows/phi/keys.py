@@ -66,6 +66,7 @@ def configured_encryption_keys() -> list[Any]:
 
 def key_problems() -> list[KeyProblem]:
     """Every problem with the configured keys (empty when they are usable)."""
+    # Long function: a flat list of independent key checks, each with its hint.
     debug = bool(settings.DEBUG)
     secret = str(getattr(settings, "SECRET_KEY", "") or "")
     problems: list[KeyProblem] = []

@@ -26,6 +26,8 @@ Detected spans never cross a line break. Everything here is pure computation: no
 database, no logging of values.
 """
 
+# Long module: mostly data: one recognizer table per category of identifier.
+
 from __future__ import annotations
 
 import re

@@ -14,6 +14,8 @@ Every argument is validated before anything is read or written. Logs and excepti
 messages name maps by id and tokens by token, never a value, surface or code.
 """
 
+# Long module: encode/decode and the token writer (its SQL is in nexus_workflows.sql).
+
 from __future__ import annotations
 
 import itertools
@@ -292,6 +294,7 @@ class _Writer:
             logger.warning("token map #%s: sequence was behind its tokens; moved to %s", map_id, top)
 
     def allocate(self, category: str, lookup_key: str, surface: str, spelling: tuple[str, str]) -> str:
+        # Long function: the allocation's retry loop around one statement.
         map_id, sequence = self.state.map_id, self.state.sequence
         ciphertext = keyring().encrypt(lookup_key, surface)
         # On a map other writers are allocating in right now, look (a plain read) before

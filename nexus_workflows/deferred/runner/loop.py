@@ -1,6 +1,8 @@
 """The runner: its main loop claims due (and stale) work and dispatches it; the parts
 (pool, heartbeat, outcome writer, back-off, shutdown) live in their own modules."""
 
+# Long module: the Runner: its loop, and where its parts are wired together.
+
 from __future__ import annotations
 
 import contextlib
