@@ -17,8 +17,8 @@ import pytest
 
 from nexus_workflows import enqueue, enqueue_many
 from nexus_workflows.models import DeferredWork, FlowWindowSlot, Status
+from tests.faults.drains import drain_through_restarts, run_to_end
 from tests.faults.servers import PrivatePostgres, under_faketime
-from tests.faults.test_postgresql_restarts import query, run_to_end
 from tests.flow.ledger import Span, max_overlap, most_starts_in_window, read_spans
 from tests.processes import ManagePy, wait_for
 
@@ -83,50 +83,30 @@ def test_postgresql_restarts_keep_every_limit_and_consume_no_attempt(
     ledger = tmp_path / "ledger"
     run_to_end("migrate", "--no-input", "-v", "0", url=url)
     run_to_end("shell", "-c", ENQUEUE.format(kind=KIND, keys=KEYS, ledger=str(ledger), items=ITEMS), url=url)
-    table = "nexus_workflows_deferredwork"
-
-    def done() -> int:
-        rows = query(url, f"SELECT count(*) FROM {table} WHERE status = 'done'")
-        return rows[0][0] if rows else -1
-
-    args = ("runworkflows", "--kind", KIND)
-    runners = [ManagePy(*args, settings=RESTART_SETTINGS, database_url=url) for _ in range(2)]
-    outages: list[tuple[str, int, float]] = []
-    try:
-        for runner in runners:
-            runner.wait_for_output("runner started", timeout=60)
-        began = time.monotonic()
-        for threshold, mode in RESTARTS:
-            wait_for(lambda t=threshold: done() >= t, timeout=120, interval=0.05, what=f"{threshold} done")
-            at = done()
-            outages.append((mode, at, private_postgres.restart(mode)))
-        wait_for(lambda: done() == ITEMS, timeout=240, interval=0.2, what=f"all {ITEMS} items done")
-        drained = time.monotonic() - began
-        alive = [runner.process.poll() is None for runner in runners]
-        exit_codes = [runner.terminate(timeout=30) for runner in runners]
-        outputs = [runner.output() for runner in runners]
-    finally:
-        for runner in runners:
-            runner.close()
-
-    statuses = dict(query(url, f"SELECT status, count(*) FROM {table} GROUP BY status") or [])
-    attempts = dict(query(url, f"SELECT attempt, count(*) FROM {table} GROUP BY attempt") or [])
+    drain = drain_through_restarts(
+        private_postgres,
+        url,
+        items=ITEMS,
+        restarts=RESTARTS,
+        runner_args=["runworkflows", "--kind", KIND],
+        settings=RESTART_SETTINGS,
+    )
     spans = read_spans(ledger)
     runs = Counter(span.key for span in spans)
     report_figures(
         f"PostgreSQL restarts with limits on: {ITEMS} items of concurrency={CONCURRENCY}, "
-        f"{KEYS} serial keys, rate ({RATE}, {PERIOD:g}) drained by 2 runners in {drained:.1f}s; "
-        + "; ".join(f"restart -m {mode} at {at} done, away {away:.2f}s" for mode, at, away in outages)
-        + f"; statuses {statuses}; attempts {attempts}; most running at once {max_overlap(spans)}; "
-        f"most starts in any {PERIOD:g}s {most_starts_in_window(spans, PERIOD)}"
+        f"{KEYS} serial keys, rate ({RATE}, {PERIOD:g}) drained by 2 runners in {drain.seconds:.1f}s; "
+        f"{drain.describe_outages()}; statuses {drain.statuses}; attempts {drain.attempts}; "
+        f"most running at once {max_overlap(spans)}; most starts in any {PERIOD:g}s "
+        f"{most_starts_in_window(spans, PERIOD)}"
     )
-    assert alive == [True, True]
-    assert exit_codes == [0, 0], outputs
-    assert statuses == {"done": ITEMS}
-    assert attempts == {0: ITEMS}  # the outages consumed no attempt
+    assert drain.alive == [True, True]
+    assert drain.exit_codes == [0, 0], drain.outputs
+    assert drain.statuses == {"done": ITEMS}
+    assert drain.attempts == {0: ITEMS}  # the outages consumed no attempt
     assert runs == {str(n): 1 for n in range(ITEMS)}  # each ran once, to its end
     check_limits(spans)
-    assert any("database unavailable (" in output for output in outputs)  # the outages were seen
+    assert any("database unavailable (" in output for output in drain.outputs)  # the outages were seen
 
 
 # --- kill -9 and a runner whose clock is off ----------------------------------------------

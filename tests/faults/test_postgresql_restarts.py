@@ -5,16 +5,15 @@ end twice, no attempt is consumed by the outages, and both runners stay up."""
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.faults.drains import TABLE, drain_through_restarts, query, run_to_end
 from tests.faults.servers import PrivatePostgres
-from tests.processes import ManagePy, read_intervals, wait_for
+from tests.processes import read_intervals
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgresql]
 
@@ -42,25 +41,6 @@ def private_postgres() -> Iterator[PrivatePostgres]:
         server.cleanup()
 
 
-def query(url: str, sql: str) -> list[tuple[Any, ...]] | None:
-    """Rows of ``sql`` on a fresh connection, or ``None`` while the server is away."""
-    import psycopg
-
-    try:
-        with psycopg.connect(url, connect_timeout=2) as connection:
-            return connection.execute(sql).fetchall()
-    except psycopg.Error:
-        return None
-
-
-def run_to_end(*args: str, url: str, timeout: float = 180) -> None:
-    process = ManagePy(*args, database_url=url)
-    try:
-        assert process.wait(timeout) == 0, process.output()
-    finally:
-        process.close()
-
-
 ENQUEUE = """
 from nexus_workflows import enqueue_many
 triggers = [{{"key": str(n), "ledger": {ledger!r}, "steps": 1, "step_seconds": 0.01}} for n in range({items})]
@@ -79,36 +59,17 @@ def test_postgresql_restarts_during_a_drain_consume_no_attempts(
     ledger = tmp_path / "ledger"
     run_to_end("migrate", "--no-input", "-v", "0", url=url)
     run_to_end("shell", "-c", ENQUEUE.format(ledger=str(ledger), items=ITEMS, kind=kind), url=url)
-    table = "nexus_workflows_deferredwork"
-
-    def done() -> int:
-        rows = query(url, f"SELECT count(*) FROM {table} WHERE status = 'done'")
-        return rows[0][0] if rows else -1
-
-    runners = [ManagePy("runworkflows", settings=RUNNER_SETTINGS, database_url=url) for _ in range(2)]
-    outages: list[tuple[str, int, float]] = []
-    try:
-        for runner in runners:
-            runner.wait_for_output("runner started", timeout=60)
-        began = time.monotonic()
-        for threshold, mode in RESTARTS:
-            wait_for(lambda t=threshold: done() >= t, timeout=120, interval=0.05, what=f"{threshold} done")
-            at = done()
-            outages.append((mode, at, private_postgres.restart(mode)))
-        wait_for(lambda: done() == ITEMS, timeout=240, interval=0.2, what=f"all {ITEMS} items done")
-        drained = time.monotonic() - began
-        alive = [runner.process.poll() is None for runner in runners]
-        exit_codes = [runner.terminate(timeout=30) for runner in runners]
-        outputs = [runner.output() for runner in runners]
-    finally:
-        for runner in runners:
-            runner.close()
-
-    statuses = dict(query(url, f"SELECT status, count(*) FROM {table} GROUP BY status") or [])
-    attempts = dict(query(url, f"SELECT attempt, count(*) FROM {table} GROUP BY attempt") or [])
+    drain = drain_through_restarts(
+        private_postgres,
+        url,
+        items=ITEMS,
+        restarts=RESTARTS,
+        runner_args=["runworkflows"],
+        settings=RUNNER_SETTINGS,
+    )
     histories = [
         json.loads(h) if isinstance(h, str) else h
-        for (h,) in query(url, f"SELECT history FROM {table}") or []
+        for (h,) in query(url, f"SELECT history FROM {TABLE}") or []
     ]
     released = sum(
         1 for history in histories for entry in history if entry.get("reason") == "database unavailable"
@@ -118,20 +79,19 @@ def test_postgresql_restarts_during_a_drain_consume_no_attempts(
     ends = Counter(interval.key for interval in intervals if interval.ended)
     starts = Counter(interval.key for interval in intervals)
     restarted = sum(1 for n in starts.values() if n > 1)
-    restarted = sum(1 for n in starts.values() if n > 1)
-    unavailable_logs = sum(output.count("database unavailable (") for output in outputs)
+    unavailable_logs = sum(output.count("database unavailable (") for output in drain.outputs)
 
     report_figures(
-        f"PostgreSQL restarts ({kind}): {ITEMS} items drained by 2 runners in {drained:.1f}s; "
-        + "; ".join(f"restart -m {mode} at {at} done, server away {away:.2f}s" for mode, at, away in outages)
-        + f"; statuses {statuses}; attempts {attempts}; attempts released for the outage {released}; "
-        f"claims lost and reclaimed {lost}; items started more than once {restarted}; "
-        f"'database unavailable' log lines {unavailable_logs}; runners alive {alive}"
+        f"PostgreSQL restarts ({kind}): {ITEMS} items drained by 2 runners in {drain.seconds:.1f}s; "
+        f"{drain.describe_outages()}; statuses {drain.statuses}; attempts {drain.attempts}; "
+        f"attempts released for the outage {released}; claims lost and reclaimed {lost}; "
+        f"items started more than once {restarted}; "
+        f"'database unavailable' log lines {unavailable_logs}; runners alive {drain.alive}"
     )
-    assert alive == [True, True]
-    assert exit_codes == [0, 0], outputs
-    assert statuses == {"done": ITEMS}  # 0 lost, 0 abandoned
-    assert attempts == {0: ITEMS}  # the outages consumed no attempt
+    assert drain.alive == [True, True]
+    assert drain.exit_codes == [0, 0], drain.outputs
+    assert drain.statuses == {"done": ITEMS}  # 0 lost, 0 abandoned
+    assert drain.attempts == {0: ITEMS}  # the outages consumed no attempt
     assert set(ends) == {str(n) for n in range(ITEMS)}
     assert [key for key, count in ends.items() if count > 1] == []  # 0 done twice
     assert unavailable_logs >= 1  # the runners did see the outages
