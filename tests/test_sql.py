@@ -23,7 +23,6 @@ from nexus_workflows.sql import portable, returning
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
 def new_row(key: str, **fields: Any) -> int:
     now = timezone.now()
     return insert_pending(
@@ -62,6 +61,26 @@ def test_update_returning_returns_the_rows_it_wrote_converted() -> None:
     assert timezone.is_aware(rows[0]["heartbeat_at"])
     assert DeferredWork.objects.get(pk=second).checkpoints == {}
     assert returning.update_returning(DeferredWork.objects.filter(pk=-1), {"attempt": 1}, ("pk",)) == []
+
+
+def test_a_precompiled_update_binds_its_slots_anew_on_each_run() -> None:
+    first, second = new_row("a"), new_row("b")
+    slot_id, slot_checkpoints = -(2**62), "slot"
+    statement = returning.PrecompiledUpdate(
+        DeferredWork.objects.filter(pk__in=[slot_id], status=Status.PENDING),
+        {"claim_token": slot_checkpoints, "heartbeat_at": DatabaseNow()},
+        ("pk", "claim_token", "trigger", "heartbeat_at"),
+        [slot_checkpoints, slot_id],
+    )
+    rows = statement.run(["t1", first])
+    assert [(row["pk"], row["claim_token"], row["trigger"]) for row in rows] == [(first, "t1", {"key": "a"})]
+    assert timezone.is_aware(rows[0]["heartbeat_at"])
+    assert [row["pk"] for row in statement.run(["t2", second])] == [second]
+    assert statement.run(["t3", -5]) == []
+    tokens = dict(DeferredWork.objects.values_list("pk", "claim_token"))
+    assert tokens == {first: "t1", second: "t2"}
+    with pytest.raises(ValueError, match="appears 0 times"):
+        returning.PrecompiledUpdate(DeferredWork.objects.all(), {"attempt": 1}, ("pk",), ["absent"])
 
 
 @pytest.mark.parametrize("backend", ["backend's", "portable"])
