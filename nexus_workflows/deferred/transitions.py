@@ -118,8 +118,15 @@ def claim_statement(
     """:func:`claim` compiled once, for the wake-up's claim by id: the same compare-and-set
     (``changes`` with the status set to processing), run later with the values of
     ``slots`` (placeholders among ``changes`` and ``candidates``' filters) bound anew.
-    Only where :func:`can_return_from_update` holds."""
-    return PrecompiledUpdate(candidates, {**changes, "status": Status.PROCESSING}, names, slots)
+    Only where :func:`can_return_from_update` holds.
+
+    Its commit does not wait for the WAL flush (``asynchronous_commit``): a claim lost in
+    a crash of PostgreSQL itself leaves the row pending, as if this runner had died before
+    claiming; an attempt that ran meanwhile runs again, as after any lost claim (at least
+    once), and its first ``save()`` or outcome, durable commits, flush the claim too."""
+    return PrecompiledUpdate(
+        candidates, {**changes, "status": Status.PROCESSING}, names, slots, asynchronous_commit=True
+    )
 
 
 def revive(queryset: QuerySet[DeferredWork], *, due: Any = None, history: list[Any] | None = None) -> int:

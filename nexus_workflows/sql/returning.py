@@ -103,6 +103,10 @@ def insert_returning_pk(model: type[Any], fields: Sequence[Any], using: str) -> 
     return sql, tuple(compiler.returning_params)
 
 
+# PostgreSQL: this transaction only commits without waiting for the WAL flush.
+_ASYNCHRONOUS_COMMIT = "set_config('synchronous_commit', 'off', true)"
+
+
 class PrecompiledUpdate:
     """``update_returning`` compiled once, for a hot path that runs the same statement with
     a few values changed (the wake-up's claim by id): ``run(values)`` binds ``values`` in
@@ -114,10 +118,22 @@ class PrecompiledUpdate:
     ``changes`` and the queryset's filters, each of which must appear exactly once among
     the compiled parameters (a ``ValueError`` says so otherwise). Works where
     :func:`can_return_from_update` holds.
+
+    ``asynchronous_commit`` (PostgreSQL; ignored elsewhere): the statement's transaction
+    commits without waiting for its WAL to reach the disk (``synchronous_commit`` off for
+    that transaction only, set by the statement itself: no session state, so it is safe
+    behind a transaction pooler). Only for a write whose loss in a crash of PostgreSQL
+    itself is harmless: the row is as it was before, as if the writer had died first.
     """
 
     def __init__(
-        self, queryset: QuerySet[Any], changes: dict[str, Any], names: Sequence[str], slots: Sequence[Any]
+        self,
+        queryset: QuerySet[Any],
+        changes: dict[str, Any],
+        names: Sequence[str],
+        slots: Sequence[Any],
+        *,
+        asynchronous_commit: bool = False,
     ) -> None:
         self.using = queryset.db
         connection = connections[self.using]
@@ -127,7 +143,12 @@ class PrecompiledUpdate:
         query.add_update_values(changes)
         sql, params = query.get_compiler(self.using).as_sql()
         quote = connection.ops.quote_name
-        self.sql = f"{sql} RETURNING {', '.join(quote(field.column) for field in fields)}"
+        returned = [quote(field.column) for field in fields]
+        if asynchronous_commit and connection.vendor == "postgresql":
+            # Evaluated for each row written, before the commit that reads it; a statement
+            # that writes no row commits nothing to wait for anyway.
+            returned.append(_ASYNCHRONOUS_COMMIT)
+        self.sql = f"{sql} RETURNING {', '.join(returned)}"
         self.params = list(params)
         self.positions = []
         for slot in slots:
@@ -155,7 +176,10 @@ class PrecompiledUpdate:
         rows = []
         for raw in returned:
             row = {}
-            for name, col, convert, value in zip(self.names, self.columns, self.converters, raw, strict=True):
+            # Not strict: an asynchronous commit's set_config() ends the row, unread.
+            for name, col, convert, value in zip(
+                self.names, self.columns, self.converters, raw, strict=False
+            ):
                 for converter in convert:
                     value = converter(value, col, connection)
                 row[name] = value
