@@ -47,6 +47,36 @@ def test_the_precompiled_insert_returns_the_new_id_and_writes_the_defaults() -> 
     )
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's statement")
+def test_the_insert_with_constants_binds_only_the_varying_values() -> None:
+    fields = DeferredWork._meta.get_field
+    varying = [fields(name) for name in ("kind", "dedupe_key", "trigger", "next_attempt_at")]
+    constants = [
+        (field, field.get_db_prep_save(field.get_default(), connection=connection))
+        for field in DeferredWork._meta.concrete_fields
+        if not field.primary_key and field not in varying
+    ]
+    stamped = {"created_at", "updated_at"}
+    constants = [(f, timezone.now() if f.name in stamped else v) for f, v in constants]
+    constants = [(f, "50% off 'quoted'" if f.name == "last_error" else v) for f, v in constants]
+    statement, trailing = sql.postgresql.insert_returning_pk_with_constants(
+        DeferredWork, varying, constants, "default"
+    )
+    assert statement.count("%s") == len(varying)
+    assert trailing == ()
+    with connection.cursor() as cursor:
+        trigger = fields("trigger").get_db_prep_save({"key": "a"}, connection=connection)
+        cursor.execute(statement, ["k", "a", trigger, timezone.now()])
+        work_id = cursor.fetchone()[0]
+    row = DeferredWork.objects.get(pk=work_id)
+    assert (row.trigger, row.status, row.last_error, row.history) == (
+        {"key": "a"},
+        Status.PENDING,
+        "50% off 'quoted'",
+        [],
+    )
+
+
 def test_update_returning_returns_the_rows_it_wrote_converted() -> None:
     first, second = new_row("a"), new_row("b")
     rows = returning.update_returning(

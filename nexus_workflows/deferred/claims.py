@@ -91,10 +91,9 @@ STALE_VARIANTS: tuple[tuple[Q | None, dict[str, Any]], ...] = (
     (Q(started_at__isnull=True), {"lost_unstarted": F("lost_unstarted") + 1}),
 )
 
-# The wake-up's claim by id of workflow rows is compiled once per number of ids up to
-# this many (a NOTIFY names one row; a few may arrive together); more take the ORM path.
+# The wake-up's claim by id of workflow rows is compiled once per number of ids up to this
+# many (a NOTIFY names one row); its placeholders, the token and the ids, are bound anew.
 _PRECOMPILED_IDS = 4
-# Placeholders of the precompiled claim: the token and the ids, bound anew on each call.
 _TOKEN_SLOT = "nexus-workflows:claim-token-slot"
 _ID_SLOT = -(2**62)
 
