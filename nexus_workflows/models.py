@@ -160,8 +160,13 @@ class DeferredWork(models.Model):
                 name="nw_serial_idx",
                 condition=models.Q(status__in=["pending", "processing"], serial_key_hash__isnull=False),
             ),
-            # The purge: status IN (done, abandoned) AND updated_at < cutoff.
-            models.Index(fields=["status", "updated_at"], name="nw_expiry_idx"),
+            # The purge: status IN (done, abandoned) AND updated_at < cutoff. Partial, so
+            # that a new (pending) row, a claim and a save write no entry in it.
+            models.Index(
+                fields=["status", "updated_at"],
+                name="nw_expiry_idx",
+                condition=models.Q(status__in=["done", "abandoned"]),
+            ),
             # get_result(id) of a Django task: its result id is the dedupe key. Workflow
             # rows stay out of it.
             models.Index(

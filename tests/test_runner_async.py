@@ -257,6 +257,45 @@ def test_a_row_named_by_its_notify_is_claimed_by_id_only_while_it_is_pending_due
     assert statuses == {later: Status.PENDING, foreign: Status.PENDING}
 
 
+# One due row of ours among three that are not: four ids, the precompiled claim; six due
+# rows: nine ids, beyond the precompiled sizes, the ORM's claim. Either takes the same.
+@pytest.mark.parametrize("count", [1, 6])
+def test_the_claim_of_notified_workflow_rows_takes_only_pending_due_rows_of_its_kinds(
+    register_workflow: Any, count: int
+) -> None:
+    mine = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    other = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    ids = [int(pk) for pk in enqueue_many(mine, [{"key": n} for n in range(count + 1)])]
+    later = ids.pop()
+    DeferredWork.objects.filter(pk=later).update(next_attempt_at=timezone.now() + timedelta(hours=1))
+    foreign = int(enqueue_many(other, [{"key": 1}])[0])
+    task = DeferredWork.objects.create(
+        kind="tests.testapp.tasks.noop", dedupe_key="t", trigger={}, queue_name="q"
+    )
+    claimer = Claimer(kinds=[mine], queues=None, using="default")
+    wanted = list(reversed(ids))
+    for _ in range(2):  # the second call runs the statement the first compiled
+        claimed = claimer.claim_workflow_ids([*wanted, later, foreign, task.pk])
+        assert [work.id for work in claimed] == wanted  # in the order asked
+        assert all(work.kind == mine and work.attempt == 0 for work in claimed)
+        assert all(
+            work.trigger == {"key": n} for work, n in zip(claimed, reversed(range(count)), strict=True)
+        )
+        assert all(work.checkpoints == {} and work.history == [] for work in claimed)
+        rows = DeferredWork.objects.filter(pk__in=wanted)
+        assert {(row.pk, row.status, row.claim_token) for row in rows} == {
+            (work.id, Status.PROCESSING, work.claim_token) for work in claimed
+        }
+        assert all(row.claimed_at is not None and row.started_at is None for row in rows)
+        assert claimer.claim_workflow_ids(wanted) == []  # already processing: never twice
+        DeferredWork.objects.filter(pk__in=wanted).update(status=Status.PENDING, claim_token="")
+    assert sorted(claimer._by_id) == ([1, 4] if count == 1 else [])
+    statuses = set(
+        DeferredWork.objects.filter(pk__in=[later, foreign, task.pk]).values_list("status", flat=True)
+    )
+    assert statuses == {Status.PENDING}
+
+
 def test_parse_new_work_reads_only_the_one_row_payload() -> None:
     assert parse_new_work("42 send-reminder") == (42, "send-reminder")
     assert parse_new_work("7 myapp.tasks.send") == (7, "myapp.tasks.send")

@@ -23,7 +23,6 @@ from nexus_workflows.sql import portable, returning
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
 def new_row(key: str, **fields: Any) -> int:
     now = timezone.now()
     return insert_pending(
@@ -48,6 +47,36 @@ def test_the_precompiled_insert_returns_the_new_id_and_writes_the_defaults() -> 
     )
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's statement")
+def test_the_insert_with_constants_binds_only_the_varying_values() -> None:
+    fields = DeferredWork._meta.get_field
+    varying = [fields(name) for name in ("kind", "dedupe_key", "trigger", "next_attempt_at")]
+    constants = [
+        (field, field.get_db_prep_save(field.get_default(), connection=connection))
+        for field in DeferredWork._meta.concrete_fields
+        if not field.primary_key and field not in varying
+    ]
+    stamped = {"created_at", "updated_at"}
+    constants = [(f, timezone.now() if f.name in stamped else v) for f, v in constants]
+    constants = [(f, "50% off 'quoted'" if f.name == "last_error" else v) for f, v in constants]
+    statement, trailing = sql.postgresql.insert_returning_pk_with_constants(
+        DeferredWork, varying, constants, "default"
+    )
+    assert statement.count("%s") == len(varying)
+    assert trailing == ()
+    with connection.cursor() as cursor:
+        trigger = fields("trigger").get_db_prep_save({"key": "a"}, connection=connection)
+        cursor.execute(statement, ["k", "a", trigger, timezone.now()])
+        work_id = cursor.fetchone()[0]
+    row = DeferredWork.objects.get(pk=work_id)
+    assert (row.trigger, row.status, row.last_error, row.history) == (
+        {"key": "a"},
+        Status.PENDING,
+        "50% off 'quoted'",
+        [],
+    )
+
+
 def test_update_returning_returns_the_rows_it_wrote_converted() -> None:
     first, second = new_row("a"), new_row("b")
     rows = returning.update_returning(
@@ -62,6 +91,47 @@ def test_update_returning_returns_the_rows_it_wrote_converted() -> None:
     assert timezone.is_aware(rows[0]["heartbeat_at"])
     assert DeferredWork.objects.get(pk=second).checkpoints == {}
     assert returning.update_returning(DeferredWork.objects.filter(pk=-1), {"attempt": 1}, ("pk",)) == []
+
+
+def test_a_precompiled_update_binds_its_slots_anew_on_each_run() -> None:
+    first, second = new_row("a"), new_row("b")
+    slot_id, slot_checkpoints = -(2**62), "slot"
+    statement = returning.PrecompiledUpdate(
+        DeferredWork.objects.filter(pk__in=[slot_id], status=Status.PENDING),
+        {"claim_token": slot_checkpoints, "heartbeat_at": DatabaseNow()},
+        ("pk", "claim_token", "trigger", "heartbeat_at"),
+        [slot_checkpoints, slot_id],
+    )
+    rows = statement.run(["t1", first])
+    assert [(row["pk"], row["claim_token"], row["trigger"]) for row in rows] == [(first, "t1", {"key": "a"})]
+    assert timezone.is_aware(rows[0]["heartbeat_at"])
+    assert [row["pk"] for row in statement.run(["t2", second])] == [second]
+    assert statement.run(["t3", -5]) == []
+    tokens = dict(DeferredWork.objects.values_list("pk", "claim_token"))
+    assert tokens == {first: "t1", second: "t2"}
+    with pytest.raises(ValueError, match="appears 0 times"):
+        returning.PrecompiledUpdate(DeferredWork.objects.all(), {"attempt": 1}, ("pk",), ["absent"])
+
+
+def test_a_precompiled_update_may_commit_asynchronously_without_leaving_session_state() -> None:
+    first = new_row("a")
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit" if connection.vendor == "postgresql" else "SELECT 1")
+        before = cursor.fetchone()[0]
+    statement = returning.PrecompiledUpdate(
+        DeferredWork.objects.filter(pk=-(2**62)),
+        {"claim_token": "slot"},
+        ("pk",),
+        ["slot", -(2**62)],
+        asynchronous_commit=True,
+    )
+    assert statement.run(["t1", first]) == [{"pk": first}]
+    assert DeferredWork.objects.get(pk=first).claim_token == "t1"
+    if connection.vendor == "postgresql":
+        assert "set_config('synchronous_commit', 'off', true)" in statement.sql
+        with connection.cursor() as cursor:  # the same session: set for that transaction only
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone()[0] == before
 
 
 @pytest.mark.parametrize("backend", ["backend's", "portable"])

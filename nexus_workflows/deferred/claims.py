@@ -27,6 +27,7 @@ from nexus_workflows.deferred.transitions import (
     ClaimedWork,
     abandon,
     claim,
+    claim_statement,
     finish_done,
     heartbeat,
     mark_started,
@@ -39,6 +40,7 @@ from nexus_workflows.deferred.transitions import (
 )
 from nexus_workflows.flow.claiming import FlowClaimer
 from nexus_workflows.models import DeferredWork
+from nexus_workflows.sql.returning import PrecompiledUpdate, can_return_from_update
 
 __all__ = [
     "ClaimedWork",
@@ -89,9 +91,27 @@ STALE_VARIANTS: tuple[tuple[Q | None, dict[str, Any]], ...] = (
     (Q(started_at__isnull=True), {"lost_unstarted": F("lost_unstarted") + 1}),
 )
 
+# The wake-up's claim by id of workflow rows is compiled once per number of ids up to this
+# many (a NOTIFY names one row); its placeholders, the token and the ids, are bound anew.
+_PRECOMPILED_IDS = 4
+_TOKEN_SLOT = "nexus-workflows:claim-token-slot"
+_ID_SLOT = -(2**62)
+
 # When a claim loses rows to another runner, the next claims pick at random among this
 # many times more candidates, so that runners sharing a table stop colliding.
 _CONTENTION_SPREAD = 4
+
+
+def _claim_changes(token: str) -> dict[str, Any]:
+    """What every claim writes besides the status (:func:`transitions.claim` sets it)."""
+    return {
+        "claim_token": token,
+        "claimed_at": DatabaseNow(),
+        "heartbeat_at": DatabaseNow(),
+        "updated_at": DatabaseNow(),
+        # This attempt's prepare has not started yet (the marker is written once it has).
+        "started_at": None,
+    }
 
 
 class Claimer:
@@ -116,6 +136,7 @@ class Claimer:
         # limits let them start; every other kind keeps the plain claim below.
         self.flow = FlowClaimer.for_kinds(self.kinds, using)
         self.plain_kinds = [k for k in self.kinds if not self.flow or k not in self.flow.kinds]
+        self._by_id: dict[int, PrecompiledUpdate] = {}  # number of ids -> its claim
 
     def _selection(self) -> Q:
         """What the plain claim takes: the kinds without flow limits and the task queues."""
@@ -185,14 +206,7 @@ class Claimer:
         this runner takes task queues); see ``_task_changes``.
         """
         token = uuid.uuid4().hex
-        changes.update(
-            claim_token=token,
-            claimed_at=DatabaseNow(),
-            heartbeat_at=DatabaseNow(),
-            updated_at=DatabaseNow(),
-            # This attempt's prepare has not started yet (the marker is written once it has).
-            started_at=None,
-        )
+        changes.update(_claim_changes(token))
         if self.queues == []:
             tasks = set()
         some = None if tasks is None else bool(tasks)  # None: perhaps
@@ -311,6 +325,34 @@ class Claimer:
             return []
         due = DeferredWork.objects.using(self.using).due(now or DatabaseNow()).filter(self._selection())
         return self.claim_rows(due, ids, reclaimed=False)
+
+    def claim_workflow_ids(self, ids: list[int]) -> list[ClaimedWork]:
+        """Claim the workflow rows ``ids`` (of kinds without flow limits) if they are still
+        pending and due by the database's clock: the wake-up path of an idle runner, one
+        ``UPDATE … RETURNING`` compiled once (:func:`transitions.claim_statement`), so a
+        claim costs its round trip and little else. A row of a Django task is not taken
+        (:meth:`claim_due_ids` takes those)."""
+        if not ids or not self.plain_kinds:
+            return []
+        if len(ids) > _PRECOMPILED_IDS or not can_return_from_update(self.using):
+            due = DeferredWork.objects.using(self.using).due(DatabaseNow())
+            workflows = due.filter(kind__in=self.plain_kinds, queue_name="")
+            return self.claim_rows(workflows, ids, reclaimed=False, tasks=set())
+        statement = self._by_id.get(len(ids))
+        if statement is None:
+            statement = self._by_id[len(ids)] = self._claim_by_id_statement(len(ids))
+        token = uuid.uuid4().hex
+        rows = statement.run([token, *ids])
+        self.contended = len(rows) < len(ids)
+        position = {pk: index for index, pk in enumerate(ids)}
+        rows.sort(key=lambda row: position[row["pk"]])
+        return [self._claimed(row, 0, token, reclaimed=False) for row in rows]
+
+    def _claim_by_id_statement(self, count: int) -> PrecompiledUpdate:
+        slots = [_ID_SLOT + number for number in range(count)]
+        due = DeferredWork.objects.using(self.using).due(DatabaseNow())
+        workflows = due.filter(kind__in=self.plain_kinds, queue_name="", pk__in=slots)
+        return claim_statement(workflows, _claim_changes(_TOKEN_SLOT), _CLAIM_FIELDS, [_TOKEN_SLOT, *slots])
 
     def retry_in(self) -> float | None:
         """Seconds until a rate window the last claim found full has a start again."""

@@ -50,6 +50,7 @@ class _Plan:
     columns: tuple[Field[Any, Any], ...]  # _VARYING, then every other column but the id
     defaults: tuple[Any, ...]  # the other columns' model defaults, prepared for the database
     one_row_sql: str | None  # INSERT … RETURNING id; None where the backend cannot return ids
+    one_row_defaults: tuple[Any, ...]  # bound after the varying values (PostgreSQL: literals)
     returning_params: tuple[Any, ...]
     many_rows_sql: str | None  # PostgreSQL: INSERT … SELECT FROM jsonb_array_elements(…)
 
@@ -68,9 +69,16 @@ def _plan(using: str) -> _Plan:
     for field in others:
         if field.has_default() and callable(field.default) and field.default not in (dict, list):
             raise TypeError(f"DeferredWork.{field.name} has a callable default: add it to _VARYING")
+    defaults = tuple(f.get_db_prep_save(f.get_default(), connection=connection) for f in others)
     statements = sql.for_connection(using)
-    one_row_sql, returning_params = None, ()
-    if hasattr(statements, "insert_returning_pk") and connection.features.can_return_columns_from_insert:
+    one_row_sql, one_row_defaults, returning_params = None, defaults, ()
+    if hasattr(statements, "insert_returning_pk_with_constants"):
+        # The constants as literals: the INSERT binds only what varies.
+        one_row_sql, returning_params = statements.insert_returning_pk_with_constants(
+            DeferredWork, varying, list(zip(others, defaults, strict=True)), using
+        )
+        one_row_defaults = ()
+    elif hasattr(statements, "insert_returning_pk") and connection.features.can_return_columns_from_insert:
         one_row_sql, returning_params = statements.insert_returning_pk(DeferredWork, varying + others, using)
     many_rows_sql = None
     if hasattr(statements, "insert_many_from_json_sql"):
@@ -80,8 +88,9 @@ def _plan(using: str) -> _Plan:
         )
     plan = _Plan(
         columns=tuple(varying + others),
-        defaults=tuple(f.get_db_prep_save(f.get_default(), connection=connection) for f in others),
+        defaults=defaults,
         one_row_sql=one_row_sql,
+        one_row_defaults=one_row_defaults,
         returning_params=returning_params,
         many_rows_sql=many_rows_sql,
     )
@@ -134,7 +143,7 @@ def insert_pending(
         priority,
         queue_name,
         backend_name,
-        *plan.defaults,
+        *plan.one_row_defaults,
         *plan.returning_params,
     )
     with connection.cursor() as cursor:

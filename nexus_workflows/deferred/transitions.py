@@ -43,7 +43,7 @@ from nexus_workflows.deferred.history import append_entry
 from nexus_workflows.exceptions import ClaimLost, InvalidCheckpoint, WorkerLost
 from nexus_workflows.flow import starts
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.sql.returning import can_return_from_update, update_returning
+from nexus_workflows.sql.returning import PrecompiledUpdate, can_return_from_update, update_returning
 
 
 @dataclass
@@ -112,6 +112,23 @@ def claim(
     if can_return_from_update(candidates.db):
         return update_returning(candidates, changes, names)
     return None if candidates.update(**changes) else []
+
+
+def claim_statement(
+    candidates: QuerySet[DeferredWork], changes: dict[str, Any], names: Sequence[str], slots: Sequence[Any]
+) -> PrecompiledUpdate:
+    """:func:`claim` compiled once, for the wake-up's claim by id: the same compare-and-set
+    (``changes`` with the status set to processing), run later with the values of
+    ``slots`` (placeholders among ``changes`` and ``candidates``' filters) bound anew.
+    Only where :func:`can_return_from_update` holds.
+
+    Its commit does not wait for the WAL flush (``asynchronous_commit``): a claim lost in
+    a crash of PostgreSQL itself leaves the row pending, as if this runner had died before
+    claiming; an attempt that ran meanwhile runs again, as after any lost claim (at least
+    once), and its first ``save()`` or outcome, durable commits, flush the claim too."""
+    return PrecompiledUpdate(
+        candidates, {**changes, "status": Status.PROCESSING}, names, slots, asynchronous_commit=True
+    )
 
 
 def revive(queryset: QuerySet[DeferredWork], *, due: Any = None, history: list[Any] | None = None) -> int:

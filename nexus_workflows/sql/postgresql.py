@@ -25,6 +25,7 @@ __all__ = [
     "can_return_from_update",
     "insert_many_from_json_sql",
     "insert_returning_pk",
+    "insert_returning_pk_with_constants",
     "listen",
     "notify",
     "save_journals",
@@ -53,6 +54,31 @@ def listen(connection: Any, channel: str) -> None:
     from psycopg import sql
 
     connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+def insert_returning_pk_with_constants(
+    model: type[Any], varying: Sequence[Any], constants: Sequence[tuple[Any, Any]], using: str
+) -> tuple[str, tuple[Any, ...]]:
+    """:func:`insert_returning_pk` of ``varying`` fields and ``constants`` (``(field,
+    value prepared for the database)`` pairs, the same for every row), with the constants
+    written into the statement as literals: only the varying values are bound per call
+    (fewer parameters to adapt and send on the enqueue path). ``(sql, trailing params)``
+    as :func:`insert_returning_pk` returns them.
+
+    The literals are rendered once by psycopg's own quoting (``ops.compose_sql``); they
+    are model defaults, never data a caller passed.
+    """
+    connection = connections[using]
+    fields = [*varying, *(field for field, _ in constants)]
+    sql, trailing = insert_returning_pk(model, fields, using)
+    head, values = sql.split(" VALUES (", 1)
+    placeholders, tail = values.split(")", 1)
+    if placeholders.split(", ") != ["%s"] * len(fields):
+        raise ValueError("the compiled INSERT does not bind one plain placeholder per field")
+    literals = connection.ops.compose_sql(", ".join(["%s"] * len(constants)), [v for _, v in constants])
+    literals = literals.replace("%", "%%")  # the statement is still run with parameters
+    bound = ", ".join(["%s"] * len(varying))
+    return f"{head} VALUES ({bound}, {literals}){tail}", trailing
 
 
 def insert_many_from_json_sql(connection: Any, table: str, columns: Sequence[Any], pk_column: str) -> str:

@@ -59,8 +59,8 @@ class LaneClaims:
         self.ledger = ledger
         self.capacity = capacity
         self.claimed = claimed
-        # Rows a NOTIFY named, by lane (appended by the listener's thread).
-        self._notified: dict[str, deque[int]] = {SYNC: deque(), ASYNC: deque()}
+        # Rows a NOTIFY named, (id, kind) by lane (appended by the listener's thread).
+        self._notified: dict[str, deque[tuple[int, str]]] = {SYNC: deque(), ASYNC: deque()}
 
     def wants_more(self, lane: str | None = None) -> bool:
         """Whether ``lane`` (or any lane) has room for more claims."""
@@ -77,7 +77,7 @@ class LaneClaims:
         id if a lane takes it (by kind; the claim re-checks everything)."""
         for lane, claimer in self.claimers.items():
             if claimer.takes_by_id(kind):
-                self._notified[lane].append(work_id)
+                self._notified[lane].append((work_id, kind))
                 return
 
     def claim_notified(self, cutoff: datetime | None) -> int:
@@ -87,10 +87,13 @@ class LaneClaims:
         for lane, claimer in self.claimers.items():
             notified = self._notified[lane]
             free = self.ledger.free_slots(self.capacity[lane].concurrency, lane)
-            ids = [notified.popleft() for _ in range(min(free, len(notified)))]
+            named = [notified.popleft() for _ in range(min(free, len(notified)))]
             notified.clear()
-            if ids:
-                due = claimer.claim_due_ids(ids, now=cutoff)
+            # A workflow's row (its kind has no dot) takes the precompiled claim; a Django
+            # task's the ORM's (it re-checks the queue). --once (a cutoff) has no listener.
+            workflows = [work_id for work_id, kind in named if "." not in kind and cutoff is None]
+            others = [work_id for work_id, kind in named if work_id not in workflows]
+            for due in (claimer.claim_workflow_ids(workflows), claimer.claim_due_ids(others, now=cutoff)):
                 self.claimed(due)
                 claimed += len(due)
         return claimed

@@ -42,6 +42,7 @@ class Ledger:
         self.lock = threading.Lock()
         self.lane_of = lane_of
         self._work_available = threading.Condition(self.lock)
+        self._sync_taken = threading.Condition(self.lock)  # a sync worker took queued work
         self._queued: dict[str, deque[ClaimedWork]] = {lane: deque() for lane in LANES}
         self._running: dict[tuple[str, int], ClaimedWork] = {}
         self._running_lanes: Counter[str] = Counter()
@@ -74,7 +75,16 @@ class Ledger:
                 self._work_available.wait()
             if not queued:
                 return None
+            self._sync_taken.notify_all()
             return self._start(queued.popleft(), SYNC)
+
+    def wait_sync_taken(self, timeout: float) -> bool:
+        """Block until no sync work is queued (the workers took it), the ledger is closed,
+        or ``timeout`` seconds passed; whether none is queued. The runner's loop waits
+        here after a wake-up's claim: blocked, it holds no GIL, so the worker starts the
+        attempt at once instead of after the loop's next Python work."""
+        with self._sync_taken:
+            return self._sync_taken.wait_for(lambda: not self._queued[SYNC] or self._closed, timeout)
 
     def take_now(self, lane: str, limit: int) -> list[ClaimedWork]:
         """Up to ``limit`` queued items of ``lane`` (now running, unmarked); never blocks."""
@@ -105,6 +115,7 @@ class Ledger:
             self._unguarded = []
             self._closed = True
             self._work_available.notify_all()
+            self._sync_taken.notify_all()
         return unstarted
 
     def running_count(self) -> int:

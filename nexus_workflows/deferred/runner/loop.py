@@ -44,6 +44,10 @@ from nexus_workflows.observability.observer import Observer
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
 
+# Seconds the loop waits for a worker to take what a wake-up claimed (a free worker takes
+# it within a millisecond; this only bounds the wait if none is free after all).
+HAND_OFF_WAIT = 0.01
+
 
 class Runner:
     """Runs deferred work until stopped (or, with ``once``, until nothing is due)."""
@@ -293,8 +297,11 @@ class Runner:
     def _turn(self, cutoff: datetime | None, schedule: LoopSchedule) -> tuple[int, bool, bool]:
         """One turn of the loop: write outcomes, guard reclaims, purge and claim when
         due; returns (items claimed, whether more may be due, whether purging goes on)."""
-        if not self._stop_requested.is_set() and not self._heartbeat.failing():
-            self._lanes.claim_notified(cutoff)  # first: the wake-up path of an idle runner
+        # First: the wake-up path of an idle runner. What it claimed starts before this
+        # turn's other work (the loop waits, without the GIL, until a worker took it).
+        claiming = not self._stop_requested.is_set() and not self._heartbeat.failing()
+        if claiming and self._lanes.claim_notified(cutoff):
+            self._ledger.wait_sync_taken(HAND_OFF_WAIT)
         self._writer.write()
         guard_unguarded(self._ledger, self._tally, self._dispatch)
         purging = False
