@@ -113,27 +113,6 @@ def test_a_precompiled_update_binds_its_slots_anew_on_each_run() -> None:
         returning.PrecompiledUpdate(DeferredWork.objects.all(), {"attempt": 1}, ("pk",), ["absent"])
 
 
-def test_a_precompiled_update_may_commit_asynchronously_without_leaving_session_state() -> None:
-    first = new_row("a")
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW synchronous_commit" if connection.vendor == "postgresql" else "SELECT 1")
-        before = cursor.fetchone()[0]
-    statement = returning.PrecompiledUpdate(
-        DeferredWork.objects.filter(pk=-(2**62)),
-        {"claim_token": "slot"},
-        ("pk",),
-        ["slot", -(2**62)],
-        asynchronous_commit=True,
-    )
-    assert statement.run(["t1", first]) == [{"pk": first}]
-    assert DeferredWork.objects.get(pk=first).claim_token == "t1"
-    if connection.vendor == "postgresql":
-        assert "set_config('synchronous_commit', 'off', true)" in statement.sql
-        with connection.cursor() as cursor:  # the same session: set for that transaction only
-            cursor.execute("SHOW synchronous_commit")
-            assert cursor.fetchone()[0] == before
-
-
 @pytest.mark.parametrize("backend", ["backend's", "portable"])
 def test_a_dedupe_clash_is_named_by_its_constraint(backend: str) -> None:
     new_row("a")

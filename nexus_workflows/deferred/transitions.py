@@ -122,13 +122,10 @@ def claim_statement(
     ``slots`` (placeholders among ``changes`` and ``candidates``' filters) bound anew.
     Only where :func:`can_return_from_update` holds.
 
-    Its commit does not wait for the WAL flush (``asynchronous_commit``): a claim lost in
-    a crash of PostgreSQL itself leaves the row pending, as if this runner had died before
-    claiming; an attempt that ran meanwhile runs again, as after any lost claim (at least
-    once), and its first ``save()`` or outcome, durable commits, flush the claim too."""
-    return PrecompiledUpdate(
-        candidates, {**changes, "status": Status.PROCESSING}, names, slots, asynchronous_commit=True
-    )
+    Its commit waits for the WAL flush like every claim: a claim lost in a crash of
+    PostgreSQL after the runner started the attempt would let another runner claim the row
+    while the attempt still runs (two executions at once)."""
+    return PrecompiledUpdate(candidates, {**changes, "status": Status.PROCESSING}, names, slots)
 
 
 def revive(queryset: QuerySet[DeferredWork], *, due: Any = None, history: list[Any] | None = None) -> int:

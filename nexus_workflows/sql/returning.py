@@ -103,10 +103,6 @@ def insert_returning_pk(model: type[Any], fields: Sequence[Any], using: str) -> 
     return sql, tuple(compiler.returning_params)
 
 
-# PostgreSQL: this transaction only commits without waiting for the WAL flush.
-_ASYNCHRONOUS_COMMIT = "set_config('synchronous_commit', 'off', true)"
-
-
 class PrecompiledUpdate:
     """``update_returning`` compiled once, for a hot path that runs the same statement with
     a few values changed (the wake-up's claim by id): ``run(values)`` binds ``values`` in
@@ -118,12 +114,6 @@ class PrecompiledUpdate:
     ``changes`` and the queryset's filters, each of which must appear exactly once among
     the compiled parameters (a ``ValueError`` says so otherwise). Works where
     :func:`can_return_from_update` holds.
-
-    ``asynchronous_commit`` (PostgreSQL; ignored elsewhere): the statement's transaction
-    commits without waiting for its WAL to reach the disk (``synchronous_commit`` off for
-    that transaction only, set by the statement itself: no session state, so it is safe
-    behind a transaction pooler). Only for a write whose loss in a crash of PostgreSQL
-    itself is harmless: the row is as it was before, as if the writer had died first.
     """
 
     def __init__(
@@ -132,8 +122,6 @@ class PrecompiledUpdate:
         changes: dict[str, Any],
         names: Sequence[str],
         slots: Sequence[Any],
-        *,
-        asynchronous_commit: bool = False,
     ) -> None:
         self.using = queryset.db
         connection = connections[self.using]
@@ -144,10 +132,6 @@ class PrecompiledUpdate:
         sql, params = query.get_compiler(self.using).as_sql()
         quote = connection.ops.quote_name
         returned = [quote(field.column) for field in fields]
-        if asynchronous_commit and connection.vendor == "postgresql":
-            # Evaluated for each row written, before the commit that reads it; a statement
-            # that writes no row commits nothing to wait for anyway.
-            returned.append(_ASYNCHRONOUS_COMMIT)
         self.sql = f"{sql} RETURNING {', '.join(returned)}"
         self.params = list(params)
         self.positions = []
