@@ -47,7 +47,7 @@ def test_the_precompiled_insert_returns_the_new_id_and_writes_the_defaults() -> 
     )
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's statement")
+@pytest.mark.postgresql
 def test_the_insert_with_constants_binds_only_the_varying_values() -> None:
     fields = DeferredWork._meta.get_field
     varying = [fields(name) for name in ("kind", "dedupe_key", "trigger", "next_attempt_at")]
