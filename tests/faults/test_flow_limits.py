@@ -10,7 +10,7 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,16 +63,6 @@ enqueue_many({kind!r}, [
     {{"key": n, "to": f"p{{n % {keys}}}", "sleep": 0.05, "ledger": {ledger!r}}} for n in range({items})
 ])
 """
-
-
-@pytest.fixture
-def private_postgres() -> Iterator[PrivatePostgres]:
-    server = PrivatePostgres()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
 
 
 def test_postgresql_restarts_keep_every_limit_and_consume_no_attempt(

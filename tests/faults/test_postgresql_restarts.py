@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,16 +29,6 @@ RUNNER_SETTINGS = {
     # The async variant runs as many at once: the same drain, as long, as many kills.
     "ASYNC_CONCURRENCY": 4,
 }
-
-
-@pytest.fixture
-def private_postgres() -> Iterator[PrivatePostgres]:
-    server = PrivatePostgres()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
 
 
 ENQUEUE = """
