@@ -18,14 +18,6 @@ from tests.structure import module_files
 WRITES = {"update", "create", "bulk_create", "update_or_create", "get_or_create", "bulk_update"}
 STATE_MACHINE = "nexus_workflows.deferred.transitions"
 
-#: Modules that still spell a status change out of the state machine, and why.
-ALLOWED = {
-    # issue 19's branch owns flow/: its claim passes {"status": PROCESSING} to
-    # Claimer.claim_rows, which transitions.claim sets anyway (drop at the merge).
-    "nexus_workflows.flow.claiming": "flow/ is another branch's; transitions.claim sets the status itself",
-}
-
-
 def status_writes(path: Path) -> list[int]:
     """Lines that write a row's status: ``status=`` in a write call (``update``, ``create``
     …), a ``"status": Status.X`` dict entry, or ``….status = Status.X``."""
@@ -53,7 +45,7 @@ def _is_status(node: ast.AST) -> bool:
 def test_only_the_state_machine_writes_status() -> None:
     writers = {name: lines for name, path in module_files().items() if (lines := status_writes(path))}
     assert STATE_MACHINE in writers  # the check finds status writes where they are
-    others = {name: lines for name, lines in writers.items() if name not in (STATE_MACHINE, *ALLOWED)}
+    others = {name: lines for name, lines in writers.items() if name != STATE_MACHINE}
     assert others == {}
 
 

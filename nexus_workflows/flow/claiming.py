@@ -256,7 +256,7 @@ class FlowClaimer:
             )
             self._found_nothing = not (flow.keyed or flow.rate_key) or not due.exists()
             return [], 0
-        changes: dict[str, Any] = {"status": Status.PROCESSING}
+        changes: dict[str, Any] = {}  # transitions.claim sets the status itself
         if flow.concurrency is not None:
             changes["flow_slot"] = Case(
                 *(When(pk=pk, then=Value(slot)) for pk, slot in zip(ids, slots, strict=False)),
