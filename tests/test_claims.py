@@ -9,8 +9,8 @@ import pytest
 from django.utils import timezone
 
 from nexus_workflows import ClaimLost, InvalidCheckpoint, enqueue
-from nexus_workflows.deferred.claims import (
-    Claimer,
+from nexus_workflows.deferred.claims import Claimer
+from nexus_workflows.deferred.transitions import (
     abandon,
     finish_done,
     heartbeat,

@@ -20,44 +20,17 @@ from typing import Any
 from django.db.models import Case, F, Q, When
 from django.db.models.functions import Coalesce
 
-from nexus_workflows.clock import DatabaseNow, database_now, now_plus
+from nexus_workflows.clock import DatabaseNow, now_plus
 from nexus_workflows.deferred.expressions import JSONAppend, JSONDropLast
 from nexus_workflows.deferred.history import append_entry
 from nexus_workflows.deferred.transitions import (
     ClaimedWork,
-    abandon,
     claim,
     claim_statement,
-    finish_done,
-    heartbeat,
-    mark_started,
-    record_lost,
-    release,
-    release_after_outage,
-    reschedule,
-    save_checkpoints,
-    validate_patch,
 )
 from nexus_workflows.flow.claiming import FlowClaimer
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.sql.returning import PrecompiledUpdate, can_return_from_update
-
-__all__ = [
-    "ClaimedWork",
-    "Claimer",
-    "abandon",
-    "database_now",
-    "finish_done",
-    "heartbeat",
-    "mark_started",
-    "now_plus",
-    "record_lost",
-    "release",
-    "release_after_outage",
-    "reschedule",
-    "save_checkpoints",
-    "validate_patch",
-]
 
 _CLAIM_FIELDS = (
     "pk",

@@ -11,8 +11,8 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from nexus_workflows.deferred.claims import ClaimedWork, save_checkpoints
 from nexus_workflows.deferred.registry import Workflow
+from nexus_workflows.deferred.transitions import ClaimedWork, save_checkpoints
 from nexus_workflows.exceptions import ClaimLost
 from nexus_workflows.flow import starts
 

@@ -25,7 +25,7 @@ from nexus_workflows.flow.options import FlowLimits, KeyFunction, build_flow_lim
 from nexus_workflows.limits import KIND_MAX_LENGTH
 
 if TYPE_CHECKING:
-    from nexus_workflows.deferred.claims import ClaimedWork
+    from nexus_workflows.deferred.transitions import ClaimedWork
 
 # A kind becomes part of an RQ job id (``<kind>__<dedupe key>``), which RQ limits to
 # letters, digits, '_' and '-'; '__' is the separator, so a kind may not contain it.

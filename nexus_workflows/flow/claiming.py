@@ -47,8 +47,9 @@ from nexus_workflows.flow import windows
 from nexus_workflows.models import DeferredWork, FlowWindowSlot, Status
 
 if TYPE_CHECKING:
-    from nexus_workflows.deferred.claims import ClaimedWork, Claimer
+    from nexus_workflows.deferred.claims import Claimer
     from nexus_workflows.deferred.registry import Workflow
+    from nexus_workflows.deferred.transitions import ClaimedWork
     from nexus_workflows.flow.options import FlowLimits
 
 logger = logging.getLogger(__name__)

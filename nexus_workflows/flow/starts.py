@@ -19,7 +19,7 @@ from nexus_workflows.exceptions import ClaimLost, RateLimitTimeout
 from nexus_workflows.flow import windows
 
 if TYPE_CHECKING:
-    from nexus_workflows.deferred.claims import ClaimedWork
+    from nexus_workflows.deferred.transitions import ClaimedWork
 
 # Seconds after a rate-limited attempt was handed to its worker thread that its runner
 # confirms the start (the start marker): long enough for the start itself (a few

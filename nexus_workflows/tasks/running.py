@@ -24,7 +24,7 @@ from nexus_workflows.deferred.registry import Workflow
 from nexus_workflows.limits import TRACEBACK_MAX_LENGTH
 
 if TYPE_CHECKING:
-    from nexus_workflows.deferred.claims import ClaimedWork
+    from nexus_workflows.deferred.transitions import ClaimedWork
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from nexus_workflows import enqueue, enqueue_many
-from nexus_workflows.deferred.claims import Claimer, finish_done, release, reschedule
+from nexus_workflows.deferred.claims import Claimer
+from nexus_workflows.deferred.transitions import finish_done, release, reschedule
 from nexus_workflows.flow.claiming import window_name
 from nexus_workflows.flow.windows import busy_count
 from nexus_workflows.models import DeferredWork, Status

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from nexus_workflows.deferred.claims import ClaimedWork
 from nexus_workflows.deferred.execution import Outcome, Result
+from nexus_workflows.deferred.transitions import ClaimedWork
 
 _ids = itertools.count(1)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from nexus_workflows.deferred.claims import ClaimedWork
 from nexus_workflows.deferred.runner.ledger import Ledger, Pending
 from nexus_workflows.deferred.runner.shutdown import Shutdown
+from nexus_workflows.deferred.transitions import ClaimedWork
 from tests.runner.helpers import FakeClock, outcome, work
 
 

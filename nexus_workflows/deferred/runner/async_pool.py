@@ -7,10 +7,10 @@ import contextlib
 import threading
 from collections.abc import Callable
 
-from nexus_workflows.deferred.claims import ClaimedWork
 from nexus_workflows.deferred.execution import AsyncSavePatch, Outcome, Result, execute_async
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import ASYNC, Ledger
+from nexus_workflows.deferred.transitions import ClaimedWork
 
 
 class AsyncPool:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from django.db import connections
 
-from nexus_workflows.deferred import claims
+from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.ledger import Ledger
 from nexus_workflows.deferred.runner.unavailable import close_connection
 from nexus_workflows.flow import starts as flow_starts
@@ -107,12 +107,12 @@ class Heartbeat:
             self.on_beat()
             held = self.ledger.held()
             if held:
-                claims.heartbeat(held, using=self.using)
+                transitions.heartbeat(held, using=self.using)
             self.last_good = time.monotonic()
         return next_beat
 
     def _mark_started(self) -> None:
         started = self.ledger.unmarked()
         if started:
-            claims.mark_started(started, using=self.using)
+            transitions.mark_started(started, using=self.using)
             self.ledger.marked(started)

@@ -26,8 +26,8 @@ from typing import Any
 from django.db import connections
 
 from nexus_workflows.deferred import transitions
-from nexus_workflows.deferred.claims import ClaimedWork, validate_patch
 from nexus_workflows.deferred.runner.unavailable import close_connection
+from nexus_workflows.deferred.transitions import ClaimedWork, validate_patch
 from nexus_workflows.exceptions import ClaimLost
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")

@@ -10,10 +10,11 @@ from datetime import datetime
 from django.db import connections
 
 from nexus_workflows.conf import app_settings
-from nexus_workflows.deferred.claims import ClaimedWork, Claimer
+from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.capacity import Capacity
 from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
+from nexus_workflows.deferred.transitions import ClaimedWork
 
 
 def lane_of(work: ClaimedWork) -> str:

@@ -7,8 +7,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nexus_workflows.deferred.claims import ClaimedWork
 from nexus_workflows.deferred.execution import Outcome
+from nexus_workflows.deferred.transitions import ClaimedWork
 
 #: The lanes of a runner: sync attempts run on the thread pool, async ones on the loop.
 SYNC = "sync"

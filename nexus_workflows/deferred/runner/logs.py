@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from nexus_workflows.deferred.attempts import attempt_number, describe_attempt
-from nexus_workflows.deferred.claims import ClaimedWork
+from nexus_workflows.deferred.transitions import ClaimedWork
 
 # One logger for every part: the projects' formatters name it.
 logger = logging.getLogger("nexus_workflows.deferred.runner")

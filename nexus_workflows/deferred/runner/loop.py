@@ -15,9 +15,10 @@ from datetime import datetime, timedelta
 from django.db import connections, router
 
 from nexus_workflows import __version__
+from nexus_workflows.clock import database_now
 from nexus_workflows.conf import app_settings
-from nexus_workflows.deferred import claims, retention, wakeup
-from nexus_workflows.deferred.claims import ClaimedWork, Claimer
+from nexus_workflows.deferred import retention, wakeup
+from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.execution import Outcome
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.async_pool import AsyncPool
@@ -37,6 +38,7 @@ from nexus_workflows.deferred.runner.shutdown import Shutdown, release_claims
 from nexus_workflows.deferred.runner.stats import RunStats, Tally
 from nexus_workflows.deferred.runner.stop_signals import StopSignals
 from nexus_workflows.deferred.runner.unavailable import DATABASE_UNAVAILABLE, close_connection
+from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.exceptions import UnknownWorkflow
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.observability.logs import start_line
@@ -273,7 +275,7 @@ class Runner:
             self._wake.clear()
             try:
                 if self.once and cutoff is None:
-                    cutoff = claims.database_now(self.using)
+                    cutoff = database_now(self.using)
                 claimed, more_due, purging = self._turn(cutoff, schedule)
                 self._database_back()
             except DATABASE_UNAVAILABLE as error:

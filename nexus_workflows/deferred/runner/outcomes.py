@@ -8,9 +8,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from queue import Empty, SimpleQueue
 
-from nexus_workflows.deferred import claims
+from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.attempts import describe_attempt
-from nexus_workflows.deferred.claims import ClaimedWork
 from nexus_workflows.deferred.execution import Outcome, Result
 from nexus_workflows.deferred.history import describe_error
 from nexus_workflows.deferred.registry import registry
@@ -18,6 +17,7 @@ from nexus_workflows.deferred.runner.ledger import Ledger, Pending
 from nexus_workflows.deferred.runner.logs import log_write_error
 from nexus_workflows.deferred.runner.stats import Tally
 from nexus_workflows.deferred.runner.unavailable import DATABASE_UNAVAILABLE, is_database_unavailable
+from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.exceptions import is_permanent
 from nexus_workflows.limits import OUTAGE_RELEASES_MAX
 from nexus_workflows.tasks import running as tasks_running
@@ -123,7 +123,7 @@ class OutcomeWriter:
         self.ledger.written(batch)
 
     def _write_successes(self, batch: list[Pending]) -> None:
-        written, lost = claims.finish_done(pending.outcome.work for pending in batch)
+        written, lost = transitions.finish_done(pending.outcome.work for pending in batch)
         for work in written:
             self.tally.finished(work, "done", "done", logging.INFO)
         tasks_running.send_finished(written, succeeded=True)
@@ -151,7 +151,7 @@ class OutcomeWriter:
             self._abandon(
                 work, error, error_type, "permanent error" if permanent else "retry schedule exhausted"
             )
-        elif claims.reschedule(work, delay=delay, error=error):
+        elif transitions.reschedule(work, delay=delay, error=error):
             line = (
                 f"failed ({error_type}); {describe_attempt(work.kind, work.attempt + 1)} "
                 f"in {delay.total_seconds():g}s"
@@ -161,14 +161,14 @@ class OutcomeWriter:
             self.tally.lost(work)
 
     def _release_after_outage(self, work: ClaimedWork, error: str, error_type: str) -> None:
-        if claims.release_after_outage(work, delay=OUTAGE_RETRY_DELAY, error=error):
+        if transitions.release_after_outage(work, delay=OUTAGE_RETRY_DELAY, error=error):
             line = f"failed ({error_type}: database unavailable); released, attempt unchanged"
             self.tally.finished(work, "released", line, logging.WARNING)
         else:
             self.tally.lost(work)
 
     def _abandon(self, work: ClaimedWork, error: str, error_type: str, reason: str) -> None:
-        if claims.abandon(work, error=error, reason=reason):
+        if transitions.abandon(work, error=error, reason=reason):
             self.tally.finished(
                 work, "abandoned", f"failed ({error_type}); abandoned: {reason}", logging.ERROR
             )

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 from django.db import close_old_connections, connections
 
-from nexus_workflows.deferred.claims import ClaimedWork
 from nexus_workflows.deferred.execution import Outcome, Result, SavePatch, execute
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import Ledger
 from nexus_workflows.deferred.runner.unavailable import close_connection
+from nexus_workflows.deferred.transitions import ClaimedWork
 
 
 def run_attempt(work: ClaimedWork, save_patch: SavePatch) -> Outcome:

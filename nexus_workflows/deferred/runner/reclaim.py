@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from nexus_workflows.deferred import claims
-from nexus_workflows.deferred.claims import ClaimedWork
+from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import Ledger
 from nexus_workflows.deferred.runner.logs import log_outcome, log_write_error
 from nexus_workflows.deferred.runner.stats import Tally
 from nexus_workflows.deferred.runner.unavailable import DATABASE_UNAVAILABLE
+from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.limits import UNSTARTED_LOSSES_MAX
 from nexus_workflows.tasks import running as tasks_running
 
@@ -22,7 +22,7 @@ def guard_crash_loop(work: ClaimedWork, tally: Tally) -> bool:
     abandoned. The lost attempt is in the history before the work runs again."""
     workflow = registry.for_work(work)
     if work.attempt < workflow.max_attempts and work.lost_unstarted < UNSTARTED_LOSSES_MAX:
-        if not claims.record_lost(work):
+        if not transitions.record_lost(work):
             tally.lost(work)
             return False
         log_outcome(work, "reclaimed from a runner that stopped heart-beating", logging.WARNING)
@@ -37,7 +37,7 @@ def guard_crash_loop(work: ClaimedWork, tally: Tally) -> bool:
             f"WorkerLost: {work.lost_unstarted} claims of this work were lost before their "
             f"attempt started; at most {UNSTARTED_LOSSES_MAX} are allowed"
         )
-    if claims.abandon(work, error=error, reason="lost too many times"):
+    if transitions.abandon(work, error=error, reason="lost too many times"):
         tally.finished(work, "abandoned", "abandoned (its runners kept dying)", logging.ERROR)
         tasks_running.send_finished([work], succeeded=False)
     else:

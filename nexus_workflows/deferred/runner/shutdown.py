@@ -7,10 +7,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from nexus_workflows.deferred import claims
-from nexus_workflows.deferred.claims import ClaimedWork
+from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.ledger import Ledger
 from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
+from nexus_workflows.deferred.transitions import ClaimedWork
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
 
@@ -28,7 +28,7 @@ def release_claims(
     they could not be (they go stale and are reclaimed, no worse)."""
     while True:
         try:
-            return claims.release(works)
+            return transitions.release(works)
         except Exception as error:  # noqa: BLE001 - unreleased claims go stale, no worse
             if not is_database_unavailable(error):
                 logger.error("releasing claims failed (%s)", type(error).__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields
 
-from nexus_workflows.deferred.claims import ClaimedWork
 from nexus_workflows.deferred.runner.logs import log_outcome
+from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.observability.observer import Observer
 
 
