@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -71,8 +72,12 @@ class ManagePy:
             "DATABASE_URL": database_url or url_of_test_database(),
             "NEXUS_WORKFLOWS_JSON": json.dumps(settings or {}),
             "PYTHONUNBUFFERED": "1",
+            # A process that will not stop is sent SIGABRT (terminate): this prints every
+            # thread's stack into its output first.
+            "PYTHONFAULTHANDLER": "1",
             **(env or {}),
         }
+        self._sigterm_sent = False
         self.process = subprocess.Popen(
             [*(prefix or []), sys.executable, "manage.py", *args],
             cwd=PROJECT_ROOT,
@@ -93,10 +98,25 @@ class ManagePy:
         if text not in self.output():
             raise AssertionError(f"process exited without printing {text!r}:\n{self.output()}")
 
-    def terminate(self, timeout: float = 30) -> int:
-        if self.process.poll() is None:
+    def send_sigterm(self) -> None:
+        """Ask the process to stop, once: a second SIGTERM means "stop now" to a runner."""
+        if self.process.poll() is None and not self._sigterm_sent:
             self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout)
+            self._sigterm_sent = True
+
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM, then its exit code; a process still running after ``timeout`` is
+        aborted (its threads' stacks land in its output) and fails the test."""
+        self.send_sigterm()
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(10)
+            raise AssertionError(
+                f"pid {self.pid} still running {timeout}s after SIGTERM; its output:\n{self.output()}"
+            ) from None
 
     def kill(self) -> None:
         self.process.kill()  # SIGKILL: no cleanup, no release
