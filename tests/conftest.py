@@ -18,7 +18,7 @@ import redis
 from django.db import connection
 
 from nexus_workflows.deferred.registry import Workflow, registry
-from tests.processes import database_url
+from tests.processes import ManagePy, database_url
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -35,6 +35,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
+
+
+@pytest.fixture(autouse=True)
+def close_leftover_processes() -> Iterator[None]:
+    """Kill the ``manage.py`` processes a test left running (one that failed before its
+    own clean-up): the next test must not share the database with them."""
+    yield
+    ManagePy.close_leftovers()
 
 
 _kind_numbers = itertools.count(1)

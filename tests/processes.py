@@ -52,7 +52,13 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float, interval: float = 
 
 
 class ManagePy:
-    """A ``python manage.py …`` subprocess whose output goes to a temporary file."""
+    """A ``python manage.py …`` subprocess whose output goes to a temporary file.
+
+    Every instance is remembered until closed: ``close_leftovers`` (an autouse fixture
+    in conftest.py) kills what a failed test left running, so that no live runner of one
+    test claims the next test's work or shows in its counts."""
+
+    _open: set[ManagePy] = set()
 
     def __init__(
         self,
@@ -78,6 +84,7 @@ class ManagePy:
             **(env or {}),
         }
         self._sigterm_sent = False
+        ManagePy._open.add(self)
         self.process = subprocess.Popen(
             [*(prefix or []), sys.executable, "manage.py", *args],
             cwd=PROJECT_ROOT,
@@ -131,6 +138,12 @@ class ManagePy:
             self.process.wait(10)
         self.output_file.close()
         Path(self.output_file.name).unlink(missing_ok=True)
+        ManagePy._open.discard(self)
+
+    @classmethod
+    def close_leftovers(cls) -> None:
+        for process in list(cls._open):
+            process.close()
 
 
 @dataclass
