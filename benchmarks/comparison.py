@@ -483,6 +483,7 @@ def run_io(options: argparse.Namespace, urls: dict[str, str]) -> list[dict[str, 
             args += ["--mode", mode, "--jobs", str(jobs), "--concurrency", str(concurrency)]
             try:
                 results.append(run_json([*args, "--save"] if save else args))
+                log(f"io cell: {json.dumps(results[-1])}")  # figures as they come, for a run cut short
             except SystemExit as failure:  # one cell's failure is a figure too, not the end
                 log(f"io cell failed: {str(failure)[:300]}")
                 results.append(
