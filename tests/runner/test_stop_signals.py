@@ -25,22 +25,22 @@ CHILD = textwrap.dedent(
             stop_now.set()
         wake.set()
 
+    def sigterm_while_holding_the_wake_lock():
+        # The main thread holds the lock of the event a stop sets, as it does inside
+        # wake.clear() or at the end of wake.wait() when the signal lands. The handler
+        # runs at the next bytecode, still inside this block.
+        with wake._cond:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+
     signals = StopSignals(request_stop, stop.is_set, 2.0)
     signals.install()
-    # The main thread holds the lock of the event a stop sets, as it does inside
-    # wake.clear() or at the end of wake.wait() when the signal lands. The handler runs
-    # at the next bytecode, still inside this block.
-    with wake._cond:
-        os.kill(os.getpid(), signal.SIGTERM)
-        for _ in range(1000):
-            pass
+    sigterm_while_holding_the_wake_lock()
     assert wake.wait(5), "the first SIGTERM did not wake the loop"
     assert not stop_now.is_set()
     wake.clear()
-    with wake._cond:
-        os.kill(os.getpid(), signal.SIGTERM)
-        for _ in range(1000):
-            pass
+    sigterm_while_holding_the_wake_lock()
     assert stop_now.wait(5), "the second SIGTERM did not stop at once"
     signals.restore()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
