@@ -55,6 +55,11 @@ TARGET_POOLED_DRAIN = 0.80  # of the direct drain
 # Issue 13: Django's Tasks API on our runner against django-tasks-db, same @task module.
 TARGET_TASKS_DRAIN_MULTIPLE = 20
 TARGET_TASKS_LATENCY_DIVISOR = 50
+# Issue 12: the idle wake-up against Procrastinate's, the no-op drain against the better peer,
+# a single enqueue against the raw INSERT transaction rate (the limit section).
+TARGET_IO_LATENCY_DIVISOR = 2
+TARGET_IO_DRAIN_MULTIPLE = 20
+TARGET_IO_ENQUEUE_OF_INSERT = 0.70
 # Issue 12: jobs that wait 200 ms (benchmarks/io_workload.py).
 IO_CONCURRENCY = (4, 32, 128, 512)
 IO_JOBS = (1000, 5000)
@@ -277,6 +282,14 @@ def report_compare(
             "idle enqueue-to-start latency, median (ms)",
             *(spread(values(s, "latency_median_ms"), ",.1f") for s in SYSTEMS),
         ],
+        [
+            "… of which the enqueue call itself (ms)",
+            *(spread(values(s, "latency_enqueue_median_ms"), ",.1f") for s in SYSTEMS),
+        ],
+        [
+            "… of which from its return to the start (ms)",
+            *(spread(values(s, "latency_pickup_median_ms"), ",.1f") for s in SYSTEMS),
+        ],
     ]
     lines = [table(["", *(LABELS[s] for s in SYSTEMS)], rows), ""]
     ratio_rows = []
@@ -312,7 +325,21 @@ def report_compare(
         + verdict(bulk >= TARGET_BULK, f"{bulk:,.0f}/s, {bulk / TARGET_BULK:.0%} of target"),
         f"idle latency median < {TARGET_LATENCY_MS} ms: "
         + verdict(latency < TARGET_LATENCY_MS, f"{latency:.1f} ms"),
+        f"(#12) no-op drain ≥ {TARGET_IO_DRAIN_MULTIPLE}x the better peer: "
+        + verdict(drain >= TARGET_IO_DRAIN_MULTIPLE * best_peer, f"{drain / best_peer:.1f}x"),
     ]
+    if runs.get("procrastinate"):
+        peer = statistics.median(values("procrastinate", "latency_median_ms"))
+        pickup = statistics.median(values("ours", "latency_pickup_median_ms"))
+        peer_pickup = statistics.median(values("procrastinate", "latency_pickup_median_ms"))
+        targets.append(
+            f"(#12) idle latency ≤ 1/{TARGET_IO_LATENCY_DIVISOR} of Procrastinate's: "
+            + verdict(
+                latency * TARGET_IO_LATENCY_DIVISOR <= peer,
+                f"{latency:.1f} vs {peer:.1f} ms, 1/{peer / latency:.2f}; from the enqueue's return "
+                f"to the start: {pickup:.1f} vs {peer_pickup:.1f} ms, 1/{peer_pickup / pickup:.2f}",
+            )
+        )
     return "\n".join(lines), targets
 
 
@@ -432,8 +459,11 @@ def report_purge(result: dict[str, Any]) -> tuple[str, list[str]]:
     ]
 
 
-def report_limit(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]] | None) -> str:
+def report_limit(
+    result: dict[str, Any], runs: dict[str, list[dict[str, Any]]] | None
+) -> tuple[str, list[str]]:
     update = result["update_per_s"]
+    targets: list[str] = []
     lines = [
         f"- Single-row `UPDATE` transactions, autocommit, one psycopg connection: **{update:,.0f}/s**; "
         f"`INSERT`: {result['insert_per_s']:,.0f}/s; `SELECT 1` round trips: "
@@ -464,7 +494,12 @@ def report_limit(result: dict[str, Any], runs: dict[str, list[dict[str, Any]]] |
             f"{result['insert_per_s']:,.0f}/s; "
             f"ours reaches {enqueue:,.0f}/s, {enqueue / result['insert_per_s']:.0%} of it.",
         ]
-    return "\n".join(lines)
+        share = enqueue / result["insert_per_s"]
+        targets.append(
+            f"(#12) single enqueue ≥ {TARGET_IO_ENQUEUE_OF_INSERT:.0%} of the raw `INSERT` rate: "
+            + verdict(share >= TARGET_IO_ENQUEUE_OF_INSERT, f"{share:.0%}")
+        )
+    return "\n".join(lines), targets
 
 
 def io_cells(reduced: bool) -> list[tuple[int, int]]:
@@ -861,7 +896,9 @@ def main() -> None:
         targets += met
         out += ["### Purge of expired rows while a runner drains", "", text, ""]
     if limit:
-        out += ["### The physical limit", "", report_limit(limit, runs), ""]
+        text, met = report_limit(limit, runs)
+        targets += met
+        out += ["### The physical limit", "", text, ""]
     if io:
         text, met = report_io(io)
         targets += met
