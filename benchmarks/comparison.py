@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.children import die_with_parent  # noqa: E402
+
 SYSTEMS = ("ours", "django-tasks", "procrastinate")
 SECTIONS = ("compare", "scaling", "growth", "purge", "limit", "io", "pgbouncer")
 DEFAULT_SECTIONS = SECTIONS[:-1]  # pgbouncer: with --via-pgbouncer (or --sections pgbouncer)
@@ -198,7 +202,9 @@ def wait_for_quiet(threshold: float, longest: float) -> None:
 
 def run_json(args: Sequence[str]) -> dict[str, Any]:
     """Run a measuring script; its stderr passes through, its last stdout line is the JSON."""
-    completed = subprocess.run(list(args), cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False)
+    completed = subprocess.run(
+        list(args), cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False, preexec_fn=die_with_parent()
+    )
     if completed.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed with {completed.returncode}:\n{completed.stdout[-3000:]}")
     return json.loads(completed.stdout.strip().splitlines()[-1])

@@ -23,6 +23,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.children import die_with_parent  # noqa: E402
+
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/nw_bench"
 
 
@@ -57,7 +60,9 @@ class RunnerProcess:
         if concurrency:
             args += ["--concurrency", str(concurrency)]
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings", "DATABASE_URL": database_url}
-        self.process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+        )
 
     def wait_started(self) -> None:
         deadline = time.monotonic() + 30

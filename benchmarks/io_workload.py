@@ -38,6 +38,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.children import die_with_parent  # noqa: E402
+
 WAIT = 0.2
 
 
@@ -92,7 +95,9 @@ class Sampler(threading.Thread):
 class Worker:
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="bench-io-", suffix=".log", delete=False)  # noqa: SIM115
-        self.process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+        )
 
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")

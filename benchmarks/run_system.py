@@ -42,6 +42,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.children import die_with_parent  # noqa: E402
+
 
 def log(message: str) -> None:
     print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -52,7 +54,9 @@ class WorkerProcess:
 
     def __init__(self, args: list[str], *, env: dict[str, str], cwd: Path) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="bench-worker-", suffix=".log", delete=False)  # noqa: SIM115
-        self.process = subprocess.Popen(args, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            args, cwd=cwd, env=env, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+        )
 
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
