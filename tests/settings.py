@@ -29,6 +29,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         **env.db("DIRECT_DATABASE_URL", default=env.str("DATABASE_URL")),
         "TEST": {"MIRROR": "default"},
     }
+    # "prepared": the same database through psycopg's prepared statements (Django's
+    # server-side binding and a prepare threshold), the README's fast-enqueue configuration;
+    # direct, as a pooler in transaction mode before PgBouncer 1.21 breaks prepared statements.
+    DATABASES["prepared"] = {
+        **DATABASES["direct"],
+        "OPTIONS": {
+            **DATABASES["direct"].get("OPTIONS", {}),
+            "server_side_binding": True,
+            "prepare_threshold": 5,
+        },
+    }
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

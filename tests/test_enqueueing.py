@@ -268,3 +268,27 @@ def test_enqueue_many_validates_everything_before_writing(deferred: str) -> None
         enqueue_many(deferred, [{"key": "a"}], queue="x")
     assert not DeferredWork.objects.exists()
     assert enqueue_many(deferred, []) == []
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True, databases=["default", "prepared"])
+def test_enqueue_runs_as_a_prepared_statement_where_the_database_settings_allow_it(
+    deferred: str, settings: Any
+) -> None:
+    """With Django's ``server_side_binding`` and psycopg's ``prepare_threshold`` (the README's
+    fast-enqueue configuration), psycopg prepares enqueue's INSERT once it has run that often,
+    and everything enqueue answers stays the same: new ids, the pending id for a taken key."""
+    from django.db import connections
+
+    settings.DATABASE_ROUTERS = ["tests.testapp.routers.WorkToPrepared"]
+    ids = [enqueue(deferred, {"key": f"prepared-{number}"}) for number in range(8)]
+    assert None not in ids
+    assert len(set(ids)) == 8
+    assert enqueue(deferred, {"key": "prepared-0"}) == ids[0]  # the dedupe conflict, prepared
+    with connections["prepared"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ['INSERT INTO "nexus_workflows_deferredwork"%'],
+        )
+        assert cursor.fetchone()[0] == 1
+    assert DeferredWork.objects.using("default").filter(kind=deferred).count() == 8

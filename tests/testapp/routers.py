@@ -1,0 +1,14 @@
+"""A database router for tests that send the app's work table to another alias."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WorkToPrepared:
+    """The app's reads and writes go to the ``prepared`` alias (tests/settings.py)."""
+
+    def db_for_read(self, model: type[Any], **hints: Any) -> str | None:
+        return "prepared" if model._meta.app_label == "nexus_workflows" else None
+
+    db_for_write = db_for_read
