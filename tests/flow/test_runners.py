@@ -171,9 +171,12 @@ def test_rate_key_gives_each_key_its_own_window(ledger: Path) -> None:
 
 
 def test_rate_limited_inside_jobs_limits_calls_across_runners(ledger: Path) -> None:
-    enqueue_many("test-flow-inside", [{"key": n, "ledger": str(ledger)} for n in range(6)])
-    # One thread each: a runner holds one job at a time, so the calls come from several.
+    # One thread each, every runner up before the work arrives, and jobs slow enough (0.2 s
+    # before their calls) that no runner prefetches: each holds one job at a time, so the
+    # calls come from several. (Quick jobs let the first runner prefetch the rest, ahead of
+    # runners still starting: one CI run saw every call from one process.)
     runners = Runners(3, kinds=["test-flow-inside"], concurrency=1)
+    enqueue_many("test-flow-inside", [{"key": n, "sleep": 0.2, "ledger": str(ledger)} for n in range(6)])
     try:
         runners.drain("test-flow-inside", 90)
     finally:

@@ -278,9 +278,11 @@ def flow_rate_key(trigger: dict[str, Any], checkpoints: dict[str, Any], save: An
 
 @workflow("test-flow-inside", dedupe_key=by_key, retry_schedule=SCHEDULE)
 def flow_inside(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
-    """Three calls inside one job, each taking a start of one shared window."""
+    """Three calls inside one job, each taking a start of one shared window (after
+    ``sleep`` seconds, so that runners see the kind as slow and prefetch none of it)."""
     from nexus_workflows import rate_limited
 
+    time.sleep(trigger.get("sleep", 0))
     for call in range(3):
         with rate_limited("test:inside", 4, 1), open(trigger["ledger"], "a") as ledger:
             now = time.time()
