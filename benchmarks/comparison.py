@@ -657,7 +657,6 @@ def run_pgbouncer(options: argparse.Namespace, server: str) -> dict[str, list[di
     nothing else is connected sees no idle server sessions of an earlier one)."""
     from urllib.parse import urlsplit
 
-    sys.path.insert(0, str(ROOT))
     from tests.pgbouncer import PgBouncer
 
     upstream = urlsplit(server)
