@@ -282,7 +282,7 @@ def flow_inside(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any)
     ``sleep`` seconds, so that runners see the kind as slow and prefetch none of it)."""
     from nexus_workflows import rate_limited
 
-    time.sleep(trigger.get("sleep", 0))
+    pause(trigger.get("sleep", 0))
     for call in range(3):
         with rate_limited("test:inside", 4, 1), open(trigger["ledger"], "a") as ledger:
             now = time.time()
