@@ -911,7 +911,7 @@ def main() -> None:
             "### I/O workload: jobs that wait 200 ms, one worker process each",
             "",
             "Jobs enqueued in one commit, then ONE worker drains them (`benchmarks/io_workload.py`): "
-            "jobs/s over first start to last finish as the database records them; ideal = "
+            "jobs/s over first claim to last finish as the database records them; ideal = "
             "concurrency ÷ 0.2 s; peak sessions on the database (`pg_stat_activity`), peak threads "
             "and RSS of the worker (`/proc`), sampled every 20 ms. Ours: `CONCURRENCY` (sync) or "
             "`ASYNC_CONCURRENCY` (async) = concurrency, `DB_CONNECTIONS` default (8); "
