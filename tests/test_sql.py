@@ -13,7 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from nexus_workflows import sql
-from nexus_workflows.clock import DatabaseNow
+from nexus_workflows.clock import DatabaseNow, due_now
 from nexus_workflows.deferred.inserts import insert_pending, insert_pending_many_postgresql
 from nexus_workflows.deferred.wakeup import CHANNEL
 from nexus_workflows.models import DEDUPE_CONSTRAINT, DeferredWork, Status
@@ -24,9 +24,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def new_row(key: str, **fields: Any) -> int:
+    # Due as enqueue makes it: at the database clock's resolution (SQLite keeps
+    # milliseconds, so a row due at the host's microseconds could miss a claim in the same
+    # millisecond).
     now = timezone.now()
+    due = due_now(now, "default")
     return insert_pending(
-        "default", kind="k", dedupe_key=key, trigger={"key": key}, due=now, now=now, **fields
+        "default", kind="k", dedupe_key=key, trigger={"key": key}, due=due, now=now, **fields
     )
 
 
