@@ -16,6 +16,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import ClaimLost, PermanentError, enqueue
+from nexus_workflows.clock import due_now
 from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.limits import LAST_ERROR_MAX_LENGTH
@@ -34,7 +35,8 @@ def row(work_id: str | int) -> DeferredWork:
 
 
 def make_due(work_id: str | int) -> None:
-    DeferredWork.objects.filter(pk=int(work_id)).update(next_attempt_at=timezone.now())
+    # At the database clock's resolution, as enqueue does (SQLite keeps milliseconds).
+    DeferredWork.objects.filter(pk=int(work_id)).update(next_attempt_at=due_now(timezone.now(), "default"))
 
 
 class Upstream(Exception):

@@ -9,6 +9,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from nexus_workflows import enqueue
+from nexus_workflows.clock import due_now
 from nexus_workflows.deferred.runner import Runner, RunStats
 from nexus_workflows.models import DeferredWork, Status
 from tests.airtable.emulator import AirtableEmulator
@@ -40,7 +41,8 @@ def row(work_id: str | None) -> DeferredWork:
 
 def make_due(work_id: str | None) -> None:
     assert work_id is not None
-    DeferredWork.objects.filter(pk=int(work_id)).update(next_attempt_at=timezone.now())
+    # At the database clock's resolution, as enqueue does (SQLite keeps milliseconds).
+    DeferredWork.objects.filter(pk=int(work_id)).update(next_attempt_at=due_now(timezone.now(), "default"))
 
 
 def creates(airtable: AirtableEmulator) -> list[Any]:
