@@ -16,11 +16,11 @@ from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import ClaimLost, PermanentError, enqueue
-from nexus_workflows.clock import due_now
 from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.limits import LAST_ERROR_MAX_LENGTH
 from nexus_workflows.models import DeferredWork, Status
+from tests.clock import make_due
 from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,11 +32,6 @@ def run_once(*kinds: str, **options: Any) -> Any:
 
 def row(work_id: str | int) -> DeferredWork:
     return DeferredWork.objects.get(pk=int(work_id))
-
-
-def make_due(work_id: str | int) -> None:
-    # At the database clock's resolution, as enqueue does (SQLite keeps milliseconds).
-    DeferredWork.objects.filter(pk=int(work_id)).update(next_attempt_at=due_now(timezone.now(), "default"))
 
 
 class Upstream(Exception):

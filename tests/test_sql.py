@@ -24,11 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def new_row(key: str, **fields: Any) -> int:
-    # Due as enqueue makes it: at the database clock's resolution (SQLite keeps
-    # milliseconds, so a row due at the host's microseconds could miss a claim in the same
-    # millisecond).
     now = timezone.now()
-    due = due_now(now, "default")
+    due = due_now(now, "default")  # as enqueue makes it: a claim in the same ms takes it
     return insert_pending(
         "default", kind="k", dedupe_key=key, trigger={"key": key}, due=due, now=now, **fields
     )

@@ -6,13 +6,12 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
-from django.utils import timezone
 
 from nexus_workflows import enqueue
-from nexus_workflows.clock import due_now
 from nexus_workflows.deferred.runner import Runner, RunStats
 from nexus_workflows.models import DeferredWork, Status
 from tests.airtable.emulator import AirtableEmulator
+from tests.clock import make_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,12 +36,6 @@ def run_once() -> RunStats:
 def row(work_id: str | None) -> DeferredWork:
     assert work_id is not None
     return DeferredWork.objects.get(pk=int(work_id))
-
-
-def make_due(work_id: str | None) -> None:
-    assert work_id is not None
-    # At the database clock's resolution, as enqueue does (SQLite keeps milliseconds).
-    DeferredWork.objects.filter(pk=int(work_id)).update(next_attempt_at=due_now(timezone.now(), "default"))
 
 
 def creates(airtable: AirtableEmulator) -> list[Any]:
