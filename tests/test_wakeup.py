@@ -1,21 +1,24 @@
-"""Wake-ups behind a real PgBouncer in transaction mode: lost ones are detected, reported
+"""Wake-ups: behind a real PgBouncer in transaction mode, lost ones are detected, reported
 once and replaced by a short poll; a direct WAKEUP_DATABASE makes them work; a listener
-that reconnects proves its connection again."""
+that reconnects proves its connection again. And which inserts notify: only those made
+while a runner waits (it holds the waiting lock), with no wake-up lost in between."""
 
 from __future__ import annotations
 
 import io
 import socket
 import statistics
+import time
 from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
-from nexus_workflows import enqueue_many
+from nexus_workflows import enqueue, enqueue_many
 from nexus_workflows.deferred.wakeup import CHANNEL
 from nexus_workflows.models import DeferredWork
+from nexus_workflows.sql import postgresql
 from tests.processes import ManagePy, database_url, wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
@@ -164,19 +167,158 @@ def test_a_listener_that_reconnects_proves_its_wakeups_again(pgbouncer: Any) -> 
     assert max(latencies) < 1.0, latencies
 
 
-# The NOTIFY of an INSERT names a row inserted alone (issue 12: the runner claims it by id).
-@pytest.mark.postgresql
-def test_the_notify_of_one_inserted_row_names_it_and_of_many_names_none(register_workflow: Any) -> None:
+# --- Which inserts notify (migration 0011): only while a runner waits for it -------------
+
+
+def raw_connection(**extra: Any) -> Any:
+    """A psycopg connection of the test database's own, outside Django's (autocommit)."""
     import psycopg
 
-    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
     params = dict(connection.get_connection_params())
     for django_only in ("cursor_factory", "context"):
         params.pop(django_only, None)
-    with psycopg.connect(**params, autocommit=True) as listener:
-        listener.execute(f"LISTEN {CHANNEL}")
+    return psycopg.connect(**params, **extra, autocommit=True)
+
+
+def waiting_lock_holders() -> list[tuple[str, bool]]:
+    """(mode, granted) of every other session holding or awaiting the waiting lock in the
+    test database (runners' listeners hold it shared; an enqueue exclusively)."""
+    classid, objid = postgresql.WAITING_LOCK
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT l.mode, l.granted FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+            "WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s AND l.objsubid = 2 "
+            "AND d.datname = current_database() AND l.pid <> pg_backend_pid() ORDER BY l.pid",
+            [classid, objid],
+        )
+        return [(mode, granted) for mode, granted in cursor.fetchall()]
+
+
+def first_notification(listener: Any, sender: Any) -> str:
+    """Send a marker NOTIFY from ``sender`` and return the first payload ``listener`` gets:
+    notifications arrive in commit order, so the marker comes first if and only if
+    nothing committed before it notified."""
+    sender.execute("SELECT pg_notify(%s, 'marker')", [CHANNEL])
+    return next(listener.notifies(timeout=5)).payload
+
+
+@pytest.mark.postgresql
+def test_an_insert_notifies_only_while_a_runner_waits_and_names_a_row_inserted_alone(
+    register_workflow: Any,
+) -> None:
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    with raw_connection() as listener, raw_connection() as sender:
+        postgresql.listen(listener, CHANNEL)
+        enqueue_many(kind, [{"key": "nobody waits"}])
+        assert first_notification(listener, sender) == "marker"
+
+        postgresql.hold_waiting_lock(listener)  # as an idle runner's listener does
         (one,) = enqueue_many(kind, [{"key": 1}])
         enqueue_many(kind, [{"key": 2}, {"key": 3}])
         enqueue_many(kind, [{"key": 1}])  # a dedupe conflict: nothing inserted
-        payloads = [n.payload for n in listener.notifies(timeout=2, stop_after=3)]
-    assert payloads == [f"{one} {kind}", "", ""]
+        payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=3)]
+        assert payloads == [f"{one} {kind}", "", ""]
+
+        postgresql.release_waiting_lock(listener)  # as a runner with a backlog does
+        enqueue_many(kind, [{"key": "busy"}])
+        assert first_notification(listener, sender) == "marker"
+    assert waiting_lock_holders() == []
+
+
+@pytest.mark.postgresql
+def test_the_waiting_lock_waits_for_every_insert_that_sent_no_notify(register_workflow: Any) -> None:
+    import psycopg
+
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    with raw_connection() as listener:
+        postgresql.listen(listener, CHANNEL, lock_timeout=0.2)
+        with transaction.atomic():
+            enqueue_many(kind, [{"key": "open"}])  # no runner waits: no NOTIFY, lock taken
+            # A runner cannot start waiting before this row is visible to its next claim.
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                postgresql.hold_waiting_lock(listener)
+        postgresql.hold_waiting_lock(listener)  # committed: the lock is free
+        assert waiting_lock_holders() == [("ShareLock", True)]
+
+
+# Runner processes: POLL_INTERVAL and the fallback poll are both far above what the tests
+# accept, so only a NOTIFY, or the claim a runner makes once it holds the lock, starts work.
+NO_POLL = {
+    "POLL_INTERVAL": 30,
+    "WAKEUP_FALLBACK_POLL_INTERVAL": 30,
+    "HEARTBEAT_INTERVAL": 1,
+    "STALE_AFTER": 10,
+    "SHUTDOWN_GRACE": 1,
+}
+
+
+def ran(key: str) -> bool:
+    return Ledger.objects.filter(key=key).exists()
+
+
+def test_an_idle_runner_waits_holding_the_lock_and_a_killed_one_leaves_none() -> None:
+    runner = ManagePy("runworkflows", settings=NO_POLL)
+    try:
+        runner.wait_for_output("wake-ups: listening")
+        wait_for(lambda: waiting_lock_holders() == [("ShareLock", True)], timeout=10, what="the lock held")
+        started = time.monotonic()
+        enqueue("test-ledger", {"key": "woken"})
+        wait_for(lambda: ran("woken"), timeout=10, what="the woken item to run")
+        assert time.monotonic() - started < 5  # a NOTIFY, not a poll (30 s)
+        runner.kill()  # SIGKILL while waiting: its session ends, and the lock with it
+        wait_for(lambda: waiting_lock_holders() == [], timeout=10, what="the lock released")
+    finally:
+        runner.close()
+    with raw_connection() as listener, raw_connection() as sender:
+        postgresql.listen(listener, CHANNEL)
+        enqueue("test-ledger", {"key": "after the kill"})
+        assert first_notification(listener, sender) == "marker"
+
+
+def test_a_runner_with_a_backlog_lets_the_lock_go_and_waits_with_it_again() -> None:
+    # One lane (sync kinds only): a runner lets the lock go only when every lane has a backlog.
+    only_sync = ("--kind", "test-ledger")
+    runner = ManagePy("runworkflows", *only_sync, settings={**NO_POLL, "CONCURRENCY": 1, "BATCH_SIZE": 1})
+    try:
+        runner.wait_for_output("wake-ups: listening")
+        wait_for(lambda: waiting_lock_holders() == [("ShareLock", True)], timeout=10, what="the lock held")
+        keys = [f"backlog-{number}" for number in range(8)]
+        enqueue_many("test-ledger", [{"key": key, "sleep": 0.3} for key in keys])
+        # Claims of one item at a time, each all it asked for: it claims again by itself.
+        wait_for(lambda: waiting_lock_holders() == [], timeout=10, what="the lock let go")
+        assert Ledger.objects.filter(key__in=keys).count() < len(keys)
+        wait_for(
+            lambda: Ledger.objects.filter(key__in=keys).count() == len(keys), timeout=30, what="the backlog"
+        )
+        wait_for(
+            lambda: waiting_lock_holders() == [("ShareLock", True)], timeout=10, what="the lock held again"
+        )
+        enqueue("test-ledger", {"key": "after the backlog"})
+        wait_for(lambda: ran("after the backlog"), timeout=5, what="a NOTIFY to wake it")
+        assert runner.terminate() == 0
+    finally:
+        runner.close()
+
+
+def test_a_runner_going_idle_finds_work_whose_insert_sent_no_notify() -> None:
+    # The insert's transaction takes the lock while no runner waits, so it sends no NOTIFY;
+    # the runner, idle meanwhile, cannot hold the lock until it commits, then claims.
+    runner = None
+    try:
+        with transaction.atomic():
+            enqueue("test-ledger", {"key": "unannounced"})
+            runner = ManagePy("runworkflows", settings=NO_POLL)
+            runner.wait_for_output("wake-ups: listening")
+            wait_for(
+                lambda: waiting_lock_holders() == [("ShareLock", False)],
+                timeout=10,
+                what="the runner's listener waiting for the lock",
+            )
+            assert not ran("unannounced")
+        committed = time.monotonic()
+        wait_for(lambda: ran("unannounced"), timeout=10, what="the unannounced item to run")
+        assert time.monotonic() - committed < 5  # not the 30 s poll
+        assert runner.terminate() == 0
+    finally:
+        if runner is not None:
+            runner.close()

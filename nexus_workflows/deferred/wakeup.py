@@ -18,12 +18,21 @@ every ``LISTEN`` it sends a probe ``NOTIFY`` the way enqueues send theirs (a con
 the runner's own alias, through the pooler if there is one) and waits for it. A probe
 that does not arrive is reported once, and the runner polls every
 ``WAKEUP_FALLBACK_POLL_INTERVAL`` until a later probe arrives.
+
+An enqueue pays for its ``NOTIFY`` only while some runner waits for one: a listening
+runner with nothing to claim holds an advisory lock on its ``LISTEN`` session
+(:data:`~nexus_workflows.sql.postgresql.WAITING_LOCK`), and the trigger notifies only
+when it cannot take that lock. Taking it waits for every enqueue that did not notify, and
+the runner claims once more once it holds it, so no wake-up is lost; a runner with a
+backlog lets it go, since it claims again by itself (migration 0011).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import select
+import socket
 import threading
 import time
 import uuid
@@ -46,6 +55,11 @@ PROBE_PREFIX = "probe:"
 PROBE_TIMEOUT = 2.0
 #: Seconds between probes while wake-ups do not arrive (and after a probe could not be sent).
 REPROBE_INTERVAL = 30.0
+#: Seconds the listener waits for the waiting lock, held back by an enqueue whose
+#: transaction is still open, before it tries again (the runner polls briefly meanwhile).
+WAITING_LOCK_TIMEOUT = 1.0
+#: Seconds between the listener's checks that it should stop, when nothing else wakes it.
+LISTEN_TURN = 0.5
 
 _local_waiters: weakref.WeakSet[threading.Event] = weakref.WeakSet()
 _local_waiters_lock = threading.Lock()
@@ -140,12 +154,38 @@ class PostgresListener(threading.Thread):
         self.on_new_work = on_new_work
         self._stopping = threading.Event()
         self._reported_lost = False
+        # Whether the runner waits for NOTIFYs (set by the runner's thread), and whether
+        # this session holds the waiting lock that makes enqueues send them (this thread).
+        self._waiting = False
+        self.holds_waiting_lock = False
+        # Rung by the runner's thread so that this one, asleep in select(), acts at once.
+        self._bell, self._bell_rope = socket.socketpair()
 
     def stop(self) -> None:
         """Stop listening (from the calling thread)."""
         self._stopping.set()
+        self._ring()
         if self.is_alive():
-            self.join(2.0)  # it notices within half a second
+            self.join(2.0)  # it notices at once (within LISTEN_TURN if busy)
+        if not self.is_alive():
+            self._bell.close()
+            self._bell_rope.close()
+
+    def wait_for_notifies(self, waiting: bool) -> None:
+        """From the runner's thread: whether it is about to wait for new work (so enqueues
+        must notify) or has a backlog (they need not). Takes effect on this thread."""
+        if waiting != self._waiting:
+            self._waiting = waiting
+            self._ring()
+
+    def ready_to_wait(self) -> bool:
+        """Whether a runner that waits now is woken by a NOTIFY when work arrives: wake-ups
+        work and this session holds the waiting lock (from the runner's thread)."""
+        return self.mode is WakeupMode.LISTENING and self.holds_waiting_lock
+
+    def _ring(self) -> None:
+        with contextlib.suppress(OSError):  # closed: the listener is gone
+            self._bell_rope.send(b"\0")
 
     def _connect(self) -> Any:
         import psycopg
@@ -156,7 +196,7 @@ class PostgresListener(threading.Thread):
         params["connect_timeout"] = params.get("connect_timeout") or 5
         params["prepare_threshold"] = None  # no server-side state beyond the LISTEN itself
         connection = psycopg.connect(**params, autocommit=True)
-        postgresql.listen(connection, CHANNEL)
+        postgresql.listen(connection, CHANNEL, lock_timeout=WAITING_LOCK_TIMEOUT)
         return connection
 
     def run(self) -> None:
@@ -192,16 +232,47 @@ class PostgresListener(threading.Thread):
 
     def _listen(self, connection: Any) -> None:
         next_probe = 0.0  # probe at once after every (re)connect
-        while not self._stopping.is_set():
-            if time.monotonic() >= next_probe:
-                arrived = self._probe(connection)
-                if arrived is None:  # the probe could not be sent: try again soon
-                    next_probe = time.monotonic() + min(REPROBE_INTERVAL, 5.0)
-                else:
-                    self._probe_answered(arrived)
-                    next_probe = float("inf") if arrived else time.monotonic() + REPROBE_INTERVAL
-            for notification in connection.notifies(timeout=0.5):
-                self._received(notification.payload)
+        try:
+            while not self._stopping.is_set():
+                if time.monotonic() >= next_probe:
+                    arrived = self._probe(connection)
+                    if arrived is None:  # the probe could not be sent: try again soon
+                        next_probe = time.monotonic() + min(REPROBE_INTERVAL, 5.0)
+                    else:
+                        self._probe_answered(arrived)
+                        next_probe = float("inf") if arrived else time.monotonic() + REPROBE_INTERVAL
+                self._settle_waiting_lock(connection)
+                # Also those that arrived while a statement ran (psycopg keeps them).
+                for notification in connection.notifies(timeout=0):
+                    self._received(notification.payload)
+                self._sleep(connection)
+        finally:
+            self.holds_waiting_lock = False  # the session's locks end with it
+
+    def _sleep(self, connection: Any) -> None:
+        """Until a notification arrives, the runner rings, or LISTEN_TURN passes."""
+        readable, _, _ = select.select([connection.fileno(), self._bell], [], [], LISTEN_TURN)
+        if self._bell in readable:
+            self._bell.recv(4096)
+
+    def _settle_waiting_lock(self, connection: Any) -> None:
+        """Hold the waiting lock while the runner waits and wake-ups work; not otherwise."""
+        wanted = self._waiting and self.mode is WakeupMode.LISTENING
+        if wanted == self.holds_waiting_lock:
+            return
+        if not wanted:
+            postgresql.release_waiting_lock(connection)
+            self.holds_waiting_lock = False
+            return
+        import psycopg
+
+        try:
+            postgresql.hold_waiting_lock(connection)
+        except psycopg.errors.LockNotAvailable:
+            return  # an enqueue's transaction is still open: next turn (the runner polls)
+        self.holds_waiting_lock = True
+        # Enqueues that sent no NOTIFY have all ended: the runner claims once more.
+        self.event.set()
 
     def _received(self, payload: str) -> bool:
         """Handle one notification; True if it was a probe (ours or another runner's)."""

@@ -20,14 +20,17 @@ from nexus_workflows.sql.returning import can_return_from_update, insert_returni
 
 __all__ = [
     "EPOCH_OF_MINUTE",
+    "WAITING_LOCK",
     "add_outcome_counts",
     "allocate_token_sql",
     "can_return_from_update",
+    "hold_waiting_lock",
     "insert_many_from_json_sql",
     "insert_returning_pk",
     "insert_returning_pk_with_constants",
     "listen",
     "notify",
+    "release_waiting_lock",
     "save_journals",
     "update_returning",
     "violated_constraint",
@@ -49,11 +52,34 @@ def notify(cursor: Any, channel: str, payload: str = "") -> None:
     cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
 
 
-def listen(connection: Any, channel: str) -> None:
-    """``LISTEN channel`` on a psycopg connection of its own (autocommit)."""
+def listen(connection: Any, channel: str, *, lock_timeout: float | None = None) -> None:
+    """``LISTEN channel`` on a psycopg connection of its own (autocommit); with
+    ``lock_timeout``, the session waits at most that many seconds for a lock."""
     from psycopg import sql
 
     connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+    if lock_timeout is not None:
+        timeout = f"{round(lock_timeout * 1000)}ms"
+        connection.execute("SELECT set_config('lock_timeout', %s, false)", [timeout])
+
+
+#: The advisory lock every runner waiting for a ``NOTIFY`` holds, shared, on its ``LISTEN``
+#: session; the work table's trigger sends its ``NOTIFY`` only when it cannot take the lock
+#: itself (migration 0011 writes the same two keys). Two int4 keys: a key space apart from
+#: the one-bigint keys of :mod:`nexus_workflows.flow.ordering`.
+WAITING_LOCK = (0x6E77_6B66, 1)  # "nwkf"
+
+
+def hold_waiting_lock(connection: Any) -> None:
+    """On the listener's psycopg connection: say this runner waits for a ``NOTIFY``. Blocks
+    until every transaction that inserted work without sending one has ended, so the
+    runner's next claim sees that work (bounded by the session's ``lock_timeout``)."""
+    connection.execute("SELECT pg_advisory_lock_shared(%s, %s)", WAITING_LOCK)
+
+
+def release_waiting_lock(connection: Any) -> None:
+    """On the listener's connection: this runner no longer waits (it has a backlog)."""
+    connection.execute("SELECT pg_advisory_unlock_shared(%s, %s)", WAITING_LOCK)
 
 
 def insert_returning_pk_with_constants(

@@ -62,6 +62,13 @@ class LaneClaims:
         self.claimed = claimed
         # Rows a NOTIFY named, (id, kind) by lane (appended by the listener's thread).
         self._notified: dict[str, deque[tuple[int, str]]] = {SYNC: deque(), ASYNC: deque()}
+        # Whether each lane's last claim got all it asked for (kept while it has no room).
+        self._backlogged = dict.fromkeys(self.claimers, False)
+
+    def backlogged(self) -> bool:
+        """Whether every lane has a backlog: this runner claims again by itself, so a
+        NOTIFY would not start anything sooner."""
+        return all(self._backlogged.values())
 
     def wants_more(self, lane: str | None = None) -> bool:
         """Whether ``lane`` (or any lane) has room for more claims."""
@@ -110,7 +117,10 @@ class LaneClaims:
             startable = self.ledger.free_slots(self.capacity[lane].concurrency, lane)
             due = claimer.claim_due(limit, now=cutoff, startable=startable) if limit > 0 else []
             self.claimed(due)
-            more = more or 0 < limit <= len(due) or bool(due and claimer.contended)
+            full = 0 < limit <= len(due) or bool(due and claimer.contended)
+            if limit > 0:
+                self._backlogged[lane] = full
+            more = more or full
             claimed += len(due)
             room += max(limit - len(due), 0)
         return claimed, more, room

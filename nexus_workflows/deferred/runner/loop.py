@@ -202,8 +202,9 @@ class Runner:
         return f"{mode} (polling every {self.idle_interval():g}s)"
 
     def idle_interval(self) -> float:
-        """Seconds to sleep when nothing is due: short while wake-ups do not arrive."""
-        if self._listener is None or self._listener.mode is wakeup.WakeupMode.LISTENING:
+        """Seconds to sleep when nothing is due: short while wake-ups do not arrive, or
+        until the listener holds the lock that makes enqueues send them."""
+        if self._listener is None or self._listener.ready_to_wait():
             return self.poll_interval
         return min(self.poll_interval, float(app_settings.WAKEUP_FALLBACK_POLL_INTERVAL))
 
@@ -290,6 +291,9 @@ class Runner:
                 continue
             if self.once and not claimed and not purging and self._ledger.held_count() == 0:
                 return
+            if self._listener is not None:
+                # With a backlog it claims again by itself: enqueues may skip their NOTIFY.
+                self._listener.wait_for_notifies(not self._lanes.backlogged())
             # Claim again at once only if the last claim may have left due work behind;
             # otherwise wait, so the workers start the work just claimed right away.
             if purging or (more_due and self._wants_more()):
