@@ -336,8 +336,90 @@ def limit(options: argparse.Namespace) -> dict[str, Any]:
             "UPDATE bench_limit SET n = n + 1 WHERE id = %s", lambda n: [n % 1000 + 1]
         )
         result["insert_per_s"] = rate("INSERT INTO bench_limit (n) VALUES (%s)", lambda n: [n])
+        result.update(enqueue_shares(options, connection))
+        result.update(idle_commits(options, connection))
         connection.execute("DROP TABLE bench_limit")
     return result
+
+
+RAW_INSERT = "INSERT INTO bench_limit (n) VALUES (%s)"
+ENQUEUE_CELLS = ("raw INSERT", "default", "prepared", "default, a runner waits", "prepared, a runner waits")
+
+
+def enqueue_shares(options: argparse.Namespace, connection: Any) -> dict[str, Any]:
+    """``enqueue()`` one by one against the raw INSERT, interleaved in one process (rounds of
+    100 calls per cell, so that drift in the machine's speed touches every cell alike): on
+    Django's default connection options and on prepared statements (the README's opt-in),
+    while no runner waits (no ``NOTIFY``, as in the compare section's enqueue phase) and
+    while one does (a connection LISTENs holding the waiting lock, as an idle runner's)."""
+    import psycopg
+
+    setup(options.database_url)
+    from django.db import connections
+
+    from benchmarks.routers import WorkTo
+    from nexus_workflows import enqueue
+    from nexus_workflows.deferred.wakeup import CHANNEL
+    from nexus_workflows.sql import postgresql
+
+    execute(f"TRUNCATE {TABLE}")
+    micros: dict[str, list[float]] = {cell: [] for cell in ENQUEUE_CELLS}
+    with psycopg.connect(options.database_url, autocommit=True) as runner:
+        postgresql.listen(runner, CHANNEL)
+
+        def timed(cell: str, call: Any) -> None:
+            started = time.perf_counter()
+            for number in range(100):
+                call(number)
+            micros[cell].append((time.perf_counter() - started) / 100 * 1e6)
+
+        def enqueue_on(alias: str | None, cell: str, turn: int) -> None:
+            WorkTo.alias = alias
+            timed(cell, lambda number: enqueue("bench-noop", {"key": f"{cell}-{turn}-{number}"}))
+
+        for turn in range(-1, options.enqueue_rounds):  # the first round warms up, uncounted
+            timed("raw INSERT", lambda number: connection.execute(RAW_INSERT, [number]))
+            enqueue_on(None, "default", turn)
+            enqueue_on("prepared", "prepared", turn)
+            postgresql.hold_waiting_lock(runner)
+            enqueue_on(None, "default, a runner waits", turn)
+            enqueue_on("prepared", "prepared, a runner waits", turn)
+            postgresql.release_waiting_lock(runner)
+            notified = sum(1 for _ in runner.notifies(timeout=2, stop_after=200))
+            if turn < 0:
+                micros = {cell: [] for cell in ENQUEUE_CELLS}
+            elif notified < 200:
+                raise SystemExit(f"{notified} NOTIFYs for 200 enqueues while a runner waited")
+        WorkTo.alias = None
+    connections.close_all()
+    execute(f"TRUNCATE {TABLE}")
+    raw = statistics.median(micros["raw INSERT"])
+    return {
+        "enqueue_rounds": options.enqueue_rounds,
+        "enqueue_micros": {cell: statistics.median(values) for cell, values in micros.items()},
+        "enqueue_shares": {cell: raw / statistics.median(values) for cell, values in micros.items()},
+    }
+
+
+def idle_commits(options: argparse.Namespace, connection: Any) -> dict[str, Any]:
+    """The floor of an idle enqueue-to-start: after the latency protocol's pause (0.2-1.2 s
+    at random), one single-row INSERT commit on one connection, then one single-row UPDATE
+    commit on another: the enqueue and the claim, the two durable commits between an enqueue
+    call and a start that never runs twice, from psycopg (no Python framework, no thread)."""
+    import random
+
+    import psycopg
+
+    pause = random.Random(7)
+    floors = []
+    with psycopg.connect(options.database_url, autocommit=True) as claimer:
+        for number in range(options.latency_samples):
+            time.sleep(pause.uniform(0.2, 1.2))
+            started = time.perf_counter()
+            (row,) = connection.execute(f"{RAW_INSERT} RETURNING id", [number]).fetchone()
+            claimer.execute("UPDATE bench_limit SET n = n + 1 WHERE id = %s", [row])
+            floors.append((time.perf_counter() - started) * 1000)
+    return {"two_idle_commits_ms": statistics.median(floors), "two_idle_commits_samples": floors}
 
 
 SECTIONS = {"scaling": scaling, "growth": growth, "purge": purge, "limit": limit}
@@ -357,6 +439,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0, help="most seconds the purge may take")
     parser.add_argument("--timed-batches", type=int, default=50, help="purge batches timed alone first")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per physical-limit figure")
+    parser.add_argument("--enqueue-rounds", type=int, default=20, help="limit: rounds of the enqueue shares")
+    parser.add_argument("--latency-samples", type=int, default=30, help="limit: idle commit samples")
     options = parser.parse_args()
     if options.section != "limit":
         setup(options.database_url)

@@ -26,6 +26,19 @@ if env.str("WAKEUP_DATABASE_URL", default=""):
     DATABASES["wakeup"] = env.db("WAKEUP_DATABASE_URL")
     NEXUS_WORKFLOWS = {**NEXUS_WORKFLOWS, "WAKEUP_DATABASE": "wakeup"}
 
+# "prepared": the same database through psycopg's prepared statements, the README's opt-in
+# (Django's server-side binding and a prepare threshold); the limit section enqueues on both.
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["prepared"] = {
+        **DATABASES["default"],
+        "OPTIONS": {
+            **DATABASES["default"].get("OPTIONS", {}),
+            "server_side_binding": True,
+            "prepare_threshold": 5,
+        },
+    }
+DATABASE_ROUTERS = ["benchmarks.routers.WorkTo"]
+
 # Runner settings of one measurement (benchmarks/io_workload.py), as JSON.
 if os.environ.get("BENCH_NEXUS_WORKFLOWS"):
     import json

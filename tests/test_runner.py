@@ -493,6 +493,11 @@ def test_the_runner_knows_and_logs_its_wakeup_mode(register_workflow: Any, caplo
                 expected, interval = WakeupMode.LISTENING, 5
             assert runner.wakeup_mode == expected
             assert f"wake-ups: {expected}" in caplog.text
+            # Listening, it sleeps the long interval once its listener holds the waiting lock
+            # (taken after its first claim found nothing).
+            deadline = time.monotonic() + 10
+            while runner.idle_interval() != interval and time.monotonic() < deadline:
+                time.sleep(0.02)
             assert runner.idle_interval() == interval
         finally:
             runner.request_stop(now=True)

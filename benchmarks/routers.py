@@ -1,0 +1,17 @@
+"""A switch for the app's database alias, so one benchmark process can run ``enqueue`` on
+Django's default connection options and on prepared statements, turn by turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WorkTo:
+    """The app's reads and writes go to ``WorkTo.alias`` (None: the default alias)."""
+
+    alias: str | None = None
+
+    def db_for_read(self, model: type[Any], **hints: Any) -> str | None:
+        return WorkTo.alias if model._meta.app_label == "nexus_workflows" else None
+
+    db_for_write = db_for_read
