@@ -512,15 +512,17 @@ def report_limit(
                 "`NOTIFY`: the enqueue phase above); while a runner waits (each enqueue notifies) "
                 f"{shares['default, a runner waits']:.0%} and {shares['prepared, a runner waits']:.0%}."
             )
-        if "two_idle_commits_ms" in result and runs.get("procrastinate"):
-            floor = result["two_idle_commits_ms"]
+        if "floor_latency_ms" in result and runs.get("procrastinate"):
+            floor = result["floor_latency_ms"]
             peer = statistics.median(r["latency_median_ms"] for r in runs["procrastinate"])
             lines.append(
-                "- The floor of an idle enqueue-to-start: after the latency protocol's pause, one "
-                "single-row `INSERT` commit, then one single-row `UPDATE` commit on another connection "
-                "(the enqueue and the claim, the two durable commits between an enqueue call and a start "
-                f"that never runs twice), from psycopg: median {floor:.1f} ms; half of Procrastinate's "
-                f"idle latency in this run: {peer / 2:.1f} ms."
+                "- The floor of an idle enqueue-to-start, by the same protocol: the simplest worker there "
+                "can be (a psycopg process that LISTENs and claims the notified row with one `UPDATE … "
+                "RETURNING`, then starts; the enqueue an `INSERT` whose row trigger notifies): two durable "
+                f"commits and nothing else, median {floor:.1f} ms (the `INSERT` call "
+                f"{result['floor_enqueue_ms']:.1f} ms, from its return to the start "
+                f"{result['floor_pickup_ms']:.1f} ms); half of Procrastinate's idle latency in this run: "
+                f"{peer / 2:.1f} ms."
             )
         targets.append(
             f"(#12) single enqueue ≥ {TARGET_IO_ENQUEUE_OF_INSERT:.0%} of the raw `INSERT` rate: "

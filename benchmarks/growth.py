@@ -337,7 +337,7 @@ def limit(options: argparse.Namespace) -> dict[str, Any]:
         )
         result["insert_per_s"] = rate("INSERT INTO bench_limit (n) VALUES (%s)", lambda n: [n])
         result.update(enqueue_shares(options, connection))
-        result.update(idle_commits(options, connection))
+        result.update(idle_floor(options, connection))
         connection.execute("DROP TABLE bench_limit")
     return result
 
@@ -401,28 +401,98 @@ def enqueue_shares(options: argparse.Namespace, connection: Any) -> dict[str, An
     }
 
 
-def idle_commits(options: argparse.Namespace, connection: Any) -> dict[str, Any]:
-    """The floor of an idle enqueue-to-start: after the latency protocol's pause (0.2-1.2 s
-    at random), one single-row INSERT commit on one connection, then one single-row UPDATE
-    commit on another: the enqueue and the claim, the two durable commits between an enqueue
-    call and a start that never runs twice, from psycopg (no Python framework, no thread)."""
+FLOOR_TABLE = "bench_floor"
+
+
+def idle_floor(options: argparse.Namespace, connection: Any) -> dict[str, Any]:
+    """The floor of an idle enqueue-to-start: the simplest worker there can be, measured with
+    the compare section's latency protocol. An INSERT whose row trigger sends ``NOTIFY`` with
+    the row's id (the enqueue, one durable commit); a psycopg process that LISTENs and, on
+    each ``NOTIFY``, claims that row with one ``UPDATE … RETURNING`` (the claim, the second
+    durable commit), then takes ``time.time()`` as the job's start. No framework, no thread,
+    no journal: what any design pays that never starts a job before its claim is durable."""
     import random
 
+    connection.execute(f"DROP TABLE IF EXISTS {FLOOR_TABLE}")
+    connection.execute(
+        f"CREATE TABLE {FLOOR_TABLE} (id bigserial PRIMARY KEY, claimed boolean NOT NULL DEFAULT false, "
+        "started double precision)"
+    )
+    connection.execute(
+        "CREATE OR REPLACE FUNCTION bench_floor_notify() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_notify('bench_floor', NEW.id::text); RETURN NULL; END $$"
+    )
+    connection.execute(
+        f"CREATE TRIGGER bench_floor_notify AFTER INSERT ON {FLOOR_TABLE} "
+        "FOR EACH ROW EXECUTE FUNCTION bench_floor_notify()"
+    )
+    worker = WorkerProcess(
+        [sys.executable, __file__, "floor-worker", "--database-url", options.database_url],
+        env=dict(os.environ),
+        cwd=ROOT,
+    )
+    pause = random.Random(7)
+    latencies, enqueue_calls = [], []
+    try:
+        listening = lambda: "listening" in worker.output()  # noqa: E731
+        wait_for(listening, timeout=30, every=0.05, what="the floor worker", worker=worker)
+        for number in range(-1, options.latency_samples):  # the first one warms up, uncounted
+            time.sleep(pause.uniform(0.2, 1.2))
+            before = time.time()
+            (row,) = connection.execute(f"INSERT INTO {FLOOR_TABLE} DEFAULT VALUES RETURNING id").fetchone()
+            returned = time.time()
+            time.sleep(0.05)
+            started = wait_for(
+                lambda row=row: connection.execute(
+                    f"SELECT started FROM {FLOOR_TABLE} WHERE id = %s", [row]
+                ).fetchone()[0],
+                timeout=30,
+                every=0.01,
+                what="a floor probe",
+                worker=worker,
+            )
+            if number >= 0:
+                latencies.append((started - before) * 1000)
+                enqueue_calls.append((returned - before) * 1000)
+    finally:
+        worker.stop()
+        connection.execute(f"DROP TABLE {FLOOR_TABLE}")
+        connection.execute("DROP FUNCTION bench_floor_notify()")
+    return {
+        "floor_latency_ms": statistics.median(latencies),
+        "floor_enqueue_ms": statistics.median(enqueue_calls),
+        "floor_pickup_ms": statistics.median(b - a for a, b in zip(enqueue_calls, latencies, strict=True)),
+        "floor_latency_samples": latencies,
+    }
+
+
+def floor_worker(options: argparse.Namespace) -> dict[str, Any]:
+    """The floor's worker (a process of its own, started by :func:`idle_floor`)."""
     import psycopg
 
-    pause = random.Random(7)
-    floors = []
-    with psycopg.connect(options.database_url, autocommit=True) as claimer:
-        for number in range(options.latency_samples):
-            time.sleep(pause.uniform(0.2, 1.2))
-            started = time.perf_counter()
-            (row,) = connection.execute(f"{RAW_INSERT} RETURNING id", [number]).fetchone()
-            claimer.execute("UPDATE bench_limit SET n = n + 1 WHERE id = %s", [row])
-            floors.append((time.perf_counter() - started) * 1000)
-    return {"two_idle_commits_ms": statistics.median(floors), "two_idle_commits_samples": floors}
+    with psycopg.connect(options.database_url, autocommit=True) as connection:
+        connection.execute("LISTEN bench_floor")
+        print("listening", flush=True)
+        while True:
+            # The generator holds the connection: take what arrived, then query.
+            for notification in list(connection.notifies(stop_after=1)):
+                claimed = connection.execute(
+                    f"UPDATE {FLOOR_TABLE} SET claimed = true WHERE id = %s AND NOT claimed RETURNING id",
+                    [int(notification.payload)],
+                ).fetchone()
+                started = time.time()  # the job's first statement
+                if claimed:
+                    record = f"UPDATE {FLOOR_TABLE} SET started = %s WHERE id = %s"
+                    connection.execute(record, [started, claimed[0]])
 
 
-SECTIONS = {"scaling": scaling, "growth": growth, "purge": purge, "limit": limit}
+SECTIONS = {
+    "scaling": scaling,
+    "growth": growth,
+    "purge": purge,
+    "limit": limit,
+    "floor-worker": floor_worker,  # started by the limit section
+}
 
 
 def main() -> None:
@@ -440,9 +510,9 @@ def main() -> None:
     parser.add_argument("--timed-batches", type=int, default=50, help="purge batches timed alone first")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per physical-limit figure")
     parser.add_argument("--enqueue-rounds", type=int, default=20, help="limit: rounds of the enqueue shares")
-    parser.add_argument("--latency-samples", type=int, default=30, help="limit: idle commit samples")
+    parser.add_argument("--latency-samples", type=int, default=30, help="limit: samples of the idle floor")
     options = parser.parse_args()
-    if options.section != "limit":
+    if options.section not in ("limit", "floor-worker"):
         setup(options.database_url)
         assert_alone(scalar)
     started = time.perf_counter()
