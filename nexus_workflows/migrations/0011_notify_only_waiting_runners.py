@@ -13,6 +13,7 @@
 # runner killed while waiting leaves nothing behind.
 
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any
 
 from django.db import migrations
@@ -34,19 +35,8 @@ END
 $$
 """
 
-NOTIFY_ALWAYS = """
-CREATE OR REPLACE FUNCTION nexus_workflows_notify_new_work() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    payload text;
-BEGIN
-    SELECT CASE WHEN count(*) = 1 THEN min(id)::text || ' ' || min(kind) ELSE '' END
-    INTO payload FROM inserted;
-    PERFORM pg_notify('nexus_workflows', payload);
-    RETURN NULL;
-END
-$$
-"""
+# Reversed: the function as migration 0009 wrote it (a NOTIFY for every INSERT).
+NOTIFY_ALWAYS = import_module("nexus_workflows.migrations.0009_notify_new_work_id").NOTIFY_FUNCTION_WITH_ID
 
 
 def _replace_function(definition: str) -> Callable[[Any, Any], None]:
