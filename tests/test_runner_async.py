@@ -194,6 +194,46 @@ def test_each_lane_claims_only_as_far_as_its_own_slots(register_workflow: Any) -
         wait_for(lambda: runner.stats.done == 18, timeout=30, what="all 18 done")
 
 
+def test_a_runner_has_a_backlog_only_while_every_lane_got_all_it_asked_for(register_workflow: Any) -> None:
+    """What tells a runner's listener to let the waiting lock go (enqueues then skip their
+    NOTIFY): every lane's last claim was full; a lane with no room keeps its last answer."""
+    from nexus_workflows.deferred.runner.capacity import Capacity
+    from nexus_workflows.deferred.runner.lanes import LaneClaims, lane_of
+    from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
+
+    async def waiting(trigger: Any, checkpoints: Any, save: Any) -> None:
+        pass
+
+    sync_kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    async_kind = register_workflow(waiting, retry_schedule=[1]).kind
+    ledger = Ledger(lane_of)
+    lanes = LaneClaims(
+        kinds=[sync_kind, async_kind],
+        queues=[],
+        using="default",
+        worker_id="test-backlog",
+        ledger=ledger,
+        capacity={SYNC: Capacity(1, 1), ASYNC: Capacity(1, 1)},
+        claimed=ledger.dispatch,
+    )
+    assert not lanes.backlogged()  # nothing claimed yet
+    enqueue_many(sync_kind, [{"key": 1}, {"key": 2}])
+    assert lanes.claim_due(None)[0] == 1
+    assert not lanes.backlogged()  # the async lane found nothing: it would wait for a NOTIFY
+    enqueue_many(async_kind, [{"key": 1}, {"key": 2}])
+    # The sync lane holds its one item (no room): it does not claim, and keeps its backlog.
+    assert lanes.claim_due(None)[0] == 1
+    assert lanes.backlogged()
+    (started,) = ledger.take_now(ASYNC, 1)
+    ledger.finished(started)
+    assert lanes.claim_due(None)[0] == 1  # the async lane's second item: full again
+    assert lanes.backlogged()
+    (started,) = ledger.take_now(ASYNC, 1)
+    ledger.finished(started)
+    assert lanes.claim_due(None)[0] == 0
+    assert not lanes.backlogged()  # the async lane's last claim came back short
+
+
 @pytest.mark.postgresql
 @pytest.mark.parametrize(("mode", "in_flight", "db_connections"), [("async", 500, 5), ("sync", 32, 4)])
 def test_attempts_in_flight_with_saves_never_hold_more_connections_than_the_setting(
