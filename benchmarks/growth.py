@@ -15,7 +15,10 @@ Sections (``benchmarks/compare`` runs them all):
   finished work (the runner writes each finished batch with one ``UPDATE``, one ``updated_at``):
   that gap is one turn of the runner's loop, purge batch included.
 * ``limit``: the machine's single-row ``UPDATE`` (and ``INSERT``) transactions per second through
-  psycopg, autocommit, one connection.
+  psycopg, autocommit, one connection; ``enqueue()`` against that INSERT, interleaved in one
+  process (Django's default options and prepared statements, with and without a waiting
+  runner); and the floor of an idle enqueue-to-start, the simplest worker there can be
+  (``floor-worker``, a process of its own) measured with the latency protocol.
 
 It uses its own database, which it empties first. Nothing here asserts a speed.
 """
