@@ -64,7 +64,8 @@ DEFAULTS: dict[str, Any] = {
     # is session state, and a pooler loses it.
     "WAKEUP_DATABASE": None,
     # Seconds a runner sleeps between polls while its wake-ups do not arrive (it proves
-    # them with a NOTIFY to itself after every LISTEN, and says so when they fail).
+    # them with a NOTIFY to itself after every LISTEN, and says so when they fail), and
+    # while its listener waits for the lock that makes enqueues notify (wakeup.py).
     "WAKEUP_FALLBACK_POLL_INTERVAL": 0.1,
     # django-rq queue used by fire-and-forget workflows.
     "RQ_QUEUE": "default",
