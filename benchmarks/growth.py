@@ -359,6 +359,7 @@ def enqueue_shares(options: argparse.Namespace, connection: Any) -> dict[str, An
 
     setup(options.database_url)
     from django.db import connections
+    from django.test import override_settings
 
     from benchmarks.routers import WorkTo
     from nexus_workflows import enqueue
@@ -367,20 +368,24 @@ def enqueue_shares(options: argparse.Namespace, connection: Any) -> dict[str, An
 
     execute(f"TRUNCATE {TABLE}")
     micros: dict[str, list[float]] = {cell: [] for cell in ENQUEUE_CELLS}
-    with psycopg.connect(options.database_url, autocommit=True) as runner:
+    router = WorkTo()
+
+    def timed(cell: str, call: Any) -> None:
+        started = time.perf_counter()
+        for number in range(100):
+            call(number)
+        micros[cell].append((time.perf_counter() - started) / 100 * 1e6)
+
+    def enqueue_on(alias: str | None, cell: str, turn: int) -> None:
+        router.alias = alias
+        timed(cell, lambda number: enqueue("bench-noop", {"key": f"{cell}-{turn}-{number}"}))
+
+    with (
+        psycopg.connect(options.database_url, autocommit=True) as runner,
+        override_settings(DATABASE_ROUTERS=[router]),
+    ):
         postgresql.listen(runner, CHANNEL)
-
-        def timed(cell: str, call: Any) -> None:
-            started = time.perf_counter()
-            for number in range(100):
-                call(number)
-            micros[cell].append((time.perf_counter() - started) / 100 * 1e6)
-
-        def enqueue_on(alias: str | None, cell: str, turn: int) -> None:
-            WorkTo.alias = alias
-            timed(cell, lambda number: enqueue("bench-noop", {"key": f"{cell}-{turn}-{number}"}))
-
-        for turn in range(-1, options.enqueue_rounds):  # the first round warms up, uncounted
+        for turn in range(options.enqueue_rounds + 1):  # the first round warms up (dropped below)
             timed("raw INSERT", lambda number: connection.execute(RAW_INSERT, [number]))
             enqueue_on(None, "default", turn)
             enqueue_on("prepared", "prepared", turn)
@@ -389,18 +394,17 @@ def enqueue_shares(options: argparse.Namespace, connection: Any) -> dict[str, An
             enqueue_on("prepared", "prepared, a runner waits", turn)
             postgresql.release_waiting_lock(runner)
             notified = sum(1 for _ in runner.notifies(timeout=2, stop_after=200))
-            if turn < 0:
-                micros = {cell: [] for cell in ENQUEUE_CELLS}
-            elif notified < 200:
+            if notified < 200:
                 raise SystemExit(f"{notified} NOTIFYs for 200 enqueues while a runner waited")
-        WorkTo.alias = None
+    if connections["prepared"].connection is None:
+        raise SystemExit("the prepared cells never reached the prepared alias: is the router installed?")
     connections.close_all()
     execute(f"TRUNCATE {TABLE}")
-    raw = statistics.median(micros["raw INSERT"])
+    medians = {cell: statistics.median(values[1:]) for cell, values in micros.items()}
     return {
         "enqueue_rounds": options.enqueue_rounds,
-        "enqueue_micros": {cell: statistics.median(values) for cell, values in micros.items()},
-        "enqueue_shares": {cell: raw / statistics.median(values) for cell, values in micros.items()},
+        "enqueue_micros": medians,
+        "enqueue_shares": {cell: medians["raw INSERT"] / median for cell, median in medians.items()},
     }
 
 

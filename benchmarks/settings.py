@@ -27,7 +27,8 @@ if env.str("WAKEUP_DATABASE_URL", default=""):
     NEXUS_WORKFLOWS = {**NEXUS_WORKFLOWS, "WAKEUP_DATABASE": "wakeup"}
 
 # "prepared": the same database through psycopg's prepared statements, the README's opt-in
-# (Django's server-side binding and a prepare threshold); the limit section enqueues on both.
+# (Django's server-side binding and a prepare threshold); the limit section enqueues on both
+# (benchmarks/routers.py). Nothing else connects to it.
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["prepared"] = {
         **DATABASES["default"],
@@ -37,7 +38,6 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
             "prepare_threshold": 5,
         },
     }
-DATABASE_ROUTERS = ["benchmarks.routers.WorkTo"]
 
 # Runner settings of one measurement (benchmarks/io_workload.py), as JSON.
 if os.environ.get("BENCH_NEXUS_WORKFLOWS"):
