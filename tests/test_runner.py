@@ -495,10 +495,7 @@ def test_the_runner_knows_and_logs_its_wakeup_mode(register_workflow: Any, caplo
             assert f"wake-ups: {expected}" in caplog.text
             # Listening, it sleeps the long interval once its listener holds the waiting lock
             # (taken after its first claim found nothing).
-            deadline = time.monotonic() + 10
-            while runner.idle_interval() != interval and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert runner.idle_interval() == interval
+            wait_for(lambda: runner.idle_interval() == interval, timeout=10, what="the idle interval")
         finally:
             runner.request_stop(now=True)
             thread.join(15)

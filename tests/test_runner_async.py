@@ -24,6 +24,7 @@ from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.deferred.wakeup import parse_new_work
 from nexus_workflows.models import DeferredWork, Status
 from tests.processes import wait_for
+from tests.raw_connections import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -75,13 +76,7 @@ class ConnectionCounter:
     beyond those it had before (the test's own): the peak is what a runner held."""
 
     def __init__(self) -> None:
-        import psycopg
-
-        params = dict(connection.get_connection_params())
-        for django_only in ("cursor_factory", "context"):
-            params.pop(django_only, None)
-        params["prepare_threshold"] = None
-        self._connection = psycopg.connect(**params, autocommit=True)
+        self._connection = raw_connection(prepare_threshold=None)
         self.baseline = self.sessions()
         self.peak = 0
         self._stop = threading.Event()

@@ -19,6 +19,7 @@ from nexus_workflows.deferred.wakeup import CHANNEL
 from nexus_workflows.models import DEDUPE_CONSTRAINT, DeferredWork, Status
 from nexus_workflows.phi.models import PhiToken, TokenMap
 from nexus_workflows.sql import portable, returning
+from tests.raw_connections import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -176,12 +177,7 @@ def test_the_phi_allocation_inserts_only_while_the_sequence_is_unchanged() -> No
 
 @pytest.mark.postgresql
 def test_notify_reaches_a_listen() -> None:
-    import psycopg
-
-    params = {
-        k: v for k, v in connection.get_connection_params().items() if k not in ("cursor_factory", "context")
-    }
-    with psycopg.connect(**params, autocommit=True) as listener:
+    with raw_connection() as listener:
         sql.postgresql.listen(listener, CHANNEL)
         with connection.cursor() as cursor:
             sql.postgresql.notify(cursor, CHANNEL, "probe-1")

@@ -20,6 +20,7 @@ from nexus_workflows.deferred.wakeup import CHANNEL
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.sql import postgresql
 from tests.processes import ManagePy, database_url, wait_for
+from tests.raw_connections import raw_connection
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
 
@@ -168,16 +169,6 @@ def test_a_listener_that_reconnects_proves_its_wakeups_again(pgbouncer: Any) -> 
 
 
 # --- Which inserts notify (migration 0011): only while a runner waits for it -------------
-
-
-def raw_connection(**extra: Any) -> Any:
-    """A psycopg connection of the test database's own, outside Django's (autocommit)."""
-    import psycopg
-
-    params = dict(connection.get_connection_params())
-    for django_only in ("cursor_factory", "context"):
-        params.pop(django_only, None)
-    return psycopg.connect(**params, **extra, autocommit=True)
 
 
 def waiting_lock_holders() -> list[tuple[str, bool]]:
