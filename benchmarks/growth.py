@@ -346,7 +346,15 @@ def limit(options: argparse.Namespace) -> dict[str, Any]:
 
 
 RAW_INSERT = "INSERT INTO bench_limit (n) VALUES (%s)"
-ENQUEUE_CELLS = ("raw INSERT", "default", "prepared", "default, a runner waits", "prepared, a runner waits")
+ENQUEUE_CELLS = (
+    "raw INSERT",
+    "its INSERT alone",
+    "its INSERT alone, prepared",
+    "default",
+    "prepared",
+    "default, a runner waits",
+    "prepared, a runner waits",
+)
 
 
 def enqueue_shares(options: argparse.Namespace, connection: Any) -> dict[str, Any]:
@@ -354,15 +362,19 @@ def enqueue_shares(options: argparse.Namespace, connection: Any) -> dict[str, An
     100 calls per cell, so that drift in the machine's speed touches every cell alike): on
     Django's default connection options and on prepared statements (the README's opt-in),
     while no runner waits (no ``NOTIFY``, as in the compare section's enqueue phase) and
-    while one does (a connection LISTENs holding the waiting lock, as an idle runner's)."""
+    while one does (a connection LISTENs holding the waiting lock, as an idle runner's). And
+    the app's own INSERT statement with its parameters on bare psycopg, as Django binds it
+    (client-side) and prepared: what the statement costs without any layer above it."""
     import psycopg
 
     setup(options.database_url)
     from django.db import connections
     from django.test import override_settings
+    from django.utils import timezone
 
     from benchmarks.routers import WorkTo
     from nexus_workflows import enqueue
+    from nexus_workflows.deferred.inserts import one_row_statement
     from nexus_workflows.deferred.wakeup import CHANNEL
     from nexus_workflows.sql import postgresql
 
@@ -380,13 +392,27 @@ def enqueue_shares(options: argparse.Namespace, connection: Any) -> dict[str, An
         router.alias = alias
         timed(cell, lambda number: enqueue("bench-noop", {"key": f"{cell}-{turn}-{number}"}))
 
+    def insert_alone(on: Any, cell: str, turn: int, *, prepare: bool | None) -> None:
+        def insert(number: int) -> None:
+            now = timezone.now()
+            key = f"{cell}-{turn}-{number}"
+            sql, params = one_row_statement(
+                "default", kind="bench-noop", dedupe_key=key, trigger={"key": key}, due=now, now=now
+            )
+            on.execute(sql, params, prepare=prepare).fetchone()
+
+        timed(cell, insert)
+
     with (
         psycopg.connect(options.database_url, autocommit=True) as runner,
+        psycopg.connect(options.database_url, autocommit=True, cursor_factory=psycopg.ClientCursor) as bound,
         override_settings(DATABASE_ROUTERS=[router]),
     ):
         postgresql.listen(runner, CHANNEL)
         for turn in range(options.enqueue_rounds + 1):  # the first round warms up (dropped below)
             timed("raw INSERT", lambda number: connection.execute(RAW_INSERT, [number]))
+            insert_alone(bound, "its INSERT alone", turn, prepare=None)
+            insert_alone(connection, "its INSERT alone, prepared", turn, prepare=True)
             enqueue_on(None, "default", turn)
             enqueue_on("prepared", "prepared", turn)
             postgresql.hold_waiting_lock(runner)

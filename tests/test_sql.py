@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from nexus_workflows import sql
 from nexus_workflows.clock import DatabaseNow, due_now
-from nexus_workflows.deferred.inserts import insert_pending, insert_pending_many_postgresql
+from nexus_workflows.deferred.inserts import insert_pending, insert_pending_many_postgresql, one_row_statement
 from nexus_workflows.deferred.wakeup import CHANNEL
 from nexus_workflows.models import DEDUPE_CONSTRAINT, DeferredWork, Status
 from nexus_workflows.phi.models import PhiToken, TokenMap
@@ -47,6 +47,34 @@ def test_the_precompiled_insert_returns_the_new_id_and_writes_the_defaults() -> 
         [],
         [],
     )
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize("prepare", [None, True], ids=["bound-by-the-client", "prepared"])
+def test_the_insert_statement_alone_writes_on_bare_psycopg_what_insert_pending_writes(
+    prepare: bool | None,
+) -> None:
+    """The benchmarks time the app's INSERT on bare psycopg: it must be the same write."""
+    import psycopg
+
+    now = timezone.now()
+    sql_text, params = one_row_statement(
+        "default", kind="k", dedupe_key="alone", trigger={"key": "alone"}, due=now, now=now
+    )
+    factory = psycopg.ClientCursor if prepare is None else psycopg.Cursor
+    # Django's parameters turn preparing off (prepare_threshold None); psycopg's default is 5.
+    with raw_connection(cursor_factory=factory, prepare_threshold=5) as bare:
+        (work_id,) = bare.execute(sql_text, params, prepare=prepare).fetchone()
+        if prepare:
+            assert bare.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 1
+    alone = DeferredWork.objects.filter(pk=work_id).values().get()
+    usual = DeferredWork.objects.filter(pk=new_row("usual")).values().get()
+    differs = {"id", "kind", "dedupe_key", "trigger", "next_attempt_at", "created_at", "updated_at"}
+    assert {k: v for k, v in alone.items() if k not in differs} == {
+        k: v for k, v in usual.items() if k not in differs
+    }
+    assert (alone["kind"], alone["trigger"], alone["status"]) == ("k", {"key": "alone"}, Status.PENDING)
+    assert alone["next_attempt_at"] == alone["created_at"] == now
 
 
 @pytest.mark.postgresql

@@ -129,10 +129,54 @@ def insert_pending(
             backend_name=backend_name,
         )
         return work.pk
+    params = _one_row_params(
+        plan, connection, kind, dedupe_key, trigger, due, now, flow_hashes, priority, queue_name, backend_name
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(plan.one_row_sql, params)
+        return cursor.fetchone()[0]
+
+
+def one_row_statement(
+    using: str,
+    *,
+    kind: str,
+    dedupe_key: str,
+    trigger: Any,
+    due: datetime,
+    now: datetime,
+) -> tuple[str, tuple[Any, ...]]:
+    """The ``INSERT … RETURNING id`` of :func:`insert_pending` and its parameters for a
+    workflow's row, prepared for ``using``. The benchmarks run it on bare psycopg, to tell
+    the statement's own cost from the layers above it."""
+    plan = _plan(using)
+    if plan.one_row_sql is None:
+        raise NotImplementedError(f"database {using!r} cannot return ids from an INSERT")
+    params = _one_row_params(
+        plan, connections[using], kind, dedupe_key, trigger, due, now, (None, None), *_WORKFLOW_TASK_FIELDS
+    )
+    return plan.one_row_sql, params
+
+
+def _one_row_params(
+    plan: _Plan,
+    connection: Any,
+    kind: str,
+    dedupe_key: str,
+    trigger: Any,
+    due: datetime,
+    now: datetime,
+    flow_hashes: tuple[str | None, str | None],
+    priority: int,
+    queue_name: str,
+    backend_name: str,
+) -> tuple[Any, ...]:
+    """The parameters of ``plan.one_row_sql``, in its order (:data:`_VARYING`, then the
+    defaults it binds, then what its ``RETURNING`` binds)."""
     stamp = plan.columns[4]
     prepared_now = stamp.get_db_prep_save(now, connection=connection)
     prepared_due = prepared_now if due == now else stamp.get_db_prep_save(due, connection=connection)
-    params = (
+    return (
         kind,
         dedupe_key,
         plan.columns[2].get_db_prep_save(trigger, connection=connection),
@@ -146,9 +190,6 @@ def insert_pending(
         *plan.one_row_defaults,
         *plan.returning_params,
     )
-    with connection.cursor() as cursor:
-        cursor.execute(plan.one_row_sql, params)
-        return cursor.fetchone()[0]
 
 
 def insert_pending_many_postgresql(
