@@ -873,6 +873,8 @@ def main() -> None:
         for variant_runs in pooled.values():
             versions.update(variant_runs[0]["versions"])
         versions["PgBouncer"] = pgbouncer_version()
+    for cell in io or []:  # an io-only run has no other source of versions
+        versions.update(cell.get("versions", {}))
     out = [
         f"## Benchmarks ({started:%Y-%m-%d %H:%M} UTC)",
         "",
