@@ -146,9 +146,9 @@ def one_row_statement(
     due: datetime,
     now: datetime,
 ) -> tuple[str, tuple[Any, ...]]:
-    """The ``INSERT … RETURNING id`` of :func:`insert_pending` and its parameters for a
-    workflow's row, prepared for ``using``. The benchmarks run it on bare psycopg, to tell
-    the statement's own cost from the layers above it."""
+    """The ``INSERT … RETURNING id`` of :func:`insert_pending` for a workflow's row, with
+    its parameters adapted for ``using``. The benchmarks run it on bare psycopg, to tell the
+    statement's own cost from the layers above it."""
     plan = _plan(using)
     if plan.one_row_sql is None:
         raise NotImplementedError(f"database {using!r} cannot return ids from an INSERT")
