@@ -25,6 +25,7 @@ from nexus_workflows.exceptions import (
     QueueUnavailable,
     RateLimitTimeout,
     RegistrationError,
+    SealedDataUnreadable,
     UnknownWorkflow,
     WorkflowError,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "QueueUnavailable",
     "RateLimitTimeout",
     "RegistrationError",
+    "SealedDataUnreadable",
     "UnknownWorkflow",
     "Workflow",
     "WorkflowError",

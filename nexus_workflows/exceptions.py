@@ -73,13 +73,18 @@ class QueueUnavailable(WorkflowError):
     """The Redis server behind the fire-and-forget queue cannot be reached."""
 
 
+class SealedDataUnreadable(WorkflowError):
+    """A fire-and-forget job's sealed trigger or error message opens with no configured
+    PHI encryption key (a key was removed too early, or the value was altered)."""
+
+
 class JobFailed(Exception):
     """A fire-and-forget job's ``prepare`` raised; this is what RQ records and logs.
 
     Its message names the workflow, the original exception's type and where it was
     raised, but not the original message, which may carry patient data and would reach
-    the worker's log. That message is kept in the job's ``meta["error"]``, shown on the
-    job's page in django-rq's admin.
+    the worker's log. That message is sealed into the job's ``meta["sealed_error"]``, and
+    shown on the admin's reveal page for the job (behind ``reveal_deferredwork``, audited).
     """
 
 

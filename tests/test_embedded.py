@@ -29,6 +29,7 @@ from nexus_workflows.fire_and_forget.embedded import (
     is_embedded,
     warn_if_embedded,
 )
+from nexus_workflows.fire_and_forget.sealing import open_error
 from tests.conftest import PYTHON, REPOSITORY
 from tests.testapp.models import Ledger
 
@@ -81,7 +82,7 @@ def test_the_warning_is_given_once_per_queue_and_only_in_embedded_mode(
 
 @pytest.mark.django_db(transaction=True)
 def test_enqueue_runs_prepare_at_once_through_rq_and_dedupes(embedded: redis.Redis, settings: Any) -> None:
-    settings.NEXUS_WORKFLOWS = {"RETENTION": 600}
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 600}
     job_id = enqueue("test-ff-ledger", {"key": "e1"})
 
     assert job_id == "test-ff-ledger__e1"
@@ -99,7 +100,9 @@ def test_a_failing_job_is_recorded_as_failed_and_does_not_raise_into_enqueue(emb
     job_id = enqueue("test-ff-fail", {"key": "e2", "secret": "Ana"})
     queue = get_queue("default")
     assert job_id in FailedJobRegistry(queue=queue).get_job_ids()
-    assert queue.fetch_job(job_id).meta["error"] == "UpstreamRejected: upstream rejected the message for Ana"
+    sealed = queue.fetch_job(job_id).meta["sealed_error"]
+    assert "Ana" not in sealed
+    assert open_error(job_id, sealed) == "UpstreamRejected: upstream rejected the message for Ana"
     assert enqueue("test-ff-fail", {"key": "e2"}) is None
     assert Ledger.objects.filter(kind="test-ff-fail").count() == 1
 

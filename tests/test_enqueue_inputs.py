@@ -28,6 +28,7 @@ from nexus_workflows import (
     enqueue_many,
 )
 from nexus_workflows.fire_and_forget import get_queue
+from nexus_workflows.fire_and_forget.sealing import open_trigger
 from nexus_workflows.json_values import MAX_DEPTH
 from nexus_workflows.limits import MAX_DELAY
 from nexus_workflows.models import DeferredWork
@@ -267,7 +268,7 @@ def test_fire_and_forget_stores_accepted_triggers_exactly(register_workflow: Any
         job_id = enqueue(kind, trigger)
         assert job_id is not None
         job = queue.fetch_job(job_id)
-        assert same(job.args[1], trigger)
+        assert same(open_trigger(job_id, job.args[1]), trigger)  # as prepare will receive it
 
 
 # --- property: any JSON-like value ---------------------------------------------------------

@@ -10,6 +10,7 @@ import logging
 import re
 import subprocess
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -27,6 +28,7 @@ from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from nexus_workflows import InvalidEnqueueOption, QueueUnavailable, enqueue
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.fire_and_forget import get_queue, job_id_for, run_job, split_job_id
+from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger
 from nexus_workflows.models import DeferredWork
 from tests.conftest import PYTHON, REPOSITORY
 from tests.testapp.models import Ledger
@@ -46,6 +48,12 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = 30.0) -
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+def stored_job_bytes(queue: Queue, job_id: str) -> bytes:
+    """Every field of the job's hash in Redis, its pickled call decompressed."""
+    fields = queue.connection.hgetall(queue.job_class.key_for(job_id))
+    return b"|".join([*fields.values(), zlib.decompress(fields[b"data"])])
 
 
 @pytest.fixture
@@ -112,7 +120,7 @@ def test_split_job_id_rejects_ids_it_cannot_have_made(job_id: str) -> None:
 def test_enqueue_returns_the_job_id_and_a_worker_runs_prepare_once(
     queue: Queue, rq_burst: Callable[..., int], settings: Any
 ) -> None:
-    settings.NEXUS_WORKFLOWS = {"RETENTION": 3600}
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 3600}
     job_id = enqueue(LEDGER, {"key": "v1", "name": "Ana López"})
 
     assert job_id == "test-ff-ledger__v1"
@@ -122,6 +130,8 @@ def test_enqueue_returns_the_job_id_and_a_worker_runs_prepare_once(
     assert (job.result_ttl, job.failure_ttl, job.ttl) == (3600, 3600, None)
     assert queue.connection.ttl(job.key) == -1  # a queued job never expires before it runs
     assert "Ana" not in job.description  # list pages and worker logs show the description
+    assert "Ana" not in repr(job.args)  # django-rq's job page and RQ's failure log show these
+    assert b"Ana" not in stored_job_bytes(queue, job_id)  # nor is it in Redis in clear
     assert executions() == 0
 
     assert rq_burst() == 1
@@ -165,7 +175,7 @@ def test_duplicates_after_a_failure_return_none_and_add_no_execution(
 def test_after_the_horizon_the_key_works_again(
     kind: str, queue: Queue, rq_burst: Callable[..., int], settings: Any
 ) -> None:
-    settings.NEXUS_WORKFLOWS = {"RETENTION": 3}
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 3}
     job_id = enqueue(kind, {"key": "h"})
     assert rq_burst() == 1
     # Within the horizon: the finished or failed job's key lives for RETENTION seconds.
@@ -334,7 +344,8 @@ def test_a_duplicate_found_at_commit_is_logged_and_dropped_without_raising(
     # The commit did not raise; the transaction's job was dropped.
     assert "test-ff-ledger job dropped at commit" in logs.text
     assert queue.job_ids == ["test-ff-ledger__tx3"]
-    assert queue.fetch_job("test-ff-ledger__tx3").args[1] == {"key": "tx3"}
+    sealed = queue.fetch_job("test-ff-ledger__tx3").args[1]
+    assert open_trigger("test-ff-ledger__tx3", sealed) == {"key": "tx3"}
     assert rq_burst() == 1
     assert executions() == 1
 
@@ -352,7 +363,7 @@ def test_inside_a_transaction_an_existing_job_is_refused_at_once(queue: Queue) -
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_failing_job_is_in_the_failed_registry_and_django_rq_admin_without_its_message_in_logs(
+def test_a_failing_job_is_in_the_failed_registry_with_its_message_sealed_out_of_logs_and_pages(
     queue: Queue,
     rq_burst: Callable[..., int],
     logs: pytest.LogCaptureFixture,
@@ -372,11 +383,23 @@ def test_a_failing_job_is_in_the_failed_registry_and_django_rq_admin_without_its
     )
     assert "workflows.py" in job.latest_result().exc_string  # where it was raised
     assert secret not in job.latest_result().exc_string
-    assert job.meta["error"] == f"UpstreamRejected: upstream rejected the message for {secret}"
+    assert "error" not in job.meta  # only sealed, and it opens to the message
+    message = open_error(job_id, job.meta["sealed_error"])
+    assert message == f"UpstreamRejected: upstream rejected the message for {secret}"
+    reveal = reverse("admin:nexus_workflows_deferredwork_job_reveal", args=["default", job_id])
+    assert job.meta["reveal"] == reveal
     assert "exception raised while executing" in logs.text  # RQ's own failure log line...
     assert secret not in logs.text  # ...without the message
+    # ...nor the trigger among its extra fields (RQ adds the job's arguments there, and a
+    # JSON formatter prints every field): the arguments are sealed.
+    failure = next(r for r in logs.records if "exception raised while executing" in r.getMessage())
+    assert failure.arguments[0] == FAIL
+    assert "+525512345678" not in repr(vars(failure))
+    assert b"+525512345678" not in stored_job_bytes(queue, job_id)
     assert 0 < queue.connection.ttl(job.key) <= settings.NEXUS_WORKFLOWS.get("RETENTION", 86_400)
 
+    # django-rq's pages (any staff user may open them) hold ciphertext and the way to the
+    # reveal page, even for a superuser.
     admin = django_user_model.objects.create_superuser("triage", "triage@example.com", "password")
     client.force_login(admin)
     queue_index = sorted(settings.RQ_QUEUES).index("default")
@@ -384,19 +407,46 @@ def test_a_failing_job_is_in_the_failed_registry_and_django_rq_admin_without_its
     assert listing.status_code == 200
     page = listing.content.decode()
     assert job_id in page
-    assert "nexus_workflows.fire_and_forget.run_job" in page
+    assert "nexus_workflows.fire_and_forget.run_sealed_job" in page
     assert "+525512345678" not in page  # no trigger data on the list page
     detail = client.get(reverse("admin:django_rq_job_detail", args=[queue_index, job_id]))
     assert detail.status_code == 200
-    assert "upstream rejected the message for" in detail.content.decode()  # meta["error"]
+    assert "+525512345678" not in detail.content.decode()
+    assert "upstream rejected the message" not in detail.content.decode()
+    assert reveal in detail.content.decode()
     # RQ 3 keeps the traceback in the job's results, each with its own admin page.
     result_id = job.latest_result().id
     assert result_id in detail.content.decode()
     result = client.get(reverse("admin:django_rq_result_detail", args=[queue_index, job_id, result_id]))
     assert result.status_code == 200
     assert "prepare raised UpstreamRejected" in result.content.decode()
+    assert "+525512345678" not in result.content.decode()
     dashboard = client.get(reverse("admin:django_rq_home"))
     assert dashboard.status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_sent_before_triggers_were_sealed_still_runs(
+    queue: Queue, rq_burst: Callable[..., int]
+) -> None:
+    queue.enqueue_call("nexus_workflows.fire_and_forget.run_job", args=(LEDGER, {"key": "old"}), job_id="old")
+    assert rq_burst() == 1
+    assert executions(LEDGER, "old") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sealed_trigger_moved_onto_another_job_does_not_open(
+    queue: Queue, rq_burst: Callable[..., int]
+) -> None:
+    job_id = enqueue(LEDGER, {"key": "moved"}, delay=3600)  # scheduled: it stays put
+    sealed = queue.fetch_job(job_id).args[1]
+    queue.enqueue_call("nexus_workflows.fire_and_forget.run_sealed_job", args=(LEDGER, sealed), job_id="copy")
+    assert rq_burst() == 1
+    failed = queue.fetch_job("copy")
+    assert failed.get_status() == JobStatus.FAILED
+    assert "SealedDataUnreadable" in failed.latest_result().exc_string
+    assert "its sealed trigger cannot be opened" in failed.latest_result().exc_string
+    assert executions() == 0
 
 
 def unknown_later(trigger: Any) -> None:

@@ -7,7 +7,9 @@ is not enough), and every such action leaves an admin log entry naming the user.
 Minimum necessary: the dedupe key, the trigger, the checkpoints and error messages may
 hold patient data. List and detail pages show kind, id, status, attempts, times and the
 exception *type* only. Users with ``nexus_workflows.reveal_deferredwork`` see the rest
-after a POST from the detail page, audited (see :mod:`nexus_workflows.admin.reveal`).
+after a POST from the detail page, audited (see :mod:`nexus_workflows.admin.reveal`); the
+same permission opens a fire-and-forget job's sealed trigger and error message
+(:mod:`nexus_workflows.admin.jobs`).
 Work is found by typing its dedupe key exactly. Deleting selected work always goes
 through a confirmation page that says what will be lost.
 """
@@ -37,6 +39,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from nexus_workflows.admin import display as display
+from nexus_workflows.admin import jobs
 from nexus_workflows.admin.actions import (
     MADE_DUE,
     REVIVED,
@@ -347,6 +350,11 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
     def get_urls(self) -> list[Any]:
         info = self.opts.app_label, self.opts.model_name
         return [  # the mixin's reveal URL comes with super().get_urls()
+            path(  # before "<path:object_id>/reveal/", which would take it for an id
+                "jobs/<str:queue_name>/<str:job_id>/reveal/",
+                self.admin_site.admin_view(self.job_reveal_view),
+                name=jobs.URL_NAME,
+            ),
             path(
                 "dashboard/",
                 self.admin_site.admin_view(self.dashboard_view),
@@ -367,6 +375,9 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         return observability_admin.dashboard_view(self, request)
+
+    def job_reveal_view(self, request: HttpRequest, queue_name: str, job_id: str) -> HttpResponse:
+        return jobs.reveal_job_view(request, queue_name, job_id, admin_site=self.admin_site)
 
     def revive_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return self._button(request, object_id, self._revive)

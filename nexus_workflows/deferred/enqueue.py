@@ -3,9 +3,6 @@
 Everything is validated before anything is written, so a rejected call leaves no trace.
 """
 
-# Long module: models are imported in each function, not once here (the package exports
-# enqueue before Django's apps are ready), which costs lines.
-
 from __future__ import annotations
 
 import json
@@ -67,7 +64,7 @@ def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
 
     from nexus_workflows.fire_and_forget import enqueue_job
 
-    return enqueue_job(workflow, to_json(workflow, trigger), dedupe_key, options)
+    return enqueue_job(workflow, json_text(workflow, trigger), dedupe_key, options)
 
 
 def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str | None]:
@@ -82,7 +79,7 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
     if not workflow.is_deferred:
         from nexus_workflows.fire_and_forget import enqueue_job
 
-        prepared = [(compute_dedupe_key(workflow, t), to_json(workflow, t)) for t in triggers]
+        prepared = [(compute_dedupe_key(workflow, t), json_text(workflow, t)) for t in triggers]
         return [enqueue_job(workflow, trigger, key, options) for key, trigger in prepared]
     delay = _deferred_options(workflow, options)
     by_key: dict[str, str] = {}  # dedupe key -> the trigger's JSON text
@@ -273,11 +270,6 @@ def check_trigger(workflow: Workflow, trigger: Any) -> None:
         raise InvalidTrigger(
             f"workflow {workflow.kind!r}: the trigger {problem}; {json_values.ALLOWED}"
         ) from None
-
-
-def to_json(workflow: Workflow, trigger: Any) -> Any:
-    """A checked copy of the trigger, as it will be stored and later handed to ``prepare``."""
-    return json.loads(json_text(workflow, trigger))
 
 
 def json_text(workflow: Workflow, trigger: Any) -> str:

@@ -33,14 +33,16 @@ Embedded mode. With a queue on the in-process fakeredis server (see
 :mod:`nexus_workflows.fire_and_forget.embedded`), the queue is synchronous: the job runs through RQ during
 ``enqueue`` (or at commit), with the same dedupe rules, and a ``delay`` is ignored.
 
-Patient data. Triggers travel in the job's arguments and are shown on the job's page in
-django-rq's admin, as deferred triggers are in the database. Job ids carry the dedupe key,
-so dedupe keys must be opaque identifiers (a visit id), never a name or a phone number.
-Log lines name the kind only, and a failing ``prepare``'s message is kept out of the
-worker's log (see :class:`~nexus_workflows.exceptions.JobFailed`).
+Patient data. A job's trigger travels sealed in its arguments, and a failing
+``prepare``'s message is sealed into its meta (see :mod:`~nexus_workflows.fire_and_forget.sealing`):
+Redis, django-rq's pages and RQ's log records see ciphertext, and a person sees either
+only on the admin's reveal page, with a permission, audited (:mod:`nexus_workflows.admin.jobs`).
+Job ids carry the dedupe key, so dedupe keys must be opaque identifiers (a visit id), never
+a name or a phone number. Log lines name the kind only (see
+:class:`~nexus_workflows.exceptions.JobFailed`).
 """
 
-from nexus_workflows.fire_and_forget.job import run_job
+from nexus_workflows.fire_and_forget.job import run_job, run_sealed_job
 from nexus_workflows.fire_and_forget.job_ids import SEPARATOR, job_id_for, split_job_id
 from nexus_workflows.fire_and_forget.sending import (
     FIRE_AND_FORGET_OPTIONS,
@@ -65,5 +67,6 @@ __all__ = [
     "job_id_for",
     "parse_options",
     "run_job",
+    "run_sealed_job",
     "split_job_id",
 ]

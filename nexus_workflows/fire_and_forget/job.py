@@ -1,4 +1,5 @@
-"""The job body an RQ worker runs: look the workflow up and call ``prepare(trigger)`` once."""
+"""The job body an RQ worker runs: open the sealed trigger, look the workflow up and call
+``prepare(trigger)`` once."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from nexus_workflows.exceptions import (
     UnknownWorkflow,
     WorkflowError,
 )
+from nexus_workflows.fire_and_forget.sealing import open_trigger, seal_error
 
 logger = logging.getLogger("nexus_workflows.fire_and_forget")
 
@@ -22,13 +24,26 @@ logger = logging.getLogger("nexus_workflows.fire_and_forget")
 # --- the job ---------------------------------------------------------------------------------
 
 
-def run_job(kind: str, trigger: Any) -> None:
-    """What RQ runs: ``prepare(trigger)`` of the workflow registered as ``kind`` here.
+def run_sealed_job(kind: str, sealed_trigger: str) -> None:
+    """What RQ runs: ``prepare(trigger)`` of the workflow registered as ``kind`` here, with
+    the trigger sealed for this job (see :mod:`~nexus_workflows.fire_and_forget.sealing`).
 
     The worker's registry is filled by autodiscovery at Django start-up, so the job
     finds every workflow of the project's installed apps. Returns nothing: RQ would
     store a return value in Redis, and it may hold patient data.
     """
+    job = get_current_job()
+    if job is None:
+        raise WorkflowError(f"fire-and-forget job of {kind!r}: run_sealed_job runs only as an RQ job")
+    _run(kind, open_trigger(job.id, sealed_trigger))
+
+
+def run_job(kind: str, trigger: Any) -> None:
+    """The job body of jobs sent before triggers were sealed, run as they were sent."""
+    _run(kind, trigger)
+
+
+def _run(kind: str, trigger: Any) -> None:
     try:
         workflow = registry.get(kind)
     except UnknownWorkflow as error:
@@ -49,16 +64,19 @@ def run_job(kind: str, trigger: Any) -> None:
 
 
 def _job_failed(kind: str, error: Exception) -> JobFailed:
-    # The original message goes to the job's meta (shown on its admin page, stored in
-    # Redis like the trigger); the exception RQ logs names only the type and the frames.
+    # The original message is sealed into the job's meta (opened only by the admin's
+    # reveal page); the exception RQ logs names only the type and the frames.
     job = get_current_job()
     if job is not None:
-        job.meta["error"] = describe_error(error)
+        from nexus_workflows.admin.jobs import reveal_url  # the admin only when it is needed
+
+        job.meta["sealed_error"] = seal_error(job.id, describe_error(error))
+        job.meta["reveal"] = reveal_url(job.origin, job.id)  # shown on django-rq's job page
         job.save_meta()
     frames = "".join(traceback.format_tb(error.__traceback__))
     logger.warning("%s job failed: %s", kind, type(error).__name__)
     return JobFailed(
         f"workflow {kind!r}: prepare raised {type(error).__name__}. Its message is kept out of "
-        "logs (it may carry patient data) and stored in this job's meta['error']. Where it was "
-        f"raised:\n{frames}"
+        "logs (it may carry patient data) and sealed into this job's meta['sealed_error'], "
+        f"shown by the admin's reveal page for the job. Where it was raised:\n{frames}"
     )

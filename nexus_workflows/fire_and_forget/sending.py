@@ -27,14 +27,16 @@ from nexus_workflows.exceptions import (
 )
 from nexus_workflows.fire_and_forget.embedded import warn_if_embedded
 from nexus_workflows.fire_and_forget.job_ids import job_id_for
+from nexus_workflows.fire_and_forget.sealing import seal_trigger
 from nexus_workflows.limits import MAX_DELAY
 
 logger = logging.getLogger("nexus_workflows.fire_and_forget")
 
 FIRE_AND_FORGET_OPTIONS = frozenset({"queue", "job_timeout", "at_front", "delay"})
-# The job body by its stable path: the package re-exports it, so jobs already in Redis
-# (sent when it lived there) and jobs sent now name the same function.
-RUN_JOB = "nexus_workflows.fire_and_forget.run_job"
+# The job body by its stable path: the package re-exports it, so a move of the module
+# never strands jobs already in Redis. (Jobs sent before triggers were sealed name
+# nexus_workflows.fire_and_forget.run_job, which still runs them.)
+RUN_SEALED_JOB = "nexus_workflows.fire_and_forget.run_sealed_job"
 
 
 # --- options ------------------------------------------------------------------------------
@@ -160,14 +162,17 @@ def _reachable(queue: Queue) -> Iterator[None]:
 # --- enqueue ---------------------------------------------------------------------------------
 
 
-def enqueue_job(workflow: Workflow, trigger: Any, dedupe_key: str, options: dict[str, Any]) -> str | None:
+def enqueue_job(
+    workflow: Workflow, trigger_text: str, dedupe_key: str, options: dict[str, Any]
+) -> str | None:
     """Send the job for ``enqueue``; returns its id, or ``None`` if a job with it exists.
 
-    ``trigger`` is already JSON-safe and ``dedupe_key`` already validated. See the module
-    docstring for deduplication, the horizon and transactions.
+    ``trigger_text`` is the checked trigger's JSON text and ``dedupe_key`` is already
+    validated. See the module docstring for deduplication, the horizon and transactions.
     """
     job_options = parse_options(workflow, options)
     job_id = job_id_for(workflow.kind, dedupe_key)
+    trigger = seal_trigger(job_id, trigger_text)
     queue = get_queue(job_options.queue)
     if transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block:
         with _reachable(queue):
@@ -189,8 +194,9 @@ def enqueue_job(workflow: Workflow, trigger: Any, dedupe_key: str, options: dict
     return job_id
 
 
-def _send(queue: Queue, kind: str, trigger: Any, job_id: str, options: JobOptions) -> bool:
-    """Create the job unless its id exists (atomically); whether it was created."""
+def _send(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions) -> bool:
+    """Create the job, its ``trigger`` sealed, unless its id exists (atomically); whether
+    it was created."""
     horizon = horizon_seconds()
     common: dict[str, Any] = {
         "job_id": job_id,
@@ -213,7 +219,7 @@ def _send(queue: Queue, kind: str, trigger: Any, job_id: str, options: JobOption
         if delay:
             queue.enqueue_in(
                 delay,
-                RUN_JOB,
+                RUN_SEALED_JOB,
                 kind,
                 trigger,
                 job_timeout=options.job_timeout,
@@ -223,7 +229,7 @@ def _send(queue: Queue, kind: str, trigger: Any, job_id: str, options: JobOption
             logger.debug("%s job scheduled in %ss", kind, delay.total_seconds())
         else:
             queue.enqueue_call(
-                RUN_JOB,
+                RUN_SEALED_JOB,
                 args=(kind, trigger),
                 timeout=options.job_timeout,
                 at_front=options.at_front,
@@ -235,7 +241,7 @@ def _send(queue: Queue, kind: str, trigger: Any, job_id: str, options: JobOption
     return True
 
 
-def _send_at_commit(queue: Queue, kind: str, trigger: Any, job_id: str, options: JobOptions) -> None:
+def _send_at_commit(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions) -> None:
     # Runs after the caller's transaction committed: raising here would make a
     # committed transaction look failed, so every outcome is logged instead.
     try:

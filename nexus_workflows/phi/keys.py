@@ -218,6 +218,24 @@ class Keyring:
         mac.update(f"{len(kind)}:{kind}|{purpose}|{key}".encode())
         return mac.hexdigest()
 
+    def seal(self, context: str, text: str) -> str:
+        """``text`` encrypted under the newest key with ``context`` sealed in: opening it
+        under any other context fails, so a ciphertext copied elsewhere reveals nothing."""
+        return self._fernet.encrypt(f"{len(context)}:{context}{text}".encode()).decode("ascii")
+
+    def unseal(self, context: str, ciphertext: str) -> str | None:
+        """What :meth:`seal` sealed under ``context``; ``None`` if no configured key opens
+        it or it was sealed under another context (callers raise their own error)."""
+        plain = self._open(ciphertext)
+        prefix = f"{len(context)}:{context}"
+        return plain[len(prefix) :] if plain is not None and plain.startswith(prefix) else None
+
+    def _open(self, ciphertext: str) -> str | None:
+        try:
+            return self._fernet.decrypt(ciphertext.encode("ascii")).decode("utf-8")
+        except (InvalidToken, UnicodeError):
+            return None
+
     def encrypt(self, lookup_key: str, surface: str) -> str:
         # The lookup key is sealed in with the surface, so a ciphertext copied onto
         # another token's row fails to decrypt instead of decoding to the wrong person.
@@ -225,13 +243,12 @@ class Keyring:
 
     def decrypt(self, lookup_key: str, ciphertext: str, *, label: str) -> str:
         """The surface; raises :class:`SurfaceDecryptionError`, never returns ciphertext."""
-        try:
-            plain = self._fernet.decrypt(ciphertext.encode("ascii")).decode("utf-8")
-        except (InvalidToken, UnicodeError):
+        plain = self._open(ciphertext)
+        if plain is None:
             raise SurfaceDecryptionError(
                 f"the stored surface of {label} cannot be decrypted with any configured PHI "
                 "encryption key (was a key removed before `manage.py rotate_phi_keys` ran?)"
-            ) from None
+            )
         prefix = f"{lookup_key}:"
         if not plain.startswith(prefix):
             raise SurfaceDecryptionError(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.contrib.staticfiles.testing import StaticLiveServerTestCase
+from django.urls import reverse
 from django.utils import timezone
 
 from nexus_workflows.deferred.history import append_entry
@@ -214,4 +216,47 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
             assert "UpstreamError: HTTP 503" in revealed
             assert "S-88" in revealed  # the checkpoints
         entry = LogEntry.objects.get(object_id=str(self.abandoned.pk))
+        assert entry.user.username == "revealer"
+
+    def test_reveal_a_fire_and_forget_job_from_its_django_rq_page(self) -> None:
+        import redis
+        from django.conf import settings
+        from rq import SimpleWorker
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        from nexus_workflows import enqueue
+        from nexus_workflows.fire_and_forget import get_queue
+
+        server = redis.Redis.from_url(settings.REDIS_TEST_URL)
+        server.flushdb()  # the test database only (REDIS_TEST_URL), never FLUSHALL
+        self.addCleanup(server.flushdb)
+        job_id = enqueue("test-ff-fail", {"key": "br1", "secret": "Rosa Elena +525544332211"})
+        queue = get_queue("default")
+        handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+        try:  # the worker installs its own signal handlers; the test runner gets its own back
+            SimpleWorker([queue], connection=queue.connection).work(burst=True, logging_level="WARNING")
+        finally:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+        self._user("revealer", "view_deferredwork", "reveal_deferredwork")
+        with browser.chromium() as driver:
+            self._log_in(driver, "revealer")
+            queue_index = sorted(settings.RQ_QUEUES).index("default")
+            job_page = reverse("admin:django_rq_job_detail", args=[queue_index, job_id])
+            driver.get(f"{self.live_server_url}{job_page}")
+            page = driver.find_element(By.ID, "content").text
+            assert "Rosa" not in page
+            assert "5544332211" not in page
+            reveal = queue.fetch_job(job_id).meta["reveal"]
+            assert reveal in page  # the way to the reveal page, on the job's own page
+            driver.get(f"{self.live_server_url}{reveal}")
+            assert "Rosa" not in driver.find_element(By.ID, "content").text  # confirmation first
+            driver.find_element(By.CSS_SELECTOR, ".nw-reveal input[type=submit]").click()
+            WebDriverWait(driver, 10).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".nw-json")))
+            revealed = driver.find_element(By.ID, "content").text
+            assert "Rosa Elena +525544332211" in revealed  # the trigger
+            assert "UpstreamRejected: upstream rejected the message for Rosa Elena" in revealed
+        entry = LogEntry.objects.get(object_id=job_id)
         assert entry.user.username == "revealer"

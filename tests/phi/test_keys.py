@@ -145,3 +145,24 @@ def test_no_phi_messages_when_the_settings_are_not_a_dict() -> None:
     # nexus_workflows.E001 reports that; PHI messages would only repeat it.
     assert check_phi_keys() == []
     assert check_phi_settings() == []
+
+
+def test_a_sealed_value_opens_only_under_its_own_context() -> None:
+    ring = keyring()
+    sealed = ring.seal("job|k__1", '{"phone": "+525512345678"}')
+    assert "5512345678" not in sealed
+    assert ring.unseal("job|k__1", sealed) == '{"phone": "+525512345678"}'
+    # Neither another context, nor one that a naive "context + text" would confuse with it.
+    assert ring.unseal("job|k__2", sealed) is None
+    assert ring.unseal("job|k__", sealed) is None
+    assert ring.unseal("job|k__1", "not a fernet token") is None
+
+
+def test_a_value_sealed_under_an_older_key_opens_while_that_key_is_listed() -> None:
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    with override_settings(NEXUS_WORKFLOWS={**settings.NEXUS_WORKFLOWS, "PHI_ENCRYPTION_KEYS": [old]}):
+        sealed = keyring().seal("job|k__1", "Ana")
+    with override_settings(NEXUS_WORKFLOWS={**settings.NEXUS_WORKFLOWS, "PHI_ENCRYPTION_KEYS": [new, old]}):
+        assert keyring().unseal("job|k__1", sealed) == "Ana"
+    with override_settings(NEXUS_WORKFLOWS={**settings.NEXUS_WORKFLOWS, "PHI_ENCRYPTION_KEYS": [new]}):
+        assert keyring().unseal("job|k__1", sealed) is None

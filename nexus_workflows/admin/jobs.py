@@ -1,0 +1,105 @@
+"""The one page where a person sees a fire-and-forget job's trigger and error message.
+
+django-rq's job pages show a job's arguments and meta to any staff user; for our jobs they
+hold only ciphertext (:mod:`nexus_workflows.fire_and_forget.sealing`). This page opens them
+as the deferred work's reveal page does (:mod:`nexus_workflows.admin.reveal`): for a user
+with ``nexus_workflows.reveal_deferredwork`` (the permission for workflow data, deferred or
+fire-and-forget), ``GET`` asks for confirmation and shows nothing, ``POST`` shows the data,
+writes one admin log entry (who, when, which job; never the data) and is sent with
+``Cache-Control: no-store``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, reverse
+from django.utils.cache import add_never_cache_headers
+from django.utils.translation import gettext
+
+from nexus_workflows.admin import display
+from nexus_workflows.exceptions import SealedDataUnreadable
+from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger
+from nexus_workflows.fire_and_forget.sending import RUN_SEALED_JOB, configured_queues, get_queue
+
+REVEAL_PERMISSION = "nexus_workflows.reveal_deferredwork"
+URL_NAME = "nexus_workflows_deferredwork_job_reveal"
+TEMPLATE = "admin/nexus_workflows/job_reveal.html"
+
+
+def reveal_url(queue_name: str, job_id: str) -> str | None:
+    """Where the job's reveal page is, or ``None`` where the project mounts no admin."""
+    try:
+        return reverse(f"admin:{URL_NAME}", args=[queue_name, job_id])
+    except NoReverseMatch:
+        return None
+
+
+def reveal_job_view(request: HttpRequest, queue_name: str, job_id: str, *, admin_site: Any) -> HttpResponse:
+    if not request.user.has_perm(REVEAL_PERMISSION):
+        raise PermissionDenied
+    if queue_name not in configured_queues():
+        raise Http404(gettext("No RQ queue of that name is configured."))
+    job = get_queue(queue_name).fetch_job(job_id)
+    if job is None or job.func_name != RUN_SEALED_JOB:
+        raise Http404(gettext("No fire-and-forget workflow job with that id is in this queue."))
+    kind = job.args[0]
+    revealed: dict[str, Any] | None = None
+    if request.method == "POST":
+        revealed = _open(job)
+        _log_reveal(request, job.id, kind)
+    context = {
+        **admin_site.each_context(request),
+        "title": gettext("Reveal the trigger and error message of a %(kind)s job") % {"kind": kind},
+        "kind": kind,
+        "job_id": job.id,
+        "job_url": _django_rq_job_url(queue_name, job.id),
+        "revealed": revealed is not None,
+        **(revealed or {}),
+    }
+    response = TemplateResponse(request, TEMPLATE, context)
+    add_never_cache_headers(response)  # no-store: nothing keeps a copy of what was shown
+    return response
+
+
+def _open(job: Any) -> dict[str, Any]:
+    """What the page shows; a value no key opens is said so, never shown as ciphertext."""
+    shown: dict[str, Any] = {}
+    try:
+        shown["trigger"] = display.json_block(open_trigger(job.id, job.args[1]), empty="No trigger.")
+    except SealedDataUnreadable as error:
+        shown["trigger_problem"] = str(error)
+    sealed_error = job.meta.get("sealed_error")
+    if sealed_error is not None:
+        try:
+            shown["error"] = display.error_block(open_error(job.id, sealed_error))
+        except SealedDataUnreadable as error:
+            shown["error_problem"] = str(error)
+    return shown
+
+
+def _log_reveal(request: HttpRequest, job_id: str, kind: str) -> None:
+    # No content type: a job is not a model instance. The entry shows in the admin's
+    # recent actions and in LogEntry, naming the user, the time and the job.
+    LogEntry.objects.create(
+        user_id=request.user.pk,
+        content_type=None,
+        object_id=job_id,
+        object_repr=f"fire-and-forget job {job_id}"[:200],
+        action_flag=CHANGE,
+        change_message=gettext(
+            "Revealed the trigger and error message of a %(kind)s job (nothing was changed)."
+        )
+        % {"kind": kind},
+    )
+
+
+def _django_rq_job_url(queue_name: str, job_id: str) -> str | None:
+    try:
+        return reverse("admin:django_rq_job_detail", args=[configured_queues().index(queue_name), job_id])
+    except NoReverseMatch:
+        return None
