@@ -1,13 +1,14 @@
 """Fire-and-forget workflows: one django-rq job per dedupe key, run once by an RQ worker.
 
 The package: :mod:`.job_ids` (the job id of a kind and key), :mod:`.sending` (options,
-queues, enqueue and the dedupe at commit), :mod:`.job` (the body a worker runs) and
-:mod:`.embedded` (the in-process Redis of the embedded mode).
+queues, enqueue and the dedupe at commit), :mod:`.sealing` (the trigger and error message
+through Redis, encrypted), :mod:`.job` (the body a worker runs) and :mod:`.embedded` (the
+in-process Redis of the embedded mode).
 
 A workflow registered without a ``retry_schedule`` is fire-and-forget. ``enqueue`` puts a
-job on a django-rq queue; an RQ worker (``manage.py rqworker``) runs :func:`run_job`,
-which looks the workflow up in the worker's own registry and calls ``prepare(trigger)``
-once, with no retry.
+job on a django-rq queue; an RQ worker (``manage.py rqworker``) runs
+:func:`run_sealed_job`, which opens the trigger, looks the workflow up in the worker's own
+registry and calls ``prepare(trigger)`` once, with no retry.
 
 Deduplication. The job id is ``<kind>__<dedupe key>`` (see :func:`job_id_for`) and the job
 is created with RQ's ``unique=True``: one atomic Lua script checks that no job hash with
