@@ -10,7 +10,8 @@ from nexus_workflows.phi.rotation import rotate_keys
 class Command(BaseCommand):
     help = (
         "Re-encrypt every stored PHI surface under the newest key (the first of "
-        "NEXUS_WORKFLOWS['PHI_ENCRYPTION_KEYS']). Remove old keys only after this succeeds."
+        "NEXUS_WORKFLOWS['PHI_ENCRYPTION_KEYS']). Remove old keys only after this succeeds, "
+        "and after every fire-and-forget job sealed under them has run and passed RETENTION."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
