@@ -24,10 +24,16 @@ from django.utils.translation import gettext
 from nexus_workflows.admin import display
 from nexus_workflows.exceptions import SealedDataUnreadable
 from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger
-from nexus_workflows.fire_and_forget.sending import RUN_SEALED_JOB, configured_queues, get_queue
+from nexus_workflows.fire_and_forget.sending import (
+    RUN_JOB_UNSEALED,
+    RUN_SEALED_JOB,
+    configured_queues,
+    get_queue,
+)
 
 REVEAL_PERMISSION = "nexus_workflows.reveal_deferredwork"
 URL_NAME = "nexus_workflows_deferredwork_job_reveal"
+
 TEMPLATE = "admin/nexus_workflows/job_reveal.html"
 
 
@@ -45,7 +51,7 @@ def reveal_job_view(request: HttpRequest, queue_name: str, job_id: str, *, admin
     if queue_name not in configured_queues():
         raise Http404(gettext("No RQ queue of that name is configured."))
     job = get_queue(queue_name).fetch_job(job_id)
-    if job is None or job.func_name != RUN_SEALED_JOB:
+    if job is None or job.func_name not in (RUN_SEALED_JOB, RUN_JOB_UNSEALED):
         raise Http404(gettext("No fire-and-forget workflow job with that id is in this queue."))
     kind = job.args[0]
     revealed: dict[str, Any] | None = None
@@ -70,7 +76,11 @@ def _open(job: Any) -> dict[str, Any]:
     """What the page shows; a value no key opens is said so, never shown as ciphertext."""
     shown: dict[str, Any] = {}
     try:
-        shown["trigger"] = display.json_block(open_trigger(job.id, job.args[1]), empty="No trigger.")
+        sent_sealed = job.func_name == RUN_SEALED_JOB
+        # A job sent before sealing has its trigger in clear (its error, if it failed since,
+        # is sealed all the same).
+        trigger = open_trigger(job.id, job.args[1]) if sent_sealed else job.args[1]
+        shown["trigger"] = display.json_block(trigger, empty="No trigger.")
     except SealedDataUnreadable as error:
         shown["trigger_problem"] = str(error)
     sealed_error = job.meta.get("sealed_error")

@@ -34,9 +34,10 @@ logger = logging.getLogger("nexus_workflows.fire_and_forget")
 
 FIRE_AND_FORGET_OPTIONS = frozenset({"queue", "job_timeout", "at_front", "delay"})
 # The job body by its stable path: the package re-exports it, so a move of the module
-# never strands jobs already in Redis. (Jobs sent before triggers were sealed name
-# nexus_workflows.fire_and_forget.run_job, which still runs them.)
+# never strands jobs already in Redis.
 RUN_SEALED_JOB = "nexus_workflows.fire_and_forget.run_sealed_job"
+# What jobs sent before triggers were sealed name; it still runs them.
+RUN_JOB_UNSEALED = "nexus_workflows.fire_and_forget.run_job"
 
 
 # --- options ------------------------------------------------------------------------------

@@ -114,3 +114,15 @@ def test_a_value_no_key_opens_is_said_so_and_never_shown_as_ciphertext(
     assert sealed not in html
     assert LogEntry.objects.count() == 1  # the attempt is audited all the same
 
+
+
+def test_a_job_sent_before_triggers_were_sealed_is_revealed_too(
+    rq_redis: Any, rq_burst: Callable[..., int], revealer: Any
+) -> None:
+    queue: Queue = get_queue("default")
+    old = ("test-ff-fail", {"key": "rv3", "secret": PHONE})
+    queue.enqueue_call("nexus_workflows.fire_and_forget.run_job", args=old, job_id="test-ff-fail__rv3")
+    assert rq_burst() == 1
+    html = client_for(revealer).post(reveal_url("test-ff-fail__rv3")).content.decode()
+    assert html.count(PHONE) == 2  # the plain trigger, and the error sealed when it failed
+    assert "UpstreamRejected: upstream rejected the message for +525598765432" in html
