@@ -31,7 +31,6 @@ from nexus_workflows.fire_and_forget.sending import (
     get_queue,
 )
 
-REVEAL_PERMISSION = "nexus_workflows.reveal_deferredwork"
 URL_NAME = "nexus_workflows_deferredwork_job_reveal"
 
 TEMPLATE = "admin/nexus_workflows/job_reveal.html"
@@ -46,6 +45,8 @@ def reveal_url(queue_name: str, job_id: str) -> str | None:
 
 
 def reveal_job_view(request: HttpRequest, queue_name: str, job_id: str, *, admin_site: Any) -> HttpResponse:
+    from nexus_workflows.admin import REVEAL_PERMISSION  # deferred work's; the package imports us
+
     if not request.user.has_perm(REVEAL_PERMISSION):
         raise PermissionDenied
     if queue_name not in configured_queues():
