@@ -56,7 +56,7 @@ from nexus_workflows.admin.changelist import (
     TriageChangeList,
 )
 from nexus_workflows.admin.readonly import ReadOnlyAdminMixin
-from nexus_workflows.admin.reveal import RevealMixin, missing_object_redirect
+from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA, RevealMixin, missing_object_redirect
 from nexus_workflows.deferred import triage
 from nexus_workflows.flow.report import waiting_reason
 from nexus_workflows.models import DeferredWork, Status
@@ -64,7 +64,7 @@ from nexus_workflows.observability import admin as observability_admin  # regist
 from nexus_workflows.phi import admin as phi_admin  # noqa: F401 - registers the PHI token map admin
 
 REVIVE_PERMISSION = "nexus_workflows.revive_deferredwork"
-REVEAL_PERMISSION = "nexus_workflows.reveal_deferredwork"
+REVEAL_PERMISSION = REVEAL_WORKFLOW_DATA
 
 
 @admin.register(DeferredWork)

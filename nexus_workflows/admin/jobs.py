@@ -22,7 +22,9 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.translation import gettext
 
 from nexus_workflows.admin import display
+from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA
 from nexus_workflows.exceptions import SealedDataUnreadable
+from nexus_workflows.fire_and_forget.job import REVEAL_URL_NAME
 from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger
 from nexus_workflows.fire_and_forget.sending import (
     RUN_JOB_UNSEALED,
@@ -31,23 +33,13 @@ from nexus_workflows.fire_and_forget.sending import (
     get_queue,
 )
 
-URL_NAME = "nexus_workflows_deferredwork_job_reveal"
+URL_NAME = REVEAL_URL_NAME  # the job body names it on the job, for django-rq's page
 
 TEMPLATE = "admin/nexus_workflows/job_reveal.html"
 
 
-def reveal_url(queue_name: str, job_id: str) -> str | None:
-    """Where the job's reveal page is, or ``None`` where the project mounts no admin."""
-    try:
-        return reverse(f"admin:{URL_NAME}", args=[queue_name, job_id])
-    except NoReverseMatch:
-        return None
-
-
 def reveal_job_view(request: HttpRequest, queue_name: str, job_id: str, *, admin_site: Any) -> HttpResponse:
-    from nexus_workflows.admin import REVEAL_PERMISSION  # deferred work's; the package imports us
-
-    if not request.user.has_perm(REVEAL_PERMISSION):
+    if not request.user.has_perm(REVEAL_WORKFLOW_DATA):
         raise PermissionDenied
     if queue_name not in configured_queues():
         raise Http404(gettext("No RQ queue of that name is configured."))

@@ -24,6 +24,9 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.functional import Promise
 from django.utils.translation import gettext
 
+#: Shows a workflow's patient data: deferred work's, and fire-and-forget jobs' (admin.jobs).
+REVEAL_WORKFLOW_DATA = "nexus_workflows.reveal_deferredwork"
+
 
 def missing_object_redirect(model_admin: Any, request: HttpRequest, object_id: str) -> HttpResponse:
     """What Django's admin does for an object that does not exist (say, deleted meanwhile),

@@ -7,6 +7,7 @@ import logging
 import traceback
 from typing import Any
 
+from django.urls import NoReverseMatch, reverse
 from rq import get_current_job
 
 from nexus_workflows.deferred.history import describe_error
@@ -19,6 +20,9 @@ from nexus_workflows.exceptions import (
 from nexus_workflows.fire_and_forget.sealing import open_trigger, seal_error
 
 logger = logging.getLogger("nexus_workflows.fire_and_forget")
+
+#: The admin's page that opens a job's sealed trigger and error (nexus_workflows.admin.jobs).
+REVEAL_URL_NAME = "nexus_workflows_deferredwork_job_reveal"
 
 
 # --- the job ---------------------------------------------------------------------------------
@@ -68,10 +72,8 @@ def _job_failed(kind: str, error: Exception) -> JobFailed:
     # reveal page); the exception RQ logs names only the type and the frames.
     job = get_current_job()
     if job is not None:
-        from nexus_workflows.admin.jobs import reveal_url  # the admin only when it is needed
-
         job.meta["sealed_error"] = seal_error(job.id, describe_error(error))
-        job.meta["reveal"] = reveal_url(job.origin, job.id)  # shown on django-rq's job page
+        job.meta["reveal"] = _reveal_path(job.origin, job.id)  # shown on django-rq's job page
         job.save_meta()
     frames = "".join(traceback.format_tb(error.__traceback__))
     logger.warning("%s job failed: %s", kind, type(error).__name__)
@@ -80,3 +82,11 @@ def _job_failed(kind: str, error: Exception) -> JobFailed:
         "logs (it may carry patient data) and sealed into this job's meta['sealed_error'], "
         f"shown by the admin's reveal page for the job. Where it was raised:\n{frames}"
     )
+
+
+def _reveal_path(queue_name: str, job_id: str) -> str | None:
+    """Where the job's reveal page is, or ``None`` where the project mounts no admin."""
+    try:
+        return reverse(f"admin:{REVEAL_URL_NAME}", args=[queue_name, job_id])
+    except NoReverseMatch:
+        return None
