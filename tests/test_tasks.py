@@ -6,6 +6,8 @@ tests run on Django 5.2 (the django-tasks backport) and on Django 6.1 (``django.
 from __future__ import annotations
 
 import io
+import logging
+import sys
 import threading
 import time
 from collections import Counter
@@ -154,6 +156,25 @@ def test_retries_asked_for_in_the_backend_options() -> None:
     assert result.backend == "retrying"
     run_until_finished(result)
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
+
+
+def test_a_failed_task_is_logged_once_without_an_empty_traceback_or_its_message() -> None:
+    # Django 6 logs on "django.tasks", the backport on "django_tasks"; both receivers are
+    # theirs, sent by our runner after the outcome is written.
+    logger = logging.getLogger("django_tasks" if "django_tasks" in sys.modules else "django.tasks")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    try:
+        result = tasks.explode.enqueue("a")
+        run_once()
+    finally:
+        logger.removeHandler(handler)
+    text = stream.getvalue()
+    assert f"ERROR Task id={result.id} path=tests.testapp.tasks.explode state=FAILED" in text
+    assert "NoneType: None" not in text
+    assert "the upstream said no" not in text  # the task's message stays in its result
 
 
 def test_retries_end_in_failure_when_the_schedule_is_exhausted() -> None:

@@ -7,6 +7,21 @@ The backport names two exceptions differently (``InvalidTaskError``,
 
 from __future__ import annotations
 
+import logging
+
+
+class _NoEmptyExceptionInfo(logging.Filter):
+    """The backport logs a failed task with ``logger.exception()``. The runner sends
+    ``task_finished`` after the outcome is written, outside any exception handler, so
+    that record's exception info is empty and would print as "NoneType: None". Django
+    6's own receiver passes none when there is none; this does the same for the backport."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[0] is None:
+            record.exc_info = None
+        return True
+
+
 try:
     from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
@@ -34,6 +49,8 @@ except ModuleNotFoundError:  # Django 5.2: the backport
     from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
     from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
     from django_tasks.utils import normalize_json  # type: ignore[no-redef]
+
+    logging.getLogger("django_tasks").addFilter(_NoEmptyExceptionInfo())
 
     SOURCE = "django_tasks"
 
