@@ -86,13 +86,14 @@ def _open(job: Any) -> dict[str, Any]:
 
 
 def _log_reveal(request: HttpRequest, job_id: str, kind: str) -> None:
-    # No content type: a job is not a model instance. The entry shows in the admin's
-    # recent actions and in LogEntry, naming the user, the time and the job.
+    # No content type: a job is not a model instance. The job id (which carries the
+    # dedupe key) is kept in object_id only; the repr, shown in every staff user's
+    # "recent actions", names the kind, as deferred work's does.
     LogEntry.objects.create(
         user_id=request.user.pk,
         content_type=None,
         object_id=job_id,
-        object_repr=f"fire-and-forget job {job_id}"[:200],
+        object_repr=gettext("fire-and-forget %(kind)s job") % {"kind": kind},
         action_flag=CHANGE,
         change_message=gettext(
             "Revealed the trigger and error message of a %(kind)s job (nothing was changed)."

@@ -77,6 +77,7 @@ def test_a_get_confirms_and_a_post_reveals_escaped_not_cached_and_audited(
     assert (entry.object_id, entry.user, entry.action_flag) == (failed_job, revealer, CHANGE)
     assert entry.content_type is None
     assert "Revealed the trigger and error message of a test-ff-fail job" in entry.change_message
+    assert entry.object_repr == "fire-and-forget test-ff-fail job"  # not the key, as for deferred work
     recorded = f"{entry.object_repr} {entry.change_message}"
     assert PHONE not in recorded
     assert "Lucía" not in recorded
