@@ -30,6 +30,7 @@ from nexus_workflows.deferred.registry import registry
 from nexus_workflows.fire_and_forget import get_queue, job_id_for, run_job, split_job_id
 from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger
 from nexus_workflows.models import DeferredWork
+from nexus_workflows.phi import PhiConfigurationError
 from tests.conftest import PYTHON, REPOSITORY
 from tests.testapp.models import Ledger
 
@@ -357,6 +358,17 @@ def test_inside_a_transaction_an_existing_job_is_refused_at_once(queue: Queue) -
         assert enqueue(LEDGER, {"key": "tx4"}) is None
         assert transaction.get_connection().run_on_commit == []
     assert queue.count == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_phi_keys_enqueue_in_a_transaction_raises_at_once_and_sends_nothing(
+    queue: Queue, settings: Any
+) -> None:
+    keyless = {k: v for k, v in settings.NEXUS_WORKFLOWS.items() if not k.startswith("PHI_")}
+    settings.NEXUS_WORKFLOWS = keyless  # and DEBUG is off, as in every test
+    with pytest.raises(PhiConfigurationError, match="PHI_HMAC_KEY"), transaction.atomic():
+        enqueue(LEDGER, {"key": "tx5"})  # raises here, not in the commit's hook
+    assert queue.count == 0
 
 
 # --- failures ----------------------------------------------------------------------------------

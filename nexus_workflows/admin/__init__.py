@@ -58,6 +58,7 @@ from nexus_workflows.admin.changelist import (
 from nexus_workflows.admin.readonly import ReadOnlyAdminMixin
 from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA, RevealMixin, missing_object_redirect
 from nexus_workflows.deferred import triage
+from nexus_workflows.fire_and_forget.job import REVEAL_URL_NAME
 from nexus_workflows.flow.report import waiting_reason
 from nexus_workflows.models import DeferredWork, Status
 from nexus_workflows.observability import admin as observability_admin  # registers the runners' admin
@@ -353,7 +354,7 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
             path(  # before "<path:object_id>/reveal/", which would take it for an id
                 "jobs/<str:queue_name>/<str:job_id>/reveal/",
                 self.admin_site.admin_view(self.job_reveal_view),
-                name=jobs.URL_NAME,
+                name=REVEAL_URL_NAME,
             ),
             path(
                 "dashboard/",

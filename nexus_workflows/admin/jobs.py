@@ -24,16 +24,8 @@ from django.utils.translation import gettext
 from nexus_workflows.admin import display
 from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA
 from nexus_workflows.exceptions import SealedDataUnreadable
-from nexus_workflows.fire_and_forget.job import REVEAL_URL_NAME
-from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger
-from nexus_workflows.fire_and_forget.sending import (
-    RUN_JOB_UNSEALED,
-    RUN_SEALED_JOB,
-    configured_queues,
-    get_queue,
-)
-
-URL_NAME = REVEAL_URL_NAME  # the job body names it on the job, for django-rq's page
+from nexus_workflows.fire_and_forget.job import error_of, is_workflow_job, trigger_of
+from nexus_workflows.fire_and_forget.sending import configured_queues, get_queue
 
 TEMPLATE = "admin/nexus_workflows/job_reveal.html"
 
@@ -44,7 +36,7 @@ def reveal_job_view(request: HttpRequest, queue_name: str, job_id: str, *, admin
     if queue_name not in configured_queues():
         raise Http404(gettext("No RQ queue of that name is configured."))
     job = get_queue(queue_name).fetch_job(job_id)
-    if job is None or job.func_name not in (RUN_SEALED_JOB, RUN_JOB_UNSEALED):
+    if job is None or not is_workflow_job(job):
         raise Http404(gettext("No fire-and-forget workflow job with that id is in this queue."))
     kind = job.args[0]
     revealed: dict[str, Any] | None = None
@@ -69,19 +61,16 @@ def _open(job: Any) -> dict[str, Any]:
     """What the page shows; a value no key opens is said so, never shown as ciphertext."""
     shown: dict[str, Any] = {}
     try:
-        sent_sealed = job.func_name == RUN_SEALED_JOB
-        # A job sent before sealing has its trigger in clear (its error, if it failed since,
-        # is sealed all the same).
-        trigger = open_trigger(job.id, job.args[1]) if sent_sealed else job.args[1]
-        shown["trigger"] = display.json_block(trigger, empty="No trigger.")
+        shown["trigger"] = display.json_block(trigger_of(job), empty="No trigger.")
     except SealedDataUnreadable as error:
         shown["trigger_problem"] = str(error)
-    sealed_error = job.meta.get("sealed_error")
-    if sealed_error is not None:
-        try:
-            shown["error"] = display.error_block(open_error(job.id, sealed_error))
-        except SealedDataUnreadable as error:
-            shown["error_problem"] = str(error)
+    try:
+        message = error_of(job)
+    except SealedDataUnreadable as error:
+        shown["error_problem"] = str(error)
+    else:
+        if message is not None:
+            shown["error"] = display.error_block(message)
     return shown
 
 

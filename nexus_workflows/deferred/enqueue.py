@@ -80,7 +80,7 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
         from nexus_workflows.fire_and_forget import enqueue_job
 
         prepared = [(compute_dedupe_key(workflow, t), json_text(workflow, t)) for t in triggers]
-        return [enqueue_job(workflow, trigger, key, options) for key, trigger in prepared]
+        return [enqueue_job(workflow, text, key, options) for key, text in prepared]
     delay = _deferred_options(workflow, options)
     by_key: dict[str, str] = {}  # dedupe key -> the trigger's JSON text
     hashes: dict[str, tuple[str | None, str | None]] = {}  # dedupe key -> flow key hashes

@@ -1,5 +1,5 @@
 """The job body an RQ worker runs: open the sealed trigger, look the workflow up and call
-``prepare(trigger)`` once."""
+``prepare(trigger)`` once; and, for the admin's reveal page, what a job holds."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from django.urls import NoReverseMatch, reverse
 from rq import get_current_job
+from rq.job import Job
 
 from nexus_workflows.deferred.history import describe_error
 from nexus_workflows.deferred.registry import registry
@@ -17,9 +18,17 @@ from nexus_workflows.exceptions import (
     UnknownWorkflow,
     WorkflowError,
 )
-from nexus_workflows.fire_and_forget.sealing import open_trigger, seal_error
+from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger, seal_error
 
 logger = logging.getLogger("nexus_workflows.fire_and_forget")
+
+# The job body by its stable path: the package re-exports it, so a move of the module
+# never strands jobs already in Redis.
+RUN_SEALED_JOB = "nexus_workflows.fire_and_forget.run_sealed_job"
+# What jobs sent before triggers were sealed name; it still runs them.
+RUN_JOB_UNSEALED = "nexus_workflows.fire_and_forget.run_job"
+# Where a failed prepare's message is kept, sealed, in the job's meta.
+SEALED_ERROR = "sealed_error"
 
 #: The admin's page that opens a job's sealed trigger and error (nexus_workflows.admin.jobs).
 REVEAL_URL_NAME = "nexus_workflows_deferredwork_job_reveal"
@@ -72,7 +81,7 @@ def _job_failed(kind: str, error: Exception) -> JobFailed:
     # reveal page); the exception RQ logs names only the type and the frames.
     job = get_current_job()
     if job is not None:
-        job.meta["sealed_error"] = seal_error(job.id, describe_error(error))
+        job.meta[SEALED_ERROR] = seal_error(job.id, describe_error(error))
         job.meta["reveal"] = _reveal_path(job.origin, job.id)  # shown on django-rq's job page
         job.save_meta()
     frames = "".join(traceback.format_tb(error.__traceback__))
@@ -90,3 +99,25 @@ def _reveal_path(queue_name: str, job_id: str) -> str | None:
         return reverse(f"admin:{REVEAL_URL_NAME}", args=[queue_name, job_id])
     except NoReverseMatch:
         return None
+
+
+# --- what a job holds, for the reveal page ---------------------------------------------------
+
+
+def is_workflow_job(job: Job) -> bool:
+    """Whether ``job`` is a fire-and-forget workflow's (sealed, or sent before sealing)."""
+    return job.func_name in (RUN_SEALED_JOB, RUN_JOB_UNSEALED)
+
+
+def trigger_of(job: Job) -> Any:
+    """The trigger ``prepare`` receives; :class:`SealedDataUnreadable` if no key opens it."""
+    if job.func_name == RUN_SEALED_JOB:
+        return open_trigger(job.id, job.args[1])
+    return job.args[1]  # sent before sealing: in clear
+
+
+def error_of(job: Job) -> str | None:
+    """A failed ``prepare``'s message, ``None`` if the job has not failed that way;
+    :class:`SealedDataUnreadable` if no key opens it."""
+    sealed = job.meta.get(SEALED_ERROR)
+    return None if sealed is None else open_error(job.id, sealed)

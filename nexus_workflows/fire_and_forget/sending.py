@@ -26,6 +26,7 @@ from nexus_workflows.exceptions import (
     QueueUnavailable,
 )
 from nexus_workflows.fire_and_forget.embedded import warn_if_embedded
+from nexus_workflows.fire_and_forget.job import RUN_SEALED_JOB
 from nexus_workflows.fire_and_forget.job_ids import job_id_for
 from nexus_workflows.fire_and_forget.sealing import seal_trigger
 from nexus_workflows.limits import MAX_DELAY
@@ -33,11 +34,6 @@ from nexus_workflows.limits import MAX_DELAY
 logger = logging.getLogger("nexus_workflows.fire_and_forget")
 
 FIRE_AND_FORGET_OPTIONS = frozenset({"queue", "job_timeout", "at_front", "delay"})
-# The job body by its stable path: the package re-exports it, so a move of the module
-# never strands jobs already in Redis.
-RUN_SEALED_JOB = "nexus_workflows.fire_and_forget.run_sealed_job"
-# What jobs sent before triggers were sealed name; it still runs them.
-RUN_JOB_UNSEALED = "nexus_workflows.fire_and_forget.run_job"
 
 
 # --- options ------------------------------------------------------------------------------
@@ -173,14 +169,18 @@ def enqueue_job(
     """
     job_options = parse_options(workflow, options)
     job_id = job_id_for(workflow.kind, dedupe_key)
-    trigger = seal_trigger(job_id, trigger_text)
     queue = get_queue(job_options.queue)
-    if transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block:
+    in_transaction = transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block
+    if in_transaction:
         with _reachable(queue):
             exists = queue.connection.exists(queue.job_class.key_for(job_id))
         if exists:
             logger.debug("%s job not enqueued: a job with this dedupe key exists", workflow.kind)
             return None
+    # Sealed here, not at commit, so that missing keys raise into the caller. (Outside a
+    # transaction the duplicate check is the send itself, so a duplicate is sealed too.)
+    trigger = seal_trigger(job_id, trigger_text)
+    if in_transaction:
 
         def send_at_commit() -> None:
             _send_at_commit(queue, workflow.kind, trigger, job_id, job_options)
