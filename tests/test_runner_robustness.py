@@ -22,6 +22,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import enqueue
+from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.history import describe_error
 from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.limits import LAST_ERROR_MAX_LENGTH, OUTAGE_RELEASES_MAX, UNSTARTED_LOSSES_MAX
@@ -210,6 +211,72 @@ def test_heartbeats_survive_errors_and_a_runner_without_them_stops_claiming(
     assert "heartbeats work again" in caplog.text
     assert runs == ["slow", "quick"]  # the slow item ran once
     assert (row(slow).attempt, runner.stats.reclaimed) == (0, 0)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_queued_work_whose_claim_heartbeats_could_not_confirm_is_never_started(
+    register_workflow: Any, write_blocker: Any, caplog: Any, mode: str
+) -> None:
+    """Heartbeats fail for longer than STALE_AFTER while work waits in the runner's queue
+    behind a slow attempt; another runner reclaims it. When the slow attempt ends, the
+    queued work must not start here too: two executions at once."""
+    release_slow = threading.Event()
+    runs: list[str] = []
+
+    async def async_prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        runs.append(trigger["key"])
+        while trigger["key"] == "slow" and not release_slow.is_set():
+            await asyncio.sleep(0.01)
+
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        runs.append(trigger["key"])
+        if trigger["key"] == "slow":
+            release_slow.wait(30)
+
+    kind = register_workflow(prepare if mode == "sync" else async_prepare, retry_schedule=[1]).kind
+    heartbeat_only = (
+        "NEW.heartbeat_at <> OLD.heartbeat_at AND NEW.updated_at = OLD.updated_at "
+        "AND NEW.claim_token = OLD.claim_token"
+    )
+    with override_settings(NEXUS_WORKFLOWS=FAST), caplog.at_level(logging.WARNING, logger="nexus_workflows"):
+        runner = Runner(kinds=[kind], concurrency=1, async_concurrency=1, install_signal_handlers=False)
+        thread = threading.Thread(target=runner.run, name="test-runner")
+        thread.start()
+        try:
+            # Quick work first, so the runner prefetches: it claims beyond its one slot.
+            warm = [enqueue(kind, {"key": f"warm-{number}"}) for number in range(5)]
+            wait_for(lambda: all(row(w).status == Status.DONE for w in warm), timeout=10, what="warm-up")
+            slow = enqueue(kind, {"key": "slow"})
+            wait_for(lambda: "slow" in runs, timeout=10, what="the slow attempt to start")
+            queued = [enqueue(kind, {"key": f"queued-{number}"}) for number in range(3)]
+            wait_for(
+                lambda: all(row(q).status == Status.PROCESSING for q in queued),
+                timeout=10,
+                what="the queued work's claims",
+            )
+            write_blocker.install(heartbeat_only)
+            # Another runner reclaims them once they are stale, and would run them.
+            wait_for(
+                lambda: all(row(q).heartbeat_at < timezone.now() - timedelta(seconds=1.2) for q in queued),
+                timeout=10,
+                what="the queued claims to go stale",
+            )
+            other = Claimer(kinds=[kind], using=runner.using, worker_id="other-runner")
+            taken = other.claim_stale(10, stale_after=timedelta(seconds=1.0))
+            assert {w.id for w in taken} >= {int(q) for q in queued}
+            release_slow.set()
+            wait_for(lambda: runner.stats.forfeited == 3, timeout=10, what="the queued claims to be given up")
+            write_blocker.remove()
+            assert "not starting 3 claimed item(s)" in caplog.text
+            assert [key for key in runs if not key.startswith("warm")] == ["slow"]  # never the queued work
+            assert {row(q).claim_token for q in queued} <= {w.claim_token for w in taken}  # still the other's
+            assert row(slow).status == Status.PROCESSING  # the other runner's too, now
+        finally:
+            release_slow.set()
+            runner.request_stop()
+            thread.join(15)
+            connection.close()
+    assert not thread.is_alive()
 
 
 # --- 4. an unreachable database does not consume the schedule ------------------------------

@@ -39,6 +39,39 @@ def test_a_closed_ledger_hands_out_nothing_and_returns_what_never_started() -> N
     assert ledger.held_count() == 0
 
 
+def test_queued_work_starts_only_while_its_claim_was_confirmed_recently() -> None:
+    clock = FakeClock()
+    ledger = Ledger(at_risk=lambda unconfirmed_for: unconfirmed_for > 10, clock=clock)
+    kept, lost, late = work(), work(), work()
+    ledger.dispatch([kept, lost])
+    clock.advance(8)
+    ledger.confirm(clock.now - 1)  # a heartbeat begun 7 s after the claim found them held
+    assert ledger.take() is kept
+    clock.advance(4)  # 11 s since the claim, 4 s since the heartbeat: kept would start
+    ledger.dispatch([late])
+    clock.advance(11)  # nothing confirmed either since: both at risk
+    assert ledger.take_now("sync", 5) == []
+    assert ledger.take_forfeited() == [lost, late]
+    assert ledger.take_forfeited() == []
+    assert ledger.held() == [kept]  # forfeited claims are not heart-beaten any more
+
+
+def test_a_heartbeat_after_the_risk_does_not_rescue_a_queued_claim() -> None:
+    """Another runner may have reclaimed it before that heartbeat, which then simply did
+    not match it; the heartbeat gives it up at once."""
+    clock = FakeClock()
+    ledger = Ledger(at_risk=lambda unconfirmed_for: unconfirmed_for > 10, clock=clock)
+    risky, fresh = work(), work()
+    ledger.dispatch([risky])
+    clock.advance(9)
+    ledger.dispatch([fresh])
+    clock.advance(3)
+    ledger.confirm(clock.now)
+    assert ledger.take_forfeited() == [risky]
+    clock.advance(9)  # 9 s since the heartbeat confirmed the fresh one
+    assert ledger.take() is fresh
+
+
 class Recorder:
     """The parts a stop drives, recording what they were asked, in order."""
 

@@ -106,9 +106,11 @@ class Heartbeat:
             next_beat = time.monotonic() + self.interval
             self.on_beat()
             held = self.ledger.held()
+            began = time.monotonic()
             if held:
                 transitions.heartbeat(held, using=self.using)
             self.last_good = time.monotonic()
+            self.ledger.confirm(began)
         return next_beat
 
     def _mark_started(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,11 +37,25 @@ class Ledger:
 
     Queued work waits in the lane ``lane_of(work)`` says (:data:`SYNC` or :data:`ASYNC`):
     sync workers block in :meth:`take`, the event loop polls :meth:`take_now`.
+
+    Queued work starts only while its claim is known to be ours: the claim, or a later
+    heartbeat that found it still held (:meth:`confirm`), is recent enough for
+    ``at_risk(seconds since)`` to say no. Otherwise another runner may have reclaimed it
+    (heartbeats failed for ``STALE_AFTER``) and be running it: it is *forfeited* instead
+    (:meth:`take_forfeited`), never started, and goes stale for a reclaim.
     """
 
-    def __init__(self, lane_of: Callable[[ClaimedWork], str] = lambda work: SYNC) -> None:
+    def __init__(
+        self,
+        lane_of: Callable[[ClaimedWork], str] = lambda work: SYNC,
+        *,
+        at_risk: Callable[[float], bool] = lambda unconfirmed_for: False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.lock = threading.Lock()
         self.lane_of = lane_of
+        self.at_risk = at_risk
+        self.clock = clock
         self._work_available = threading.Condition(self.lock)
         self._sync_taken = threading.Condition(self.lock)  # a sync worker took queued work
         self._queued: dict[str, deque[ClaimedWork]] = {lane: deque() for lane in LANES}
@@ -49,6 +64,10 @@ class Ledger:
         self._unmarked: dict[tuple[str, int], ClaimedWork] = {}
         self._unwritten: list[Pending] = []
         self._unguarded: list[ClaimedWork] = []
+        # When each queued claim was last known to be ours (monotonic), and the queued
+        # claims given up because that was too long ago.
+        self._confirmed: dict[tuple[str, int], float] = {}
+        self._forfeited: list[ClaimedWork] = []
         self._closed = False
 
     # --- queued and running -------------------------------------------------------------
@@ -59,9 +78,11 @@ class Ledger:
         lanes: set[str] = set()
         if works:
             with self._work_available:
+                now = self.clock()  # just claimed (or guarded): ours
                 for work in works:
                     lane = self.lane_of(work)
                     self._queued[lane].append(work)
+                    self._confirmed[work.key] = now
                     lanes.add(lane)
                 if SYNC in lanes:
                     self._work_available.notify(len(self._queued[SYNC]))
@@ -71,12 +92,15 @@ class Ledger:
         """Block until queued sync work (now running, unmarked) or :meth:`close` (None)."""
         with self._work_available:
             queued = self._queued[SYNC]
-            while not queued and not self._closed:
-                self._work_available.wait()
-            if not queued:
-                return None
-            self._sync_taken.notify_all()
-            return self._start(queued.popleft(), SYNC)
+            while True:
+                while not queued and not self._closed:
+                    self._work_available.wait()
+                if not queued:
+                    return None
+                self._sync_taken.notify_all()
+                work = self._start_if_ours(queued.popleft(), SYNC)
+                if work is not None:
+                    return work
 
     def wait_sync_taken(self, timeout: float) -> bool:
         """Block until no sync work is queued (the workers took it), the ledger is closed,
@@ -88,12 +112,21 @@ class Ledger:
 
     def take_now(self, lane: str, limit: int) -> list[ClaimedWork]:
         """Up to ``limit`` queued items of ``lane`` (now running, unmarked); never blocks."""
+        taken: list[ClaimedWork] = []
         with self.lock:
             queued = self._queued[lane]
-            count = min(limit, len(queued)) if not self._closed else 0
-            return [self._start(queued.popleft(), lane) for _ in range(count)]
+            while queued and len(taken) < limit and not self._closed:
+                work = self._start_if_ours(queued.popleft(), lane)
+                if work is not None:
+                    taken.append(work)
+        return taken
 
-    def _start(self, work: ClaimedWork, lane: str) -> ClaimedWork:
+    def _start_if_ours(self, work: ClaimedWork, lane: str) -> ClaimedWork | None:
+        """Start ``work`` (running, unmarked), or forfeit it if its claim is at risk."""
+        confirmed = self._confirmed.pop(work.key, None)
+        if confirmed is not None and self.at_risk(self.clock() - confirmed):
+            self._forfeited.append(work)
+            return None
         self._running[work.key] = work
         self._running_lanes[lane] += 1
         self._unmarked[work.key] = work
@@ -112,6 +145,7 @@ class Ledger:
             unstarted = [*self._queued[SYNC], *self._queued[ASYNC], *self._unguarded]
             for queued in self._queued.values():
                 queued.clear()
+            self._confirmed.clear()
             self._unguarded = []
             self._closed = True
             self._work_available.notify_all()
@@ -126,6 +160,32 @@ class Ledger:
         """Of ``slots`` of ``lane``, how many have nothing to run nor queued for them."""
         with self.lock:
             return slots - len(self._queued[lane]) - self._running_lanes[lane]
+
+    # --- claims at risk -----------------------------------------------------------------
+
+    def confirm(self, at: float) -> None:
+        """A heartbeat that began at ``at`` (monotonic) refreshed every held claim: queued
+        claims not yet at risk then are ours until ``at`` at least. Those at risk stay
+        so (another runner may have taken them before it) and are forfeited now."""
+        with self.lock:
+            for queued in self._queued.values():
+                keep: list[ClaimedWork] = []
+                for work in queued:
+                    confirmed = self._confirmed.get(work.key, at)
+                    if self.at_risk(at - confirmed):
+                        self._confirmed.pop(work.key, None)
+                        self._forfeited.append(work)
+                    else:
+                        self._confirmed[work.key] = max(confirmed, at)
+                        keep.append(work)
+                queued.clear()  # in place: a blocked take() holds this deque
+                queued.extend(keep)
+
+    def take_forfeited(self) -> list[ClaimedWork]:
+        """The queued claims given up since the last call (see the class's docstring)."""
+        with self.lock:
+            works, self._forfeited = self._forfeited, []
+        return works
 
     # --- start markers ------------------------------------------------------------------
 

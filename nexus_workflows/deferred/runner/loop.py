@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -24,7 +25,7 @@ from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.async_pool import AsyncPool
 from nexus_workflows.deferred.runner.backoff import Backoff
 from nexus_workflows.deferred.runner.capacity import Capacity
-from nexus_workflows.deferred.runner.heartbeat import Heartbeat
+from nexus_workflows.deferred.runner.heartbeat import Heartbeat, heartbeat_failing
 from nexus_workflows.deferred.runner.journal import JournalWriter
 from nexus_workflows.deferred.runner.lanes import LaneClaims, journal_writers, lane_of
 from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
@@ -100,7 +101,16 @@ class Runner:
         self._claimer = Claimer(
             kinds=self.kinds, queues=self.queues, using=self.using, worker_id=self.worker_id
         )
-        self._ledger = Ledger(lane_of)
+        # Queued work whose claim went unconfirmed as long as claiming pauses for is
+        # not started: another runner may be running it (Ledger, "forfeited").
+        self._ledger = Ledger(
+            lane_of,
+            at_risk=functools.partial(
+                heartbeat_failing,
+                stale_after=self.stale_after.total_seconds(),
+                interval=float(app_settings.HEARTBEAT_INTERVAL),
+            ),
+        )
         batch_size = int(app_settings.BATCH_SIZE)
         self._capacity = {
             SYNC: Capacity(self.concurrency, batch_size),
@@ -305,6 +315,7 @@ class Runner:
         due; returns (items claimed, whether more may be due, whether purging goes on)."""
         # First: the wake-up path of an idle runner. What it claimed starts before this
         # turn's other work (the loop waits, without the GIL, until a worker took it).
+        self._log_forfeited(self._ledger.take_forfeited())
         claiming = not self._stop_requested.is_set() and not self._heartbeat.failing()
         if claiming and self._lanes.claim_notified(cutoff):
             self._ledger.wait_sync_taken(HAND_OFF_WAIT)
@@ -321,6 +332,17 @@ class Runner:
         if self._wants_more():
             claimed, more_due = self._claim(cutoff, check_stale=schedule.stale_check_due())
         return claimed, more_due, purging
+
+    def _log_forfeited(self, works: list[ClaimedWork]) -> None:
+        if works:
+            self.stats.forfeited += len(works)
+            logger.warning(
+                "not starting %d claimed item(s) (%s): no heartbeat confirmed their claims for "
+                "over half of STALE_AFTER, so another runner may hold them; they go stale and "
+                "are reclaimed without counting an attempt",
+                len(works),
+                ", ".join(f"{work.kind} #{work.id}" for work in works[:10]),
+            )
 
     def _next_wait(self) -> float:
         """How long the loop may sleep: until the next poll (short while wake-ups do not

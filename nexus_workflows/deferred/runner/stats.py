@@ -19,6 +19,8 @@ class RunStats:
     released: int = 0
     lost: int = 0
     purged: int = 0
+    # Queued claims never started: heartbeats failed too long (Ledger, "forfeited").
+    forfeited: int = 0
 
     def summary(self) -> str:
         return (
@@ -27,6 +29,7 @@ class RunStats:
             + (f", {self.lost} lost" if self.lost else "")
             + (f", {self.released} released" if self.released else "")
             + (f", {self.purged} purged" if self.purged else "")
+            + (f", {self.forfeited} forfeited" if self.forfeited else "")
         )
 
     def as_dict(self) -> dict[str, int]:
