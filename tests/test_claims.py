@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from nexus_workflows import ClaimLost, InvalidCheckpoint, enqueue
 from nexus_workflows.deferred.claims import Claimer
+from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.transitions import (
     abandon,
     finish_done,
@@ -298,3 +299,34 @@ def test_release_returns_work_to_pending_due_now_with_attempt_unchanged(kind: st
     work = DeferredWork.objects.get(pk=work_id)
     assert (work.status, work.attempt, work.claim_token) == (Status.PENDING, 2, "")
     assert work.next_attempt_at <= timezone.now()
+
+
+@pytest.mark.parametrize("path", ["due", "by-id", "workflow-ids", "flow-limited"])
+def test_rows_keeping_a_limit_their_kind_no_longer_has_are_still_claimed_together(
+    register_workflow: Any, path: str
+) -> None:
+    """Rows enqueued while a kind had a serial key, and rescheduled while it had a cap,
+    keep their key hash and slot after a deploy drops those limits; claimed together,
+    they would collide in the unique indexes that guard them, on every claim."""
+    before = register_workflow(
+        lambda t, c, s: None, retry_schedule=[1], serial_key=lambda t: "one conversation", concurrency=2
+    )
+    ids = [int(enqueue(before.kind, {"key": key})) for key in ("a", "b", "c")]
+    DeferredWork.objects.filter(pk__in=ids).update(flow_slot=0)  # as a reschedule leaves them
+    assert len(set(DeferredWork.objects.filter(pk__in=ids).values_list("serial_key_hash", flat=True))) == 1
+    registry.unregister(before.kind)
+    # The same kind after the deploy: no serial key, no cap (or, last, only a rate limit).
+    after = {"rate_limit": (100, 1.0)} if path == "flow-limited" else {}
+    register_workflow(lambda t, c, s: None, kind=before.kind, retry_schedule=[1], **after)
+
+    claiming = Claimer(kinds=[before.kind], using="default")
+    if path == "by-id":
+        claimed = claiming.claim_due_ids(ids)
+    elif path == "workflow-ids":
+        claimed = claiming.claim_workflow_ids(ids)
+    else:
+        claimed = claiming.claim_due(10)
+    assert sorted(work.id for work in claimed) == ids
+    rows = DeferredWork.objects.filter(pk__in=ids)
+    claimed_rows = set(rows.values_list("status", "flow_slot", "serial_key_hash"))
+    assert claimed_rows == {(Status.PROCESSING, None, None)}

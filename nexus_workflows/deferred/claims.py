@@ -87,6 +87,13 @@ def _claim_changes(token: str) -> dict[str, Any]:
     }
 
 
+#: What a claim of a kind without flow limits writes besides: no slot and no serial key.
+#: A row enqueued or rescheduled while its kind had them keeps them, and two such rows
+#: claimed together would collide in the unique indexes that guard them
+#: (``nw_flow_slot_held_once``, ``nw_serial_key_running_once``) on every claim.
+NO_FLOW_LIMITS: dict[str, Any] = {"flow_slot": None, "serial_key_hash": None}
+
+
 class Claimer:
     """Claims batches of due and stale work for one runner."""
 
@@ -155,7 +162,7 @@ class Claimer:
         ids = [row[0] for row in found]
         tasks = {row[0] for row in found if row[1:] and row[1]}
         return self.claim_rows(
-            candidates, ids, reclaimed=reclaimed, variants=variants, tasks=tasks, **changes
+            candidates, ids, reclaimed=reclaimed, variants=variants, tasks=tasks, **NO_FLOW_LIMITS, **changes
         )
 
     def claim_rows(
@@ -297,7 +304,7 @@ class Claimer:
         if not ids or not self._has_plain():
             return []
         due = DeferredWork.objects.using(self.using).due(now or DatabaseNow()).filter(self._selection())
-        return self.claim_rows(due, ids, reclaimed=False)
+        return self.claim_rows(due, ids, reclaimed=False, **NO_FLOW_LIMITS)
 
     def claim_workflow_ids(self, ids: list[int]) -> list[ClaimedWork]:
         """Claim the workflow rows ``ids`` (of kinds without flow limits) if they are still
@@ -325,7 +332,8 @@ class Claimer:
         slots = [_ID_SLOT + number for number in range(count)]
         due = DeferredWork.objects.using(self.using).due(DatabaseNow())
         workflows = due.filter(kind__in=self.plain_kinds, queue_name="", pk__in=slots)
-        return claim_statement(workflows, _claim_changes(_TOKEN_SLOT), _CLAIM_FIELDS, [_TOKEN_SLOT, *slots])
+        changes = {**_claim_changes(_TOKEN_SLOT), **NO_FLOW_LIMITS}
+        return claim_statement(workflows, changes, _CLAIM_FIELDS, [_TOKEN_SLOT, *slots])
 
     def retry_in(self) -> float | None:
         """Seconds until a rate window the last claim found full has a start again."""

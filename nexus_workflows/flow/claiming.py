@@ -257,8 +257,12 @@ class FlowClaimer:
             )
             self._found_nothing = not (flow.keyed or flow.rate_key) or not due.exists()
             return [], 0
-        changes: dict[str, Any] = {}  # transitions.claim sets the status itself
-        if flow.concurrency is not None:
+        # transitions.claim sets the status itself. A limit the kind no longer has is
+        # cleared from the rows it claims (see claims.NO_FLOW_LIMITS).
+        changes: dict[str, Any] = {} if flow.keyed else {"serial_key_hash": None}
+        if flow.concurrency is None:
+            changes["flow_slot"] = None
+        else:
             changes["flow_slot"] = Case(
                 *(When(pk=pk, then=Value(slot)) for pk, slot in zip(ids, slots, strict=False)),
                 default=Value(None),
