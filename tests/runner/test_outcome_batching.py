@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from typing import Any, cast
+
 from nexus_workflows.deferred.execution import Result
 from nexus_workflows.deferred.runner.ledger import Ledger, Pending
 from nexus_workflows.deferred.runner.outcomes import (
     WRITE_RETRY_MAX_DELAY,
+    OutcomeWriter,
     batches,
     released_for_outage,
     retry_delay,
@@ -46,3 +50,23 @@ def test_an_outage_failure_is_released_at_most_five_times_per_attempt() -> None:
     # Releases of earlier attempts do not count; other errors are never released.
     assert released_for_outage(work(attempt=3, history=[released] * 5), outage)
     assert not released_for_outage(work(attempt=2), RuntimeError("boom"))
+
+
+def test_a_failed_batch_is_written_item_by_item_outside_its_error() -> None:
+    """Written items send task_finished; its receivers (Django 6's logger) must not see
+    the batch's error, whose message may quote another item's data, as being handled."""
+    ledger = Ledger()
+    good, bad = Pending(outcome()), Pending(outcome())
+    for pending in (good, bad):
+        ledger.add_unwritten(pending)
+    handled_while_writing: list[tuple[int, Any]] = []
+
+    def write(batch: list[Pending]) -> None:
+        handled_while_writing.append((len(batch), sys.exc_info()[0]))
+        if len(batch) > 1 or batch[0] is bad:
+            raise ValueError("value too long for the column")
+
+    writer = OutcomeWriter(ledger, cast(Any, None), observe=lambda outcome: None)
+    writer._write_batch([good, bad], write)
+    assert handled_while_writing == [(2, None), (1, None), (1, None)]
+    assert (ledger.due_unwritten(float("inf")), bad.failures, good.failures) == ([bad], 1, 0)

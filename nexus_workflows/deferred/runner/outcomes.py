@@ -111,16 +111,21 @@ class OutcomeWriter:
         except DATABASE_UNAVAILABLE:
             raise
         except Exception as error:  # noqa: BLE001 - contained to this item
-            if len(batch) > 1:  # one item's row may be the cause: write each on its own
-                for pending in batch:
-                    self._write_batch([pending], write)
-                return
-            (pending,) = batch
-            pending.failures += 1
-            pending.retry_at = time.monotonic() + retry_delay(pending.failures)
-            log_write_error(pending.outcome.work, "outcome", error)
+            failed = error
+        else:
+            self.ledger.written(batch)
             return
-        self.ledger.written(batch)
+        # Outside the except block: the items written below send task_finished, whose
+        # receivers (Django 6's logger among them) would see this batch's error, another
+        # item's data in its message, as the exception being handled.
+        if len(batch) > 1:  # one item's row may be the cause: write each on its own
+            for pending in batch:
+                self._write_batch([pending], write)
+            return
+        (pending,) = batch
+        pending.failures += 1
+        pending.retry_at = time.monotonic() + retry_delay(pending.failures)
+        log_write_error(pending.outcome.work, "outcome", failed)
 
     def _write_successes(self, batch: list[Pending]) -> None:
         written, lost = transitions.finish_done(pending.outcome.work for pending in batch)
