@@ -9,6 +9,7 @@ error's *type* only. ``last_error`` is written as ``"<ExceptionType>: <message>"
 from __future__ import annotations
 
 import re
+import traceback
 
 # An exception class name, possibly dotted; anything else is not shown.
 _TYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -26,3 +27,14 @@ def error_type(text: str | None) -> str:
         return ""
     head = text.strip().split("\n", 1)[0].split(":", 1)[0].strip()
     return head if _TYPE.fullmatch(head) else "error"
+
+
+def raised_at(error: BaseException) -> str:
+    """Where ``error`` was raised, as ``file.py:line in function`` (its innermost frame),
+    for messages that must not chain the error itself: its message and the locals a
+    traceback formatter may print can hold the value that caused it."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "unknown location"
+    last = frames[-1]
+    return f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name}"

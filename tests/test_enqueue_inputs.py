@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import traceback
 from collections import OrderedDict
 from datetime import timedelta
 from typing import Any
@@ -24,6 +25,7 @@ from nexus_workflows import (
     InvalidDedupeKey,
     InvalidEnqueueOption,
     InvalidTrigger,
+    WorkflowError,
     enqueue,
     enqueue_many,
 )
@@ -319,3 +321,33 @@ def test_the_number_rules_are_what_jsonb_does(deferred: str) -> None:
     assert type(stored["huge"]) is int
     assert str(stored["minus_zero"]) == "0.0"
     assert all(same(stored[name], value) for name, value in kept.items())
+
+
+@pytest.mark.parametrize("rule", ["dedupe_key", "serial_key", "rate_key"])
+def test_a_raising_key_function_is_reported_where_it_raised_without_its_message(
+    register_workflow: Any, rule: str
+) -> None:
+    """A traceback logger (Django's request log, an error tracker) prints the chained
+    cause: it would carry the trigger's value the key function choked on."""
+
+    def int_visit(trigger: Any) -> str:
+        return str(int(trigger["visit"]))
+
+    options: dict[str, Any] = {rule: int_visit}
+    if rule == "rate_key":
+        options["rate_limit"] = (10, 1.0)
+    if rule != "dedupe_key":
+        options["dedupe_key"] = lambda trigger: "one"
+    kind = register_workflow(noop, retry_schedule=[1], **options).kind
+    patient = "María López +52 55 1234 5678"  # not on the line the traceback quotes
+    with pytest.raises(WorkflowError) as raised:
+        enqueue(kind, {"visit": patient})
+    message = str(raised.value)
+    assert f"{rule} raised ValueError (test_enqueue_inputs.py:" in message
+    assert "in int_visit) for this trigger" in message
+    assert raised.value.__cause__ is None
+    assert raised.value.__suppress_context__
+    rendered = "".join(traceback.format_exception(raised.value))
+    assert "María" not in rendered
+    assert "1234" not in rendered
+    assert not DeferredWork.objects.exists()

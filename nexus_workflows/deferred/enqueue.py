@@ -23,6 +23,7 @@ from nexus_workflows.exceptions import EnqueueRejected, InvalidDedupeKey, Invali
 from nexus_workflows.flow import ordering
 from nexus_workflows.flow.keys import flow_key_hashes
 from nexus_workflows.limits import DEDUPE_KEY_MAX_LENGTH
+from nexus_workflows.redaction import raised_at
 
 logger = logging.getLogger("nexus_workflows.enqueueing")  # the name it has always logged under
 
@@ -225,10 +226,12 @@ def compute_dedupe_key(workflow: Workflow, trigger: Any) -> str:
     kind = workflow.kind
     try:
         key = workflow.dedupe_key(trigger)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - whatever the user's function raises
+        # Not chained: the error's message may quote the trigger (patient data).
         raise InvalidDedupeKey(
-            f"workflow {kind!r}: dedupe_key raised {type(error).__name__} for this trigger"
-        ) from error
+            f"workflow {kind!r}: dedupe_key raised {type(error).__name__} ({raised_at(error)}) "
+            "for this trigger"
+        ) from None
     if key is None:
         raise InvalidDedupeKey(
             f"workflow {kind!r}: dedupe_key returned None; it must return a non-empty string"

@@ -6,6 +6,7 @@ from typing import Any
 
 from nexus_workflows.exceptions import InvalidFlowKey
 from nexus_workflows.flow.options import FlowLimits
+from nexus_workflows.redaction import raised_at
 
 SERIAL = "serial"
 RATE = "rate"
@@ -15,10 +16,12 @@ def _hash(kind: str, purpose: str, function: Any, trigger: Any) -> str | None:
     # Messages name the kind and the rule, never the key or the trigger (patient data).
     try:
         key = function(trigger)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - whatever the user's function raises
+        # Not chained: the error's message may quote the trigger (patient data).
         raise InvalidFlowKey(
-            f"workflow {kind!r}: {purpose}_key raised {type(error).__name__} for this trigger"
-        ) from error
+            f"workflow {kind!r}: {purpose}_key raised {type(error).__name__} ({raised_at(error)}) "
+            "for this trigger"
+        ) from None
     if key is None:
         return None
     if not isinstance(key, str):
