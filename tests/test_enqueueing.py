@@ -18,6 +18,8 @@ from nexus_workflows import (
     WorkflowError,
     enqueue,
 )
+from nexus_workflows.deferred import transitions
+from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.models import DeferredWork, Status
 from tests.clock import database_resolution_now
 from tests.threads import run_together
@@ -295,3 +297,38 @@ def test_enqueue_runs_as_a_prepared_statement_where_the_database_settings_allow_
         )
         assert cursor.fetchone()[0] == 1
     assert DeferredWork.objects.using("default").filter(kind=deferred).count() == 8
+
+
+@pytest.mark.parametrize("meanwhile", ["purged", "revived-and-claimed", "revived"])
+def test_enqueue_many_reports_abandoned_work_that_changed_before_its_revive_as_it_is_now(
+    deferred: str, monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    """Between enqueue_many's read (abandoned) and its revive, the purge deletes the row,
+    or an operator revives it and a runner claims it. The result must say what is true:
+    new work for a purged key, None for work in flight, its id for work still pending."""
+    abandoned = int(enqueue(deferred, {"key": "a"}))
+    DeferredWork.objects.filter(pk=abandoned).update(status=Status.ABANDONED)
+    revive_ids = transitions.revive_ids
+
+    def changed_first(queryset: Any, **options: Any) -> set[int]:
+        # What another connection commits between the read and the revive.
+        if meanwhile == "purged":
+            DeferredWork.objects.filter(pk=abandoned).delete()
+        else:
+            transitions.revive(DeferredWork.objects.filter(pk=abandoned))
+            if meanwhile == "revived-and-claimed":
+                assert Claimer(kinds=[deferred], using="default").claim_due(1)
+        return revive_ids(queryset, **options)
+
+    monkeypatch.setattr(transitions, "revive_ids", changed_first)
+    from nexus_workflows import enqueue_many
+
+    (result,) = enqueue_many(deferred, [{"key": "a"}])
+    (row,) = DeferredWork.objects.filter(kind=deferred, dedupe_key="a")
+    if meanwhile == "purged":
+        assert (result, row.status) == (str(row.pk), Status.PENDING)
+        assert row.pk != abandoned
+    elif meanwhile == "revived-and-claimed":
+        assert (result, row.status) == (None, Status.PROCESSING)
+    else:
+        assert (result, row.status) == (str(abandoned), Status.PENDING)

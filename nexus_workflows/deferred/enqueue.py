@@ -3,6 +3,8 @@
 Everything is validated before anything is written, so a rejected call leaves no trace.
 """
 
+# Long module: enqueue and enqueue_many, their checks and their dedupe-and-revive rounds.
+
 from __future__ import annotations
 
 import json
@@ -143,7 +145,7 @@ def _settle_chunk(
     the keys to try again (their conflicting row was purged before it could be read)."""
     # Long function: one batch's insert, dedupe and revive in one atomic.
     from nexus_workflows.deferred.inserts import insert_pending_many_postgresql
-    from nexus_workflows.deferred.transitions import revive
+    from nexus_workflows.deferred.transitions import revive_ids
     from nexus_workflows.deferred.wakeup import notify
     from nexus_workflows.models import DeferredWork, Status
 
@@ -200,17 +202,24 @@ def _settle_chunk(
     abandoned = [pk for _, pk, status in rows if status == Status.ABANDONED]
     revived: set[int] = set()
     if abandoned:
-        revived = set(
-            DeferredWork.objects.using(using)
-            .filter(pk__in=abandoned, status=Status.ABANDONED)
-            .values_list("pk", flat=True)
-        )
-        revive(DeferredWork.objects.using(using).filter(pk__in=revived), due=due)
-        notify(using)
+        revived = revive_ids(DeferredWork.objects.using(using).filter(pk__in=abandoned), due=due)
+        if revived:
+            notify(using)
         for pk in revived:
             signals.send(signals.work_revived, kind=workflow.kind, id=pk, attempt=1)
+        if len(revived) < len(abandoned):
+            # Changed since the read: revived by someone else (pending, or claimed by
+            # now) or purged (then the key is new again: tried once more).
+            changed = [pk for pk in abandoned if pk not in revived]
+            now_status = dict(
+                DeferredWork.objects.using(using).filter(pk__in=changed).values_list("pk", "status")
+            )
+            rows = [
+                (key, pk, now_status[pk] if pk in changed else status)
+                for key, pk, status in rows
+                if pk not in changed or pk in now_status
+            ]
     for key, pk, status in rows:
-        # Abandoned rows revived just now are pending; one that changed first is not ours.
         pending = status == Status.PENDING or pk in revived
         results[key] = str(pk) if pending else None
     seen = {key for key, _, _ in rows}

@@ -133,6 +133,20 @@ def revive(queryset: QuerySet[DeferredWork], *, due: Any = None, history: list[A
     (attempt 0, due at ``due`` or now, error and claim cleared, checkpoints kept); returns
     rows revived. Rows that are not abandoned (a runner may be working on them) are left
     alone; ``queryset`` may add its own conditions (the ``updated_at`` the caller read)."""
+    return queryset.filter(status=Status.ABANDONED).update(**_revived(due, history))
+
+
+def revive_ids(queryset: QuerySet[DeferredWork], *, due: Any = None) -> set[int]:
+    """:func:`revive`, saying which rows it revived (those not abandoned any more when it
+    ran, purged or revived and claimed by someone else, are not among them): one
+    ``UPDATE … RETURNING`` where the database can, else one ``UPDATE`` per row."""
+    abandoned = queryset.filter(status=Status.ABANDONED)
+    if can_return_from_update(queryset.db):
+        return {row["pk"] for row in update_returning(abandoned, _revived(due, None), ("pk",))}
+    return {pk for pk in abandoned.values_list("pk", flat=True) if revive(abandoned.filter(pk=pk), due=due)}
+
+
+def _revived(due: Any, history: list[Any] | None) -> dict[str, Any]:
     now = DatabaseNow()
     fields: dict[str, Any] = {
         "status": Status.PENDING,
@@ -145,7 +159,7 @@ def revive(queryset: QuerySet[DeferredWork], *, due: Any = None, history: list[A
     }
     if history is not None:
         fields["history"] = history
-    return queryset.filter(status=Status.ABANDONED).update(**fields)
+    return fields
 
 
 def run_now(queryset: QuerySet[DeferredWork]) -> int:
