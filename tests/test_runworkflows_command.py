@@ -173,9 +173,13 @@ def test_a_slow_prepare_with_a_live_runner_is_not_reclaimed(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_sigterm_keeps_the_claim_of_an_attempt_that_outlives_the_grace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["test-slow", "test-blocking-async"])
+def test_sigterm_keeps_the_claim_of_an_attempt_that_outlives_the_grace(tmp_path: Path, kind: str) -> None:
+    """The process ends soon after the grace, its attempt with it: also an ``async def``
+    attempt blocked in ``asyncio.to_thread``, whose thread Python's own exit would wait
+    for while nothing refreshes the claim any more."""
     started = tmp_path / "started"
-    work_id = enqueue("test-slow", {"key": "a", "seconds": 60, "started_file": str(started)})
+    work_id = enqueue(kind, {"key": "a", "seconds": 60, "started_file": str(started)})
     process = ManagePy("runworkflows", settings={**FAST, "SHUTDOWN_GRACE": 0.5})
     try:
         wait_for(started.exists, timeout=30, what="the slow prepare to start")

@@ -144,6 +144,15 @@ async def interval_async(trigger: dict[str, Any], checkpoints: dict[str, Any], s
     append_line(ledger, key, "end", time.time())
 
 
+@workflow("test-blocking-async", dedupe_key=by_key, retry_schedule=SCHEDULE)
+async def blocking_async(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """An ``async def`` prepare that blocks in a thread (a blocking SDK call through
+    ``asyncio.to_thread``, as any async ORM call does) for ``seconds``, after touching
+    ``started_file``."""
+    Path(trigger["started_file"]).touch()
+    await asyncio.to_thread(threading.Event().wait, trigger["seconds"])
+
+
 # --- fire-and-forget (no retry schedule): run by RQ workers --------------------------------
 
 

@@ -93,6 +93,8 @@ class Runner:
         self._stop_now = threading.Event()
         self._listener: wakeup.PostgresListener | None = None
         self._claims_paused = False
+        # Attempts still running when the runner stopped (after the grace); see run().
+        self.left_running = 0
         self._build_parts(metrics_host, metrics_port)
 
     def _build_parts(self, metrics_host: str, metrics_port: int | None) -> None:
@@ -169,7 +171,12 @@ class Runner:
     # --- public -----------------------------------------------------------------------
 
     def run(self) -> RunStats:
-        """Run until stopped; returns the counts of what happened."""
+        """Run until stopped; returns the counts of what happened.
+
+        Attempts still running when it returns (``left_running``) hold claims no longer
+        heart-beaten: the process must end soon, before ``STALE_AFTER`` lets another
+        runner start them too (``runworkflows`` ends it at once: :func:`.shutdown.end_process`).
+        """
         metrics = self._observer.start()  # first: a metrics port in use fails here, cleanly
         signals = StopSignals(self.request_stop, self._stop_requested.is_set, self.shutdown_grace)
         if self.install_signal_handlers:
@@ -413,6 +420,12 @@ class Runner:
     # --- shutdown ---------------------------------------------------------------------
 
     def _shutdown(self) -> None:
+        try:
+            self._stop_all()
+        finally:
+            self.left_running = self._ledger.running_count()
+
+    def _stop_all(self) -> None:
         Shutdown(
             self._ledger,
             grace=self.shutdown_grace,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.ledger import Ledger
@@ -118,3 +122,21 @@ class Shutdown:
                 unwritten,
                 self.stale_after,
             )
+
+
+def end_process(code: int = 0) -> NoReturn:
+    """End this process now, with attempts still running in it.
+
+    Python's own exit would first join every non-daemon thread: those of
+    ``asyncio.to_thread`` and of every async ORM call among them, so a blocked call would
+    keep the process, and its attempt, alive after the claims stopped being refreshed,
+    until another runner took them over and ran them too. The ``atexit`` functions (an
+    error reporter's flush) and the log handlers still run first.
+    """
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)

@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.deferred.runner.shutdown import end_process
 from nexus_workflows.exceptions import UnknownQueue, UnknownWorkflow
 from nexus_workflows.observability.logs import install_default_handler, remove_default_handler
 
@@ -133,3 +134,6 @@ class Command(BaseCommand):
             ) from error
         if options["once"]:
             self.stdout.write(f"runworkflows --once: {stats.summary()}")
+        if runner.left_running and getattr(self, "_called_from_command_line", False):
+            # Not from call_command: that would end the caller's process.
+            end_process()
