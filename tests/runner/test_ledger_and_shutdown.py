@@ -34,7 +34,8 @@ def test_a_closed_ledger_hands_out_nothing_and_returns_what_never_started() -> N
     assert empty.close() == []
     worker.join(5)
     assert waiting == [None]  # a blocked worker is let go
-    assert ledger.close() == [queued, reclaimed]
+    assert ledger.close() == [queued]  # the reclaimed one waits for its guard
+    assert ledger.take_unguarded() == [reclaimed]
     assert ledger.take() is None
     assert ledger.held_count() == 0
 
@@ -122,6 +123,19 @@ def test_unstarted_work_is_released_first_and_running_work_gets_the_grace() -> N
     recorder = Recorder(ledger, clock, finishes_after=clock.now + 2.0)
     stop(ledger, recorder, clock)
     assert recorder.calls == [("release", [queued.id]), ("finished", running.id), ("stop helpers", 0)]
+
+
+def test_reclaimed_work_its_guard_has_not_checked_is_not_released() -> None:
+    """Released, it would be pending again and run by a plain claim past its retry
+    schedule; left stale, the next reclaim checks it."""
+    ledger, clock = Ledger(), FakeClock()
+    running, queued, reclaimed = work(), work(), work(reclaimed=True)
+    ledger.dispatch([running, queued])
+    ledger.add_unguarded([reclaimed])
+    recorder = Recorder(ledger, clock, finishes_after=clock.now + 1.0)
+    stop(ledger, recorder, clock)
+    assert recorder.calls == [("release", [queued.id]), ("finished", running.id), ("stop helpers", 0)]
+    assert ledger.held() == []
 
 
 def test_an_attempt_outliving_the_grace_keeps_its_claim() -> None:

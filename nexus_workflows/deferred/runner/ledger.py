@@ -140,13 +140,14 @@ class Ledger:
             self._unmarked.pop(work.key, None)
 
     def close(self) -> list[ClaimedWork]:
-        """Stop handing out work; returns (and forgets) what was claimed but not started."""
+        """Stop handing out work; returns (and forgets) what was claimed but not started.
+        Reclaimed work whose crash-loop guard was not written is not among it (see
+        :meth:`take_unguarded`)."""
         with self._work_available:
-            unstarted = [*self._queued[SYNC], *self._queued[ASYNC], *self._unguarded]
+            unstarted = [*self._queued[SYNC], *self._queued[ASYNC]]
             for queued in self._queued.values():
                 queued.clear()
             self._confirmed.clear()
-            self._unguarded = []
             self._closed = True
             self._work_available.notify_all()
             self._sync_taken.notify_all()

@@ -86,9 +86,14 @@ class Shutdown:
         self.write_outcomes = write_outcomes
         self.stop_helpers = stop_helpers
         self.monotonic = monotonic
+        self.unguarded = 0
         self._pause = threading.Event()  # events only: libfaketime breaks time.sleep
 
     def run(self) -> None:
+        # Reclaimed work the crash-loop guard has not checked yet is not released: pending
+        # again, the next claim would run it with no guard, past its retry schedule. It
+        # goes stale and is reclaimed (and checked) again, without counting an attempt.
+        self.unguarded = len(self.ledger.take_unguarded())
         unstarted = self.ledger.close()
         deadline = self.monotonic() + (0.0 if self.stop_now.is_set() else self.grace)
         if unstarted:
@@ -113,13 +118,15 @@ class Shutdown:
     def _report_left(self) -> None:
         still_running = self.ledger.running_count()
         unwritten = self.ledger.unwritten_count()
-        if still_running or unwritten:
+        if still_running or unwritten or self.unguarded:
             logger.warning(
-                "exiting with %d attempt(s) still running and %d outcome(s) unwritten: their "
+                "exiting with %d attempt(s) still running, %d outcome(s) unwritten and %d "
+                "reclaimed item(s) not yet checked against their retry schedule: their "
                 "claims are kept and no longer refreshed, so other runners take them over "
                 "after STALE_AFTER (%gs), never while they may still run here",
                 still_running,
                 unwritten,
+                self.unguarded,
                 self.stale_after,
             )
 
