@@ -16,7 +16,13 @@ _TYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 #: History reasons the runner writes itself (never from a workflow): safe to show.
 APP_REASONS = frozenset(
-    {"permanent error", "retry schedule exhausted", "lost too many times", "database unavailable"}
+    {
+        "permanent error",
+        "retry schedule exhausted",
+        "lost too many times",
+        "database unavailable",
+        "reserved start lapsed",
+    }
 )
 
 

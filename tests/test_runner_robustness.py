@@ -279,6 +279,41 @@ def test_queued_work_whose_claim_heartbeats_could_not_confirm_is_never_started(
     assert not thread.is_alive()
 
 
+def test_an_attempt_whose_reserved_start_lapsed_is_released_without_counting(register_workflow: Any) -> None:
+    """The claim reserved a start of the rate window; before the attempt could start,
+    another runner's attempt took the window's only start (the reservation had lapsed
+    waiting for a thread). prepare never ran: the attempt must not count."""
+    from nexus_workflows.clock import database_now
+    from nexus_workflows.flow.claiming import window_name
+    from nexus_workflows.models import FlowWindowSlot
+    from nexus_workflows.signals import attempt_started
+
+    runs: list[str] = []
+    kind = register_workflow(
+        lambda t, c, s: runs.append(t["key"]), retry_schedule=[1], rate_limit=(1, 1.0)
+    ).kind
+    window = FlowWindowSlot.objects.filter(name=window_name(kind))
+    taken_over: list[int] = []
+
+    def another_runner_starts_first(sender: Any, *, id: int, **details: Any) -> None:
+        if not taken_over:
+            taken_over.append(id)
+            window.update(started_at=database_now("default"))
+
+    work_id = enqueue(kind, {"key": "a"})
+    attempt_started.connect(another_runner_starts_first)
+    try:
+        with override_settings(NEXUS_WORKFLOWS=FAST), running(kind) as (runner, _):
+            wait_for(lambda: row(work_id).status == Status.DONE, timeout=15, what="the released work to run")
+    finally:
+        attempt_started.disconnect(another_runner_starts_first)
+    work = row(work_id)
+    assert (runs, work.attempt, runner.stats.released, runner.stats.rescheduled) == (["a"], 0, 1, 0)
+    assert [(e["outcome"], e["reason"], e["attempt"]) for e in work.history] == [
+        ("released", "reserved start lapsed", 0)
+    ]
+
+
 # --- 4. an unreachable database does not consume the schedule ------------------------------
 
 

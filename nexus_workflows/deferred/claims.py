@@ -340,10 +340,17 @@ class Claimer:
         return self.flow.retry_in if self.flow is not None else None
 
     def claim_stale(
-        self, limit: int, *, stale_after: timedelta, now: datetime | None = None
+        self,
+        limit: int,
+        *,
+        stale_after: timedelta,
+        now: datetime | None = None,
+        startable: int | None = None,
     ) -> list[ClaimedWork]:
         """Reclaim up to ``limit`` processing rows whose heartbeat is older than
-        ``stale_after``.
+        ``stale_after``; of kinds with flow limits, at most ``startable`` (the runner's
+        free threads: a reclaim holds their slots, keys and rate-window starts, which must
+        not wait in a queue).
 
         The lost attempt counts (``attempt`` goes up by one) only when its prepare had
         started; a claim lost before that raises ``lost_unstarted`` instead
@@ -362,7 +369,8 @@ class Claimer:
         replaced = JSONAppend(JSONDropLast("worker_ids"), self.worker_id)
         variants = ((started, counted), (unstarted, {**uncounted, "worker_ids": replaced}))
         if self.flow is not None:
-            works = self.flow.claim_stale(self, limit, cutoff=cutoff, variants=variants)
+            flow_limit = limit if startable is None else min(limit, startable)
+            works = self.flow.claim_stale(self, flow_limit, cutoff=cutoff, variants=variants)
         if len(works) < limit and self._has_plain():
             stale = DeferredWork.objects.using(self.using).stale(cutoff)
             works += self._claim(

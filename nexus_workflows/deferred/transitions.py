@@ -346,12 +346,11 @@ def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
     )
 
 
-def release_after_outage(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
-    """The attempt failed only because the database was unreachable: pending again
-    soon, attempt unchanged, and the history says so."""
-    history = append_entry(
-        work.history, attempt=work.attempt, outcome="released", reason="database unavailable", error=error
-    )
+def release_attempt(work: ClaimedWork, *, delay: timedelta, reason: str, error: str) -> bool:
+    """processing → pending after ``delay``, attempt unchanged: the attempt did not count
+    (``reason``, one of the runner's own, says why: the database was unreachable, or its
+    reserved start lapsed before it started; the history keeps it)."""
+    history = append_entry(work.history, attempt=work.attempt, outcome="released", reason=reason, error=error)
     starts.give_back([work])
     return (
         work.fenced().update(

@@ -28,10 +28,15 @@ if TYPE_CHECKING:
 CONFIRM_AFTER = 0.05
 
 
+class ReservedStartLapsed(RateLimitTimeout):
+    """The claim's reserved start lapsed before the attempt started, and no start of the
+    window is free: the attempt never started, so it is released, not failed."""
+
+
 def begin(work: ClaimedWork) -> None:
     """Start ``work``'s attempt in its rate window; nothing to do for work that reserved
     no start. Raises :class:`ClaimLost` if the claim no longer holds the work,
-    :class:`RateLimitTimeout` (transient) in the rare case that the reservation outlived
+    :class:`ReservedStartLapsed` in the rare case that the reservation outlived
     ``windows.RESERVED_FOR`` and no start of the window is free, and the database's own
     errors when it is unreachable; in every case nothing was written."""
     reservation = work.reservation
@@ -40,7 +45,7 @@ def begin(work: ClaimedWork) -> None:
     with transaction.atomic(using=work.using):
         started = windows.start_reserved(reservation, using=work.using)
         if started is None:
-            raise RateLimitTimeout(
+            raise ReservedStartLapsed(
                 f"{work.kind} #{work.id}: its reserved start of {reservation.limit} per "
                 f"{reservation.period:g}s lapsed before the attempt started, and no start is free"
             )

@@ -300,3 +300,24 @@ def test_enqueues_of_keys_on_sqlite_and_elsewhere_need_no_lock(register_workflow
         (work,) = claimer(kind).claim_due(10)
         assert work.id == expected
         finish_done([work])
+
+
+def test_stale_work_of_limited_kinds_is_reclaimed_only_as_far_as_threads_are_free(
+    register_workflow: Any,
+) -> None:
+    """A reclaim holds the row's slot, key and rate-window start: queued behind busy
+    threads, its reserved start would lapse. Plain kinds are not bounded so."""
+    from collections import Counter
+    from datetime import timedelta
+
+    from django.db.models.functions import Now
+
+    limited = register_workflow(noop, retry_schedule=[1], rate_limit=(10, 60)).kind
+    plain = register_workflow(noop, retry_schedule=[1]).kind
+    for kind in (limited, plain):
+        enqueue_many(kind, [{"key": n} for n in range(3)])
+    DeferredWork.objects.update(
+        status=Status.PROCESSING, claim_token="dead-runner", heartbeat_at=Now() - timedelta(hours=1)
+    )
+    stale = claimer(limited, plain).claim_stale(10, stale_after=timedelta(minutes=5), startable=1)
+    assert Counter(work.kind for work in stale) == {limited: 1, plain: 3}

@@ -392,7 +392,10 @@ class Runner:
         claimed, more, room = self._lanes.claim_due(cutoff)
         if check_stale:
             stale_limit = max(room, self.concurrency)
-            stale = self._claimer.claim_stale(stale_limit, stale_after=self.stale_after, now=cutoff)
+            free = sum(self._ledger.free_slots(cap.concurrency, lane) for lane, cap in self._capacity.items())
+            stale = self._claimer.claim_stale(
+                stale_limit, stale_after=self.stale_after, now=cutoff, startable=max(free, 0)
+            )
             more = more or len(stale) >= stale_limit
             self.stats.reclaimed += len(stale)
             self._observer.claimed(stale)

@@ -19,6 +19,7 @@ from nexus_workflows.deferred.runner.stats import Tally
 from nexus_workflows.deferred.runner.unavailable import DATABASE_UNAVAILABLE, is_database_unavailable
 from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.exceptions import is_permanent
+from nexus_workflows.flow.starts import ReservedStartLapsed
 from nexus_workflows.limits import OUTAGE_RELEASES_MAX
 from nexus_workflows.tasks import running as tasks_running
 
@@ -147,9 +148,13 @@ class OutcomeWriter:
         error = describe_error(outcome.error)
         if pending.failures >= PLAIN_ERROR_AFTER:
             error = f"{error_type}: (the message could not be stored)"
+        if isinstance(outcome.error, ReservedStartLapsed):
+            # prepare never ran (its start waited too long in this runner): no attempt.
+            self._release(work, error, error_type, "reserved start lapsed", timedelta(0))
+            return
         permanent = is_permanent(outcome.error)
         if not permanent and released_for_outage(work, outcome.error):
-            self._release_after_outage(work, error, error_type)
+            self._release(work, error, error_type, "database unavailable", OUTAGE_RETRY_DELAY)
             return
         delay = None if permanent else registry.for_work(work).delay_after(work.attempt)
         if delay is None:
@@ -165,9 +170,9 @@ class OutcomeWriter:
         else:
             self.tally.lost(work)
 
-    def _release_after_outage(self, work: ClaimedWork, error: str, error_type: str) -> None:
-        if transitions.release_after_outage(work, delay=OUTAGE_RETRY_DELAY, error=error):
-            line = f"failed ({error_type}: database unavailable); released, attempt unchanged"
+    def _release(self, work: ClaimedWork, error: str, error_type: str, reason: str, delay: timedelta) -> None:
+        if transitions.release_attempt(work, delay=delay, reason=reason, error=error):
+            line = f"failed ({error_type}: {reason}); released, attempt unchanged"
             self.tally.finished(work, "released", line, logging.WARNING)
         else:
             self.tally.lost(work)
