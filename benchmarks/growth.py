@@ -394,10 +394,9 @@ def enqueue_shares(options: argparse.Namespace, connection: Any) -> dict[str, An
 
     def insert_alone(on: Any, cell: str, turn: int, *, prepare: bool | None) -> None:
         def insert(number: int) -> None:
-            now = timezone.now()
             key = f"{cell}-{turn}-{number}"
             sql, params = one_row_statement(
-                "default", kind="bench-noop", dedupe_key=key, trigger={"key": key}, due=now, now=now
+                "default", kind="bench-noop", dedupe_key=key, trigger={"key": key}, now=timezone.now()
             )
             on.execute(sql, params, prepare=prepare).fetchone()
 

@@ -52,19 +52,20 @@ def database_now(using: str) -> datetime:
     return value
 
 
-def due_now(now: datetime, using: str) -> datetime:
-    """``now`` (the host's time of an enqueue) as the due time of new work, at the
-    resolution of the database's clock (enqueue reads no clock from the database: it is
-    the hot path).
+def due_after(delay: timedelta, *, now: datetime, using: str) -> Any:
+    """When new work is due, for a statement the ORM writes: the database's now plus
+    ``delay``, evaluated by the statement, never the enqueuing host's clock (hosts whose
+    clocks disagree must agree on what is due). PostgreSQL's one-row and bulk inserts
+    compute the same in their own SQL (``sql.postgresql.DUE_SQL``).
 
-    SQLite's clock keeps milliseconds: a row due at the host's microseconds would not be
-    due, by the database's clock, until the next millisecond, and a claim in the same
-    millisecond would miss it. Truncated, it is due the moment it is written. (The
-    creation time keeps its microseconds: ``enqueue_many`` tells its own rows by it.)
+    SQLite's clock is this host's own (it runs in the process), so there ``now`` (the
+    host's time of the enqueue) serves, truncated to the milliseconds that clock keeps: a
+    row due at the host's microseconds would not be due, by the database's clock, until
+    the next millisecond, and a claim in the same millisecond would miss it.
     """
     if connections[using].vendor == "sqlite":
-        return now.replace(microsecond=now.microsecond // 1000 * 1000)
-    return now
+        return now.replace(microsecond=now.microsecond // 1000 * 1000) + delay
+    return now_plus(delay) if delay else DatabaseNow()
 
 
 def now_plus(delta: timedelta) -> Any:

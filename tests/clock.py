@@ -8,16 +8,18 @@ from datetime import datetime
 from django.db import connection
 from django.utils import timezone
 
-from nexus_workflows.clock import due_now
 from nexus_workflows.models import DeferredWork
 
 
 def database_resolution_now() -> datetime:
     """``timezone.now()`` truncated to what the database's clock resolves: SQLite keeps
-    milliseconds (see ``nexus_workflows.clock.due_now``), so a stamp written after this
+    milliseconds (see ``nexus_workflows.clock.due_after``), so a stamp written after this
     call may still read a few hundred microseconds earlier than the host's time, and a row
     due at the host's microseconds may not be due yet by the database's clock."""
-    return due_now(timezone.now(), connection.alias)
+    now = timezone.now()
+    if connection.vendor == "sqlite":
+        return now.replace(microsecond=now.microsecond // 1000 * 1000)
+    return now
 
 
 def make_due(work_id: str | int | None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from django.db import connection
 from django.db.models import Count
 
 from nexus_workflows import enqueue
+from nexus_workflows.clock import database_now
 from nexus_workflows.models import DeferredWork, Status
 from tests.faults.servers import under_faketime
 from tests.processes import ManagePy, overlapping, read_intervals, url_of_test_database, wait_for
@@ -309,3 +311,28 @@ def test_runners_whose_clocks_disagree_still_run_each_item_exactly_once(offset: 
     assert {interval.pid for interval in intervals} == {process.pid for process in runners}
     assert DeferredWork.objects.filter(status=Status.DONE, attempt=0).count() == 40
     assert not any("reclaimed from" in output for output in outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+@pytest.mark.parametrize("offset", ["+10m", "-10m"], ids=["ten-minutes-ahead", "ten-minutes-behind"])
+@pytest.mark.parametrize("delay", [None, 60])
+def test_new_work_is_due_by_the_databases_clock_whatever_the_enqueuing_hosts(
+    offset: str, delay: int | None
+) -> None:
+    """A web host whose clock is ten minutes ahead must not make its new work wait ten
+    minutes; one behind must not make delayed work due early."""
+    delay_args = ["--delay", str(delay)] if delay else []
+    process = ManagePy(
+        "workflows", "enqueue", *delay_args, "test-ledger", '{"key": "skewed"}', **under_faketime(offset)
+    )
+    before = database_now("default")
+    try:
+        assert process.wait(60) == 0, process.output()
+    finally:
+        process.close()
+    after = database_now("default")
+    work = DeferredWork.objects.get(kind="test-ledger", dedupe_key="skewed")
+    expected = timedelta(seconds=delay or 0)
+    assert before + expected <= work.next_attempt_at <= after + expected
+    assert abs(work.created_at - before) > timedelta(minutes=9)  # the host's clock was skewed

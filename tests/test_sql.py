@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import select
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -13,7 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from nexus_workflows import sql
-from nexus_workflows.clock import DatabaseNow, due_now
+from nexus_workflows.clock import DatabaseNow, database_now
 from nexus_workflows.deferred.inserts import insert_pending, insert_pending_many_postgresql, one_row_statement
 from nexus_workflows.deferred.wakeup import CHANNEL
 from nexus_workflows.models import DEDUPE_CONSTRAINT, DeferredWork, Status
@@ -25,11 +25,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def new_row(key: str, **fields: Any) -> int:
-    now = timezone.now()
-    due = due_now(now, "default")  # as enqueue makes it: a claim in the same ms takes it
-    return insert_pending(
-        "default", kind="k", dedupe_key=key, trigger={"key": key}, due=due, now=now, **fields
-    )
+    trigger = {"key": key}
+    return insert_pending("default", kind="k", dedupe_key=key, trigger=trigger, now=timezone.now(), **fields)
 
 
 def test_each_backend_has_its_module() -> None:
@@ -57,10 +54,9 @@ def test_the_insert_statement_alone_writes_on_bare_psycopg_what_insert_pending_w
     """The benchmarks time the app's INSERT on bare psycopg: it must be the same write."""
     import psycopg
 
-    now = timezone.now()
-    sql_text, params = one_row_statement(
-        "default", kind="k", dedupe_key="alone", trigger={"key": "alone"}, due=now, now=now
-    )
+    now, before = timezone.now(), database_now("default")
+    trigger = {"key": "alone"}
+    sql_text, params = one_row_statement("default", kind="k", dedupe_key="alone", trigger=trigger, now=now)
     factory = psycopg.ClientCursor if prepare is None else psycopg.Cursor
     # Django's parameters turn preparing off (prepare_threshold None); psycopg's default is 5.
     with raw_connection(cursor_factory=factory, prepare_threshold=5) as bare:
@@ -74,7 +70,8 @@ def test_the_insert_statement_alone_writes_on_bare_psycopg_what_insert_pending_w
         k: v for k, v in usual.items() if k not in differs
     }
     assert (alone["kind"], alone["trigger"], alone["status"]) == ("k", {"key": "alone"}, Status.PENDING)
-    assert alone["next_attempt_at"] == alone["created_at"] == now
+    assert alone["created_at"] == now
+    assert before <= alone["next_attempt_at"] <= database_now("default")  # the database's clock
 
 
 @pytest.mark.postgresql
@@ -166,10 +163,13 @@ def test_the_jsonb_bulk_insert_skips_taken_keys() -> None:
     taken = new_row("a")
     now = timezone.now()
     triggers = {key: json.dumps({"key": key}) for key in ("a", "b", "c")}
+    before = database_now("default")
     inserted = insert_pending_many_postgresql(
-        "default", kind="k", keys=list(triggers), triggers=triggers, due=now, now=now
+        "default", kind="k", keys=list(triggers), triggers=triggers, delay=timedelta(minutes=5), now=now
     )
     assert set(inserted) == {"b", "c"}
+    due = DeferredWork.objects.get(pk=inserted["b"]).next_attempt_at - timedelta(minutes=5)
+    assert before <= due <= database_now("default")  # the database's clock, plus the delay
     rows = {row.dedupe_key: row for row in DeferredWork.objects.all()}
     assert rows["a"].pk == taken
     assert (rows["c"].pk, rows["c"].trigger, rows["c"].status) == (

@@ -18,7 +18,7 @@ from django.db import DatabaseError, DataError, IntegrityError, connections, rou
 from django.utils import timezone
 
 from nexus_workflows import json_values, signals
-from nexus_workflows.clock import due_now
+from nexus_workflows.clock import due_after
 from nexus_workflows.deferred.registry import Workflow, registry
 from nexus_workflows.delays import parse_delay
 from nexus_workflows.exceptions import EnqueueRejected, InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
@@ -149,8 +149,8 @@ def _settle_chunk(
     from nexus_workflows.deferred.wakeup import notify
     from nexus_workflows.models import DeferredWork, Status
 
-    now = timezone.now()
-    due = due_now(now, using) + delay
+    now = timezone.now()  # the rows' creation stamp; their due time is the database's
+    due = due_after(delay, now=now, using=using)
     # Existing keys are skipped by the database (ON CONFLICT DO NOTHING / INSERT OR
     # IGNORE), so concurrent writers cannot make this fail half-way.
     if connections[using].vendor == "postgresql":
@@ -159,7 +159,7 @@ def _settle_chunk(
             kind=workflow.kind,
             keys=chunk,
             triggers=by_key,
-            due=due,
+            delay=delay,
             now=now,
             flow_hashes=hashes,
         )
@@ -329,7 +329,7 @@ def _enqueue_deferred(
                     kind=workflow.kind,
                     dedupe_key=dedupe_key,
                     trigger=trigger,
-                    due=due_now(now, using) + delay,
+                    delay=delay,
                     now=now,
                     flow_hashes=flow_hashes,
                 )
@@ -352,7 +352,7 @@ def _enqueue_deferred(
                     "%s #%s not enqueued: already %s", workflow.kind, existing["pk"], existing["status"]
                 )
                 return None
-            if _revive(existing, due_now(now, using) + delay, using):
+            if _revive(existing, due_after(delay, now=now, using=using), using):
                 notify(using)
                 signals.send(signals.work_revived, kind=workflow.kind, id=existing["pk"], attempt=1)
                 logger.info("%s #%s revived by enqueue: pending, attempt 0", workflow.kind, existing["pk"])

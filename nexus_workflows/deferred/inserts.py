@@ -8,20 +8,22 @@ JSON document: one parameter for the whole batch instead of a dozen per row.
 
 Nothing changes in what is written or raised: every column not given takes its model
 default, a taken key raises ``IntegrityError`` (one row) or is skipped by
-``ON CONFLICT DO NOTHING`` (many rows), as through the ORM.
+``ON CONFLICT DO NOTHING`` (many rows), as through the ORM. A new row is due by the
+database's clock (now plus the delay, in the statement itself), never by the host's.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
 from django.db.models import Field
 
 from nexus_workflows import sql
+from nexus_workflows.clock import due_after
 from nexus_workflows.models import DeferredWork
 
 # The columns whose values differ between new rows, in the order the statements use. Every
@@ -41,6 +43,7 @@ _VARYING = (
     "backend_name",
 )
 _WORKFLOW_TASK_FIELDS = (0, "", "")
+_NO_DELAY = timedelta(0)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class _Plan:
     defaults: tuple[Any, ...]  # the other columns' model defaults, prepared for the database
     one_row_sql: str | None  # INSERT … RETURNING id; None where the backend cannot return ids
     one_row_defaults: tuple[Any, ...]  # bound after the varying values (PostgreSQL: literals)
+    due_by_database: bool  # the INSERT computes the due time (sql.postgresql.DUE_SQL)
     returning_params: tuple[Any, ...]
     many_rows_sql: str | None  # PostgreSQL: INSERT … SELECT FROM jsonb_array_elements(…)
 
@@ -72,13 +76,17 @@ def _plan(using: str) -> _Plan:
     defaults = tuple(f.get_db_prep_save(f.get_default(), connection=connection) for f in others)
     statements = sql.for_connection(using)
     one_row_sql, one_row_defaults, returning_params = None, defaults, ()
+    due_by_database = hasattr(statements, "insert_returning_pk_with_constants")
     if hasattr(statements, "insert_returning_pk_with_constants"):
         # The constants as literals: the INSERT binds only what varies.
+        placeholders = ["%s"] * len(varying)
+        placeholders[_VARYING.index("next_attempt_at")] = statements.DUE_SQL
         one_row_sql, returning_params = statements.insert_returning_pk_with_constants(
-            DeferredWork, varying, list(zip(others, defaults, strict=True)), using
+            DeferredWork, varying, list(zip(others, defaults, strict=True)), using, placeholders
         )
         one_row_defaults = ()
     elif hasattr(statements, "insert_returning_pk") and connection.features.can_return_columns_from_insert:
+        # SQLite: its clock is this host's own, so the due time is bound like the rest.
         one_row_sql, returning_params = statements.insert_returning_pk(DeferredWork, varying + others, using)
     many_rows_sql = None
     if hasattr(statements, "insert_many_from_json_sql"):
@@ -91,6 +99,7 @@ def _plan(using: str) -> _Plan:
         defaults=defaults,
         one_row_sql=one_row_sql,
         one_row_defaults=one_row_defaults,
+        due_by_database=due_by_database,
         returning_params=returning_params,
         many_rows_sql=many_rows_sql,
     )
@@ -104,14 +113,17 @@ def insert_pending(
     kind: str,
     dedupe_key: str,
     trigger: Any,
-    due: datetime,
     now: datetime,
+    delay: timedelta = _NO_DELAY,
+    run_after: datetime | None = None,
     flow_hashes: tuple[str | None, str | None] = (None, None),
     priority: int = 0,
     queue_name: str = "",
     backend_name: str = "",
 ) -> int:
-    """Insert one pending row; returns its id. A taken key raises ``IntegrityError``."""
+    """Insert one pending row, due at ``run_after`` or else ``delay`` after the database's
+    now; returns its id. ``now`` (the host's) stamps its creation. A taken key raises
+    ``IntegrityError``."""
     connection = connections[using]
     plan = _plan(using)
     if plan.one_row_sql is None:
@@ -119,7 +131,7 @@ def insert_pending(
             kind=kind,
             dedupe_key=dedupe_key,
             trigger=trigger,
-            next_attempt_at=due,
+            next_attempt_at=run_after or due_after(delay, now=now, using=using),
             created_at=now,
             updated_at=now,
             serial_key_hash=flow_hashes[0],
@@ -129,6 +141,7 @@ def insert_pending(
             backend_name=backend_name,
         )
         return work.pk
+    due = (run_after, delay)
     params = _one_row_params(
         plan, connection, kind, dedupe_key, trigger, due, now, flow_hashes, priority, queue_name, backend_name
     )
@@ -143,8 +156,8 @@ def one_row_statement(
     kind: str,
     dedupe_key: str,
     trigger: Any,
-    due: datetime,
     now: datetime,
+    delay: timedelta = _NO_DELAY,
 ) -> tuple[str, tuple[Any, ...]]:
     """The ``INSERT … RETURNING id`` of :func:`insert_pending` for a workflow's row, with
     its parameters adapted for ``using``. The benchmarks run it on bare psycopg, to tell the
@@ -152,6 +165,7 @@ def one_row_statement(
     plan = _plan(using)
     if plan.one_row_sql is None:
         raise NotImplementedError(f"database {using!r} cannot return ids from an INSERT")
+    due = (None, delay)
     params = _one_row_params(
         plan, connections[using], kind, dedupe_key, trigger, due, now, (None, None), *_WORKFLOW_TASK_FIELDS
     )
@@ -164,7 +178,7 @@ def _one_row_params(
     kind: str,
     dedupe_key: str,
     trigger: Any,
-    due: datetime,
+    due: tuple[datetime | None, timedelta],
     now: datetime,
     flow_hashes: tuple[str | None, str | None],
     priority: int,
@@ -172,15 +186,22 @@ def _one_row_params(
     backend_name: str,
 ) -> tuple[Any, ...]:
     """The parameters of ``plan.one_row_sql``, in its order (:data:`_VARYING`, then the
-    defaults it binds, then what its ``RETURNING`` binds)."""
+    defaults it binds, then what its ``RETURNING`` binds); ``due`` is (``run_after``,
+    ``delay``)."""
     stamp = plan.columns[4]
     prepared_now = stamp.get_db_prep_save(now, connection=connection)
-    prepared_due = prepared_now if due == now else stamp.get_db_prep_save(due, connection=connection)
+    run_after, delay = due
+    if plan.due_by_database:  # sql.postgresql.DUE_SQL: the time given, else now + seconds
+        given = None if run_after is None else stamp.get_db_prep_save(run_after, connection=connection)
+        prepared_due: tuple[Any, ...] = (given, delay.total_seconds())
+    else:  # SQLite: its clock is this host's (clock.due_after)
+        when = run_after or due_after(delay, now=now, using=connection.alias)
+        prepared_due = (stamp.get_db_prep_save(when, connection=connection),)
     return (
         kind,
         dedupe_key,
         plan.columns[2].get_db_prep_save(trigger, connection=connection),
-        prepared_due,
+        *prepared_due,
         prepared_now,
         prepared_now,
         *flow_hashes,
@@ -198,13 +219,14 @@ def insert_pending_many_postgresql(
     kind: str,
     keys: list[str],
     triggers: dict[str, str],
-    due: datetime,
+    delay: timedelta,
     now: datetime,
     flow_hashes: dict[str, tuple[str | None, str | None]] | None = None,
 ) -> dict[str, int]:
-    """Insert pending rows for ``keys`` with one statement, skipping keys that exist;
-    ``triggers`` maps each key to its trigger's JSON text, ``flow_hashes`` (when the kind
-    has keyed limits) to its (serial, rate) key hashes. Returns the ids inserted."""
+    """Insert pending rows for ``keys`` with one statement, skipping keys that exist, due
+    ``delay`` after the database's now; ``triggers`` maps each key to its trigger's JSON
+    text, ``flow_hashes`` (when the kind has keyed limits) to its (serial, rate) key
+    hashes. Returns the ids inserted."""
     connection = connections[using]
     plan = _plan(using)
     assert plan.many_rows_sql is not None, "PostgreSQL only"
@@ -220,8 +242,8 @@ def insert_pending_many_postgresql(
         + "]"
     )
     prepared_now = stamp.get_db_prep_save(now, connection=connection)
-    prepared_due = stamp.get_db_prep_save(due, connection=connection)
-    params = [kind, prepared_due, prepared_now, prepared_now, *_WORKFLOW_TASK_FIELDS, *plan.defaults]
+    seconds = delay.total_seconds()  # sql.postgresql.DUE_AFTER_SQL
+    params = [kind, seconds, prepared_now, prepared_now, *_WORKFLOW_TASK_FIELDS, *plan.defaults]
     params.append(document)
     with connection.cursor() as cursor:
         cursor.execute(plan.many_rows_sql, params)

@@ -82,8 +82,20 @@ def release_waiting_lock(connection: Any) -> None:
     connection.execute("SELECT pg_advisory_unlock_shared(%s, %s)", WAITING_LOCK)
 
 
+#: A new row's due time, by the database's clock: the absolute time given (a Django task's
+#: ``run_after``), else now plus the delay in seconds. Two parameters: that time or NULL,
+#: then the seconds.
+DUE_SQL = "COALESCE(%s, statement_timestamp() + make_interval(secs => %s))"
+#: The same for many rows, which are only ever due after a delay: one parameter.
+DUE_AFTER_SQL = "statement_timestamp() + make_interval(secs => %s)"
+
+
 def insert_returning_pk_with_constants(
-    model: type[Any], varying: Sequence[Any], constants: Sequence[tuple[Any, Any]], using: str
+    model: type[Any],
+    varying: Sequence[Any],
+    constants: Sequence[tuple[Any, Any]],
+    using: str,
+    varying_sql: Sequence[str] | None = None,
 ) -> tuple[str, tuple[Any, ...]]:
     """:func:`insert_returning_pk` of ``varying`` fields and ``constants`` (``(field,
     value prepared for the database)`` pairs, the same for every row), with the constants
@@ -92,7 +104,8 @@ def insert_returning_pk_with_constants(
     as :func:`insert_returning_pk` returns them.
 
     The literals are rendered once by psycopg's own quoting (``ops.compose_sql``); they
-    are model defaults, never data a caller passed.
+    are model defaults, never data a caller passed. ``varying_sql`` (one per ``varying``
+    field, ``%s`` by default) may put an expression of parameters in a field's place.
     """
     connection = connections[using]
     fields = [*varying, *(field for field, _ in constants)]
@@ -103,7 +116,7 @@ def insert_returning_pk_with_constants(
         raise ValueError("the compiled INSERT does not bind one plain placeholder per field")
     literals = connection.ops.compose_sql(", ".join(["%s"] * len(constants)), [v for _, v in constants])
     literals = literals.replace("%", "%%")  # the statement is still run with parameters
-    bound = ", ".join(["%s"] * len(varying))
+    bound = ", ".join(varying_sql or ["%s"] * len(varying))
     return f"{head} VALUES ({bound}, {literals}){tail}", trailing
 
 
@@ -113,8 +126,9 @@ def insert_many_from_json_sql(connection: Any, table: str, columns: Sequence[Any
     instead of a dozen per row).
 
     ``columns`` are the fields in the statement's order: ``kind``, ``dedupe_key``,
-    ``trigger``, three timestamps, the two key hashes, then every other column. Each is a
-    typed parameter (the same for every row) except those read from the item.
+    ``trigger``, the due time (:data:`DUE_AFTER_SQL`), two timestamps, the two key hashes,
+    then every other column. Each is a typed parameter (the same for every row) except
+    those read from the item.
     """
     quote = connection.ops.quote_name
 
@@ -125,7 +139,8 @@ def insert_many_from_json_sql(connection: Any, table: str, columns: Sequence[Any
         typed(columns[0]),
         "item ->> 0",
         "item -> 1",
-        *(typed(f) for f in columns[3:6]),
+        DUE_AFTER_SQL,
+        *(typed(f) for f in columns[4:6]),
         "item ->> 2",
         "item ->> 3",
         *(typed(f) for f in columns[8:]),

@@ -177,7 +177,6 @@ class DeferredBackend(BaseTaskBackend):
     # --- enqueue ------------------------------------------------------------------------
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
-        from nexus_workflows.clock import due_now
         from nexus_workflows.deferred.inserts import insert_pending
         from nexus_workflows.deferred.wakeup import notify
         from nexus_workflows.models import DeferredWork
@@ -194,7 +193,7 @@ class DeferredBackend(BaseTaskBackend):
             kind=task.module_path,
             dedupe_key=result_id,
             trigger=trigger,
-            due=task.run_after or due_now(now, using),
+            run_after=task.run_after,  # else due now, by the database's clock
             now=now,
             priority=task.priority,
             queue_name=task.queue_name,
