@@ -21,3 +21,12 @@ UNSTARTED_LOSSES_MAX = 10
 #: Longest ``delay`` (and fire-and-forget ``job_timeout``) accepted: ten years, far
 #: inside what datetimes and Redis can represent.
 MAX_DELAY = timedelta(days=3653)
+
+#: Flow control's largest concurrency cap: slots are numbered in a small-integer column,
+#: and a claim looks the free ones up among them.
+FLOW_CONCURRENCY_MAX = 10_000
+#: The largest rate limit: a window keeps one row per start of its period.
+RATE_LIMIT_MAX = 10_000
+#: The longest rate-limit period (and ``rate_limited`` timeout): a year. Beyond it a window
+#: is no rate limit, and its stamps would leave the database's range.
+RATE_PERIOD_MAX = timedelta(days=366)

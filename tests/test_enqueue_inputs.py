@@ -351,3 +351,28 @@ def test_a_raising_key_function_is_reported_where_it_raised_without_its_message(
     assert "María" not in rendered
     assert "1234" not in rendered
     assert not DeferredWork.objects.exists()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("triggers", [None, 5, {"key": "one trigger"}, "abc", b"abc"])
+@pytest.mark.parametrize("deferred", [True, False], ids=["deferred", "fire-and-forget"])
+def test_enqueue_many_refuses_what_is_not_many_triggers(
+    register_workflow: Any, rq_redis: Any, triggers: Any, deferred: bool
+) -> None:
+    """A dict or a string is one trigger: enqueueing its keys or letters would be a
+    silent mistake; None or a number is no iterable at all."""
+    schedule = [1] if deferred else None
+    kind = register_workflow(noop, retry_schedule=schedule).kind
+    with pytest.raises(InvalidTrigger, match=r"triggers must be an iterable of triggers, such as a list"):
+        enqueue_many(kind, triggers)
+    assert not DeferredWork.objects.exists()
+    assert rq_redis.dbsize() == 0
+
+
+@pytest.mark.redis
+def test_fire_and_forget_enqueue_many_checks_its_options_even_without_triggers(
+    register_workflow: Any, rq_redis: Any
+) -> None:
+    kind = register_workflow(noop).kind
+    with pytest.raises(InvalidEnqueueOption, match="unknown option"):
+        enqueue_many(kind, [], bogus=1)

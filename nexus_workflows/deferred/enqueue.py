@@ -71,7 +71,7 @@ def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
 
 
 def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str | None]:
-    """Enqueue many triggers of one deferred workflow with a few statements per thousand.
+    """Enqueue many triggers of one workflow; a deferred one's with one ``INSERT`` per 500.
 
     Returns one result per trigger, in order, with :func:`enqueue`'s meaning: the id of
     pending work (new, already pending, or revived from abandoned), or ``None`` when that
@@ -79,9 +79,17 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
     trigger is validated before anything is written; one bad trigger rejects the batch.
     """
     workflow = registry.get(kind)
+    if isinstance(triggers, str | bytes | dict) or not isinstance(triggers, Iterable):
+        # A dict or a string is one trigger, not many: its keys or letters would be enqueued.
+        raise InvalidTrigger(
+            f"enqueue_many({workflow.kind!r}): triggers must be an iterable of triggers, such as "
+            f"a list; got {type(triggers).__name__}"
+        )
     if not workflow.is_deferred:
         from nexus_workflows.fire_and_forget import enqueue_job
+        from nexus_workflows.fire_and_forget.sending import parse_options
 
+        parse_options(workflow, options)  # even for no triggers: bad options are refused
         prepared = [(compute_dedupe_key(workflow, t), json_text(workflow, t)) for t in triggers]
         return [enqueue_job(workflow, text, key, options) for key, text in prepared]
     delay = _deferred_options(workflow, options)

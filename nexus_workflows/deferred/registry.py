@@ -21,7 +21,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from nexus_workflows.conf import app_settings
 from nexus_workflows.exceptions import AlreadyRegistered, RegistrationError, UnknownWorkflow
-from nexus_workflows.flow.options import FlowLimits, KeyFunction, build_flow_limits
+from nexus_workflows.flow.options import OPTION_NAMES, FlowLimits, KeyFunction, build_flow_limits
 from nexus_workflows.limits import KIND_MAX_LENGTH
 
 if TYPE_CHECKING:
@@ -310,6 +310,13 @@ def workflow(
     Flow-control options (``concurrency``, ``serial_key``, ``ordered``, ``rate_limit``,
     ``rate_key``) are passed on to :func:`register`.
     """
+
+    unknown = sorted(str(name) for name in flow if name not in OPTION_NAMES)
+    if unknown:  # a misspelt option would otherwise be a bare TypeError of register()
+        raise RegistrationError(
+            f"workflow {kind!r}: unknown option {', '.join(map(repr, unknown))}; the options are "
+            f"dedupe_key, retry_schedule, {', '.join(OPTION_NAMES)}"
+        )
 
     def decorator(prepare: PrepareFunction) -> PrepareFunction:
         register(kind, dedupe_key=dedupe_key, prepare=prepare, retry_schedule=retry_schedule, **flow)

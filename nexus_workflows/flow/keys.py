@@ -6,6 +6,7 @@ from typing import Any
 
 from nexus_workflows.exceptions import InvalidFlowKey
 from nexus_workflows.flow.options import FlowLimits
+from nexus_workflows.json_values import text_problem
 from nexus_workflows.redaction import raised_at
 
 SERIAL = "serial"
@@ -28,6 +29,12 @@ def _hash(kind: str, purpose: str, function: Any, trigger: Any) -> str | None:
         raise InvalidFlowKey(
             f"workflow {kind!r}: {purpose}_key returned {type(key).__name__}; it must return a "
             "string or None (convert numbers with str())"
+        )
+    problem = text_problem(key)
+    if problem:  # it is hashed as UTF-8
+        raise InvalidFlowKey(
+            f"workflow {kind!r}: {purpose}_key returned a string that {problem}; it must return "
+            "valid Unicode text without NUL characters"
         )
     from nexus_workflows.phi.keys import keyring
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nexus_workflows.exceptions import RegistrationError
+from nexus_workflows.limits import FLOW_CONCURRENCY_MAX, RATE_LIMIT_MAX, RATE_PERIOD_MAX
 
 KeyFunction = Callable[[Any], "str | None"]
 
@@ -70,11 +71,11 @@ def _check_key_function(kind: str, option: str, function: object) -> KeyFunction
 def _check_concurrency(kind: str, value: object) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= FLOW_CONCURRENCY_MAX:
         raise RegistrationError(
-            f"workflow {kind!r}: concurrency must be a whole number of at least 1 (attempts "
-            f"running at once across all runners), or None for no cap; got "
-            f"{type(value).__name__} {value!r:.40}"
+            f"workflow {kind!r}: concurrency must be a whole number from 1 to "
+            f"{FLOW_CONCURRENCY_MAX:,} (attempts running at once across all runners), or None "
+            f"for no cap; got {type(value).__name__} {value!r:.40}"
         )
     return value
 
@@ -84,21 +85,32 @@ def _check_rate_limit(kind: str, value: object) -> tuple[int, float] | None:
         return None
     allowed = (
         f"workflow {kind!r}: rate_limit must be a pair (limit, period_seconds): a whole "
-        "number of starts of at least 1 and a finite number of seconds greater than 0"
+        f"number of starts from 1 to {RATE_LIMIT_MAX:,} and a number of seconds greater than 0 "
+        f"and at most {RATE_PERIOD_MAX.total_seconds():,.0f} (a year)"
     )
     if not isinstance(value, list | tuple) or len(value) != 2:
         raise RegistrationError(f"{allowed}; got {type(value).__name__}")
     limit, period = value
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if not is_rate_limit(limit):
         raise RegistrationError(f"{allowed}; the limit is {type(limit).__name__} {limit!r:.40}")
-    if (
-        isinstance(period, bool)
-        or not isinstance(period, int | float)
-        or not math.isfinite(period)
-        or period <= 0
-    ):
+    if not is_rate_period(period):
         raise RegistrationError(f"{allowed}; the period is {type(period).__name__} {period!r:.40}")
     return (limit, float(period))
+
+
+def is_rate_limit(limit: object) -> bool:
+    """Whether ``limit`` may be a rate window's limit (``rate_limit`` and ``rate_limited``)."""
+    return not isinstance(limit, bool) and isinstance(limit, int) and 1 <= limit <= RATE_LIMIT_MAX
+
+
+def is_rate_period(period: object) -> bool:
+    """Whether ``period`` (seconds) may be a rate window's period, or a wait for one."""
+    return (
+        not isinstance(period, bool)
+        and isinstance(period, int | float)
+        and math.isfinite(period)
+        and 0 < period <= RATE_PERIOD_MAX.total_seconds()
+    )
 
 
 def build_flow_limits(kind: str, *, deferred: bool, **options: Any) -> FlowLimits | None:

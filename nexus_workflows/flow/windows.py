@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -41,6 +40,9 @@ from django.db.models import Case, DateTimeField, DurationField, ExpressionWrapp
 
 from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.exceptions import InvalidRateLimit, RateLimitTimeout
+from nexus_workflows.flow.options import is_rate_limit, is_rate_period
+from nexus_workflows.json_values import text_problem
+from nexus_workflows.limits import RATE_LIMIT_MAX, RATE_PERIOD_MAX
 
 logger = logging.getLogger(__name__)
 
@@ -269,38 +271,33 @@ def prune(*, using: str, older_than: float = 3600.0) -> int:
 # --- rate_limited ---------------------------------------------------------------------
 
 
+_A_YEAR = f"{RATE_PERIOD_MAX.total_seconds():,.0f}"
+
+
 def _check(
     name: object, limit: object, period: object, timeout: object
 ) -> tuple[str, int, float, float | None]:
-    if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH:
+    if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH or text_problem(name):
         raise InvalidRateLimit(
             f"rate_limited: name must be a non-empty string of at most {NAME_MAX_LENGTH} "
-            f"characters (it is shown in status output: no patient data); got {type(name).__name__}"
+            "characters of valid Unicode without NUL (it is stored and shown in status output: "
+            f"no patient data); got {type(name).__name__}"
         )
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+    if not is_rate_limit(limit):
         raise InvalidRateLimit(
-            f"rate_limited({name!r}): limit must be a whole number of starts of at least 1; "
-            f"got {type(limit).__name__} {limit!r:.40}"
+            f"rate_limited({name!r}): limit must be a whole number of starts from 1 to "
+            f"{RATE_LIMIT_MAX:,}; got {type(limit).__name__} {limit!r:.40}"
         )
-    if (
-        isinstance(period, bool)
-        or not isinstance(period, int | float)
-        or not math.isfinite(period)
-        or period <= 0
-    ):
+    if not is_rate_period(period):
         raise InvalidRateLimit(
-            f"rate_limited({name!r}): period must be a finite number of seconds greater than 0; "
-            f"got {type(period).__name__} {period!r:.40}"
+            f"rate_limited({name!r}): period must be a number of seconds greater than 0 and at "
+            f"most {_A_YEAR} (a year); got {type(period).__name__} {period!r:.40}"
         )
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout < 0
-    ):
+    no_wait = isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout == 0
+    if timeout is not None and not no_wait and not is_rate_period(timeout):
         raise InvalidRateLimit(
             f"rate_limited({name!r}): timeout must be None (wait as long as it takes) or a "
-            f"number of seconds of at least 0; got {type(timeout).__name__} {timeout!r:.40}"
+            f"number of seconds from 0 to {_A_YEAR} (a year); got {type(timeout).__name__} {timeout!r:.40}"
         )
     return name, limit, float(period), None if timeout is None else float(timeout)
 

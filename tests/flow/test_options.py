@@ -17,16 +17,19 @@ def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"concurrency": 0}, "concurrency must be a whole number of at least 1"),
-        ({"concurrency": -2}, "concurrency must be a whole number of at least 1"),
-        ({"concurrency": 2.5}, "concurrency must be a whole number of at least 1"),
-        ({"concurrency": True}, "concurrency must be a whole number of at least 1"),
+        ({"concurrency": 0}, "concurrency must be a whole number from 1 to 10,000"),
+        ({"concurrency": -2}, "concurrency must be a whole number from 1 to 10,000"),
+        ({"concurrency": 2.5}, "concurrency must be a whole number from 1 to 10,000"),
+        ({"concurrency": True}, "concurrency must be a whole number from 1 to 10,000"),
+        ({"concurrency": 10_001}, "concurrency must be a whole number from 1 to 10,000"),
         ({"rate_limit": (0, 1)}, "rate_limit must be a pair (limit, period_seconds)"),
         ({"rate_limit": (5, 0)}, "the period is int 0"),
         ({"rate_limit": (5, -1.0)}, "rate_limit must be a pair"),
         ({"rate_limit": 5}, "rate_limit must be a pair"),
         ({"rate_limit": ("5", 1)}, "the limit is str"),
-        ({"rate_limit": (5, float("inf"))}, "finite number of seconds"),
+        ({"rate_limit": (5, float("inf"))}, "the period is float inf"),
+        ({"rate_limit": (10**7, 1)}, "the limit is int 10000000"),
+        ({"rate_limit": (2, 1e15)}, "at most 31,622,400 (a year); the period is float"),
         ({"serial_key": "to"}, "serial_key must be a function of one argument"),
         ({"serial_key": lambda a, b: a}, "serial_key must be a function of one argument"),
         ({"rate_limit": (5, 1), "rate_key": 3}, "rate_key must be a function of one argument"),
@@ -41,6 +44,18 @@ def test_bad_flow_options_are_refused_naming_the_option(
     with pytest.raises(RegistrationError) as caught:
         register_workflow(noop, retry_schedule=[1], **options)
     assert message in str(caught.value)
+
+
+def test_a_misspelt_option_of_the_decorator_is_refused_naming_it() -> None:
+    from nexus_workflows import workflow
+    from nexus_workflows.deferred.registry import registry
+
+    with pytest.raises(RegistrationError) as caught:
+        workflow("t-misspelt", dedupe_key=str, retry_schedule=[1], concurency=2)
+    assert "unknown option 'concurency'; the options are dedupe_key, retry_schedule, concurrency" in str(
+        caught.value
+    )
+    assert "t-misspelt" not in registry.kinds()
 
 
 @pytest.mark.parametrize(
@@ -78,6 +93,21 @@ def test_a_key_function_returning_a_non_string_writes_nothing(register_workflow:
     assert "5555" not in str(caught.value)
     with pytest.raises(InvalidFlowKey):
         enqueue_many(kind, [{"key": 2}, {"key": 3}])
+    assert not DeferredWork.objects.filter(kind=kind).exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("bad", ["cut emoji \ud83d", "before\x00after"])
+@pytest.mark.parametrize("rule", ["serial_key", "rate_key"])
+def test_a_key_function_returning_text_that_cannot_be_hashed_writes_nothing(
+    register_workflow: Any, bad: str, rule: str
+) -> None:
+    options: dict[str, Any] = {rule: lambda t: bad}
+    if rule == "rate_key":
+        options["rate_limit"] = (5, 1)
+    kind = register_workflow(noop, retry_schedule=[1], **options).kind
+    with pytest.raises(InvalidFlowKey, match=f"{rule} returned a string that contains"):
+        enqueue(kind, {"key": 1})
     assert not DeferredWork.objects.filter(kind=kind).exists()
 
 

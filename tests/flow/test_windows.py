@@ -76,10 +76,17 @@ def test_async_with() -> None:
     [
         (("", 1, 1), "name must be a non-empty string"),
         (("x" * 201, 1, 1), "at most 200 characters"),
-        (("n", 0, 1), "limit must be a whole number of starts of at least 1"),
+        (("n", 0, 1), "limit must be a whole number of starts from 1 to 10,000"),
         (("n", True, 1), "limit must be a whole number"),
-        (("n", 1, 0), "period must be a finite number of seconds greater than 0"),
+        (("n", 10_001, 1), "from 1 to 10,000"),  # one window row per start
+        (("n", 1, 0), "period must be a number of seconds greater than 0 and at most 31,622,400"),
+        (("n", 1, 1e15), "at most 31,622,400 \\(a year\\)"),  # its stamps would leave the range
+        (("n", 1, float("nan")), "period must be"),
         (("n", 1, 1, -1), "timeout must be None"),
+        (("n", 1, 1, 1e300), "timeout must be None"),
+        (("n", 1, 1, False), "timeout must be None"),
+        (("bad\ud800", 1, 1), "valid Unicode without NUL"),
+        (("bad\x00", 1, 1), "valid Unicode without NUL"),
     ],
 )
 def test_bad_arguments(args: tuple[Any, ...], message: str) -> None:
