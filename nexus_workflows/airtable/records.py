@@ -8,8 +8,8 @@ They never turn a failure into an empty answer: ``None`` from
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +21,7 @@ from nexus_workflows.airtable.eval_mode import is_eval_mode, log_skipped_write
 from nexus_workflows.airtable.exceptions import InvalidAirtableArgument, InvalidLink, ReferenceNotFound
 from nexus_workflows.airtable.formulas import FormulaInput, to_formula
 from nexus_workflows.airtable.retry import with_airtable_retry
+from nexus_workflows.json_values import MAX_DEPTH, text_problem
 
 logger = logging.getLogger(__name__)
 
@@ -197,14 +198,34 @@ def _check_fields(label: str, fields: object) -> dict[str, Any]:
             raise InvalidAirtableArgument(
                 f"{label}: field names must be non-empty strings; got {type(name).__name__}"
             )
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
+        problem = _unsendable(value)
+        if problem:
             raise InvalidAirtableArgument(
-                f"{label}: the value of field {name!r} cannot be sent as JSON "
-                f"({type(value).__name__}); use str, numbers, bools, lists and dicts"
-            ) from None
+                f"{label}: the value of field {name!r} cannot be sent as JSON ({problem}); use "
+                "str, finite numbers, bools, None, lists and dicts with string keys"
+            )
     return dict(fields)
+
+
+def _unsendable(value: object, depth: int = 0) -> str | None:
+    """Why ``value`` cannot go into Airtable's JSON as it is, or None. ``json.dumps`` alone
+    would let NaN through (which requests then refuses, a transient-looking error) and
+    turn number keys into strings; never names the value itself."""
+    if depth > MAX_DEPTH:
+        return f"nested deeper than {MAX_DEPTH}"
+    if value is None or isinstance(value, bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else "a float that is not finite"
+    if isinstance(value, str):
+        return text_problem(value)
+    if isinstance(value, list | tuple):
+        return next((p for item in value if (p := _unsendable(item, depth + 1))), None)
+    if isinstance(value, Mapping):
+        if not all(isinstance(key, str) for key in value):
+            return "a dict key that is not a string"
+        return next((p for item in value.values() if (p := _unsendable(item, depth + 1))), None)
+    return f"a value of type {type(value).__name__}"
 
 
 def _check_names(label: str, option: str, names: object) -> list[str]:
