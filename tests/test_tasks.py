@@ -317,6 +317,36 @@ def test_a_raising_task_finished_receiver_does_not_stop_the_runner() -> None:
     assert [r.return_value for r in results] == [0, 2, 4]
 
 
+def test_a_failing_task_finished_receiver_is_logged_by_type_and_place_never_its_message(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Receivers that choke on the task's data: Django's send_robust would log their
+    # messages, and tracebacks, on "django.dispatch".
+    def broken(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise ValueError(f"cannot notify about {task_result.args[0]}")
+
+    async def broken_async(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise ValueError(f"cannot notify about {task_result.args[0]} either")
+
+    task_finished.connect(broken)
+    task_finished.connect(broken_async)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            result = tasks.record.enqueue("María López 5512345678")
+            assert "1 done" in run_once()
+    finally:
+        task_finished.disconnect(broken)
+        task_finished.disconnect(broken_async)
+    assert "María" not in caplog.text
+    assert "5512345678" not in caplog.text
+    work_id = DeferredWork.objects.get(dedupe_key=result.id).pk
+    lines = sorted(r.getMessage() for r in caplog.records if r.name == "nexus_workflows.signals")
+    path = "tests.testapp.tasks.record"
+    about = f"a receiver of task_finished raised ValueError for {path} #{work_id}; ignored"
+    assert [line.split(" (")[0] for line in lines] == [about, about]
+    assert [line.rsplit(" in ", 1)[1] for line in lines] == ["broken)", "broken_async)"]
+
+
 def test_a_return_value_json_cannot_hold_fails_the_task() -> None:
     result = tasks.returns_a_set.enqueue("a")
     run_once()

@@ -22,6 +22,7 @@ from django.utils import timezone
 from nexus_workflows.deferred.history import truncate
 from nexus_workflows.deferred.registry import Workflow
 from nexus_workflows.limits import TRACEBACK_MAX_LENGTH
+from nexus_workflows.signals import send_quietly
 
 if TYPE_CHECKING:
     from nexus_workflows.deferred.transitions import ClaimedWork
@@ -171,15 +172,10 @@ def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
                     if work.error_record:
                         result.errors.append(TaskError(**work.error_record))
             sender = type(task_backends[result.backend])
-            for receiver, response in task_finished.send_robust(sender, task_result=result):
-                if isinstance(response, Exception):
-                    logger.error(
-                        "a task_finished receiver (%s) raised %s for %s #%s",
-                        getattr(receiver, "__qualname__", receiver),
-                        type(response).__name__,
-                        work.kind,
-                        work.id,
-                    )
+            # Not send_robust() itself: Django would log a failing receiver's message,
+            # which may quote the task's arguments.
+            about = f"{work.kind} #{work.id}"
+            send_quietly(task_finished, sender, "task_finished", about, task_result=result)
         except Exception as error:  # noqa: BLE001 - the outcome is written; never stop the runner
             logger.error(
                 "could not send task_finished for %s #%s: %s", work.kind, work.id, type(error).__name__
