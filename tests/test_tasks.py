@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -390,13 +390,78 @@ def test_arguments_that_are_not_json_are_refused_before_anything_is_written() ->
         def __repr__(self) -> str:
             return "María López"
 
-    for bad in ([Patient()], [float("nan")], ["a\x00b"]):
+    circular: list[Any] = ["María López"]
+    circular.append(circular)
+    for bad in ([Patient()], [float("nan")], ["a\x00b"], [b"Mar\xeda"], [circular]):
         with pytest.raises(InvalidTaskArguments) as caught:
             tasks.record.enqueue(*bad)
         assert isinstance(caught.value, WorkflowError)
         assert isinstance(caught.value, TypeError)
         assert "tests.testapp.tasks.record" in str(caught.value)
         assert "María" not in str(caught.value)
+        assert "allowed:" in str(caught.value)
+    assert not DeferredWork.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "rule"),
+    [
+        # jsonb cannot store these: PostgreSQL's error would quote the arguments.
+        (["María López \ud800"], {}, "arguments contains text that is not valid Unicode"),
+        ([{"nota": ["María", "\udc00"]}], {}, "arguments contains text that is not valid Unicode"),
+        ([], {"key": "María \ud800"}, "keyword arguments contains text that is not valid Unicode"),
+        ([{"María \ud800": 1}], {}, "arguments has a dict key that contains text that is not valid"),
+        # The rules of a workflow's trigger: what would not come back as given.
+        ([{1: "María"}], {}, "has a dict key of type int"),
+        ([2**64], {}, "integer outside"),
+        ([-0.0], {}, "-0.0"),
+    ],
+)
+def test_arguments_that_would_not_come_back_are_refused_and_the_transaction_goes_on(
+    args: list[Any], kwargs: dict[str, Any], rule: str
+) -> None:
+    from nexus_workflows.tasks import InvalidTaskArguments
+
+    with transaction.atomic():  # the caller's transaction
+        with pytest.raises(InvalidTaskArguments) as caught:
+            tasks.record.enqueue(*args, **kwargs)
+        message = str(caught.value)
+        assert rule in message
+        assert "tests.testapp.tasks.record" in message
+        assert "María" not in message
+        assert caught.value.__cause__ is None
+        # Refused before any write: the caller's transaction is still usable.
+        fine = tasks.record.enqueue("fine")
+    assert list(DeferredWork.objects.values_list("dedupe_key", flat=True)) == [fine.id]
+
+
+@pytest.mark.django_db  # not transactional: the constraint below is rolled back with the test
+def test_a_database_refusal_of_a_task_is_the_apps_error_without_the_arguments() -> None:
+    from nexus_workflows.exceptions import EnqueueRejected
+
+    # A constraint the app does not know about, added the way a project might.
+    table = DeferredWork._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"ALTER TABLE {table} ADD CONSTRAINT nw_test_refused CHECK (queue_name <> 'emails')"
+            )
+        else:
+            cursor.execute(
+                f"CREATE TRIGGER nw_test_refused BEFORE INSERT ON {table} WHEN NEW.queue_name = 'emails' "
+                "BEGIN SELECT RAISE(ABORT, 'refused by a project trigger'); END"
+            )
+    with (
+        pytest.raises(EnqueueRejected, match="the database refused the new task") as raised,
+        transaction.atomic(),
+    ):
+        tasks.record.using(queue_name="emails").enqueue("María López")
+    assert isinstance(raised.value, WorkflowError)
+    assert raised.value.__cause__ is None  # the driver's message quotes the row
+    assert "María" not in str(raised.value)
+    assert "tests.testapp.tasks.record" in str(raised.value)
+    if connection.vendor == "postgresql":
+        assert "nw_test_refused" in str(raised.value)
     assert not DeferredWork.objects.exists()
 
 
