@@ -355,6 +355,42 @@ def test_a_return_value_json_cannot_hold_fails_the_task() -> None:
     assert result.errors[0].exception_class_path == "builtins.TypeError"
 
 
+@pytest.mark.parametrize("which", ["lone surrogate", "nul", "surrogate key"])
+def test_a_return_value_jsonb_cannot_store_fails_the_task_naming_the_task_only(which: str) -> None:
+    result = tasks.returns_text.enqueue(which)
+    assert "1 abandoned" in run_once()  # on PostgreSQL the write used to fail on every try
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert "task 'tests.testapp.tasks.returns_text' returned text that contains" in error.traceback
+    assert "María" not in error.traceback
+    row = DeferredWork.objects.get(dedupe_key=result.id)
+    assert (row.return_value, "María" in row.last_error) == (None, False)
+
+
+def test_a_return_value_with_an_escaped_nul_is_text_and_is_kept() -> None:
+    result = tasks.returns_text.enqueue("escaped nul")
+    assert "1 done" in run_once()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, "C:\\u0000\\dir")
+
+
+@pytest.mark.parametrize("which", ["lone surrogate", "nul"])
+def test_a_failure_whose_message_jsonb_cannot_store_is_recorded_cleaned(which: str) -> None:
+    result = tasks.fails_with_text.enqueue(which)
+    assert "1 abandoned" in run_once()  # on PostgreSQL the write used to fail on every try
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    # The traceback is the task's own record (revealed like any error): kept, but cleaned.
+    assert "ValueError: could not reach María López" in error.traceback
+    assert "\x00" not in error.traceback
+    assert "\ud800" not in error.traceback
+    error.traceback.encode("utf-8")
+
+
 def test_runners_can_be_limited_to_queues() -> None:
     email = tasks.record.using(queue_name="emails").enqueue("email")
     report = tasks.record.using(queue_name="reports").enqueue("report")
