@@ -309,7 +309,9 @@ class rate_limited:
     """Wait until a start of the window ``name`` (at most ``limit`` starts in any
     ``period`` seconds, across every process of the database) is free, and take it.
 
-    ``with rate_limited("sms:+5215555", 10, 1): send(...)`` — or ``async with``. After
+    ``with rate_limited("sms-sender:main", 10, 1): send(...)`` — or ``async with``. The
+    name is stored in clear and shown in status output: make it opaque, never a phone
+    number or other patient data. After
     ``timeout`` seconds without a slot it raises :class:`RateLimitTimeout`, a transient
     error. The slot counts a *start*: leaving the block gives nothing back.
     """
