@@ -272,6 +272,8 @@ def prune(*, using: str, older_than: float = 3600.0) -> int:
 def _check(
     name: object, limit: object, period: object, timeout: object
 ) -> tuple[str, int, float, float | None]:
+    # Bad values are named by type only: arguments given in the wrong order can put a
+    # name or a phone number where a number belongs.
     if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH:
         raise InvalidRateLimit(
             f"rate_limited: name must be a non-empty string of at most {NAME_MAX_LENGTH} "
@@ -280,7 +282,7 @@ def _check(
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise InvalidRateLimit(
             f"rate_limited({name!r}): limit must be a whole number of starts of at least 1; "
-            f"got {type(limit).__name__} {limit!r:.40}"
+            f"got {type(limit).__name__}"
         )
     if (
         isinstance(period, bool)
@@ -290,7 +292,7 @@ def _check(
     ):
         raise InvalidRateLimit(
             f"rate_limited({name!r}): period must be a finite number of seconds greater than 0; "
-            f"got {type(period).__name__} {period!r:.40}"
+            f"got {type(period).__name__}"
         )
     if timeout is not None and (
         isinstance(timeout, bool)
@@ -300,7 +302,7 @@ def _check(
     ):
         raise InvalidRateLimit(
             f"rate_limited({name!r}): timeout must be None (wait as long as it takes) or a "
-            f"number of seconds of at least 0; got {type(timeout).__name__} {timeout!r:.40}"
+            f"number of seconds of at least 0; got {type(timeout).__name__}"
         )
     return name, limit, float(period), None if timeout is None else float(timeout)
 

@@ -80,11 +80,16 @@ def test_async_with() -> None:
         (("n", True, 1), "limit must be a whole number"),
         (("n", 1, 0), "period must be a finite number of seconds greater than 0"),
         (("n", 1, 1, -1), "timeout must be None"),
+        # Arguments in the wrong order: the value is named by type, never repeated.
+        (("n", "María López", 1), "limit must be a whole number of starts of at least 1; got str$"),
+        (("n", 1, "+52 55 1234 5678"), "period must be a finite number of seconds greater than 0; got str$"),
+        (("n", 1, 1, "María López"), "number of seconds of at least 0; got str$"),
     ],
 )
 def test_bad_arguments(args: tuple[Any, ...], message: str) -> None:
-    with pytest.raises(InvalidRateLimit, match=message):
+    with pytest.raises(InvalidRateLimit, match=message) as raised:
         rate_limited(*args)
+    assert all(value not in str(raised.value) for value in args[1:] if isinstance(value, str))
 
 
 def test_prune_drops_only_rows_unused_for_long() -> None:
