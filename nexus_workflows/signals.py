@@ -21,8 +21,8 @@ check.
 
 from __future__ import annotations
 
+import contextvars
 import logging
-import threading
 import traceback
 from typing import Any
 
@@ -31,14 +31,16 @@ from django.dispatch import Signal
 logger = logging.getLogger(__name__)
 
 # send_robust() logs a receiver's exception itself, message and traceback included, on
-# "django.dispatch"; the message may quote patient data, so while this module sends,
-# that record is dropped and this module logs the type and the place instead.
-_sending = threading.local()
+# "django.dispatch"; the message may quote patient data, so while send_quietly() sends,
+# that record is dropped and the type and the place are logged instead. A context
+# variable, not a thread-local: send_robust awaits async receivers through
+# async_to_sync, in another thread that runs with a copy of the sender's context.
+_sending: contextvars.ContextVar[bool] = contextvars.ContextVar("nexus_workflows_sending", default=False)
 
 
 class _DropWhileSending(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(_sending, "active", False)
+        return not _sending.get()
 
 
 logging.getLogger("django.dispatch").addFilter(_DropWhileSending())
@@ -61,22 +63,32 @@ def send(signal: Signal, *, kind: str, id: int, attempt: int, **extra: Any) -> N
         return
     from nexus_workflows.models import DeferredWork
 
-    _sending.active = True
+    send_quietly(
+        signal, DeferredWork, _name(signal), f"{kind} #{id}", kind=kind, id=int(id), attempt=attempt, **extra
+    )
+
+
+def send_quietly(signal: Signal, sender: Any, name: str, about: str, **kwargs: Any) -> list[Any]:
+    """``signal.send_robust(sender, **kwargs)`` with each failing receiver logged here by
+    its exception's type and place only, never by Django (which logs the message and the
+    traceback). ``name`` (the signal) and ``about`` (what it was sent for) go into that
+    line and must not hold patient data. Returns send_robust's responses."""
+    token = _sending.set(True)
     try:
-        responses = signal.send_robust(DeferredWork, kind=kind, id=int(id), attempt=attempt, **extra)
+        responses = signal.send_robust(sender, **kwargs)
     finally:
-        _sending.active = False
+        _sending.reset(token)
     for receiver, response in responses:
         if isinstance(response, Exception):
             # The type and where it was raised: the message may quote the data it choked on.
             logger.error(
-                "a receiver of %s raised %s for %s #%s; ignored (%s)",
-                _name(signal),
+                "a receiver of %s raised %s for %s; ignored (%s)",
+                name,
                 type(response).__name__,
-                kind,
-                id,
+                about,
                 _where(receiver, response),
             )
+    return responses
 
 
 def _where(receiver: Any, error: BaseException) -> str:

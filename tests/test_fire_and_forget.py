@@ -570,8 +570,9 @@ def test_delay_schedules_the_job_and_a_worker_with_the_scheduler_runs_it_when_du
     ("options", "message"),
     [
         ({"priority": 1}, "unknown option(s) priority. Allowed: at_front, delay, job_timeout, queue"),
-        ({"queue": "nope"}, "queue must be the name of a queue in RQ_QUEUES (default, urgent); got 'nope'"),
-        ({"queue": None}, "queue must be the name of a queue in RQ_QUEUES"),
+        ({"queue": "nope"}, "queue must be the name of a queue in RQ_QUEUES (default, urgent); got a str "),
+        ({"queue": "María López"}, "RQ_QUEUES (default, urgent); got a str that is none of them"),
+        ({"queue": None}, "queue must be the name of a queue in RQ_QUEUES (default, urgent); got a NoneType"),
         ({"job_timeout": 0}, "job_timeout must be greater than 0 seconds"),
         ({"job_timeout": "1h"}, "job_timeout must be a number of seconds or a timedelta; got str"),
         ({"at_front": 1}, "at_front must be True or False; got int"),
@@ -582,9 +583,11 @@ def test_delay_schedules_the_job_and_a_worker_with_the_scheduler_runs_it_when_du
 def test_bad_options_are_rejected_before_anything_is_sent(
     rq_redis: redis.Redis, options: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(InvalidEnqueueOption, match=re.escape(message)):
+    with pytest.raises(InvalidEnqueueOption, match=re.escape(message)) as raised:
         enqueue(LEDGER, {"key": "bad"}, **options)
     assert rq_redis.dbsize() == 0
+    # The rule, never the value given.
+    assert all(repr(value) not in str(raised.value) for value in options.values() if isinstance(value, str))
 
 
 # --- Redis unreachable -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -317,12 +317,78 @@ def test_a_raising_task_finished_receiver_does_not_stop_the_runner() -> None:
     assert [r.return_value for r in results] == [0, 2, 4]
 
 
+def test_a_failing_task_finished_receiver_is_logged_by_type_and_place_never_its_message(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Receivers that choke on the task's data: Django's send_robust would log their
+    # messages, and tracebacks, on "django.dispatch".
+    def broken(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise ValueError(f"cannot notify about {task_result.args[0]}")
+
+    async def broken_async(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise ValueError(f"cannot notify about {task_result.args[0]} either")
+
+    task_finished.connect(broken)
+    task_finished.connect(broken_async)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            result = tasks.record.enqueue("María López 5512345678")
+            assert "1 done" in run_once()
+    finally:
+        task_finished.disconnect(broken)
+        task_finished.disconnect(broken_async)
+    assert "María" not in caplog.text
+    assert "5512345678" not in caplog.text
+    work_id = DeferredWork.objects.get(dedupe_key=result.id).pk
+    lines = sorted(r.getMessage() for r in caplog.records if r.name == "nexus_workflows.signals")
+    path = "tests.testapp.tasks.record"
+    about = f"a receiver of task_finished raised ValueError for {path} #{work_id}; ignored"
+    assert [line.split(" (")[0] for line in lines] == [about, about]
+    assert [line.rsplit(" in ", 1)[1] for line in lines] == ["broken)", "broken_async)"]
+
+
 def test_a_return_value_json_cannot_hold_fails_the_task() -> None:
     result = tasks.returns_a_set.enqueue("a")
     run_once()
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[0].exception_class_path == "builtins.TypeError"
+
+
+@pytest.mark.parametrize("which", ["lone surrogate", "nul", "surrogate key"])
+def test_a_return_value_jsonb_cannot_store_fails_the_task_naming_the_task_only(which: str) -> None:
+    result = tasks.returns_text.enqueue(which)
+    assert "1 abandoned" in run_once()  # on PostgreSQL the write used to fail on every try
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert "task 'tests.testapp.tasks.returns_text' returned text that contains" in error.traceback
+    assert "María" not in error.traceback
+    row = DeferredWork.objects.get(dedupe_key=result.id)
+    assert (row.return_value, "María" in row.last_error) == (None, False)
+
+
+def test_a_return_value_with_an_escaped_nul_is_text_and_is_kept() -> None:
+    result = tasks.returns_text.enqueue("escaped nul")
+    assert "1 done" in run_once()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, "C:\\u0000\\dir")
+
+
+@pytest.mark.parametrize("which", ["lone surrogate", "nul"])
+def test_a_failure_whose_message_jsonb_cannot_store_is_recorded_cleaned(which: str) -> None:
+    result = tasks.fails_with_text.enqueue(which)
+    assert "1 abandoned" in run_once()  # on PostgreSQL the write used to fail on every try
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    # The traceback is the task's own record (revealed like any error): kept, but cleaned.
+    assert "ValueError: could not reach María López" in error.traceback
+    assert "\x00" not in error.traceback
+    assert "\ud800" not in error.traceback
+    error.traceback.encode("utf-8")
 
 
 def test_runners_can_be_limited_to_queues() -> None:
@@ -360,13 +426,78 @@ def test_arguments_that_are_not_json_are_refused_before_anything_is_written() ->
         def __repr__(self) -> str:
             return "María López"
 
-    for bad in ([Patient()], [float("nan")], ["a\x00b"]):
+    circular: list[Any] = ["María López"]
+    circular.append(circular)
+    for bad in ([Patient()], [float("nan")], ["a\x00b"], [b"Mar\xeda"], [circular]):
         with pytest.raises(InvalidTaskArguments) as caught:
             tasks.record.enqueue(*bad)
         assert isinstance(caught.value, WorkflowError)
         assert isinstance(caught.value, TypeError)
         assert "tests.testapp.tasks.record" in str(caught.value)
         assert "María" not in str(caught.value)
+        assert "allowed:" in str(caught.value)
+    assert not DeferredWork.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "rule"),
+    [
+        # jsonb cannot store these: PostgreSQL's error would quote the arguments.
+        (["María López \ud800"], {}, "arguments contains text that is not valid Unicode"),
+        ([{"nota": ["María", "\udc00"]}], {}, "arguments contains text that is not valid Unicode"),
+        ([], {"key": "María \ud800"}, "keyword arguments contains text that is not valid Unicode"),
+        ([{"María \ud800": 1}], {}, "arguments has a dict key that contains text that is not valid"),
+        # The rules of a workflow's trigger: what would not come back as given.
+        ([{1: "María"}], {}, "has a dict key of type int"),
+        ([2**64], {}, "integer outside"),
+        ([-0.0], {}, "-0.0"),
+    ],
+)
+def test_arguments_that_would_not_come_back_are_refused_and_the_transaction_goes_on(
+    args: list[Any], kwargs: dict[str, Any], rule: str
+) -> None:
+    from nexus_workflows.tasks import InvalidTaskArguments
+
+    with transaction.atomic():  # the caller's transaction
+        with pytest.raises(InvalidTaskArguments) as caught:
+            tasks.record.enqueue(*args, **kwargs)
+        message = str(caught.value)
+        assert rule in message
+        assert "tests.testapp.tasks.record" in message
+        assert "María" not in message
+        assert caught.value.__cause__ is None
+        # Refused before any write: the caller's transaction is still usable.
+        fine = tasks.record.enqueue("fine")
+    assert list(DeferredWork.objects.values_list("dedupe_key", flat=True)) == [fine.id]
+
+
+@pytest.mark.django_db  # not transactional: the constraint below is rolled back with the test
+def test_a_database_refusal_of_a_task_is_the_apps_error_without_the_arguments() -> None:
+    from nexus_workflows.exceptions import EnqueueRejected
+
+    # A constraint the app does not know about, added the way a project might.
+    table = DeferredWork._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"ALTER TABLE {table} ADD CONSTRAINT nw_test_refused CHECK (queue_name <> 'emails')"
+            )
+        else:
+            cursor.execute(
+                f"CREATE TRIGGER nw_test_refused BEFORE INSERT ON {table} WHEN NEW.queue_name = 'emails' "
+                "BEGIN SELECT RAISE(ABORT, 'refused by a project trigger'); END"
+            )
+    with (
+        pytest.raises(EnqueueRejected, match="the database refused the new task") as raised,
+        transaction.atomic(),
+    ):
+        tasks.record.using(queue_name="emails").enqueue("María López")
+    assert isinstance(raised.value, WorkflowError)
+    assert raised.value.__cause__ is None  # the driver's message quotes the row
+    assert "María" not in str(raised.value)
+    assert "tests.testapp.tasks.record" in str(raised.value)
+    if connection.vendor == "postgresql":
+        assert "nw_test_refused" in str(raised.value)
     assert not DeferredWork.objects.exists()
 
 

@@ -11,6 +11,7 @@ Public API::
 
 from nexus_workflows.airtable.eval_mode import is_eval_mode, set_eval_mode
 from nexus_workflows.airtable.exceptions import (
+    AirtableAnswerError,
     AirtableError,
     AirtableHTTPError,
     AirtableNetworkError,
@@ -32,6 +33,7 @@ from nexus_workflows.airtable.records import (
 from nexus_workflows.airtable.retry import is_permanent_airtable_error, with_airtable_retry
 
 __all__ = [
+    "AirtableAnswerError",
     "AirtableError",
     "AirtableHTTPError",
     "AirtableNetworkError",

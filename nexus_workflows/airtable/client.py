@@ -70,8 +70,18 @@ class RateLimitedApi(Api):
             with rate_limited(
                 f"airtable:{base}", limit[0], limit[1], app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT
             ):
-                return super().request(method, url, *args, **kwargs)
-        return super().request(method, url, *args, **kwargs)
+                answer = super().request(method, url, *args, **kwargs)
+        else:
+            answer = super().request(method, url, *args, **kwargs)
+        _local.answers = answers_received() + 1
+        return answer
+
+
+def answers_received() -> int:
+    """How many successful answers this thread's client has read so far: the retry policy
+    compares it before and after a call to tell a failure to parse an answer from the
+    caller's own error."""
+    return getattr(_local, "answers", 0)
 
 
 def get_api() -> Api:

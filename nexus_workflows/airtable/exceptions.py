@@ -77,6 +77,26 @@ class AirtableNetworkError(AirtableError):
         )
 
 
+class AirtableAnswerError(AirtableError):
+    """Airtable (or something in front of it) answered with success, but the answer did
+    not have the shape of Airtable's API: not JSON, a record without ``createdTime``...
+
+    Neither transient nor permanent: the call is not repeated in-process (the request was
+    carried out, so a create may have happened), and deferred work walks its schedule.
+    The message names the parser's exception type only; the parser's own message quotes
+    the answer, record fields included.
+    """
+
+    def __init__(self, *, label: str, cause: str, attempts: int) -> None:
+        self.cause = cause
+        super().__init__(
+            f"{label}: Airtable answered, but the answer did not have the expected shape "
+            f"({cause}; {_attempts(attempts)})",
+            label=label,
+            attempts=attempts,
+        )
+
+
 class ReferenceNotFound(AirtableError, LookupError):
     """``add_linked_record`` found no record for its link; nothing was created.
 

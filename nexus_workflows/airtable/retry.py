@@ -12,7 +12,10 @@ are the only ones:
   timeout) is retried only when the operation is safe to repeat
   (``retry_network_errors=True``); a failure to connect is always retried;
 * anything else, or the last attempt's failure, is raised; a 4xx other than 429 carries
-  ``permanent = True``.
+  ``permanent = True``;
+* a success whose answer pyairtable cannot read (not JSON, a record without
+  ``createdTime``...) is :class:`AirtableAnswerError`, not retried: the parser's message
+  quotes the answer, record fields included.
 """
 
 from __future__ import annotations
@@ -27,11 +30,20 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TypeVar
 
+import pydantic
 import requests
 import urllib3.exceptions
 
-from nexus_workflows.airtable.exceptions import AirtableError, AirtableHTTPError, AirtableNetworkError
+from nexus_workflows.airtable.client import answers_received
+from nexus_workflows.airtable.exceptions import (
+    AirtableAnswerError,
+    AirtableError,
+    AirtableHTTPError,
+    AirtableNetworkError,
+    InvalidAirtableArgument,
+)
 from nexus_workflows.conf import app_settings
+from nexus_workflows.exceptions import WorkflowError
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +76,10 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
     record that was created.
 
     Failures from ``requests`` are raised as :class:`AirtableHTTPError` or
-    :class:`AirtableNetworkError`, with messages free of field values. An
+    :class:`AirtableNetworkError`, with messages free of field values; an answer
+    pyairtable cannot read as :class:`AirtableAnswerError` (a ``TypeError``,
+    ``ValueError``, ``LookupError`` or ``AttributeError`` counts as one only when raised
+    after the helpers' client received an answer in this call). An
     :class:`AirtableError` raised inside ``operation`` (a nested helper, which already
     retried) and every other exception propagate unchanged, without a retry.
     """
@@ -72,12 +87,11 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
     attempt = 0
     while True:
         attempt += 1
+        answers = answers_received()
         try:
             return operation()
-        except AirtableError:
-            raise
-        except requests.RequestException as exc:
-            error = _classify(exc, label, attempt)
+        except Exception as exc:
+            error = _error_of(exc, label, attempt, answers)
             if error is None:
                 raise
         retryable = error.transient and (
@@ -102,6 +116,23 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
             },
         )
         time.sleep(delay)
+
+
+def _error_of(exc: Exception, label: str, attempt: int, answers: int) -> AirtableError | None:
+    """The helpers' error for a failed attempt, or ``None`` to let ``exc`` propagate as it is."""
+    if isinstance(exc, AirtableError | WorkflowError | InvalidAirtableArgument):
+        return None  # a nested helper's (already retried), or a misuse: unchanged
+    if isinstance(exc, requests.exceptions.JSONDecodeError | pydantic.ValidationError):
+        # A success pyairtable could not read (JSONDecodeError is a RequestException too);
+        # the parser's message quotes the answer, record fields included.
+        return AirtableAnswerError(label=label, cause=type(exc).__name__, attempts=attempt)
+    if isinstance(exc, requests.RequestException):
+        return _classify(exc, label, attempt)
+    reading = isinstance(exc, TypeError | ValueError | LookupError | AttributeError)
+    if reading and answers_received() != answers:
+        # After an answer arrived, pyairtable failing to read it; before, the caller's own.
+        return AirtableAnswerError(label=label, cause=type(exc).__name__, attempts=attempt)
+    return None
 
 
 def _classify(exc: requests.RequestException, label: str, attempt: int) -> AirtableError | None:

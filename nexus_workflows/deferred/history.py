@@ -15,7 +15,7 @@ def truncate(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _sanitise(text: str) -> str:
+def storable_text(text: str) -> str:
     """Text any database accepts: no NUL, no lone surrogate (PostgreSQL rejects the first,
     every UTF-8 encoder the second)."""
     if "\x00" in text:
@@ -46,7 +46,7 @@ def describe_error(error: BaseException) -> str:
         name = "Exception"
     message = _message_of(error)
     text = f"{name}: {message}" if message else name
-    return truncate(_sanitise(text), LAST_ERROR_MAX_LENGTH)
+    return truncate(storable_text(text), LAST_ERROR_MAX_LENGTH)
 
 
 def first_line(text: str) -> str:
@@ -58,5 +58,5 @@ def append_entry(history: list[Any] | None, **fields: Any) -> list[Any]:
     ``HISTORY_MAX_ENTRIES``."""
     entry = {"at": timezone.now().isoformat(), **fields}
     if isinstance(entry.get("error"), str):
-        entry["error"] = truncate(_sanitise(entry["error"]), HISTORY_ERROR_MAX_LENGTH)
+        entry["error"] = truncate(storable_text(entry["error"]), HISTORY_ERROR_MAX_LENGTH)
     return [*(history or []), entry][-HISTORY_MAX_ENTRIES:]

@@ -64,9 +64,11 @@ def parse_options(workflow: Workflow, options: dict[str, Any]) -> JobOptions:
     queue = options.get("queue", app_settings.RQ_QUEUE)
     known_queues = configured_queues()
     if not isinstance(queue, str) or queue not in known_queues:
+        # What was passed is not repeated: a caller's mix-up may have put patient data there.
+        got = "a str that is none of them" if isinstance(queue, str) else f"a {type(queue).__name__}"
         raise InvalidEnqueueOption(
             f"workflow {kind!r}: queue must be the name of a queue in RQ_QUEUES "
-            f"({', '.join(known_queues) or 'none configured'}); got {queue!r:.80}"
+            f"({', '.join(known_queues) or 'none configured'}); got {got}"
         )
     job_timeout = options.get("job_timeout")
     if job_timeout is not None:

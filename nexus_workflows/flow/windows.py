@@ -277,6 +277,8 @@ _A_YEAR = f"{RATE_PERIOD_MAX.total_seconds():,.0f}"
 def _check(
     name: object, limit: object, period: object, timeout: object
 ) -> tuple[str, int, float, float | None]:
+    # Bad values are named by type only: arguments given in the wrong order can put a
+    # name or a phone number where a number belongs.
     if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH or text_problem(name):
         raise InvalidRateLimit(
             f"rate_limited: name must be a non-empty string of at most {NAME_MAX_LENGTH} "
@@ -286,18 +288,18 @@ def _check(
     if not is_rate_limit(limit):
         raise InvalidRateLimit(
             f"rate_limited({name!r}): limit must be a whole number of starts from 1 to "
-            f"{RATE_LIMIT_MAX:,}; got {type(limit).__name__} {limit!r:.40}"
+            f"{RATE_LIMIT_MAX:,}; got {type(limit).__name__}"
         )
     if not is_rate_period(period):
         raise InvalidRateLimit(
             f"rate_limited({name!r}): period must be a number of seconds greater than 0 and at "
-            f"most {_A_YEAR} (a year); got {type(period).__name__} {period!r:.40}"
+            f"most {_A_YEAR} (a year); got {type(period).__name__}"
         )
     no_wait = isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout == 0
     if timeout is not None and not no_wait and not is_rate_period(timeout):
         raise InvalidRateLimit(
             f"rate_limited({name!r}): timeout must be None (wait as long as it takes) or a "
-            f"number of seconds from 0 to {_A_YEAR} (a year); got {type(timeout).__name__} {timeout!r:.40}"
+            f"number of seconds from 0 to {_A_YEAR} (a year); got {type(timeout).__name__}"
         )
     return name, limit, float(period), None if timeout is None else float(timeout)
 
@@ -306,7 +308,9 @@ class rate_limited:
     """Wait until a start of the window ``name`` (at most ``limit`` starts in any
     ``period`` seconds, across every process of the database) is free, and take it.
 
-    ``with rate_limited("sms:+5215555", 10, 1): send(...)`` — or ``async with``. After
+    ``with rate_limited("sms-sender:main", 10, 1): send(...)`` — or ``async with``. The
+    name is stored in clear and shown in status output: make it opaque, never a phone
+    number or other patient data. After
     ``timeout`` seconds without a slot it raises :class:`RateLimitTimeout`, a transient
     error. The slot counts a *start*: leaving the block gives nothing back.
     """

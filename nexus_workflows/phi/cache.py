@@ -33,7 +33,8 @@ class TokenRow:
     token: str
     lookup_key: str
     ciphertext: str
-    _surface: str | None = None
+    # Plaintext: out of the repr, which ends up in tracebacks, debuggers and logs.
+    _surface: str | None = field(default=None, repr=False)
 
     def surface(self) -> str:
         """The decrypted surface (memoised); raises ``SurfaceDecryptionError``."""
@@ -52,7 +53,7 @@ class MapState:
     by_lookup: dict[str, str] = field(default_factory=dict)  # lookup key -> token
     # (category, the value exactly as given) -> token: a repeat encode of the same
     # spelling skips normalisation and the HMAC.
-    spellings: dict[tuple[str, str], str] = field(default_factory=dict)
+    spellings: dict[tuple[str, str], str] = field(default_factory=dict, repr=False)  # plaintext keys
     # A hint, not data: until this monotonic time, allocations look before they claim
     # (another writer was allocating in this map a moment ago).
     contended_until: float = 0.0

@@ -26,8 +26,11 @@ _ALLOWED_CATEGORIES = ", ".join(CATEGORIES)
 def check_category(category: Any) -> str:
     if isinstance(category, str) and category in CATEGORIES:
         return category
-    shown = repr(category) if isinstance(category, str) and len(category) <= 20 else type(category).__name__
-    raise InvalidCategory(f"unknown PHI category {shown}; allowed: {_ALLOWED_CATEGORIES}")
+    # Never the value: a value passed where the category goes (arguments swapped) is PHI.
+    raise InvalidCategory(
+        f"unknown PHI category (a {type(category).__name__}, not shown); allowed: "
+        f"{_ALLOWED_CATEGORIES}, in capitals"
+    )
 
 
 def value_text(value: Any, category: str) -> str:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import phonenumbers
@@ -59,7 +59,7 @@ class Detection:
     start: int
     end: int
     category: str
-    value: str
+    value: str = field(repr=False)  # the identifier itself: out of the repr (tracebacks, logs)
     cued: bool = False
 
 

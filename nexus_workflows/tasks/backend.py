@@ -3,22 +3,21 @@ and ``get_result()`` reads it back; ``manage.py runworkflows`` runs it (see ``ru
 
 from __future__ import annotations
 
-import json
-import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.apps import apps
 from django.core import checks
-from django.db import router
+from django.db import DatabaseError, DataError, IntegrityError, router
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
-from nexus_workflows.exceptions import EnqueueError, RegistrationError
+from nexus_workflows import json_values
+from nexus_workflows.exceptions import EnqueueError, EnqueueRejected, RegistrationError
 from nexus_workflows.limits import BACKEND_ALIAS_MAX_LENGTH, KIND_COLUMN_LENGTH, QUEUE_NAME_MAX_LENGTH
 from nexus_workflows.tasks.compat import (
     BaseTaskBackend,
@@ -188,17 +187,20 @@ class DeferredBackend(BaseTaskBackend):
         now = timezone.now()
         # Inside the caller's atomic() this is one more statement of its transaction:
         # no dedupe race to lose (the key is new), so no savepoint either.
-        insert_pending(
-            using,
-            kind=task.module_path,
-            dedupe_key=result_id,
-            trigger=trigger,
-            run_after=task.run_after,  # else due now, by the database's clock
-            now=now,
-            priority=task.priority,
-            queue_name=task.queue_name,
-            backend_name=self.alias,
-        )
+        try:
+            insert_pending(
+                using,
+                kind=task.module_path,
+                dedupe_key=result_id,
+                trigger=trigger,
+                run_after=task.run_after,  # else due now, by the database's clock
+                now=now,
+                priority=task.priority,
+                queue_name=task.queue_name,
+                backend_name=self.alias,
+            )
+        except (IntegrityError, DataError) as error:  # the key is a new UUID: never a dedupe race
+            raise _refused(task, error) from None
         notify(using, inserted=True)
         result = TaskResult(
             task=task,
@@ -238,41 +240,83 @@ class DeferredBackend(BaseTaskBackend):
 
 
 def _trigger(task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``{"args": …, "kwargs": …}`` (and ``run_after``) as stored, after checking that it is
-    JSON a database can keep. Messages name the task, never the values."""
-    allowed = "dicts, lists, strings, finite numbers, booleans and None"
+    """``{"args": …, "kwargs": …}`` (and ``run_after``) as stored, after checking that it
+    comes back exactly as given, by the rules of a workflow's trigger (``json_values``):
+    what jsonb cannot store (a NUL, a lone surrogate) must never reach the INSERT, whose
+    error would quote the arguments and abort the caller's transaction. Messages name the
+    task and the rule, never the values."""
     try:
+        # Django's own normalisation first (tuples to lists, bytes to text), as its
+        # backends do; what it cannot convert is named by type.
         data = {"args": normalize_json(args), "kwargs": normalize_json(kwargs)}
-        text = json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        reason = "NaN or infinity" if isinstance(error, ValueError) else f"a {_unsupported(args, kwargs)}"
+    except RecursionError:  # normalize_json recurses: a container inside itself, or very deep
         raise InvalidTaskArguments(
-            f"task {task.module_path!r}: arguments must be JSON ({allowed}); got {reason}"
+            f"task {task.module_path!r}: the arguments contain themselves or are nested too deep; "
+            f"{json_values.ALLOWED}"
         ) from None
-    if "\\u0000" in text:
+    except (TypeError, ValueError):
         raise InvalidTaskArguments(
-            f"task {task.module_path!r}: arguments contain a NUL character, which PostgreSQL cannot store"
-        )
+            f"task {task.module_path!r}: the arguments hold a {_unsupported(args, kwargs)}; "
+            f"{json_values.ALLOWED}"
+        ) from None
+    for name, what in (("args", "arguments"), ("kwargs", "keyword arguments")):
+        try:
+            json_values.check(data[name])
+        except json_values.Rejected as problem:
+            raise InvalidTaskArguments(
+                f"task {task.module_path!r}: the {what} {problem}; {json_values.ALLOWED}"
+            ) from None
     if task.run_after is not None:
         data["run_after"] = task.run_after.isoformat()
     return data
 
 
+def _refused(task: Task, error: DatabaseError) -> EnqueueRejected:
+    """The app's error for a database refusal of a valid row: the constraint's name,
+    never the driver's message, which quotes the row (the arguments)."""
+    diag = getattr(error.__cause__, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    what = f"constraint {name!r}" if name else type(error).__name__
+    return EnqueueRejected(
+        f"task {task.module_path!r}: the database refused the new task ({what}); it was not "
+        "written (on PostgreSQL an enclosing transaction is aborted: roll it back). Every "
+        "documented input rule was met, so this is a constraint or trigger added to the table "
+        "outside nexus_workflows"
+    )
+
+
 def _unsupported(*values: Any) -> str:
-    """The type name of the first value JSON cannot hold (a type, never the value)."""
+    """What ``normalize_json`` could not convert, by type (never the value)."""
     stack = list(values)
+    seen: set[int] = set()  # each container once: shared or circular ones end the walk
     while stack:
         value = stack.pop()
-        if isinstance(value, dict):
+        if isinstance(value, str | bool | int | float) or value is None:
+            continue
+        if isinstance(value, bytes):
+            if not _is_utf8(value):
+                return "bytes value that is not UTF-8"
+            continue
+        if id(value) in seen:
+            continue
+        if isinstance(value, Mapping):
+            seen.add(id(value))
             stack.extend(value.keys())
             stack.extend(value.values())
-        elif isinstance(value, list | tuple):
+        elif isinstance(value, Sequence):
+            seen.add(id(value))
             stack.extend(value)
-        elif isinstance(value, float) and not math.isfinite(value):
-            continue
-        elif not isinstance(value, str | int | float | bool | bytes) and value is not None:
-            return type(value).__name__
+        else:
+            return f"value of type {type(value).__name__}"
     return "value that is not JSON"
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def load_task(path: str) -> Task:

@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.utils import timezone
 
-from nexus_workflows.deferred.history import truncate
+from nexus_workflows.deferred.history import storable_text, truncate
 from nexus_workflows.deferred.registry import Workflow
+from nexus_workflows.json_values import text_problem
 from nexus_workflows.limits import TRACEBACK_MAX_LENGTH
+from nexus_workflows.signals import send_quietly
 
 if TYPE_CHECKING:
     from nexus_workflows.deferred.transitions import ClaimedWork
@@ -92,25 +94,57 @@ class TaskWorkflow(Workflow):
 
 def stored_return_value(path: str, value: Any) -> Any:
     """The return value as the database will keep it; a value it cannot keep fails the
-    attempt (as in django-tasks-db), so the error is recorded instead of breaking the write."""
+    attempt (as in django-tasks-db), so the error is recorded instead of breaking the write
+    (on PostgreSQL a value jsonb refuses would leave the row processing for good). The
+    messages name the task, never the value."""
     from nexus_workflows.tasks.compat import normalize_json
 
-    value = normalize_json(value)
     try:
-        text = json.dumps(value, allow_nan=False)
+        value = normalize_json(value)
+    except RecursionError:
+        raise ValueError(
+            f"task {path!r} returned a value that contains itself or is nested too deep"
+        ) from None
+    try:
+        json.dumps(value, allow_nan=False)
     except ValueError:
-        raise ValueError(f"task {path!r} returned NaN or infinity, which JSON cannot hold") from None
-    if "\\u0000" in text:
-        raise ValueError(f"task {path!r} returned a NUL character, which PostgreSQL cannot store")
+        raise ValueError(
+            f"task {path!r} returned NaN, infinity or an integer too long to write, which JSON "
+            "cannot hold"
+        ) from None
+    problem = _text_problem(value)
+    if problem:
+        raise ValueError(f"task {path!r} returned text that {problem}; return valid text without NUL")
     return value
+
+
+def _text_problem(value: Any) -> str | None:
+    """Why a string (or key) in a JSON value cannot be stored: a NUL or a lone surrogate.
+    ``value`` passed json.dumps, so it has no cycle."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            problem = text_problem(item)
+            if problem:
+                return problem
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
 
 
 def error_record(error: BaseException) -> dict[str, str]:
     kind = type(error)
+    # The end of a long traceback is where its cause is. Cleaned like the history's text:
+    # a NUL or lone surrogate from the exception's message would make the outcome's write
+    # fail on every try.
+    text = truncate("".join(format_exception(error))[::-1], TRACEBACK_MAX_LENGTH)[::-1]
     return {
-        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
-        # The end of a long traceback is where its cause is.
-        "traceback": truncate("".join(format_exception(error))[::-1], TRACEBACK_MAX_LENGTH)[::-1],
+        "exception_class_path": storable_text(f"{kind.__module__}.{kind.__qualname__}"),
+        "traceback": storable_text(text),
     }
 
 
@@ -171,15 +205,10 @@ def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
                     if work.error_record:
                         result.errors.append(TaskError(**work.error_record))
             sender = type(task_backends[result.backend])
-            for receiver, response in task_finished.send_robust(sender, task_result=result):
-                if isinstance(response, Exception):
-                    logger.error(
-                        "a task_finished receiver (%s) raised %s for %s #%s",
-                        getattr(receiver, "__qualname__", receiver),
-                        type(response).__name__,
-                        work.kind,
-                        work.id,
-                    )
+            # Not send_robust() itself: Django would log a failing receiver's message,
+            # which may quote the task's arguments.
+            about = f"{work.kind} #{work.id}"
+            send_quietly(task_finished, sender, "task_finished", about, task_result=result)
         except Exception as error:  # noqa: BLE001 - the outcome is written; never stop the runner
             logger.error(
                 "could not send task_finished for %s #%s: %s", work.kind, work.id, type(error).__name__

@@ -17,7 +17,8 @@ contains. Any other formula is answered the way Airtable answers an invalid one:
 Faults are queued with :meth:`AirtableEmulator.fail` (an HTTP error status, optionally
 with ``Retry-After``), :meth:`~AirtableEmulator.reset_connection` (a TCP reset after the
 request was read, optionally after it was carried out — the lost-response case) and
-:meth:`~AirtableEmulator.stall` (no answer for a while). Each fault matches a method
+:meth:`~AirtableEmulator.stall` (no answer for a while), and :meth:`~AirtableEmulator.answer`
+(HTTP 200 with a body of a shape Airtable does not send). Each fault matches a method
 and/or table and lasts ``times`` requests. ``AirtableEmulator(listening=False)`` binds
 its port without listening, so connections are refused until :meth:`start_listening`.
 
@@ -74,7 +75,7 @@ class RecordedRequest:
 
 @dataclass
 class Fault:
-    kind: str  # "status", "reset", "stall"
+    kind: str  # "status", "reset", "stall", "answer"
     times: int
     method: str | None = None
     table: str | None = None
@@ -84,6 +85,7 @@ class Fault:
     retry_after: str | None = None
     after_processing: bool = False
     seconds: float = 0.0
+    body: bytes = b""
 
     def matches(self, method: str, table: str) -> bool:
         return (
@@ -317,6 +319,14 @@ class AirtableEmulator:
         """Carry out the request, then wait ``seconds`` before answering."""
         self._add_fault(Fault("stall", times, method, table, seconds=seconds))
 
+    def answer(
+        self, body: Any, *, times: int = 1, method: str | None = None, table: str | None = None
+    ) -> None:
+        """Answer HTTP 200 with ``body`` (bytes as they are, anything else as JSON) instead of
+        carrying out the request: an answer of a shape Airtable does not send."""
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self._add_fault(Fault("answer", times, method, table, body=raw))
+
     def _add_fault(self, fault: Fault) -> None:
         with self._lock:
             self._faults.append(fault)
@@ -408,6 +418,9 @@ class AirtableEmulator:
                 return
             if fault is not None and fault.kind == "status":
                 self._send_fault(handler, fault)
+                return
+            if fault is not None and fault.kind == "answer":
+                self._send_raw(handler, 200, fault.body)
                 return
             if fault is not None and fault.kind == "reset" and not fault.after_processing:
                 self._reset(handler)
@@ -515,11 +528,16 @@ class AirtableEmulator:
             error["message"] = fault.message
         self._send(handler, fault.status, {"error": error}, headers)
 
-    @staticmethod
+    @classmethod
     def _send(
-        handler: BaseHTTPRequestHandler, status: int, payload: Any, headers: dict[str, str] | None = None
+        cls, handler: BaseHTTPRequestHandler, status: int, payload: Any, headers: dict[str, str] | None = None
     ) -> None:
-        data = json.dumps(payload).encode()
+        cls._send_raw(handler, status, json.dumps(payload).encode(), headers)
+
+    @staticmethod
+    def _send_raw(
+        handler: BaseHTTPRequestHandler, status: int, data: bytes, headers: dict[str, str] | None = None
+    ) -> None:
         try:
             handler.send_response(status)
             handler.send_header("Content-Type", "application/json")

@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from nexus_workflows.airtable import (
+    AirtableAnswerError,
     AirtableError,
     AirtableHTTPError,
     AirtableNetworkError,
@@ -362,3 +363,64 @@ def test_every_helper_error_is_an_airtable_error(airtable: AirtableEmulator) -> 
     airtable.fail(500, method="GET", times=3)
     with pytest.raises(AirtableError):
         get_records(BASE, "Patients")
+
+
+# --- a success whose answer is not of Airtable's shape -------------------------------------
+
+NO_CREATED_TIME = {"id": "rec1", "fields": {"Name": PATIENT, "Phone": "+52 55 1234 5678"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "cause"),
+    [
+        ({"records": [NO_CREATED_TIME]}, "ValidationError"),  # pydantic quotes the record
+        ({"records": PATIENT}, "TypeError"),
+        ({"records": [PATIENT]}, "TypeError"),
+        (f"<html>{PATIENT}</html>".encode(), "JSONDecodeError"),
+        (b"", "AttributeError"),  # pyairtable reads an empty body as None
+    ],
+    ids=["no createdTime", "records not a list", "record not a dict", "not JSON", "empty"],
+)
+def test_a_read_answered_in_an_unexpected_shape_is_the_helpers_error_without_the_answer(
+    airtable: AirtableEmulator, caplog: pytest.LogCaptureFixture, body: Any, cause: str
+) -> None:
+    airtable.answer(body, method="GET")
+
+    with caplog.at_level(logging.DEBUG), pytest.raises(AirtableAnswerError) as caught:
+        get_record_by_filter(BASE, "Patients", {"Patient ID": "P-17"})
+
+    error = caught.value
+    assert str(error) == (
+        "get_record_by_filter Patients: Airtable answered, but the answer did not have the "
+        f"expected shape ({cause}; 1 attempt)"
+    )
+    assert (error.cause, error.transient, error.permanent, error.status) == (cause, False, False, None)
+    # Not chained: the parser's message quotes the answer.
+    assert error.__cause__ is None
+    assert error.__suppress_context__
+    assert len(airtable.requests_for("GET")) == 1  # not retried
+    assert PATIENT not in caplog.text
+    assert "1234" not in caplog.text
+
+
+def test_a_create_answered_without_created_time_is_not_sent_again(
+    airtable: AirtableEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    airtable.answer(NO_CREATED_TIME, method="POST")
+
+    with caplog.at_level(logging.DEBUG), pytest.raises(AirtableAnswerError) as caught:
+        add_record(BASE, "Patients", {"Name": PATIENT})
+
+    assert caught.value.cause == "ValidationError"
+    assert PATIENT not in str(caught.value)
+    assert PATIENT not in caplog.text
+    assert len(airtable.requests_for("POST")) == 1
+
+
+def test_a_callers_own_error_before_any_answer_is_not_taken_for_an_answer(airtable: AirtableEmulator) -> None:
+    def caller_bug() -> None:
+        raise TypeError("the caller's own bug")
+
+    with pytest.raises(TypeError, match="the caller's own bug"):
+        with_airtable_retry(caller_bug, "custom")
+    assert airtable.requests == []

@@ -87,11 +87,16 @@ def test_async_with() -> None:
         (("n", 1, 1, False), "timeout must be None"),
         (("bad\ud800", 1, 1), "valid Unicode without NUL"),
         (("bad\x00", 1, 1), "valid Unicode without NUL"),
+        # Arguments in the wrong order: the value is named by type, never repeated.
+        (("n", "María López", 1), "limit must be a whole number of starts from 1 to 10,000; got str$"),
+        (("n", 1, "+52 55 1234 5678"), r"period must be a number of seconds .* \(a year\); got str$"),
+        (("n", 1, 1, "María López"), r"number of seconds from 0 to 31,622,400 \(a year\); got str$"),
     ],
 )
 def test_bad_arguments(args: tuple[Any, ...], message: str) -> None:
-    with pytest.raises(InvalidRateLimit, match=message):
+    with pytest.raises(InvalidRateLimit, match=message) as raised:
         rate_limited(*args)
+    assert all(value not in str(raised.value) for value in args[1:] if isinstance(value, str))
 
 
 def test_prune_drops_only_rows_unused_for_long() -> None:

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from nexus_workflows.phi import encode
-from nexus_workflows.phi.cache import MapState, TokenCache, token_cache
+from nexus_workflows.phi.cache import MapState, TokenCache, TokenRow, token_cache
 
 pytestmark = pytest.mark.django_db
 
@@ -91,3 +91,14 @@ def test_settings_changes_empty_the_cache(code: str) -> None:
     assert len(token_cache) == 1
     with override_settings(NEXUS_WORKFLOWS={**settings.NEXUS_WORKFLOWS, "PHI_DEFAULT_REGION": "US"}):
         assert len(token_cache) == 0
+
+
+def test_reprs_of_cached_rows_and_maps_hold_no_plaintext() -> None:
+    # A repr lands in tracebacks (locals), debuggers and log lines.
+    row = TokenRow(7, "<<PERSONA_1>>", "lookup-hmac", "ciphertext", _surface="María López")
+    state = MapState(map_id=1, sequence=1)
+    state.add(row)
+    state.spellings[("PERSONA", "María López")] = "<<PERSONA_1>>"
+    for text in (repr(row), repr(state), repr(state.copy())):
+        assert "María" not in text
+        assert "<<PERSONA_1>>" in text  # the rest is still there to debug with

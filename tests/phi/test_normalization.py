@@ -89,6 +89,16 @@ def test_unknown_category_lists_the_allowed_ones(category: object) -> None:
     assert "PERSONA, TELEFONO, EMAIL, ID" in str(raised.value)
 
 
+@pytest.mark.parametrize("category", ["María López", "55 1234 5678", "MARIA", "persona"])
+def test_an_unknown_category_is_never_echoed(category: str) -> None:
+    # A value passed as the category (arguments swapped) is patient data.
+    with pytest.raises(InvalidCategory) as raised:
+        normalize("x", category)
+    message = str(raised.value)
+    assert category not in message
+    assert "allowed: PERSONA, TELEFONO, EMAIL, ID" in message
+
+
 def test_surface_form_trims_and_composes_and_keeps_inner_whitespace() -> None:
     assert surface_form("  Mari\u0301a \t López  ") == "María \t López"
     # Kept as written so that decode(encode_text(x)) == x for a pasted number.

@@ -27,6 +27,14 @@ def values(text: str) -> set[str]:
     return {detection.value for detection in find(text, app_settings.PHI_DEFAULT_REGION)}
 
 
+def test_a_detections_repr_holds_no_plaintext() -> None:
+    # A repr lands in tracebacks (locals), debuggers and log lines.
+    (detection,) = find("mi cel es 55 1234 5678", app_settings.PHI_DEFAULT_REGION)
+    assert (detection.category, detection.value) == ("TELEFONO", "+525512345678")
+    assert "5512345678" not in repr(detection)
+    assert "TELEFONO" in repr(detection)
+
+
 # --- the table ------------------------------------------------------------------
 
 

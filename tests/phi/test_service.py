@@ -277,6 +277,8 @@ def test_encode_text_without_phi_is_unchanged_and_writes_nothing(code: str) -> N
     ("call", "error", "rule"),
     [
         (lambda c: encode(c, "María", "NAME"), InvalidCategory, "allowed: PERSONA, TELEFONO, EMAIL, ID"),
+        # Value and category swapped: the name lands where the category goes.
+        (lambda c: encode(c, "PERSONA", "María López"), InvalidCategory, "allowed"),
         (lambda c: encode(c, None, "PERSONA"), InvalidPhiValue, "None"),
         (lambda c: encode(c, "", "PERSONA"), InvalidPhiValue, "empty"),
         (lambda c: encode(c, "  ", "EMAIL"), InvalidPhiValue, "empty"),
@@ -301,6 +303,7 @@ def test_encode_text_without_phi_is_unchanged_and_writes_nothing(code: str) -> N
         ),
         (lambda c: encode_text(c, "María López", spans=[(0, 5)]), InvalidSpan, "(start, end, category)"),
         (lambda c: encode_text(c, "María López", spans=[(0, 5, "NAME")]), InvalidCategory, "allowed"),
+        (lambda c: encode_text(c, "María López", spans=[(0, 5, "López")]), InvalidCategory, "allowed"),
         # A bad span after a good one and a detectable phone: nothing at all is written.
         (
             lambda c: encode_text(c, "María, 55 1234 5678, --", spans=[(0, 5, "PERSONA"), (21, 23, "ID")]),

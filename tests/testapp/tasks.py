@@ -82,6 +82,26 @@ def returns_a_set(key: str) -> Any:
     return {1, 2}
 
 
+# Text that jsonb cannot store (a lone surrogate, a NUL), built inside the task: arguments
+# like these are refused at enqueue. "escaped nul" is a backslash and "u0000": storable.
+UNSTORABLE = {
+    "lone surrogate": "María López \ud800",
+    "nul": "María López\x00",
+    "surrogate key": {"María López \ud800": 1},
+    "escaped nul": "C:\\u0000\\dir",
+}
+
+
+@task()
+def returns_text(which: str) -> Any:
+    return UNSTORABLE[which]
+
+
+@task()
+def fails_with_text(which: str) -> None:
+    raise ValueError(f"could not reach {UNSTORABLE[which]}")
+
+
 @task(takes_context=True, **RETRYING)
 def hold(context: Any, key: str, release_file: str) -> int:
     """Records its start, then waits until ``release_file`` exists (a runner may be killed
