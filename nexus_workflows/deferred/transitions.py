@@ -48,15 +48,16 @@ from nexus_workflows.sql.returning import PrecompiledUpdate, can_return_from_upd
 
 @dataclass
 class ClaimedWork:
-    """A row this runner holds, as it was read at claim time."""
+    """A row this runner holds, as it was read at claim time. Its ``repr`` shows the kind,
+    id, attempt and claim, never the data (an error tracker may print it)."""
 
     id: int
     kind: str
-    dedupe_key: str
-    trigger: Any
-    checkpoints: dict[str, Any]
+    dedupe_key: str = field(repr=False)
+    trigger: Any = field(repr=False)
+    checkpoints: dict[str, Any] = field(repr=False)
     attempt: int
-    history: list[Any]
+    history: list[Any] = field(repr=False)
     claim_token: str
     reclaimed: bool = False
     # Reclaimed only: whether the lost attempt's prepare had started (then it counted).
@@ -69,13 +70,13 @@ class ClaimedWork:
     history_changed: bool = False
     using: str = "default"
     # The _TASK_FIELDS columns as the claim left them.
-    columns: dict[str, Any] = field(default_factory=dict)
+    columns: dict[str, Any] = field(default_factory=dict, repr=False)
     # Set by an attempt of a Django task (nexus_workflows.tasks) for the outcome write:
     # what it returned, how it failed ({"exception_class_path", "traceback"}), and the
     # TaskResult its signals carry.
-    return_value: Any = None
-    error_record: dict[str, str] | None = None
-    task_result: Any = None
+    return_value: Any = field(default=None, repr=False)
+    error_record: dict[str, str] | None = field(default=None, repr=False)
+    task_result: Any = field(default=None, repr=False)
     # A rate-limited kind's start of its window, reserved by the claim and taken when the
     # attempt starts (nexus_workflows.flow.starts); None once started, or without a limit.
     reservation: Any = None

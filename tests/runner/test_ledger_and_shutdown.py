@@ -182,3 +182,21 @@ def test_outcomes_that_keep_failing_are_flushed_for_a_bounded_time() -> None:
     ).run()
     # Tries for min(grace, 5) = 3 s past the stop (1 s each here), then exits.
     assert attempts == [1000.0, 1001.0, 1002.0]
+
+
+def test_claimed_work_never_shows_its_data_in_its_repr() -> None:
+    """An error tracker that prints locals, or a debug log line, may show it."""
+    claimed = work(
+        dedupe_key="+5215512345678",
+        trigger={"patient": "María López"},
+        checkpoints={"summary": "María"},
+        history=[{"error": "ValueError: María"}],
+        return_value="María",
+        error_record={"traceback": "María"},
+        columns={"worker_ids": ["María"]},
+    )
+    shown = repr(claimed)
+    assert "María" not in shown
+    assert "5512345678" not in shown
+    assert f"id={claimed.id}" in shown
+    assert "kind='unit'" in shown
