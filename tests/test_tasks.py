@@ -113,7 +113,7 @@ def test_a_task_is_a_row_run_by_runworkflows_and_its_result_has_every_field() ->
 
 
 def test_an_unknown_result_id_raises_task_result_does_not_exist() -> None:
-    for result_id in ("0c3a1f9e-3f4e-4a55-9a2b-5b9e7c2d1e00", "not-an-id", "", "1"):
+    for result_id in ("0c3a1f9e-3f4e-4a55-9a2b-5b9e7c2d1e00", "not-an-id", "", "1", "\ud800", "a\x00"):
         with pytest.raises(TaskResultDoesNotExist):
             default_task_backend.get_result(result_id)
 
@@ -225,6 +225,11 @@ def test_higher_priority_runs_first_then_first_enqueued() -> None:
 def test_priority_out_of_range_is_refused_by_django() -> None:
     with pytest.raises(InvalidTask):
         tasks.record.using(priority=101)
+
+
+def test_a_bool_priority_is_refused() -> None:
+    with pytest.raises(InvalidTask, match="priority must be a whole number, not a bool"):
+        tasks.record.using(priority=True)
 
 
 def test_an_async_task_runs_and_async_enqueue_and_get_result_work() -> None:
@@ -518,7 +523,11 @@ def test_a_bad_retry_schedule_is_refused_when_the_task_is_declared() -> None:
 
 @pytest.mark.parametrize(
     ("options", "check_id"),
-    [({"RETRY_SCHEDULE": [0]}, "nexus_workflows.E032"), ({"RETRIES": 3}, "nexus_workflows.E031")],
+    [
+        ({"RETRY_SCHEDULE": [0]}, "nexus_workflows.E032"),
+        ({"RETRIES": 3}, "nexus_workflows.E031"),
+        ({1: 2, "RETRIES": 3}, "nexus_workflows.E031"),  # keys of two types: no crash
+    ],
 )
 def test_backend_options_are_checked(options: dict[str, Any], check_id: str) -> None:
     tasks_setting = {"default": {"BACKEND": "nexus_workflows.tasks.DeferredBackend", "OPTIONS": options}}

@@ -127,6 +127,8 @@ class DeferredBackend(BaseTaskBackend):
                 f"task {path!r}: queue_name must be a non-empty string of at most "
                 f"{QUEUE_NAME_MAX_LENGTH} characters"
             )
+        if isinstance(task.priority, bool):  # an int to Django: True would run as priority 1
+            raise InvalidTaskOptions(f"task {path!r}: priority must be a whole number, not a bool")
         if len(self.alias) > BACKEND_ALIAS_MAX_LENGTH:
             raise InvalidTaskOptions(
                 f"task backend alias {self.alias[:40]!r}…: at most {BACKEND_ALIAS_MAX_LENGTH} characters"
@@ -151,7 +153,7 @@ class DeferredBackend(BaseTaskBackend):
                     id="nexus_workflows.E030",
                 )
             )
-        unknown = sorted(set(self.options) - set(OPTION_RULES))
+        unknown = sorted(map(str, set(self.options) - set(OPTION_RULES)))  # keys of any type
         if unknown:
             messages.append(
                 checks.Error(
@@ -226,7 +228,7 @@ class DeferredBackend(BaseTaskBackend):
 
         using = router.db_for_read(DeferredWork)
         row = None
-        if isinstance(result_id, str) and "\x00" not in result_id:
+        if isinstance(result_id, str) and json_values.text_problem(result_id) is None:  # else no row has it
             row = (
                 DeferredWork.objects.using(using)
                 .tasks()
