@@ -63,16 +63,7 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
                 id="nexus_workflows.E001",
             )
         ]
-    messages: list[CheckMessage] = []
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if unknown:
-        messages.append(
-            Warning(
-                f"{SETTINGS_NAME} has unknown setting(s): {', '.join(map(str, unknown))}.",
-                hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
-                id="nexus_workflows.W001",
-            )
-        )
+    messages: list[CheckMessage] = _check_unknown_settings(raw)
     valid = True
     for name, (rule, accepts) in _SECONDS.items():
         value = getattr(app_settings, name)
@@ -103,6 +94,24 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
         messages.extend(_check_schedules())
     messages.extend(_check_wakeup_database())
     return messages
+
+
+def _check_unknown_settings(raw: dict[Any, Any]) -> list[CheckMessage]:
+    """Names that are no setting (misspelt, or of another version), named; keys that are
+    not strings, only counted: they could be anything, a secret included."""
+    unknown = set(raw) - set(DEFAULTS)
+    if not unknown:
+        return []
+    names = sorted(key for key in unknown if isinstance(key, str))
+    others = len(unknown) - len(names)
+    listed = [*names, *([f"{others} key(s) that are not strings"] if others else [])]
+    return [
+        Warning(
+            f"{SETTINGS_NAME} has unknown setting(s): {', '.join(listed)}.",
+            hint=f"Setting names are strings. Known settings: {', '.join(sorted(DEFAULTS))}.",
+            id="nexus_workflows.W001",
+        )
+    ]
 
 
 def _check_wakeup_database() -> list[CheckMessage]:
@@ -253,12 +262,12 @@ def check_rq_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
         messages.append(
             Error(
                 f"{SETTINGS_NAME}['RQ_QUEUE'] is {name!r}, which is not a queue in RQ_QUEUES "
-                f"({', '.join(map(str, sorted(queues)))}).",
+                f"({', '.join(sorted(map(str, queues)))}).",
                 hint="Add the queue to RQ_QUEUES or set RQ_QUEUE to one of those names.",
                 id="nexus_workflows.E303",
             )
         )
-    for queue_name, config in sorted(queues.items()):
+    for queue_name, config in sorted(queues.items(), key=lambda item: repr(item[0])):
         if is_embedded(config) and config.get("ASYNC", True) is not False:
             messages.append(
                 Error(

@@ -41,6 +41,16 @@ def test_unknown_settings_are_a_warning_naming_them() -> None:
     assert "RETENTION" in message.hint
 
 
+def test_keys_that_are_not_strings_are_unknown_settings_counted_not_shown() -> None:
+    """Not a TypeError from sorting str and int keys together, which would stop every
+    management command; and such a key could be anything, so it is not echoed."""
+    with override_settings(NEXUS_WORKFLOWS={1: 2, ("s3cr3t",): 3, "RETENTON": 5, "RETENTION": 60}):
+        (message,) = check_settings()
+    assert message.id == "nexus_workflows.W001"
+    assert "unknown setting(s): RETENTON, 2 key(s) that are not strings." in message.msg
+    assert "s3cr3t" not in message.msg + message.hint
+
+
 @pytest.mark.parametrize(
     ("settings", "check_id", "text"),
     [

@@ -62,3 +62,12 @@ def test_an_asynchronous_queue_on_fakeredis_is_an_error(settings: Any) -> None:
     messages = check_rq_queues()
     assert ids(messages) == ["nexus_workflows.E304"]
     assert "its jobs would never run" in messages[0].hint
+
+
+def test_queue_names_that_are_not_strings_are_no_crash(settings: Any) -> None:
+    settings.RQ_QUEUES = {1: embedded_queue(), "default": embedded_queue()}
+    assert check_rq_queues() == []
+    settings.NEXUS_WORKFLOWS = {"RQ_QUEUE": "missing"}
+    messages = check_rq_queues()
+    assert ids(messages) == ["nexus_workflows.E303"]
+    assert "not a queue in RQ_QUEUES (1, default)" in messages[0].msg
