@@ -41,10 +41,27 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def describe(value: Any) -> str:
+    """What a value is (its type; a string's or a collection's length), never the value
+    itself: settings may hold secrets (a URL with credentials, a key)."""
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, str):
+        return f"a string of {len(value)} character(s)"
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        return f"a {type(value).__name__} of {len(value)} item(s)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a float that is not finite"
+    return f"a value of type {type(value).__name__}"
+
+
 def setting_error(name: str, rule: str, value: Any, check_id: str) -> Error:
-    """An error for one ``NEXUS_WORKFLOWS`` setting, naming the rule and the default."""
+    """An error for one ``NEXUS_WORKFLOWS`` setting, naming the rule and the default, and
+    the type of the value given (never the value: see :func:`describe`)."""
     return Error(
-        f"{SETTINGS_NAME}['{name}'] must be {rule}; got {value!r}.",
+        f"{SETTINGS_NAME}['{name}'] must be {rule}; got {describe(value)}.",
         hint=f"The default is {DEFAULTS[name]!r}.",
         id=check_id,
     )
@@ -129,7 +146,7 @@ def _check_wakeup_database() -> list[CheckMessage]:
         what = "an alias of DATABASES" if isinstance(alias, str) else "a string or None"
         return [
             Error(
-                f"{SETTINGS_NAME}['WAKEUP_DATABASE'] must be {what}; got {alias!r}. "
+                f"{SETTINGS_NAME}['WAKEUP_DATABASE'] must be {what}; got {describe(alias)}. "
                 f"DATABASES has: {', '.join(map(repr, connections.settings))}.",
                 hint=hint,
                 id="nexus_workflows.E020",
@@ -261,7 +278,7 @@ def check_rq_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
     elif name not in queues:
         messages.append(
             Error(
-                f"{SETTINGS_NAME}['RQ_QUEUE'] is {name!r}, which is not a queue in RQ_QUEUES "
+                f"{SETTINGS_NAME}['RQ_QUEUE'] ({describe(name)}) is not a queue in RQ_QUEUES "
                 f"({', '.join(sorted(map(str, queues)))}).",
                 hint="Add the queue to RQ_QUEUES or set RQ_QUEUE to one of those names.",
                 id="nexus_workflows.E303",

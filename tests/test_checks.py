@@ -84,9 +84,9 @@ def test_keys_that_are_not_strings_are_unknown_settings_counted_not_shown() -> N
         (
             {"WAKEUP_DATABASE": "replica"},
             "nexus_workflows.E020",
-            "must be an alias of DATABASES; got 'replica'",
+            "must be an alias of DATABASES; got a string of 7 character(s). DATABASES has: 'default'",
         ),
-        ({"WAKEUP_DATABASE": 1}, "nexus_workflows.E020", "must be a string or None; got 1"),
+        ({"WAKEUP_DATABASE": 1}, "nexus_workflows.E020", "must be a string or None; got a value of type int"),
         (
             {"STALE_AFTER": 60, "HEARTBEAT_INTERVAL": 31},
             "nexus_workflows.E004",
@@ -99,6 +99,41 @@ def test_invalid_values_are_errors(settings: dict[str, Any], check_id: str, text
         messages = check_settings()
     assert ids(messages) == [check_id]
     assert text in messages[0].msg
+
+
+SECRET = "https://user:s3cr3t@proxy.example/?api_key=patXYZ"
+SECRET_PARTS = ("s3cr3t", "patXYZ", "proxy.example")
+A_SECRET = f"a string of {len(SECRET)} character(s)"
+
+
+@pytest.mark.parametrize(
+    ("settings", "check", "got", "hidden"),
+    [
+        ({"AIRTABLE_ENDPOINT_URL": SECRET}, "airtable", A_SECRET, SECRET_PARTS),
+        ({"RETENTION": SECRET}, "settings", A_SECRET, SECRET_PARTS),
+        ({"CONCURRENCY": [SECRET]}, "settings", "a list of 1 item(s)", SECRET_PARTS),
+        ({"WAKEUP": {"url": SECRET}}, "settings", "a dict of 1 item(s)", (*SECRET_PARTS, "url")),
+        ({"WAKEUP_DATABASE": SECRET}, "settings", A_SECRET, SECRET_PARTS),
+        ({"RQ_QUEUE": (SECRET,)}, "rq", "a tuple of 1 item(s)", SECRET_PARTS),
+        ({"POLL_INTERVAL": float("-inf")}, "settings", "a float that is not finite", ("inf",)),
+        ({"BATCH_SIZE": 2.5}, "settings", "a value of type float", ("2.5",)),
+        ({"CONCURRENCY": True}, "settings", "a bool", ("True",)),
+        ({"WAKEUP": None}, "settings", "None", ()),
+    ],
+)
+def test_errors_name_the_type_of_a_bad_value_never_the_value(
+    settings: dict[str, Any], check: str, got: str, hidden: tuple[str, ...]
+) -> None:
+    """Settings may hold secrets: a URL with credentials, a key."""
+    from nexus_workflows.airtable.checks import check_airtable_settings
+    from nexus_workflows.checks import check_rq_queues
+
+    run = {"settings": check_settings, "airtable": check_airtable_settings, "rq": check_rq_queues}[check]
+    with override_settings(NEXUS_WORKFLOWS=settings):
+        (message,) = run()
+    assert f"; got {got}." in message.msg
+    for part in hidden:
+        assert part not in message.msg + message.hint
 
 
 def test_a_schedule_longer_than_the_retention_is_an_error(register_workflow: Any) -> None:
