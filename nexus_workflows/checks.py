@@ -13,25 +13,33 @@ from typing import Any
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from nexus_workflows.conf import DEFAULTS, SETTINGS_NAME, app_settings
+from nexus_workflows.limits import MAX_BATCH_SIZE, MAX_DELAY, MAX_THREADS
 
-# Settings that are a number of seconds, and the smallest value each allows.
-_SECONDS = {
-    "RETENTION": ("greater than 0", lambda v: v > 0),
-    "STALE_AFTER": ("greater than 0", lambda v: v > 0),
-    "HEARTBEAT_INTERVAL": ("greater than 0", lambda v: v > 0),
-    "POLL_INTERVAL": ("greater than 0", lambda v: v > 0),
-    "WAKEUP_FALLBACK_POLL_INTERVAL": ("greater than 0", lambda v: v > 0),
-    "SWEEP_INTERVAL": ("greater than 0", lambda v: v > 0),
-    "SHUTDOWN_GRACE": ("0 or more", lambda v: v >= 0),
-}
-# Whole-number settings and their least value. A runner's DB_CONNECTIONS covers its main
-# loop, heartbeat and wake-up listener, and at least one journal writer.
+#: Longest number of seconds any setting takes: ten years (``limits.MAX_DELAY``). Far beyond
+#: any useful value, and well inside what timedelta, the databases' intervals, thread waits
+#: (``threading.TIMEOUT_MAX``, about 292 years) and Redis EXPIRE (RETENTION is the TTL of
+#: finished fire-and-forget jobs) hold: larger values failed at run time with OverflowError.
+MAX_SECONDS = MAX_DELAY.total_seconds()
+# Settings that are a number of seconds: greater than 0, or 0 or more where named here.
+_SECONDS = (
+    "RETENTION",
+    "STALE_AFTER",
+    "HEARTBEAT_INTERVAL",
+    "POLL_INTERVAL",
+    "WAKEUP_FALLBACK_POLL_INTERVAL",
+    "SWEEP_INTERVAL",
+    "SHUTDOWN_GRACE",
+)
+_ZERO_SECONDS_ALLOWED = ("SHUTDOWN_GRACE",)
+# Whole-number settings: (least, most). A runner's DB_CONNECTIONS covers its main loop,
+# heartbeat and wake-up listener, and at least one journal writer. limits.py says why
+# threads and connections stop at MAX_THREADS and rows of one statement at MAX_BATCH_SIZE.
 _COUNTS = {
-    "CONCURRENCY": 1,
-    "ASYNC_CONCURRENCY": 1,
-    "BATCH_SIZE": 1,
-    "PURGE_BATCH_SIZE": 1,
-    "DB_CONNECTIONS": 4,
+    "CONCURRENCY": (1, MAX_THREADS),
+    "ASYNC_CONCURRENCY": (1, MAX_BATCH_SIZE),
+    "BATCH_SIZE": (1, MAX_BATCH_SIZE),
+    "PURGE_BATCH_SIZE": (1, MAX_BATCH_SIZE),
+    "DB_CONNECTIONS": (4, MAX_THREADS),
 }
 _BOOLEANS = ("WAKEUP",)
 
@@ -39,6 +47,25 @@ _BOOLEANS = ("WAKEUP",)
 def is_number(value: Any) -> bool:
     """A finite int or float, not a bool."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_seconds(value: Any, *, zero_allowed: bool = False) -> bool:
+    """A number of seconds greater than 0 (or 0 or more) and at most MAX_SECONDS."""
+    return is_number(value) and (value >= 0 if zero_allowed else value > 0) and value <= MAX_SECONDS
+
+
+def seconds_rule(*, zero_allowed: bool = False) -> str:
+    least = "0 or more" if zero_allowed else "greater than 0"
+    return f"a number of seconds {least} and at most {MAX_SECONDS:,.0f} (ten years)"
+
+
+def is_whole(value: Any, least: int, most: int) -> bool:
+    """An int (not a bool) from ``least`` to ``most``."""
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= most
+
+
+def whole_rule(least: int, most: int) -> str:
+    return f"a whole number of at least {least} and at most {most:,}"
 
 
 def describe(value: Any) -> str:
@@ -82,17 +109,18 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
         ]
     messages: list[CheckMessage] = _check_unknown_settings(raw)
     valid = True
-    for name, (rule, accepts) in _SECONDS.items():
+    for name in _SECONDS:
+        zero_allowed = name in _ZERO_SECONDS_ALLOWED
         value = getattr(app_settings, name)
-        if not is_number(value) or not accepts(value):
-            messages.append(setting_error(name, f"a number of seconds {rule}", value, "nexus_workflows.E002"))
-            valid = False
-    for name, least in _COUNTS.items():
-        value = getattr(app_settings, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        if not is_seconds(value, zero_allowed=zero_allowed):
             messages.append(
-                setting_error(name, f"a whole number of at least {least}", value, "nexus_workflows.E003")
+                setting_error(name, seconds_rule(zero_allowed=zero_allowed), value, "nexus_workflows.E002")
             )
+            valid = False
+    for name, (least, most) in _COUNTS.items():
+        value = getattr(app_settings, name)
+        if not is_whole(value, least, most):
+            messages.append(setting_error(name, whole_rule(least, most), value, "nexus_workflows.E003"))
     for name in _BOOLEANS:
         value = getattr(app_settings, name)
         if not isinstance(value, bool):

@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from nexus_workflows.checks import check_settings
+from nexus_workflows.checks import MAX_SECONDS, check_settings
 from nexus_workflows.conf import DEFAULTS, app_settings
 
 
@@ -99,6 +99,39 @@ def test_invalid_values_are_errors(settings: dict[str, Any], check_id: str, text
         messages = check_settings()
     assert ids(messages) == [check_id]
     assert text in messages[0].msg
+
+
+# Each too-large value broke a runner at run time (OverflowError, "can't start new
+# thread", a purge failing for good) though the checks accepted it.
+@pytest.mark.parametrize(
+    ("name", "largest", "too_large", "rule"),
+    [
+        ("RETENTION", MAX_SECONDS, 10**20, "seconds greater than 0 and at most 315,619,200 (ten years)"),
+        ("RETENTION", MAX_SECONDS, 1e15, "at most 315,619,200"),
+        ("STALE_AFTER", MAX_SECONDS, 1e15, "at most 315,619,200"),
+        ("HEARTBEAT_INTERVAL", MAX_SECONDS / 2, MAX_SECONDS + 1, "at most 315,619,200"),
+        ("POLL_INTERVAL", MAX_SECONDS, 1e300, "at most 315,619,200"),
+        ("WAKEUP_FALLBACK_POLL_INTERVAL", MAX_SECONDS, 1e300, "at most 315,619,200"),
+        ("SWEEP_INTERVAL", MAX_SECONDS, MAX_SECONDS + 0.5, "at most 315,619,200"),
+        ("SHUTDOWN_GRACE", MAX_SECONDS, 1e300, "seconds 0 or more and at most 315,619,200 (ten years)"),
+        ("CONCURRENCY", 1024, 10**9, "a whole number of at least 1 and at most 1,024"),
+        ("DB_CONNECTIONS", 1024, 1025, "a whole number of at least 4 and at most 1,024"),
+        ("ASYNC_CONCURRENCY", 10_000, 10_001, "a whole number of at least 1 and at most 10,000"),
+        ("BATCH_SIZE", 10_000, 10**20, "a whole number of at least 1 and at most 10,000"),
+        ("PURGE_BATCH_SIZE", 10_000, 10**20, "a whole number of at least 1 and at most 10,000"),
+    ],
+)
+def test_values_up_to_their_bound_pass_and_larger_ones_are_errors(
+    name: str, largest: float, too_large: float, rule: str
+) -> None:
+    roomy = {"STALE_AFTER": MAX_SECONDS, "HEARTBEAT_INTERVAL": 1}  # E004 stays out of the way
+    with override_settings(NEXUS_WORKFLOWS={**roomy, name: largest}):
+        assert check_settings() == []
+    with override_settings(NEXUS_WORKFLOWS={**roomy, name: too_large}):
+        messages = check_settings()
+    assert ids(messages) == ["nexus_workflows.E002" if isinstance(largest, float) else "nexus_workflows.E003"]
+    assert f"{name}'] must be " in messages[0].msg
+    assert rule in messages[0].msg
 
 
 SECRET = "https://user:s3cr3t@proxy.example/?api_key=patXYZ"
