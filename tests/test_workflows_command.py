@@ -46,6 +46,8 @@ def test_enqueue_with_delay(kind: str) -> None:
     ("args", "message"),
     [
         (["enqueue", "KIND", "{not json"], "TRIGGER-JSON is not valid JSON"),
+        (["enqueue", "KIND", "{}", "--delay", "soon-s3cr3t"], "argument --delay: must be a number$"),
+        (["enqueue", "KIND", '{"key": "a"}', "--delay", "1e300"], "delay is too long"),
         (["enqueue", "no-such-kind", "{}"], "no workflow is registered for kind 'no-such-kind'"),
         (["enqueue", "KIND", '{"nokey": 1}'], "dedupe_key raised KeyError"),
     ],

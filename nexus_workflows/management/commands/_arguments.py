@@ -29,6 +29,14 @@ def whole_number(least: int, most: int, what: str = "a whole number") -> Callabl
     return parse
 
 
+def number(value: str) -> float:
+    """An argument type: any float (the command checks its range), read without echoing it."""
+    try:
+        return float(value)
+    except ValueError:
+        raise ArgumentTypeError("must be a number") from None
+
+
 def seconds(value: str) -> float:
     """An argument type: a number of seconds greater than 0 and at most MAX_SECONDS."""
     try:

@@ -11,7 +11,7 @@ from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.status import build_status_report, render_status_report
 from nexus_workflows.exceptions import WorkflowError
 from nexus_workflows.json_values import MAX_DEPTH
-from nexus_workflows.management.commands._arguments import whole_number
+from nexus_workflows.management.commands._arguments import number, whole_number
 from nexus_workflows.models import DeferredWork, Status
 
 # The ids of deferred work: a database's 64-bit integers (greater ones raised OverflowError
@@ -33,7 +33,7 @@ class Command(BaseCommand):
         enqueue_parser.add_argument("kind", metavar="KIND")
         enqueue_parser.add_argument("trigger", metavar="TRIGGER-JSON")
         enqueue_parser.add_argument(
-            "--delay", type=float, metavar="SECONDS", help="Make the work due this many seconds from now."
+            "--delay", type=number, metavar="SECONDS", help="Make the work due this many seconds from now."
         )
         status_parser = subcommands.add_parser(
             "status",
