@@ -13,25 +13,33 @@ from typing import Any
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from nexus_workflows.conf import DEFAULTS, SETTINGS_NAME, app_settings
+from nexus_workflows.limits import MAX_BATCH_SIZE, MAX_DELAY, MAX_THREADS
 
-# Settings that are a number of seconds, and the smallest value each allows.
-_SECONDS = {
-    "RETENTION": ("greater than 0", lambda v: v > 0),
-    "STALE_AFTER": ("greater than 0", lambda v: v > 0),
-    "HEARTBEAT_INTERVAL": ("greater than 0", lambda v: v > 0),
-    "POLL_INTERVAL": ("greater than 0", lambda v: v > 0),
-    "WAKEUP_FALLBACK_POLL_INTERVAL": ("greater than 0", lambda v: v > 0),
-    "SWEEP_INTERVAL": ("greater than 0", lambda v: v > 0),
-    "SHUTDOWN_GRACE": ("0 or more", lambda v: v >= 0),
-}
-# Whole-number settings and their least value. A runner's DB_CONNECTIONS covers its main
-# loop, heartbeat and wake-up listener, and at least one journal writer.
+#: Longest number of seconds any setting takes: ten years (``limits.MAX_DELAY``). Far beyond
+#: any useful value, and well inside what timedelta, the databases' intervals, thread waits
+#: (``threading.TIMEOUT_MAX``, about 292 years) and Redis EXPIRE (RETENTION is the TTL of
+#: finished fire-and-forget jobs) hold: larger values failed at run time with OverflowError.
+MAX_SECONDS = MAX_DELAY.total_seconds()
+# Settings that are a number of seconds: greater than 0, or 0 or more where named here.
+_SECONDS = (
+    "RETENTION",
+    "STALE_AFTER",
+    "HEARTBEAT_INTERVAL",
+    "POLL_INTERVAL",
+    "WAKEUP_FALLBACK_POLL_INTERVAL",
+    "SWEEP_INTERVAL",
+    "SHUTDOWN_GRACE",
+)
+_ZERO_SECONDS_ALLOWED = ("SHUTDOWN_GRACE",)
+# Whole-number settings: (least, most). A runner's DB_CONNECTIONS covers its main loop,
+# heartbeat and wake-up listener, and at least one journal writer. limits.py says why
+# threads and connections stop at MAX_THREADS and rows of one statement at MAX_BATCH_SIZE.
 _COUNTS = {
-    "CONCURRENCY": 1,
-    "ASYNC_CONCURRENCY": 1,
-    "BATCH_SIZE": 1,
-    "PURGE_BATCH_SIZE": 1,
-    "DB_CONNECTIONS": 4,
+    "CONCURRENCY": (1, MAX_THREADS),
+    "ASYNC_CONCURRENCY": (1, MAX_BATCH_SIZE),
+    "BATCH_SIZE": (1, MAX_BATCH_SIZE),
+    "PURGE_BATCH_SIZE": (1, MAX_BATCH_SIZE),
+    "DB_CONNECTIONS": (4, MAX_THREADS),
 }
 _BOOLEANS = ("WAKEUP",)
 
@@ -41,10 +49,46 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def is_seconds(value: Any, *, zero_allowed: bool = False) -> bool:
+    """A number of seconds greater than 0 (or 0 or more) and at most MAX_SECONDS."""
+    return is_number(value) and (value >= 0 if zero_allowed else value > 0) and value <= MAX_SECONDS
+
+
+def seconds_rule(*, zero_allowed: bool = False) -> str:
+    least = "0 or more" if zero_allowed else "greater than 0"
+    return f"a number of seconds {least} and at most {MAX_SECONDS:,.0f} (ten years)"
+
+
+def is_whole(value: Any, least: int, most: float) -> bool:
+    """An int (not a bool) from ``least`` to ``most``."""
+    return isinstance(value, int) and not isinstance(value, bool) and least <= value <= most
+
+
+def whole_rule(least: int, most: int) -> str:
+    return f"a whole number of at least {least} and at most {most:,}"
+
+
+def describe(value: Any) -> str:
+    """What a value is (its type; a string's or a collection's length), never the value
+    itself: settings may hold secrets (a URL with credentials, a key)."""
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, str):
+        return f"a string of {len(value)} character(s)"
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        return f"a {type(value).__name__} of {len(value)} item(s)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a float that is not finite"
+    return f"a value of type {type(value).__name__}"
+
+
 def setting_error(name: str, rule: str, value: Any, check_id: str) -> Error:
-    """An error for one ``NEXUS_WORKFLOWS`` setting, naming the rule and the default."""
+    """An error for one ``NEXUS_WORKFLOWS`` setting, naming the rule and the default, and
+    the type of the value given (never the value: see :func:`describe`)."""
     return Error(
-        f"{SETTINGS_NAME}['{name}'] must be {rule}; got {value!r}.",
+        f"{SETTINGS_NAME}['{name}'] must be {rule}; got {describe(value)}.",
         hint=f"The default is {DEFAULTS[name]!r}.",
         id=check_id,
     )
@@ -63,28 +107,20 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
                 id="nexus_workflows.E001",
             )
         ]
-    messages: list[CheckMessage] = []
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if unknown:
-        messages.append(
-            Warning(
-                f"{SETTINGS_NAME} has unknown setting(s): {', '.join(map(str, unknown))}.",
-                hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
-                id="nexus_workflows.W001",
-            )
-        )
+    messages: list[CheckMessage] = _check_unknown_settings(raw)
     valid = True
-    for name, (rule, accepts) in _SECONDS.items():
+    for name in _SECONDS:
+        zero_allowed = name in _ZERO_SECONDS_ALLOWED
         value = getattr(app_settings, name)
-        if not is_number(value) or not accepts(value):
-            messages.append(setting_error(name, f"a number of seconds {rule}", value, "nexus_workflows.E002"))
-            valid = False
-    for name, least in _COUNTS.items():
-        value = getattr(app_settings, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        if not is_seconds(value, zero_allowed=zero_allowed):
             messages.append(
-                setting_error(name, f"a whole number of at least {least}", value, "nexus_workflows.E003")
+                setting_error(name, seconds_rule(zero_allowed=zero_allowed), value, "nexus_workflows.E002")
             )
+            valid = False
+    for name, (least, most) in _COUNTS.items():
+        value = getattr(app_settings, name)
+        if not is_whole(value, least, most):
+            messages.append(setting_error(name, whole_rule(least, most), value, "nexus_workflows.E003"))
     for name in _BOOLEANS:
         value = getattr(app_settings, name)
         if not isinstance(value, bool):
@@ -105,6 +141,24 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     return messages
 
 
+def _check_unknown_settings(raw: dict[Any, Any]) -> list[CheckMessage]:
+    """Names that are no setting (misspelt, or of another version), named; keys that are
+    not strings, only counted: they could be anything, a secret included."""
+    unknown = set(raw) - set(DEFAULTS)
+    if not unknown:
+        return []
+    names = sorted(key for key in unknown if isinstance(key, str))
+    others = len(unknown) - len(names)
+    listed = [*names, *([f"{others} key(s) that are not strings"] if others else [])]
+    return [
+        Warning(
+            f"{SETTINGS_NAME} has unknown setting(s): {', '.join(listed)}.",
+            hint=f"Setting names are strings. Known settings: {', '.join(sorted(DEFAULTS))}.",
+            id="nexus_workflows.W001",
+        )
+    ]
+
+
 def _check_wakeup_database() -> list[CheckMessage]:
     """WAKEUP_DATABASE names a PostgreSQL alias of DATABASES (or is None)."""
     from django.db import connections
@@ -120,7 +174,7 @@ def _check_wakeup_database() -> list[CheckMessage]:
         what = "an alias of DATABASES" if isinstance(alias, str) else "a string or None"
         return [
             Error(
-                f"{SETTINGS_NAME}['WAKEUP_DATABASE'] must be {what}; got {alias!r}. "
+                f"{SETTINGS_NAME}['WAKEUP_DATABASE'] must be {what}; got {describe(alias)}. "
                 f"DATABASES has: {', '.join(map(repr, connections.settings))}.",
                 hint=hint,
                 id="nexus_workflows.E020",
@@ -252,13 +306,13 @@ def check_rq_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
     elif name not in queues:
         messages.append(
             Error(
-                f"{SETTINGS_NAME}['RQ_QUEUE'] is {name!r}, which is not a queue in RQ_QUEUES "
-                f"({', '.join(map(str, sorted(queues)))}).",
+                f"{SETTINGS_NAME}['RQ_QUEUE'] ({describe(name)}) is not a queue in RQ_QUEUES "
+                f"({', '.join(sorted(map(str, queues)))}).",
                 hint="Add the queue to RQ_QUEUES or set RQ_QUEUE to one of those names.",
                 id="nexus_workflows.E303",
             )
         )
-    for queue_name, config in sorted(queues.items()):
+    for queue_name, config in sorted(queues.items(), key=lambda item: repr(item[0])):
         if is_embedded(config) and config.get("ASYNC", True) is not False:
             messages.append(
                 Error(
@@ -270,3 +324,73 @@ def check_rq_queues(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> 
                 )
             )
     return messages
+
+
+# Upper bounds of the Airtable settings. nexus_workflows.airtable.checks states their other
+# rules (E200-E206); the bounds are checked here, only for values those rules accept, so
+# that no value gets two errors. Larger values failed at run time with OverflowError.
+AIRTABLE_MAX_ATTEMPTS = 100
+# A request's connect and read timeouts: a socket waits in poll(), which takes whole
+# milliseconds as a C int (at most 24.8 days); a request silent for a day is hung anyway.
+AIRTABLE_MAX_TIMEOUT = 86_400
+_AIRTABLE_SECONDS = {
+    "AIRTABLE_RATE_LIMIT_DELAY": "nexus_workflows.E202",
+    "AIRTABLE_RETRY_BASE_DELAY": "nexus_workflows.E202",
+    "AIRTABLE_MAX_RETRY_AFTER": "nexus_workflows.E202",
+    "AIRTABLE_RATE_LIMIT_TIMEOUT": "nexus_workflows.E206",
+}
+
+
+@register(Tags.compatibility)
+def check_airtable_bounds(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    from django.conf import settings
+
+    if not isinstance(getattr(settings, SETTINGS_NAME, {}), dict):
+        return []  # reported as nexus_workflows.E001
+    messages: list[CheckMessage] = []
+    attempts = app_settings.AIRTABLE_MAX_ATTEMPTS
+    if is_whole(attempts, AIRTABLE_MAX_ATTEMPTS + 1, math.inf):
+        rule = whole_rule(1, AIRTABLE_MAX_ATTEMPTS)
+        messages.append(setting_error("AIRTABLE_MAX_ATTEMPTS", rule, attempts, "nexus_workflows.E201"))
+    for name, check_id in _AIRTABLE_SECONDS.items():
+        value = getattr(app_settings, name)
+        if is_number(value) and value > MAX_SECONDS:
+            messages.append(setting_error(name, seconds_rule(zero_allowed=True), value, check_id))
+    timeout = app_settings.AIRTABLE_TIMEOUT
+    parts = timeout if isinstance(timeout, list | tuple) and len(timeout) == 2 else [timeout]
+    if all(is_number(part) and part > 0 for part in parts) and max(parts) > AIRTABLE_MAX_TIMEOUT:
+        most = f"at most {AIRTABLE_MAX_TIMEOUT:,} (a day)"
+        rule = f"seconds greater than 0 and {most}: one number, or (connect, read)"
+        messages.append(setting_error("AIRTABLE_TIMEOUT", rule, timeout, "nexus_workflows.E203"))
+    rate_limit = app_settings.AIRTABLE_RATE_LIMIT
+    if isinstance(rate_limit, list | tuple) and len(rate_limit) == 2:
+        limit, period = rate_limit
+        if (is_whole(limit, 1, math.inf) and is_number(period) and period > 0) and not (
+            limit <= MAX_BATCH_SIZE and period <= MAX_SECONDS
+        ):
+            # A window is a ring of `limit` rows, made in one statement and read at every try.
+            rule = (
+                f"None, or (limit, period seconds): a whole number of requests of at least 1 and at "
+                f"most {MAX_BATCH_SIZE:,}, and {seconds_rule()}"
+            )
+            messages.append(setting_error("AIRTABLE_RATE_LIMIT", rule, rate_limit, "nexus_workflows.E205"))
+    return messages + _check_airtable_backoff(attempts)
+
+
+def _check_airtable_backoff(attempts: Any) -> list[CheckMessage]:
+    """The back-off doubles per retry: ``base * 2 ** (attempts - 2)`` before the last one."""
+    base = app_settings.AIRTABLE_RETRY_BASE_DELAY
+    if not is_whole(attempts, 2, AIRTABLE_MAX_ATTEMPTS) or not is_seconds(base, zero_allowed=True):
+        return []  # a single attempt never waits; bad values are reported on their own
+    if base * 2 ** (attempts - 2) <= MAX_SECONDS:
+        return []
+    return [
+        Error(
+            f"{SETTINGS_NAME}['AIRTABLE_RETRY_BASE_DELAY'] doubles at each retry: the wait before "
+            "the last attempt, AIRTABLE_RETRY_BASE_DELAY x 2 ** (AIRTABLE_MAX_ATTEMPTS - 2), must be "
+            f"at most {MAX_SECONDS:,.0f} seconds (ten years).",
+            hint="Lower AIRTABLE_MAX_ATTEMPTS or AIRTABLE_RETRY_BASE_DELAY; leave long waits "
+            "to the workflow's retry schedule.",
+            id="nexus_workflows.E207",
+        )
+    ]

@@ -30,3 +30,17 @@ RATE_LIMIT_MAX = 10_000
 #: The longest rate-limit period (and ``rate_limited`` timeout): a year. Beyond it a window
 #: is no rate limit, and its stamps would leave the database's range.
 RATE_PERIOD_MAX = timedelta(days=366)
+
+#: Most threads a runner starts for CONCURRENCY (``runworkflows --concurrency``) and most
+#: connections for DB_CONNECTIONS (one journal-writer thread each). All are started up
+#: front, each thread with a stack of its own, so an absurd value fails at once with
+#: "can't start new thread"; and a database runs out of connections long before this
+#: (PostgreSQL allows 100 by default, and a sync prepare using the ORM holds one more).
+MAX_THREADS = 1024
+#: Most rows of one batch: BATCH_SIZE, PURGE_BATCH_SIZE, ASYNC_CONCURRENCY (a claim takes
+#: up to the larger of BATCH_SIZE and the concurrency) and ``rotate_phi_keys --batch-size``.
+#: A batch's ids travel as bind parameters of one statement, and PostgreSQL with Django's
+#: server-side binding (the README's fast-enqueue configuration) takes at most 65,535 per
+#: statement; a heartbeat names every item a runner holds (up to CONCURRENCY +
+#: ASYNC_CONCURRENCY + 2 x BATCH_SIZE), which this keeps under half of that.
+MAX_BATCH_SIZE = 10_000

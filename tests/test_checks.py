@@ -7,7 +7,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from nexus_workflows.checks import check_settings
+from nexus_workflows.checks import MAX_SECONDS, check_settings
 from nexus_workflows.conf import DEFAULTS, app_settings
 
 
@@ -39,6 +39,16 @@ def test_unknown_settings_are_a_warning_naming_them() -> None:
     assert message.id == "nexus_workflows.W001"
     assert "RETENTON" in message.msg
     assert "RETENTION" in message.hint
+
+
+def test_keys_that_are_not_strings_are_unknown_settings_counted_not_shown() -> None:
+    """Not a TypeError from sorting str and int keys together, which would stop every
+    management command; and such a key could be anything, so it is not echoed."""
+    with override_settings(NEXUS_WORKFLOWS={1: 2, ("s3cr3t",): 3, "RETENTON": 5, "RETENTION": 60}):
+        (message,) = check_settings()
+    assert message.id == "nexus_workflows.W001"
+    assert "unknown setting(s): RETENTON, 2 key(s) that are not strings." in message.msg
+    assert "s3cr3t" not in message.msg + message.hint
 
 
 @pytest.mark.parametrize(
@@ -74,9 +84,9 @@ def test_unknown_settings_are_a_warning_naming_them() -> None:
         (
             {"WAKEUP_DATABASE": "replica"},
             "nexus_workflows.E020",
-            "must be an alias of DATABASES; got 'replica'",
+            "must be an alias of DATABASES; got a string of 7 character(s). DATABASES has: 'default'",
         ),
-        ({"WAKEUP_DATABASE": 1}, "nexus_workflows.E020", "must be a string or None; got 1"),
+        ({"WAKEUP_DATABASE": 1}, "nexus_workflows.E020", "must be a string or None; got a value of type int"),
         (
             {"STALE_AFTER": 60, "HEARTBEAT_INTERVAL": 31},
             "nexus_workflows.E004",
@@ -89,6 +99,149 @@ def test_invalid_values_are_errors(settings: dict[str, Any], check_id: str, text
         messages = check_settings()
     assert ids(messages) == [check_id]
     assert text in messages[0].msg
+
+
+# Each too-large value broke a runner at run time (OverflowError, "can't start new
+# thread", a purge failing for good) though the checks accepted it.
+@pytest.mark.parametrize(
+    ("name", "largest", "too_large", "rule"),
+    [
+        ("RETENTION", MAX_SECONDS, 10**20, "seconds greater than 0 and at most 315,619,200 (ten years)"),
+        ("RETENTION", MAX_SECONDS, 1e15, "at most 315,619,200"),
+        ("STALE_AFTER", MAX_SECONDS, 1e15, "at most 315,619,200"),
+        ("HEARTBEAT_INTERVAL", MAX_SECONDS / 2, MAX_SECONDS + 1, "at most 315,619,200"),
+        ("POLL_INTERVAL", MAX_SECONDS, 1e300, "at most 315,619,200"),
+        ("WAKEUP_FALLBACK_POLL_INTERVAL", MAX_SECONDS, 1e300, "at most 315,619,200"),
+        ("SWEEP_INTERVAL", MAX_SECONDS, MAX_SECONDS + 0.5, "at most 315,619,200"),
+        ("SHUTDOWN_GRACE", MAX_SECONDS, 1e300, "seconds 0 or more and at most 315,619,200 (ten years)"),
+        ("CONCURRENCY", 1024, 10**9, "a whole number of at least 1 and at most 1,024"),
+        ("DB_CONNECTIONS", 1024, 1025, "a whole number of at least 4 and at most 1,024"),
+        ("ASYNC_CONCURRENCY", 10_000, 10_001, "a whole number of at least 1 and at most 10,000"),
+        ("BATCH_SIZE", 10_000, 10**20, "a whole number of at least 1 and at most 10,000"),
+        ("PURGE_BATCH_SIZE", 10_000, 10**20, "a whole number of at least 1 and at most 10,000"),
+    ],
+)
+def test_values_up_to_their_bound_pass_and_larger_ones_are_errors(
+    name: str, largest: float, too_large: float, rule: str
+) -> None:
+    roomy = {"STALE_AFTER": MAX_SECONDS, "HEARTBEAT_INTERVAL": 1}  # E004 stays out of the way
+    with override_settings(NEXUS_WORKFLOWS={**roomy, name: largest}):
+        assert check_settings() == []
+    with override_settings(NEXUS_WORKFLOWS={**roomy, name: too_large}):
+        messages = check_settings()
+    assert ids(messages) == ["nexus_workflows.E002" if isinstance(largest, float) else "nexus_workflows.E003"]
+    assert f"{name}'] must be " in messages[0].msg
+    assert rule in messages[0].msg
+
+
+def airtable_checks(settings: dict[str, Any]) -> list[Any]:
+    from nexus_workflows.airtable.checks import check_airtable_settings
+    from nexus_workflows.checks import check_airtable_bounds
+
+    with override_settings(NEXUS_WORKFLOWS=settings):
+        return [*check_airtable_settings(), *check_airtable_bounds()]
+
+
+def test_airtable_values_up_to_their_bounds_pass() -> None:
+    largest = {
+        "AIRTABLE_MAX_ATTEMPTS": 100,
+        "AIRTABLE_RETRY_BASE_DELAY": MAX_SECONDS / 2**98,  # its last back-off: MAX_SECONDS
+        "AIRTABLE_RATE_LIMIT_DELAY": MAX_SECONDS,
+        "AIRTABLE_MAX_RETRY_AFTER": MAX_SECONDS,
+        "AIRTABLE_TIMEOUT": (86_400, 86_400),
+        "AIRTABLE_RATE_LIMIT": (10_000, MAX_SECONDS),
+        "AIRTABLE_RATE_LIMIT_TIMEOUT": MAX_SECONDS,
+    }
+    assert airtable_checks(largest) == []
+    assert airtable_checks({"AIRTABLE_MAX_ATTEMPTS": 30}) == []  # 2**28 s with the default 1 s
+
+
+# Each too-large value raised OverflowError at run time (time.sleep, a socket's timeout,
+# a rate window's timedelta) though the checks accepted it.
+@pytest.mark.parametrize(
+    ("settings", "check_id", "rule"),
+    [
+        ({"AIRTABLE_MAX_ATTEMPTS": 101}, "E201", "a whole number of at least 1 and at most 100"),
+        ({"AIRTABLE_MAX_ATTEMPTS": 10**20}, "E201", "at most 100"),
+        ({"AIRTABLE_RETRY_BASE_DELAY": 1e300}, "E202", "seconds 0 or more and at most 315,619,200"),
+        ({"AIRTABLE_RATE_LIMIT_DELAY": 1e15}, "E202", "seconds 0 or more and at most 315,619,200"),
+        ({"AIRTABLE_MAX_RETRY_AFTER": 1e300}, "E202", "seconds 0 or more and at most 315,619,200"),
+        ({"AIRTABLE_TIMEOUT": 1e300}, "E203", "seconds greater than 0 and at most 86,400 (a day)"),
+        ({"AIRTABLE_TIMEOUT": [5, 86_401]}, "E203", "at most 86,400 (a day)"),
+        ({"AIRTABLE_RATE_LIMIT": (5, 1e15)}, "E205", "seconds greater than 0 and at most 315,619,200"),
+        ({"AIRTABLE_RATE_LIMIT": (10_001, 1)}, "E205", "requests of at least 1 and at most 10,000"),
+        ({"AIRTABLE_RATE_LIMIT_TIMEOUT": 1e300}, "E206", "seconds 0 or more and at most 315,619,200"),
+        ({"AIRTABLE_MAX_ATTEMPTS": 31}, "E207", "BASE_DELAY x 2 ** (AIRTABLE_MAX_ATTEMPTS - 2), must be"),
+        ({"AIRTABLE_MAX_ATTEMPTS": 3, "AIRTABLE_RETRY_BASE_DELAY": MAX_SECONDS}, "E207", "ten years"),
+    ],
+)
+def test_airtable_values_beyond_their_bounds_are_errors(
+    settings: dict[str, Any], check_id: str, rule: str
+) -> None:
+    messages = airtable_checks(settings)
+    assert ids(messages) == [f"nexus_workflows.{check_id}"]
+    assert rule in messages[0].msg
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"AIRTABLE_MAX_ATTEMPTS": 0},
+        {"AIRTABLE_MAX_ATTEMPTS": 1e300},
+        {"AIRTABLE_RETRY_BASE_DELAY": float("inf")},
+        {"AIRTABLE_TIMEOUT": (5, 1e300, 1)},
+        {"AIRTABLE_RATE_LIMIT": (1e300, 1)},
+        {"AIRTABLE_RATE_LIMIT": (5, -1e300)},
+        {"AIRTABLE_RATE_LIMIT_TIMEOUT": "1e300"},
+    ],
+)
+def test_an_airtable_value_breaking_another_rule_gets_that_error_only(settings: dict[str, Any]) -> None:
+    assert len(airtable_checks(settings)) == 1
+
+
+# Every check runs here, and on Django 6.1 JSONField's check asks SQLite whether it
+# supports JSON: a query.
+@pytest.mark.django_db
+def test_the_airtable_bounds_are_a_registered_check() -> None:
+    from django.core import checks
+
+    with override_settings(NEXUS_WORKFLOWS={"AIRTABLE_TIMEOUT": 1e300}):
+        assert "nexus_workflows.E203" in ids(checks.run_checks())
+
+
+SECRET = "https://user:s3cr3t@proxy.example/?api_key=patXYZ"
+SECRET_PARTS = ("s3cr3t", "patXYZ", "proxy.example")
+A_SECRET = f"a string of {len(SECRET)} character(s)"
+
+
+@pytest.mark.parametrize(
+    ("settings", "check", "got", "hidden"),
+    [
+        ({"AIRTABLE_ENDPOINT_URL": SECRET}, "airtable", A_SECRET, SECRET_PARTS),
+        ({"RETENTION": SECRET}, "settings", A_SECRET, SECRET_PARTS),
+        ({"CONCURRENCY": [SECRET]}, "settings", "a list of 1 item(s)", SECRET_PARTS),
+        ({"WAKEUP": {"url": SECRET}}, "settings", "a dict of 1 item(s)", (*SECRET_PARTS, "url")),
+        ({"WAKEUP_DATABASE": SECRET}, "settings", A_SECRET, SECRET_PARTS),
+        ({"RQ_QUEUE": (SECRET,)}, "rq", "a tuple of 1 item(s)", SECRET_PARTS),
+        ({"POLL_INTERVAL": float("-inf")}, "settings", "a float that is not finite", ("inf",)),
+        ({"BATCH_SIZE": 2.5}, "settings", "a value of type float", ("2.5",)),
+        ({"CONCURRENCY": True}, "settings", "a bool", ("True",)),
+        ({"WAKEUP": None}, "settings", "None", ()),
+    ],
+)
+def test_errors_name_the_type_of_a_bad_value_never_the_value(
+    settings: dict[str, Any], check: str, got: str, hidden: tuple[str, ...]
+) -> None:
+    """Settings may hold secrets: a URL with credentials, a key."""
+    from nexus_workflows.airtable.checks import check_airtable_settings
+    from nexus_workflows.checks import check_rq_queues
+
+    run = {"settings": check_settings, "airtable": check_airtable_settings, "rq": check_rq_queues}[check]
+    with override_settings(NEXUS_WORKFLOWS=settings):
+        (message,) = run()
+    assert f"; got {got}." in message.msg
+    for part in hidden:
+        assert part not in message.msg + message.hint
 
 
 def test_a_schedule_longer_than_the_retention_is_an_error(register_workflow: Any) -> None:

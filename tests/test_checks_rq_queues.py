@@ -52,7 +52,9 @@ def test_rq_queue_must_be_configured_in_rq_queues(settings: Any) -> None:
     settings.NEXUS_WORKFLOWS = {"RQ_QUEUE": "missing"}
     messages = check_rq_queues()
     assert ids(messages) == ["nexus_workflows.E303"]
-    assert "'missing', which is not a queue in RQ_QUEUES (default, urgent)" in messages[0].msg
+    message = messages[0].msg
+    assert "(a string of 7 character(s)) is not a queue in RQ_QUEUES (default, urgent)" in message
+    assert "missing" not in message
 
 
 def test_an_asynchronous_queue_on_fakeredis_is_an_error(settings: Any) -> None:
@@ -62,3 +64,12 @@ def test_an_asynchronous_queue_on_fakeredis_is_an_error(settings: Any) -> None:
     messages = check_rq_queues()
     assert ids(messages) == ["nexus_workflows.E304"]
     assert "its jobs would never run" in messages[0].hint
+
+
+def test_queue_names_that_are_not_strings_are_no_crash(settings: Any) -> None:
+    settings.RQ_QUEUES = {1: embedded_queue(), "default": embedded_queue()}
+    assert check_rq_queues() == []
+    settings.NEXUS_WORKFLOWS = {"RQ_QUEUE": "missing"}
+    messages = check_rq_queues()
+    assert ids(messages) == ["nexus_workflows.E303"]
+    assert "not a queue in RQ_QUEUES (1, default)" in messages[0].msg

@@ -4,6 +4,7 @@ crashes, shared work, shutdown and database outages."""
 from __future__ import annotations
 
 import io
+import re
 import time
 from collections import Counter
 from datetime import timedelta
@@ -56,14 +57,31 @@ def test_once_prints_one_summary_line_and_exits(register_workflow: Any) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--concurrency", "0"], "must be a whole number of at least 1"),
+        (["--concurrency", "0"], "must be a whole number of at least 1 and at most 1,024"),
+        # Threads are started up front: "can't start new thread" before any work ran.
+        (["--concurrency", "1000000000"], "--concurrency: must be a whole number of at least 1 and at most"),
+        (["--concurrency", "1" * 5000], "must be a whole number of at least 1 and at most 1,024"),
         (["--poll-interval", "-1"], "must be a number of seconds greater than 0"),
+        # An OverflowError of the runner's first idle wait.
+        (["--poll-interval", "1e300"], "must be a number of seconds greater than 0 and at most 315,619,200"),
+        (["--poll-interval", "nan"], "must be a number of seconds greater than 0 and at most 315,619,200"),
         (["--kind", "no-such-kind"], "no deferred workflow is registered for kind 'no-such-kind'"),
     ],
 )
 def test_bad_options_are_reported(args: list[str], message: str) -> None:
-    with pytest.raises(CommandError, match=message):
+    with pytest.raises(CommandError, match=re.escape(message)) as raised:
         call_command("runworkflows", "--once", *args)
+    if args[0] != "--kind":
+        assert repr(args[1]) not in str(raised.value)  # what was given is not echoed
+
+
+def test_the_largest_options_are_taken(register_workflow: Any) -> None:
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    enqueue(kind, {"key": "a"})
+    out = io.StringIO()
+    args = ["--kind", kind, "--concurrency", "1024", "--poll-interval", "315619200"]
+    call_command("runworkflows", "--once", *args, stdout=out)
+    assert "1 done" in out.getvalue()
 
 
 def ledger_keys(kind: str) -> Counter[str]:

@@ -46,6 +46,8 @@ def test_enqueue_with_delay(kind: str) -> None:
     ("args", "message"),
     [
         (["enqueue", "KIND", "{not json"], "TRIGGER-JSON is not valid JSON"),
+        (["enqueue", "KIND", "{}", "--delay", "soon-s3cr3t"], "argument --delay: must be a number$"),
+        (["enqueue", "KIND", '{"key": "a"}', "--delay", "1e300"], "delay is too long"),
         (["enqueue", "no-such-kind", "{}"], "no workflow is registered for kind 'no-such-kind'"),
         (["enqueue", "KIND", '{"nokey": 1}'], "dedupe_key raised KeyError"),
     ],
@@ -55,6 +57,37 @@ def test_enqueue_errors_are_command_errors(kind: str, args: list[str], message: 
     with pytest.raises(CommandError, match=message):
         run(*args)
     assert not DeferredWork.objects.exists()
+
+
+@pytest.mark.parametrize("opening", ["[", '{"a":'])
+def test_enqueue_of_json_nested_too_deeply_is_a_command_error(kind: str, opening: str) -> None:
+    """Not a RecursionError traceback from json.loads."""
+    trigger = opening * 50_000 + "1" + ("]" if opening == "[" else "}") * 50_000
+    with pytest.raises(CommandError, match="TRIGGER-JSON is nested too deeply: a trigger nests at most 64"):
+        run("enqueue", kind, trigger)
+    assert not DeferredWork.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        ["99999999999999999999"],  # OverflowError on SQLite, beyond bigint on PostgreSQL
+        ["9223372036854775808"],
+        ["1", "0"],
+        ["-1"],
+        ["twelve"],
+    ],
+)
+def test_revive_takes_ids_of_the_64_bit_range_only(ids: list[str]) -> None:
+    with pytest.raises(CommandError, match="must be the id of deferred work: a whole number") as raised:
+        run("revive", *ids)
+    assert "of at least 1 and at most 9,223,372,036,854,775,807" in str(raised.value)
+    assert repr(ids[-1]) not in str(raised.value)
+
+
+def test_revive_of_the_largest_id_finds_no_such_work() -> None:
+    output = run("revive", "9223372036854775807")
+    assert "skipped #9223372036854775807: no such deferred work" in output
 
 
 def test_status_counts_by_kind_and_lists_abandoned_and_oldest_due(kind: str) -> None:

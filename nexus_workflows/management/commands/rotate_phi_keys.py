@@ -3,7 +3,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
+from nexus_workflows.limits import MAX_BATCH_SIZE
+from nexus_workflows.management.commands._arguments import whole_number
 from nexus_workflows.phi.rotation import rotate_keys
 
 
@@ -15,12 +18,20 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--batch-size", type=int, default=500, help="Rows read per query (default 500).")
+        parser.add_argument(
+            "--batch-size",
+            type=whole_number(1, MAX_BATCH_SIZE),
+            default=500,
+            help=f"Rows read per query, 1 to {MAX_BATCH_SIZE:,} (default 500).",
+        )
         parser.add_argument("--database", default=None, help="Database alias (default: the router's choice).")
 
     def handle(self, *args: Any, batch_size: int, database: str | None, **options: Any) -> None:
-        if batch_size < 1:
-            raise CommandError("--batch-size must be at least 1")
+        if database is not None and database not in connections.settings:
+            # Not echoed: the aliases say what is allowed.
+            raise CommandError(
+                f"--database must be an alias of DATABASES: {', '.join(map(str, connections.settings))}"
+            )
         result = rotate_keys(batch_size=batch_size, using=database)
         self.stdout.write(
             f"Rotated {result.rotated} surface(s); {result.already_current} already under the newest key."

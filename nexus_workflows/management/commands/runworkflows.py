@@ -9,17 +9,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.deferred.runner.shutdown import end_process
 from nexus_workflows.exceptions import UnknownQueue, UnknownWorkflow
+from nexus_workflows.limits import MAX_THREADS
+from nexus_workflows.management.commands._arguments import seconds, whole_number
 from nexus_workflows.observability.logs import install_default_handler, remove_default_handler
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ArgumentTypeError(f"must be a whole number of at least 1, not {value!r}")
-    return number
 
 
 def _port(value: str) -> int:
@@ -28,17 +20,7 @@ def _port(value: str) -> int:
     except ValueError:
         number = -1
     if not 0 <= number <= 65535:
-        raise ArgumentTypeError(f"must be a TCP port from 0 to 65535 (0 picks a free one), not {value!r}")
-    return number
-
-
-def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = 0.0
-    if not 0 < number < float("inf"):
-        raise ArgumentTypeError(f"must be a number of seconds greater than 0, not {value!r}")
+        raise ArgumentTypeError("must be a TCP port from 0 to 65535 (0 picks a free one)")
     return number
 
 
@@ -67,15 +49,17 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=_positive_int,
+            type=whole_number(1, MAX_THREADS),
             metavar="N",
-            help="Attempts run at the same time (threads). Default: NEXUS_WORKFLOWS['CONCURRENCY'].",
+            help=f"Attempts run at the same time (threads), at most {MAX_THREADS}. "
+            "Default: NEXUS_WORKFLOWS['CONCURRENCY'].",
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive_float,
+            type=seconds,
             metavar="SECONDS",
-            help="Sleep between polls when idle. Default: NEXUS_WORKFLOWS['POLL_INTERVAL'].",
+            help="Sleep between polls when idle, at most ten years. "
+            "Default: NEXUS_WORKFLOWS['POLL_INTERVAL'].",
         )
         parser.add_argument(
             "--once",

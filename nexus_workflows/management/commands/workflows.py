@@ -10,7 +10,13 @@ from nexus_workflows.deferred.enqueue import enqueue
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.status import build_status_report, render_status_report
 from nexus_workflows.exceptions import WorkflowError
+from nexus_workflows.json_values import MAX_DEPTH
+from nexus_workflows.management.commands._arguments import number, whole_number
 from nexus_workflows.models import DeferredWork, Status
+
+# The ids of deferred work: a database's 64-bit integers (greater ones raised OverflowError
+# on SQLite), from 1.
+_WORK_ID = whole_number(1, 2**63 - 1, "the id of deferred work: a whole number")
 
 
 class Command(BaseCommand):
@@ -27,7 +33,7 @@ class Command(BaseCommand):
         enqueue_parser.add_argument("kind", metavar="KIND")
         enqueue_parser.add_argument("trigger", metavar="TRIGGER-JSON")
         enqueue_parser.add_argument(
-            "--delay", type=float, metavar="SECONDS", help="Make the work due this many seconds from now."
+            "--delay", type=number, metavar="SECONDS", help="Make the work due this many seconds from now."
         )
         status_parser = subcommands.add_parser(
             "status",
@@ -47,7 +53,9 @@ class Command(BaseCommand):
             "checkpoints kept. Work that is not abandoned is skipped (a runner may be working on "
             "it). Prints what was revived and what was skipped.",
         )
-        revive_parser.add_argument("ids", nargs="*", type=int, metavar="ID", help="Ids of deferred work.")
+        revive_parser.add_argument(
+            "ids", nargs="*", type=_WORK_ID, metavar="ID", help="Ids of deferred work (64-bit, from 1)."
+        )
         revive_parser.add_argument("--kind", metavar="KIND", help="With --key, or to narrow --all-abandoned.")
         revive_parser.add_argument("--key", metavar="KEY", help="The dedupe key (needs --kind).")
         revive_parser.add_argument(
@@ -67,6 +75,10 @@ class Command(BaseCommand):
         except json.JSONDecodeError as error:
             raise CommandError(
                 f"TRIGGER-JSON is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})"
+            ) from None
+        except RecursionError:
+            raise CommandError(
+                f"TRIGGER-JSON is nested too deeply: a trigger nests at most {MAX_DEPTH} containers"
             ) from None
         options = {"delay": delay} if delay is not None else {}
         try:
