@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -9,8 +10,17 @@ from urllib.parse import urlsplit
 from django.core.checks import CheckMessage, Error, Tags, register
 
 from nexus_workflows.airtable.client import API_KEY_SETTING
-from nexus_workflows.checks import is_number, setting_error
+from nexus_workflows.checks import (
+    MAX_SECONDS,
+    is_number,
+    is_seconds,
+    is_whole,
+    seconds_rule,
+    setting_error,
+    whole_rule,
+)
 from nexus_workflows.conf import SETTINGS_NAME, app_settings
+from nexus_workflows.limits import RATE_LIMIT_MAX, RATE_PERIOD_MAX
 
 
 @register(Tags.compatibility)
@@ -104,3 +114,78 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
             )
         )
     return messages
+
+
+# Upper bounds of the Airtable settings, checked only for values the rules above accept,
+# so that no value gets two errors. Larger values failed at run time with OverflowError.
+AIRTABLE_MAX_ATTEMPTS = 100
+# A request's connect and read timeouts: a socket waits in poll(), which takes whole
+# milliseconds as a C int (at most 24.8 days); a request silent for a day is hung anyway.
+AIRTABLE_MAX_TIMEOUT = 86_400
+_AIRTABLE_SECONDS = {
+    "AIRTABLE_RATE_LIMIT_DELAY": "nexus_workflows.E202",
+    "AIRTABLE_RETRY_BASE_DELAY": "nexus_workflows.E202",
+    "AIRTABLE_MAX_RETRY_AFTER": "nexus_workflows.E202",
+}
+# The base's rate window is a rate_limited() window: its bounds (flow.windows).
+_A_YEAR = RATE_PERIOD_MAX.total_seconds()
+
+
+@register(Tags.compatibility)
+def check_airtable_bounds(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    from django.conf import settings
+
+    if not isinstance(getattr(settings, SETTINGS_NAME, {}), dict):
+        return []  # reported as nexus_workflows.E001
+    messages: list[CheckMessage] = []
+    attempts = app_settings.AIRTABLE_MAX_ATTEMPTS
+    if is_whole(attempts, AIRTABLE_MAX_ATTEMPTS + 1, math.inf):
+        rule = whole_rule(1, AIRTABLE_MAX_ATTEMPTS)
+        messages.append(setting_error("AIRTABLE_MAX_ATTEMPTS", rule, attempts, "nexus_workflows.E201"))
+    for name, check_id in _AIRTABLE_SECONDS.items():
+        value = getattr(app_settings, name)
+        if is_number(value) and value > MAX_SECONDS:
+            messages.append(setting_error(name, seconds_rule(zero_allowed=True), value, check_id))
+    timeout = app_settings.AIRTABLE_TIMEOUT
+    parts = timeout if isinstance(timeout, list | tuple) and len(timeout) == 2 else [timeout]
+    if all(is_number(part) and part > 0 for part in parts) and max(parts) > AIRTABLE_MAX_TIMEOUT:
+        most = f"at most {AIRTABLE_MAX_TIMEOUT:,} (a day)"
+        rule = f"seconds greater than 0 and {most}: one number, or (connect, read)"
+        messages.append(setting_error("AIRTABLE_TIMEOUT", rule, timeout, "nexus_workflows.E203"))
+    wait = app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT
+    if is_number(wait) and wait > _A_YEAR:
+        rule = f"a number of seconds 0 or more and at most {_A_YEAR:,.0f} (a year)"
+        messages.append(setting_error("AIRTABLE_RATE_LIMIT_TIMEOUT", rule, wait, "nexus_workflows.E206"))
+    rate_limit = app_settings.AIRTABLE_RATE_LIMIT
+    if isinstance(rate_limit, list | tuple) and len(rate_limit) == 2:
+        limit, period = rate_limit
+        if (is_whole(limit, 1, math.inf) and is_number(period) and period > 0) and not (
+            limit <= RATE_LIMIT_MAX and period <= _A_YEAR
+        ):
+            # A window is a ring of `limit` rows, made in one statement and read at every try.
+            rule = (
+                f"None, or (limit, period seconds): a whole number of requests of at least 1 and at "
+                f"most {RATE_LIMIT_MAX:,}, and a number of seconds greater than 0 and at most "
+                f"{_A_YEAR:,.0f} (a year)"
+            )
+            messages.append(setting_error("AIRTABLE_RATE_LIMIT", rule, rate_limit, "nexus_workflows.E205"))
+    return messages + _check_airtable_backoff(attempts)
+
+
+def _check_airtable_backoff(attempts: Any) -> list[CheckMessage]:
+    """The back-off doubles per retry: ``base * 2 ** (attempts - 2)`` before the last one."""
+    base = app_settings.AIRTABLE_RETRY_BASE_DELAY
+    if not is_whole(attempts, 2, AIRTABLE_MAX_ATTEMPTS) or not is_seconds(base, zero_allowed=True):
+        return []  # a single attempt never waits; bad values are reported on their own
+    if base * 2 ** (attempts - 2) <= MAX_SECONDS:
+        return []
+    return [
+        Error(
+            f"{SETTINGS_NAME}['AIRTABLE_RETRY_BASE_DELAY'] doubles at each retry: the wait before "
+            "the last attempt, AIRTABLE_RETRY_BASE_DELAY x 2 ** (AIRTABLE_MAX_ATTEMPTS - 2), must be "
+            f"at most {MAX_SECONDS:,.0f} seconds (ten years).",
+            hint="Lower AIRTABLE_MAX_ATTEMPTS or AIRTABLE_RETRY_BASE_DELAY; leave long waits "
+            "to the workflow's retry schedule.",
+            id="nexus_workflows.E207",
+        )
+    ]

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 from nexus_workflows.airtable.checks import check_airtable_settings
+from nexus_workflows.checks import MAX_SECONDS
 
 
 def ids(settings: Any, **overrides: Any) -> list[str]:
@@ -79,3 +81,82 @@ def test_the_check_is_registered(settings: Any) -> None:
 
     settings.NEXUS_WORKFLOWS = {"AIRTABLE_MAX_ATTEMPTS": 0}
     assert "nexus_workflows.E201" in [m.id for m in checks.run_checks()]
+
+
+def message_ids(messages: list[Any]) -> list[str]:
+    return [message.id for message in messages]
+
+
+def airtable_checks(settings: dict[str, Any]) -> list[Any]:
+    from nexus_workflows.airtable.checks import check_airtable_bounds
+
+    with override_settings(NEXUS_WORKFLOWS=settings):
+        return [*check_airtable_settings(), *check_airtable_bounds()]
+
+
+def test_airtable_values_up_to_their_bounds_pass() -> None:
+    largest = {
+        "AIRTABLE_MAX_ATTEMPTS": 100,
+        "AIRTABLE_RETRY_BASE_DELAY": MAX_SECONDS / 2**98,  # its last back-off: MAX_SECONDS
+        "AIRTABLE_RATE_LIMIT_DELAY": MAX_SECONDS,
+        "AIRTABLE_MAX_RETRY_AFTER": MAX_SECONDS,
+        "AIRTABLE_TIMEOUT": (86_400, 86_400),
+        "AIRTABLE_RATE_LIMIT": (10_000, 366 * 86_400),  # a rate_limited() window's bounds
+        "AIRTABLE_RATE_LIMIT_TIMEOUT": 366 * 86_400,
+    }
+    assert airtable_checks(largest) == []
+    assert airtable_checks({"AIRTABLE_MAX_ATTEMPTS": 30}) == []  # 2**28 s with the default 1 s
+
+
+# Each too-large value raised OverflowError at run time (time.sleep, a socket's timeout,
+# a rate window's timedelta) though the checks accepted it.
+@pytest.mark.parametrize(
+    ("settings", "check_id", "rule"),
+    [
+        ({"AIRTABLE_MAX_ATTEMPTS": 101}, "E201", "a whole number of at least 1 and at most 100"),
+        ({"AIRTABLE_MAX_ATTEMPTS": 10**20}, "E201", "at most 100"),
+        ({"AIRTABLE_RETRY_BASE_DELAY": 1e300}, "E202", "seconds 0 or more and at most 315,619,200"),
+        ({"AIRTABLE_RATE_LIMIT_DELAY": 1e15}, "E202", "seconds 0 or more and at most 315,619,200"),
+        ({"AIRTABLE_MAX_RETRY_AFTER": 1e300}, "E202", "seconds 0 or more and at most 315,619,200"),
+        ({"AIRTABLE_TIMEOUT": 1e300}, "E203", "seconds greater than 0 and at most 86,400 (a day)"),
+        ({"AIRTABLE_TIMEOUT": [5, 86_401]}, "E203", "at most 86,400 (a day)"),
+        ({"AIRTABLE_RATE_LIMIT": (5, 1e15)}, "E205", "greater than 0 and at most 31,622,400 (a year)"),
+        ({"AIRTABLE_RATE_LIMIT": (5, 366 * 86_400 + 1)}, "E205", "at most 31,622,400 (a year)"),
+        ({"AIRTABLE_RATE_LIMIT": (10_001, 1)}, "E205", "requests of at least 1 and at most 10,000"),
+        ({"AIRTABLE_RATE_LIMIT_TIMEOUT": 1e300}, "E206", "seconds 0 or more and at most 31,622,400 (a year)"),
+        ({"AIRTABLE_MAX_ATTEMPTS": 31}, "E207", "BASE_DELAY x 2 ** (AIRTABLE_MAX_ATTEMPTS - 2), must be"),
+        ({"AIRTABLE_MAX_ATTEMPTS": 3, "AIRTABLE_RETRY_BASE_DELAY": MAX_SECONDS}, "E207", "ten years"),
+    ],
+)
+def test_airtable_values_beyond_their_bounds_are_errors(
+    settings: dict[str, Any], check_id: str, rule: str
+) -> None:
+    messages = airtable_checks(settings)
+    assert message_ids(messages) == [f"nexus_workflows.{check_id}"]
+    assert rule in messages[0].msg
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"AIRTABLE_MAX_ATTEMPTS": 0},
+        {"AIRTABLE_MAX_ATTEMPTS": 1e300},
+        {"AIRTABLE_RETRY_BASE_DELAY": float("inf")},
+        {"AIRTABLE_TIMEOUT": (5, 1e300, 1)},
+        {"AIRTABLE_RATE_LIMIT": (1e300, 1)},
+        {"AIRTABLE_RATE_LIMIT": (5, -1e300)},
+        {"AIRTABLE_RATE_LIMIT_TIMEOUT": "1e300"},
+    ],
+)
+def test_an_airtable_value_breaking_another_rule_gets_that_error_only(settings: dict[str, Any]) -> None:
+    assert len(airtable_checks(settings)) == 1
+
+
+# Every check runs here, and on Django 6.1 JSONField's check asks SQLite whether it
+# supports JSON: a query.
+@pytest.mark.django_db
+def test_the_airtable_bounds_are_a_registered_check() -> None:
+    from django.core import checks
+
+    with override_settings(NEXUS_WORKFLOWS={"AIRTABLE_TIMEOUT": 1e300}):
+        assert "nexus_workflows.E203" in message_ids(checks.run_checks())
