@@ -7,15 +7,18 @@ a deployment without keys before it handles any patient data.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import phonenumbers
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from nexus_workflows.conf import DEFAULTS, SETTINGS_NAME, app_settings
+from nexus_workflows.checks import is_seconds, is_whole, seconds_rule, setting_error, whole_rule
+from nexus_workflows.conf import SETTINGS_NAME, app_settings
 from nexus_workflows.phi.keys import key_problems
+
+#: Most token maps one process keeps in memory.
+PHI_CACHE_SIZE_MAX = 1_000_000
 
 
 def _settings_are_a_dict() -> bool:
@@ -41,32 +44,16 @@ def check_phi_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) 
     if not _settings_are_a_dict():
         return []
     messages: list[CheckMessage] = []
+    # Named by type, never by value (nexus_workflows.checks.setting_error).
     region = app_settings.PHI_DEFAULT_REGION
     if not isinstance(region, str) or region not in phonenumbers.SUPPORTED_REGIONS:
-        messages.append(
-            Error(
-                f"{SETTINGS_NAME}['PHI_DEFAULT_REGION'] must be a region code phonenumbers knows "
-                f"(ISO 3166-1 alpha-2, upper case); got {region!r}.",
-                hint=f"The default is {DEFAULTS['PHI_DEFAULT_REGION']!r}.",
-                id="nexus_workflows.E106",
-            )
-        )
+        rule = "a region code phonenumbers knows (ISO 3166-1 alpha-2, upper case)"
+        messages.append(setting_error("PHI_DEFAULT_REGION", rule, region, "nexus_workflows.E106"))
     ttl = app_settings.PHI_CACHE_TTL
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl) or ttl <= 0:
-        messages.append(
-            Error(
-                f"{SETTINGS_NAME}['PHI_CACHE_TTL'] must be a number of seconds greater than 0; got {ttl!r}.",
-                hint=f"The default is {DEFAULTS['PHI_CACHE_TTL']!r}.",
-                id="nexus_workflows.E107",
-            )
-        )
+    if not is_seconds(ttl):
+        messages.append(setting_error("PHI_CACHE_TTL", seconds_rule(), ttl, "nexus_workflows.E107"))
     size = app_settings.PHI_CACHE_SIZE
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        messages.append(
-            Error(
-                f"{SETTINGS_NAME}['PHI_CACHE_SIZE'] must be a whole number of at least 1; got {size!r}.",
-                hint=f"The default is {DEFAULTS['PHI_CACHE_SIZE']!r} (token maps kept per process).",
-                id="nexus_workflows.E108",
-            )
-        )
+    if not is_whole(size, 1, PHI_CACHE_SIZE_MAX):
+        rule = f"{whole_rule(1, PHI_CACHE_SIZE_MAX)} (token maps kept per process)"
+        messages.append(setting_error("PHI_CACHE_SIZE", rule, size, "nexus_workflows.E108"))
     return messages

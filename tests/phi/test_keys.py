@@ -166,3 +166,20 @@ def test_a_value_sealed_under_an_older_key_opens_while_that_key_is_listed() -> N
         assert keyring().unseal("job|k__1", sealed) == "Ana"
     with override_settings(NEXUS_WORKFLOWS={**settings.NEXUS_WORKFLOWS, "PHI_ENCRYPTION_KEYS": [new]}):
         assert keyring().unseal("job|k__1", sealed) is None
+
+
+def test_phi_setting_errors_name_the_type_never_the_value() -> None:
+    with override_settings(
+        NEXUS_WORKFLOWS={"PHI_DEFAULT_REGION": "María", "PHI_CACHE_TTL": 1e300, "PHI_CACHE_SIZE": 10**7}
+    ):
+        messages = check_phi_settings()
+    assert [message.id for message in messages] == [
+        "nexus_workflows.E106",
+        "nexus_workflows.E107",
+        "nexus_workflows.E108",
+    ]
+    text = " ".join(message.msg for message in messages)
+    assert "María" not in text
+    assert "got a string of 5 character(s)" in text
+    assert "at most 315,619,200" in text
+    assert "at most 1,000,000" in text
