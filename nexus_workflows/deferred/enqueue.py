@@ -17,7 +17,7 @@ from typing import Any
 from django.db import DatabaseError, DataError, IntegrityError, connections, router, transaction
 from django.utils import timezone
 
-from nexus_workflows import json_values, signals
+from nexus_workflows import json_values, signals, sql
 from nexus_workflows.clock import due_after
 from nexus_workflows.deferred.registry import Workflow, registry
 from nexus_workflows.delays import parse_delay
@@ -384,7 +384,6 @@ def is_dedupe_conflict(error: IntegrityError, connection: Any) -> bool:
     Only that is the dedupe race; any other constraint (NOT NULL, a CHECK or trigger added
     by the project) is a real refusal and must not be retried as if it were one.
     """
-    from nexus_workflows import sql
     from nexus_workflows.models import DEDUPE_CONSTRAINT
 
     return sql.for_connection(connection.alias).violated_constraint(error) == DEDUPE_CONSTRAINT
@@ -392,13 +391,10 @@ def is_dedupe_conflict(error: IntegrityError, connection: Any) -> bool:
 
 def _rejected(workflow: Workflow, error: DatabaseError) -> EnqueueRejected:
     """The app's error for a database refusal: the constraint's name, never the row."""
-    diag = getattr(error.__cause__, "diag", None)
-    name = getattr(diag, "constraint_name", None)
-    what = f"constraint {name!r}" if name else type(error).__name__
     return EnqueueRejected(
-        f"workflow {workflow.kind!r}: the database refused the new work ({what}); nothing was "
-        "written. Every documented input rule was met, so this is a constraint or trigger added "
-        "to the table outside nexus_workflows"
+        f"workflow {workflow.kind!r}: the database refused the new work ({sql.refused_by(error)}); "
+        "nothing was written. Every documented input rule was met, so this is a constraint or "
+        "trigger added to the table outside nexus_workflows"
     )
 
 

@@ -39,3 +39,12 @@ def for_connection(using: str) -> ModuleType:
     from nexus_workflows.sql import portable
 
     return portable
+
+
+def refused_by(error: Exception) -> str:
+    """What refused a row, for the app's own message: the constraint's name when the
+    driver reports it, else the error's type. Never the driver's message, which quotes
+    the row (a trigger, a task's arguments)."""
+    diag = getattr(error.__cause__, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    return f"constraint {name!r}" if name else type(error).__name__

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
-from nexus_workflows import json_values
+from nexus_workflows import json_values, sql
 from nexus_workflows.exceptions import EnqueueError, EnqueueRejected, RegistrationError
 from nexus_workflows.limits import BACKEND_ALIAS_MAX_LENGTH, KIND_COLUMN_LENGTH, QUEUE_NAME_MAX_LENGTH
 from nexus_workflows.tasks.compat import (
@@ -276,12 +276,9 @@ def _trigger(task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[st
 def _refused(task: Task, error: DatabaseError) -> EnqueueRejected:
     """The app's error for a database refusal of a valid row: the constraint's name,
     never the driver's message, which quotes the row (the arguments)."""
-    diag = getattr(error.__cause__, "diag", None)
-    name = getattr(diag, "constraint_name", None)
-    what = f"constraint {name!r}" if name else type(error).__name__
     return EnqueueRejected(
-        f"task {task.module_path!r}: the database refused the new task ({what}); it was not "
-        "written (on PostgreSQL an enclosing transaction is aborted: roll it back). Every "
+        f"task {task.module_path!r}: the database refused the new task ({sql.refused_by(error)}); "
+        "it was not written (on PostgreSQL an enclosing transaction is aborted: roll it back). Every "
         "documented input rule was met, so this is a constraint or trigger added to the table "
         "outside nexus_workflows"
     )
