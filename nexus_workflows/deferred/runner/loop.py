@@ -322,10 +322,10 @@ class Runner:
         due; returns (items claimed, whether more may be due, whether purging goes on)."""
         # First: the wake-up path of an idle runner. What it claimed starts before this
         # turn's other work (the loop waits, without the GIL, until a worker took it).
-        self._log_forfeited(self._ledger.take_forfeited())
         claiming = not self._stop_requested.is_set() and not self._heartbeat.failing()
         if claiming and self._lanes.claim_notified(cutoff):
             self._ledger.wait_sync_taken(HAND_OFF_WAIT)
+        self._log_forfeited(self._ledger.take_forfeited())
         self._writer.write()
         guard_unguarded(self._ledger, self._tally, self._dispatch)
         purging = False
