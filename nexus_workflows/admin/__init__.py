@@ -55,7 +55,7 @@ from nexus_workflows.admin.changelist import (
     StatusFilter,
     TriageChangeList,
 )
-from nexus_workflows.admin.readonly import ReadOnlyAdminMixin
+from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
 from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA, RevealMixin, missing_object_redirect
 from nexus_workflows.deferred import triage
 from nexus_workflows.fire_and_forget.job import REVEAL_URL_NAME
@@ -69,7 +69,7 @@ REVEAL_PERMISSION = REVEAL_WORKFLOW_DATA
 
 
 @admin.register(DeferredWork)
-class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
+class DeferredWorkAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, RevealMixin, admin.ModelAdmin):
     """Work is created by enqueue() and changes only through the runner and the triage
     actions (read-only otherwise); deleting goes through a confirmation page."""
 
@@ -389,7 +389,8 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, RevealMixin, admin.ModelAdmin):
     def _button(self, request: HttpRequest, object_id: str, act: Any) -> HttpResponse:
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
-        if not self.has_revive_permission(request):
+        # Both: acting on a row one may not see is acting blind.
+        if not self.has_revive_permission(request) or not self.has_view_permission(request):
             raise PermissionDenied
         work = self.get_object(request, unquote(object_id))
         if work is None:

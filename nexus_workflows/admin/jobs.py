@@ -18,14 +18,14 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
-from django.utils.cache import add_never_cache_headers
 from django.utils.translation import gettext
 
 from nexus_workflows.admin import display
-from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA
+from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA, private
 from nexus_workflows.exceptions import SealedDataUnreadable
 from nexus_workflows.fire_and_forget.job import error_of, is_workflow_job, trigger_of
 from nexus_workflows.fire_and_forget.sending import configured_queues, get_queue
+from nexus_workflows.phi.keys import keyring
 
 TEMPLATE = "admin/nexus_workflows/job_reveal.html"
 
@@ -52,9 +52,7 @@ def reveal_job_view(request: HttpRequest, queue_name: str, job_id: str, *, admin
         "revealed": revealed is not None,
         **(revealed or {}),
     }
-    response = TemplateResponse(request, TEMPLATE, context)
-    add_never_cache_headers(response)  # no-store: nothing keeps a copy of what was shown
-    return response
+    return private(TemplateResponse(request, TEMPLATE, context))
 
 
 def _open(job: Any) -> dict[str, Any]:
@@ -75,13 +73,14 @@ def _open(job: Any) -> dict[str, Any]:
 
 
 def _log_reveal(request: HttpRequest, job_id: str, kind: str) -> None:
-    # No content type: a job is not a model instance. The job id (which carries the
-    # dedupe key) is kept in object_id only; the repr, shown in every staff user's
+    # No content type: a job is not a model instance. The job id carries the dedupe key
+    # and log entries are never purged, so object_id keeps its keyed hash (an auditor
+    # with a job id finds its reveals: audit_id); the repr, shown in every staff user's
     # "recent actions", names the kind, as deferred work's does.
     LogEntry.objects.create(
         user_id=request.user.pk,
         content_type=None,
-        object_id=job_id,
+        object_id=audit_id(kind, job_id),
         object_repr=gettext("fire-and-forget %(kind)s job") % {"kind": kind},
         action_flag=CHANGE,
         change_message=gettext(
@@ -96,3 +95,8 @@ def _django_rq_job_url(queue_name: str, job_id: str) -> str | None:
         return reverse("admin:django_rq_job_detail", args=[configured_queues().index(queue_name), job_id])
     except NoReverseMatch:
         return None
+
+
+def audit_id(kind: str, job_id: str) -> str:
+    """The ``object_id`` of a job's reveals in the admin log: a keyed hash of its id."""
+    return keyring().flow_key_hash(kind, "audit", job_id)

@@ -122,6 +122,13 @@ class RevealMixin:
             "revealed": payload is not None,
             **(payload or {}),
         }
-        response = TemplateResponse(request, self.reveal_template, context)
-        add_never_cache_headers(response)  # no-store: nothing keeps a copy of what was shown
-        return response
+        return private(TemplateResponse(request, self.reveal_template, context))
+
+
+def private(response: HttpResponse) -> HttpResponse:
+    """A reveal page's response: ``no-store`` (no browser or proxy keeps a copy of what
+    was shown) and never inside another site's frame (its button must not be clicked
+    through one), whatever middleware the project has."""
+    add_never_cache_headers(response)
+    response["X-Frame-Options"] = "DENY"
+    return response

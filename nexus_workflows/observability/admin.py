@@ -14,7 +14,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from nexus_workflows.admin import display as display
-from nexus_workflows.admin.readonly import ReadOnlyAdminMixin
+from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.observability import dashboard
 from nexus_workflows.observability.models import Runner
@@ -22,7 +22,7 @@ from nexus_workflows.observability.runners import with_liveness
 
 
 @admin.register(Runner)
-class RunnerAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class RunnerAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, admin.ModelAdmin):
     """``runworkflows`` processes as the database last saw them. Rows are written by the
     runners themselves; a runner not seen for ``STALE_AFTER`` is shown dead."""
 

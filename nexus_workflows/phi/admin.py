@@ -22,7 +22,7 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from nexus_workflows.admin.readonly import ReadOnlyAdminMixin
+from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
 from nexus_workflows.admin.reveal import RevealFailed, RevealMixin
 from nexus_workflows.phi.exceptions import PhiError, SurfaceDecryptionError
 from nexus_workflows.phi.keys import code_hash, keyring
@@ -85,7 +85,7 @@ class PhiTokenInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 @admin.register(TokenMap)
-class TokenMapAdmin(ReadOnlyAdminMixin, CodeSearchMixin, admin.ModelAdmin):
+class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, CodeSearchMixin, admin.ModelAdmin):
     list_display = ("map_column", "token_count", "sequence", "created_at", "updated_at")
     # Searched by the code's keyed hash (see get_search_results): exact codes only.
     search_fields = ("code_hash",)
@@ -147,7 +147,9 @@ class TokenMapAdmin(ReadOnlyAdminMixin, CodeSearchMixin, admin.ModelAdmin):
 
 
 @admin.register(PhiToken)
-class PhiTokenAdmin(ReadOnlyAdminMixin, RevealMixin, CodeSearchMixin, admin.ModelAdmin):
+class PhiTokenAdmin(
+    ReadOnlyAdminMixin, ListedFiltersOnlyMixin, RevealMixin, CodeSearchMixin, admin.ModelAdmin
+):
     list_display = ("token", "category", "map_column", "created_at", "updated_at")
     list_filter = ("category",)
     # Tokens, and maps by their exact code (hashed): surfaces are encrypted and must never

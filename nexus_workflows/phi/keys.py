@@ -212,8 +212,9 @@ class Keyring:
         return mac.hexdigest()
 
     def flow_key_hash(self, kind: str, purpose: str, key: str) -> str:
-        """HMAC-SHA256 of a workflow's serial or rate key, hex: equal keys of one kind
-        and purpose hash alike, and the key (often a phone number) is never stored."""
+        """HMAC-SHA256 of a workflow's key for ``purpose`` (a serial or rate key; a job id
+        in the audit log), hex: equal keys of one kind and purpose hash alike, and the key
+        (often a phone number) is never stored."""
         mac = self._flow_hmac.copy()
         mac.update(f"{len(kind)}:{kind}|{purpose}|{key}".encode())
         return mac.hexdigest()

@@ -12,6 +12,7 @@ from django.contrib.staticfiles.testing import StaticLiveServerTestCase
 from django.urls import reverse
 from django.utils import timezone
 
+from nexus_workflows.admin.jobs import audit_id
 from nexus_workflows.deferred.history import append_entry
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.models import DeferredWork, Status
@@ -258,5 +259,5 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
             revealed = driver.find_element(By.ID, "content").text
             assert "Rosa Elena +525544332211" in revealed  # the trigger
             assert "UpstreamRejected: upstream rejected the message for Rosa Elena" in revealed
-        entry = LogEntry.objects.get(object_id=job_id)
+        entry = LogEntry.objects.get(object_id=audit_id(job_id.split("__", 1)[0], job_id))
         assert entry.user.username == "revealer"

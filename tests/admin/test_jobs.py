@@ -12,6 +12,7 @@ from django.urls import reverse
 from rq.queue import Queue
 
 from nexus_workflows import enqueue
+from nexus_workflows.admin.jobs import audit_id
 from nexus_workflows.fire_and_forget import get_queue
 from tests.admin.conftest import client_for
 
@@ -74,7 +75,11 @@ def test_a_get_confirms_and_a_post_reveals_escaped_not_cached_and_audited(
     assert reverse("admin:django_rq_job_detail", args=[queue_index, failed_job]) in html  # back link
 
     entry = LogEntry.objects.get()
-    assert (entry.object_id, entry.user, entry.action_flag) == (failed_job, revealer, CHANGE)
+    # The job id carries the dedupe key, and log entries are never purged: a keyed hash.
+    hashed = audit_id("test-ff-fail", failed_job)
+    assert (entry.object_id, entry.user, entry.action_flag) == (hashed, revealer, CHANGE)
+    assert failed_job.split("__", 1)[1] not in entry.object_id
+    assert response["X-Frame-Options"] == "DENY"
     assert entry.content_type is None
     assert "Revealed the trigger and error message of a test-ff-fail job" in entry.change_message
     assert entry.object_repr == "fire-and-forget test-ff-fail job"  # not the key, as for deferred work

@@ -197,3 +197,15 @@ def test_the_search_box_posts_the_code_so_no_url_carries_it(code: str, tokens: l
 def test_finding_a_map_needs_the_view_permission(code: str, tokens: list[str]) -> None:
     client = staff_client("view_phitoken")
     assert client.post(reverse("admin:nexus_workflows_tokenmap_find"), {"code": code}).status_code == 403
+
+
+@pytest.mark.parametrize("name", ["phitoken", "tokenmap"])
+def test_lists_filter_only_by_what_they_offer(code: str, tokens: list[str], name: str) -> None:
+    """Any other field in the URL (a hash, a ciphertext, a date) is refused, as on the
+    deferred-work list, where it would answer guesses about patient data."""
+    client = staff_client(*VIEWER)
+    url = reverse(f"admin:nexus_workflows_{name}_changelist")
+    for lookup in ("encrypted_surface__isnull", "lookup_key__startswith", "code_hash__startswith", "id__gt"):
+        assert client.get(url, {lookup: "a"}).status_code == 400
+    if name == "phitoken":
+        assert client.get(url, {"category__exact": "PERSONA"}).context["cl"].result_count == 1
