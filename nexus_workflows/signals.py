@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import traceback
 from typing import Any
 
 from django.dispatch import Signal
+
+from nexus_workflows.redaction import raised_at
 
 logger = logging.getLogger(__name__)
 
@@ -93,11 +94,7 @@ def send_quietly(signal: Signal, sender: Any, name: str, about: str, **kwargs: A
 
 def _where(receiver: Any, error: BaseException) -> str:
     name = getattr(receiver, "__qualname__", type(receiver).__name__)
-    frames = traceback.extract_tb(error.__traceback__)
-    if not frames:
-        return name
-    last = frames[-1]
-    return f"{name}, {last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name}"
+    return f"{name}, {raised_at(error)}" if error.__traceback__ else name
 
 
 def has_receivers(signal: Signal) -> bool:
