@@ -636,3 +636,18 @@ def test_the_buttons_need_view_permission_as_well_as_revive(db, make_work):
     url = reverse("admin:nexus_workflows_deferredwork_revive", args=[abandoned.pk])
     assert client.post(url).status_code == 403
     assert DeferredWork.objects.get(pk=abandoned.pk).status == Status.ABANDONED
+
+
+def test_a_reveal_page_denies_framing_without_the_projects_middleware(revealer, make_work):
+    """Its button must not be clickable through another site's frame, whatever
+    middleware the project that installs the app has."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    work = make_work(Status.ABANDONED)
+    url = reverse("admin:nexus_workflows_deferredwork_reveal", args=[work.pk])
+    without = [m for m in settings.MIDDLEWARE if "XFrameOptionsMiddleware" not in m]
+    with override_settings(MIDDLEWARE=without):
+        client = client_for(revealer)
+        assert client.get(url)["X-Frame-Options"] == "DENY"
+        assert client.post(url)["X-Frame-Options"] == "DENY"
