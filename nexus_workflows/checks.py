@@ -14,6 +14,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from nexus_workflows.conf import DEFAULTS, SETTINGS_NAME, app_settings
 from nexus_workflows.limits import MAX_BATCH_SIZE, MAX_DELAY, MAX_THREADS
+from nexus_workflows.redaction import describe
 
 #: Longest number of seconds any setting takes: ten years (``limits.MAX_DELAY``). Far beyond
 #: any useful value, and well inside what timedelta, the databases' intervals, thread waits
@@ -66,22 +67,6 @@ def is_whole(value: Any, least: int, most: float) -> bool:
 
 def whole_rule(least: int, most: int) -> str:
     return f"a whole number of at least {least} and at most {most:,}"
-
-
-def describe(value: Any) -> str:
-    """What a value is (its type; a string's or a collection's length), never the value
-    itself: settings may hold secrets (a URL with credentials, a key)."""
-    if value is None:
-        return "None"
-    if isinstance(value, bool):
-        return "a bool"
-    if isinstance(value, str):
-        return f"a string of {len(value)} character(s)"
-    if isinstance(value, list | tuple | dict | set | frozenset):
-        return f"a {type(value).__name__} of {len(value)} item(s)"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "a float that is not finite"
-    return f"a value of type {type(value).__name__}"
 
 
 def setting_error(name: str, rule: str, value: Any, check_id: str) -> Error:

@@ -8,8 +8,10 @@ error's *type* only. ``last_error`` is written as ``"<ExceptionType>: <message>"
 
 from __future__ import annotations
 
+import math
 import re
 import traceback
+from typing import Any
 
 # An exception class name, possibly dotted; anything else is not shown.
 _TYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -44,3 +46,20 @@ def raised_at(error: BaseException) -> str:
         return "unknown location"
     last = frames[-1]
     return f"{last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name}"
+
+
+def describe(value: Any) -> str:
+    """What a value is (its type; a string's or a collection's length), never the value
+    itself: settings may hold secrets (a URL with credentials, a key), and a caller's
+    argument may be patient data passed in the wrong place."""
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "a bool"
+    if isinstance(value, str):
+        return f"a string of {len(value)} character(s)"
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        return f"a {type(value).__name__} of {len(value)} item(s)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a float that is not finite"
+    return f"a value of type {type(value).__name__}"

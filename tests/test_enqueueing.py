@@ -91,9 +91,15 @@ def test_abandoned_key_is_revived_keeping_checkpoints(deferred: str) -> None:
     assert work.history[-1]["event"] == "revived"
 
 
-def test_unknown_kind_is_rejected() -> None:
-    with pytest.raises(UnknownWorkflow, match="no workflow is registered for kind 'nope'"):
-        enqueue("nope", {"key": "a"})
+def test_unknown_kind_is_rejected_without_echoing_it(register_workflow: Any) -> None:
+    """A caller may pass anything as the kind (patient data in the wrong argument): the
+    message says what was given and which kinds exist, never the value."""
+    known = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    given = r"for the kind given \(a string of 11 character\(s\)\)"
+    with pytest.raises(UnknownWorkflow, match=given) as raised:
+        enqueue("María López", {"key": "a"})
+    assert "María" not in str(raised.value)
+    assert known in str(raised.value)
     assert not DeferredWork.objects.exists()
 
 

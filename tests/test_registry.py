@@ -134,3 +134,24 @@ def test_async_prepare_is_recognised() -> None:
 def test_workflows_modules_of_installed_apps_are_discovered() -> None:
     # tests.testapp.workflows and project.demo.workflows are imported by AppConfig.ready().
     assert {"test-ledger", "test-two-steps", "demo-greet", "demo-flaky"} <= set(registry.kinds())
+
+
+def test_an_unknown_kind_asked_for_is_not_echoed_but_a_stored_rows_kind_is_named() -> None:
+    """A kind passed by a caller may be anything (it is described, not repeated); the kind
+    of a claimed row was registered where it was enqueued, so the runner names it."""
+    from nexus_workflows.deferred.transitions import ClaimedWork
+    from nexus_workflows.exceptions import UnknownWorkflow
+
+    register("known-kind", prepare=prepare, dedupe_key=key, retry_schedule=[1])
+    with pytest.raises(UnknownWorkflow) as asked:
+        registry.get("+52 55 1234 5678")
+    assert "1234" not in str(asked.value)
+    assert "a string of 16 character(s)" in str(asked.value)
+    assert "known-kind" in str(asked.value)
+
+    stored = ClaimedWork(
+        id=1, kind="removed-kind", dedupe_key="k", trigger={}, checkpoints={}, attempt=1, history=[],
+        claim_token="",
+    )
+    with pytest.raises(UnknownWorkflow, match="registered for kind 'removed-kind' in this process"):
+        registry.for_work(stored)

@@ -65,14 +65,14 @@ def test_once_prints_one_summary_line_and_exits(register_workflow: Any) -> None:
         # An OverflowError of the runner's first idle wait.
         (["--poll-interval", "1e300"], "must be a number of seconds greater than 0 and at most 315,619,200"),
         (["--poll-interval", "nan"], "must be a number of seconds greater than 0 and at most 315,619,200"),
-        (["--kind", "no-such-kind"], "no deferred workflow is registered for kind 'no-such-kind'"),
+        (["--kind", "no-such-kind"], "no deferred workflow is registered for a kind given (a string of 12 "),
     ],
 )
 def test_bad_options_are_reported(args: list[str], message: str) -> None:
     with pytest.raises(CommandError, match=re.escape(message)) as raised:
         call_command("runworkflows", "--once", *args)
-    if args[0] != "--kind":
-        assert repr(args[1]) not in str(raised.value)  # what was given is not echoed
+    echoed = args[1] if args[0] == "--kind" else repr(args[1])
+    assert echoed not in str(raised.value)  # what was given is not echoed
 
 
 def test_the_largest_options_are_taken(register_workflow: Any) -> None:

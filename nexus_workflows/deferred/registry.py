@@ -23,6 +23,7 @@ from nexus_workflows.conf import app_settings
 from nexus_workflows.exceptions import AlreadyRegistered, RegistrationError, UnknownWorkflow
 from nexus_workflows.flow.options import OPTION_NAMES, FlowLimits, KeyFunction, build_flow_limits
 from nexus_workflows.limits import KIND_MAX_LENGTH
+from nexus_workflows.redaction import describe
 
 if TYPE_CHECKING:
     from nexus_workflows.deferred.transitions import ClaimedWork
@@ -226,9 +227,10 @@ class WorkflowRegistry:
         try:
             return self._workflows[kind]
         except (KeyError, TypeError):
+            # The kind given is not echoed: a caller may pass anything in its place.
             raise UnknownWorkflow(
-                f"no workflow is registered for kind {kind!r:.120}; registered kinds: "
-                f"{', '.join(sorted(self._workflows)) or 'none'}"
+                f"no workflow is registered for the kind given ({describe(kind)}); registered "
+                f"kinds: {', '.join(sorted(self._workflows)) or 'none'}"
             ) from None
 
     def for_work(self, work: ClaimedWork) -> Workflow:
@@ -241,7 +243,14 @@ class WorkflowRegistry:
                     "the nexus_workflows app is ready (it plugs in nexus_workflows.tasks)"
                 )
             return self.task_adapter(work.kind, work.columns.get("backend_name", ""))
-        return self.get(work.kind)
+        try:
+            return self._workflows[work.kind]
+        except KeyError:
+            # A stored row's kind was registered where it was enqueued: naming it is safe.
+            raise UnknownWorkflow(
+                f"no workflow is registered for kind {work.kind!r:.120} in this process; "
+                f"registered kinds: {', '.join(sorted(self._workflows)) or 'none'}"
+            ) from None
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._workflows

@@ -59,10 +59,13 @@ def run_job(kind: str, trigger: Any) -> None:
 def _run(kind: str, trigger: Any) -> None:
     try:
         workflow = registry.get(kind)
-    except UnknownWorkflow as error:
+    except UnknownWorkflow:
+        # The job's kind was registered where it was enqueued: naming it is safe.
         raise UnknownWorkflow(
-            f"fire-and-forget job: {error}. The worker must run the same project code as the "
-            "process that enqueued the job (is the app defining it in INSTALLED_APPS?)"
+            f"fire-and-forget job: no workflow is registered for kind {kind!r:.120} in this "
+            f"worker; registered kinds: {', '.join(registry.kinds()) or 'none'}. The worker must "
+            "run the same project code as the process that enqueued the job (is the app defining "
+            "it in INSTALLED_APPS?)"
         ) from None
     if workflow.is_deferred:
         raise WorkflowError(

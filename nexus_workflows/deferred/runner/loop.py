@@ -44,6 +44,7 @@ from nexus_workflows.exceptions import UnknownWorkflow
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.observability.logs import start_line
 from nexus_workflows.observability.observer import Observer
+from nexus_workflows.redaction import describe
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
 
@@ -73,8 +74,8 @@ class Runner:
         for kind in kinds or ():
             if kind not in deferred:
                 raise UnknownWorkflow(
-                    f"no deferred workflow is registered for kind {kind!r}; deferred kinds: "
-                    f"{', '.join(deferred) or 'none'}"
+                    f"no deferred workflow is registered for a kind given ({describe(kind)}); "
+                    f"deferred kinds: {', '.join(deferred) or 'none'}"
                 )
         self.kinds, self.queues = selection(kinds, queues, deferred)
         self.concurrency = concurrency or app_settings.CONCURRENCY
