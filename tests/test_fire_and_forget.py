@@ -13,6 +13,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +26,7 @@ from rq.job import JobStatus, validate_job_id
 from rq.queue import Queue
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 
-from nexus_workflows import InvalidEnqueueOption, QueueUnavailable, enqueue
+from nexus_workflows import InvalidEnqueueOption, QueueUnavailable, enqueue, enqueue_many
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.fire_and_forget import get_queue, job_id_for, run_job, split_job_id
 from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger
@@ -369,6 +370,23 @@ def test_without_phi_keys_enqueue_in_a_transaction_raises_at_once_and_sends_noth
     with pytest.raises(PhiConfigurationError, match="PHI_HMAC_KEY"), transaction.atomic():
         enqueue(LEDGER, {"key": "tx5"})  # raises here, not in the commit's hook
     assert queue.count == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_enqueue_many_gives_a_repeated_key_the_same_result_and_sends_it_once(
+    queue: Queue, rq_burst: Callable[..., int], logs: pytest.LogCaptureFixture, in_transaction: bool
+) -> None:
+    triggers = [{"key": "m1", "first": True}, {"key": "m2"}, {"key": "m1"}]
+    with transaction.atomic() if in_transaction else nullcontext():
+        results = enqueue_many(LEDGER, triggers)
+    # enqueue_many's rule: a key that appears twice gets the same result twice.
+    assert results == ["test-ff-ledger__m1", "test-ff-ledger__m2", "test-ff-ledger__m1"]
+    assert "dropped at commit" not in logs.text  # the repeat was not sent at all
+    sealed = queue.fetch_job("test-ff-ledger__m1").args[1]
+    assert open_trigger("test-ff-ledger__m1", sealed) == {"key": "m1", "first": True}  # the first wins
+    assert rq_burst() == 2
+    assert executions(LEDGER, "m1") == 1
 
 
 # --- failures ----------------------------------------------------------------------------------
