@@ -29,6 +29,7 @@ from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from nexus_workflows import InvalidEnqueueOption, QueueUnavailable, enqueue, enqueue_many
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.fire_and_forget import get_queue, job_id_for, run_job, split_job_id
+from nexus_workflows.fire_and_forget.job import SEALED_ERROR
 from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.phi import PhiConfigurationError
@@ -462,6 +463,33 @@ def test_a_job_sent_before_triggers_were_sealed_still_runs(
     queue.enqueue_call("nexus_workflows.fire_and_forget.run_job", args=(LEDGER, {"key": "old"}), job_id="old")
     assert rq_burst() == 1
     assert executions(LEDGER, "old") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failure_whose_message_cannot_be_sealed_still_keeps_the_message_out_of_rq(
+    queue: Queue, rq_burst: Callable[..., int], logs: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    # Anything raised while the failure is handled (here: a worker without PHI keys running
+    # a job sent before sealing; as well a Redis error saving the meta, or the job timeout
+    # firing) must not carry prepare's error along as its context: RQ logs and stores the
+    # whole chain, and django-rq's pages show it to every staff user.
+    secret = "Ana López +525512345678"
+    queue.enqueue_call(
+        "nexus_workflows.fire_and_forget.run_job", args=(FAIL, {"key": "old", "secret": secret}), job_id="old"
+    )
+    settings.NEXUS_WORKFLOWS = {k: v for k, v in settings.NEXUS_WORKFLOWS.items() if not k.startswith("PHI_")}
+    assert rq_burst() == 1
+    job = queue.fetch_job("old")
+    assert job.get_status() == JobStatus.FAILED
+    exc_string = job.latest_result().exc_string
+    assert "JobFailed: workflow 'test-ff-fail': prepare raised UpstreamRejected" in exc_string
+    assert "+525512345678" not in exc_string  # the frames show source lines, never values
+    assert "During handling of the above exception" not in exc_string
+    assert SEALED_ERROR not in job.meta
+    assert "test-ff-fail job: its error message could not be sealed into the job (PhiConfigurationError)" in (
+        logs.text
+    )
+    assert "+525512345678" not in logs.text
 
 
 @pytest.mark.django_db(transaction=True)
