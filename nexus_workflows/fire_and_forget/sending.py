@@ -88,7 +88,7 @@ def _parse_job_timeout(kind: str, value: Any) -> int:
         seconds = value  # an int is compared as it is: float() of a huge one overflows
     else:
         raise InvalidEnqueueOption(
-            f"workflow {kind!r}: job_timeout must be a number of seconds or a timedelta; "
+            f"workflow {kind!r}: job_timeout must be a finite number of seconds or a timedelta; "
             f"got {type(value).__name__}"
         )
     if not 0 < seconds <= MAX_DELAY.total_seconds():
