@@ -13,6 +13,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -25,9 +26,10 @@ from rq.job import JobStatus, validate_job_id
 from rq.queue import Queue
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 
-from nexus_workflows import InvalidEnqueueOption, QueueUnavailable, enqueue
+from nexus_workflows import InvalidEnqueueOption, QueueUnavailable, enqueue, enqueue_many
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.fire_and_forget import get_queue, job_id_for, run_job, split_job_id
+from nexus_workflows.fire_and_forget.job import SEALED_ERROR
 from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.phi import PhiConfigurationError
@@ -371,6 +373,23 @@ def test_without_phi_keys_enqueue_in_a_transaction_raises_at_once_and_sends_noth
     assert queue.count == 0
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_enqueue_many_gives_a_repeated_key_the_same_result_and_sends_it_once(
+    queue: Queue, rq_burst: Callable[..., int], logs: pytest.LogCaptureFixture, in_transaction: bool
+) -> None:
+    triggers = [{"key": "m1", "first": True}, {"key": "m2"}, {"key": "m1"}]
+    with transaction.atomic() if in_transaction else nullcontext():
+        results = enqueue_many(LEDGER, triggers)
+    # enqueue_many's rule: a key that appears twice gets the same result twice.
+    assert results == ["test-ff-ledger__m1", "test-ff-ledger__m2", "test-ff-ledger__m1"]
+    assert "dropped at commit" not in logs.text  # the repeat was not sent at all
+    sealed = queue.fetch_job("test-ff-ledger__m1").args[1]
+    assert open_trigger("test-ff-ledger__m1", sealed) == {"key": "m1", "first": True}  # the first wins
+    assert rq_burst() == 2
+    assert executions(LEDGER, "m1") == 1
+
+
 # --- failures ----------------------------------------------------------------------------------
 
 
@@ -444,6 +463,33 @@ def test_a_job_sent_before_triggers_were_sealed_still_runs(
     queue.enqueue_call("nexus_workflows.fire_and_forget.run_job", args=(LEDGER, {"key": "old"}), job_id="old")
     assert rq_burst() == 1
     assert executions(LEDGER, "old") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failure_whose_message_cannot_be_sealed_still_keeps_the_message_out_of_rq(
+    queue: Queue, rq_burst: Callable[..., int], logs: pytest.LogCaptureFixture, settings: Any
+) -> None:
+    # Anything raised while the failure is handled (here: a worker without PHI keys running
+    # a job sent before sealing; as well a Redis error saving the meta, or the job timeout
+    # firing) must not carry prepare's error along as its context: RQ logs and stores the
+    # whole chain, and django-rq's pages show it to every staff user.
+    secret = "Ana López +525512345678"
+    queue.enqueue_call(
+        "nexus_workflows.fire_and_forget.run_job", args=(FAIL, {"key": "old", "secret": secret}), job_id="old"
+    )
+    settings.NEXUS_WORKFLOWS = {k: v for k, v in settings.NEXUS_WORKFLOWS.items() if not k.startswith("PHI_")}
+    assert rq_burst() == 1
+    job = queue.fetch_job("old")
+    assert job.get_status() == JobStatus.FAILED
+    exc_string = job.latest_result().exc_string
+    assert "JobFailed: workflow 'test-ff-fail': prepare raised UpstreamRejected" in exc_string
+    assert "+525512345678" not in exc_string  # the frames show source lines, never values
+    assert "During handling of the above exception" not in exc_string
+    assert SEALED_ERROR not in job.meta
+    assert "test-ff-fail job: its error message could not be sealed into the job (PhiConfigurationError)" in (
+        logs.text
+    )
+    assert "+525512345678" not in logs.text
 
 
 @pytest.mark.django_db(transaction=True)
@@ -574,7 +620,13 @@ def test_delay_schedules_the_job_and_a_worker_with_the_scheduler_runs_it_when_du
         ({"queue": "María López"}, "RQ_QUEUES (default, urgent); got a str that is none of them"),
         ({"queue": None}, "queue must be the name of a queue in RQ_QUEUES (default, urgent); got a NoneType"),
         ({"job_timeout": 0}, "job_timeout must be greater than 0 seconds"),
-        ({"job_timeout": "1h"}, "job_timeout must be a number of seconds or a timedelta; got str"),
+        ({"job_timeout": "1h"}, "job_timeout must be a finite number of seconds or a timedelta; got str"),
+        ({"job_timeout": float("nan")}, "job_timeout must be a finite number of seconds or a timedelta"),
+        ({"job_timeout": float("inf")}, "job_timeout must be a finite number of seconds or a timedelta"),
+        ({"job_timeout": True}, "job_timeout must be a finite number of seconds or a timedelta; got bool"),
+        ({"job_timeout": 3654 * 86_400}, "job_timeout must be greater than 0 seconds and at most 3653 days"),
+        ({"delay": float("nan")}, "delay must be a finite number of seconds or a timedelta; got float"),
+        ({"delay": timedelta(days=3654)}, "delay is too long; allowed: 0 to 3653 days"),
         ({"at_front": 1}, "at_front must be True or False; got int"),
         ({"delay": -1}, "delay must not be negative"),
         ({"delay": "soon"}, "delay must be a finite number of seconds or a timedelta; got str"),

@@ -91,7 +91,13 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
 
         parse_options(workflow, options)  # even for no triggers: bad options are refused
         prepared = [(compute_dedupe_key(workflow, t), json_text(workflow, t)) for t in triggers]
-        return [enqueue_job(workflow, text, key, options) for key, text in prepared]
+        # One send per key, the first trigger winning as for deferred work: a repeat sent
+        # again would get None (outside a transaction) or a second send at commit.
+        results: dict[str, str | None] = {}
+        for key, text in prepared:
+            if key not in results:
+                results[key] = enqueue_job(workflow, text, key, options)
+        return [results[key] for key, _ in prepared]
     delay = _deferred_options(workflow, options)
     by_key: dict[str, str] = {}  # dedupe key -> the trigger's JSON text
     hashes: dict[str, tuple[str | None, str | None]] = {}  # dedupe key -> flow key hashes

@@ -72,10 +72,16 @@ def _run(kind: str, trigger: Any) -> None:
             f"fire-and-forget job: workflow {kind!r} is registered with a retry schedule in this "
             "worker, so it is deferred and runs in runworkflows, not on RQ; the job was not run"
         )
+    failed: Exception | None = None
     try:
         workflow.call_prepare(trigger)
     except Exception as error:  # noqa: BLE001 - consumer code may raise anything
-        raise _job_failed(kind, error) from None
+        failed = error
+    # Handled after the except block: anything raised while handling it (sealing, Redis,
+    # the job timeout's alarm) would otherwise carry the error as its context, and RQ
+    # logs and stores the whole chain, message included.
+    if failed is not None:
+        raise _job_failed(kind, failed) from None
     logger.debug("%s job finished", kind)
 
 
@@ -84,9 +90,16 @@ def _job_failed(kind: str, error: Exception) -> JobFailed:
     # reveal page); the exception RQ logs names only the type and the frames.
     job = get_current_job()
     if job is not None:
-        job.meta[SEALED_ERROR] = seal_error(job.id, describe_error(error))
-        job.meta["reveal"] = _reveal_path(job.origin, job.id)  # shown on django-rq's job page
-        job.save_meta()
+        try:
+            job.meta[SEALED_ERROR] = seal_error(job.id, describe_error(error))
+            job.meta["reveal"] = _reveal_path(job.origin, job.id)  # shown on django-rq's job page
+            job.save_meta()
+        except Exception as sealing_error:  # noqa: BLE001 - the job must still fail as JobFailed
+            logger.error(
+                "%s job: its error message could not be sealed into the job (%s); it is not kept",
+                kind,
+                type(sealing_error).__name__,
+            )
     frames = "".join(traceback.format_tb(error.__traceback__))
     logger.warning("%s job failed: %s", kind, type(error).__name__)
     return JobFailed(

@@ -88,7 +88,7 @@ def _parse_job_timeout(kind: str, value: Any) -> int:
         seconds = value  # an int is compared as it is: float() of a huge one overflows
     else:
         raise InvalidEnqueueOption(
-            f"workflow {kind!r}: job_timeout must be a number of seconds or a timedelta; "
+            f"workflow {kind!r}: job_timeout must be a finite number of seconds or a timedelta; "
             f"got {type(value).__name__}"
         )
     if not 0 < seconds <= MAX_DELAY.total_seconds():
@@ -142,9 +142,21 @@ def describe_server(connection: redis.Redis) -> str:
 
 @contextmanager
 def _reachable(queue: Queue) -> Iterator[None]:
-    """Turn a connection failure into :class:`QueueUnavailable` naming host and port."""
+    """Turn a connection failure, or a server that refuses writes, into
+    :class:`QueueUnavailable` naming host and port."""
     try:
         yield
+    except redis.exceptions.ResponseError as error:
+        # Reachable but refusing the write: out of memory (noeviction), a read-only replica
+        # after a failover, failing persistence (MISCONF). Only the type is named: redis-py
+        # quotes a failed pipeline command with its arguments (keys, the job id) in the text.
+        # Redis refuses such a command before running it, but a script error may come late.
+        raise QueueUnavailable(
+            f"Redis at {describe_server(queue.connection)} refused the job for queue "
+            f"{queue.name!r} ({type(error).__name__}: is it out of memory, a read-only replica, "
+            "or unable to persist?). The job may exist; enqueueing the same trigger again once "
+            "Redis accepts writes is safe (its dedupe key makes it one job)."
+        ) from None
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as error:
         reason = f"{type(error).__name__}: {error}"
         password = queue.connection.connection_pool.connection_kwargs.get("password")
