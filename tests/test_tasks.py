@@ -151,6 +151,32 @@ def test_retries_are_a_task_option_and_context_attempt_counts_them() -> None:
     assert steps("flaky") == ["attempt 1", "attempt 2", "attempt 3"]
 
 
+@pytest.mark.parametrize(("failures", "status"), [(2, "SUCCESSFUL"), (5, "FAILED")])
+def test_a_retried_tasks_result_shows_earlier_errors_while_it_runs_and_when_it_finishes(
+    failures: int, status: str
+) -> None:
+    # The TaskResult of TaskContext and of task_finished is the one get_result() gives:
+    # every failed attempt's error so far, not only the current attempt's.
+    finished: list[Any] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append([error.exception_class_path for error in task_result.errors])
+
+    task_finished.connect(receive)
+    try:
+        result = tasks.recalls_errors.enqueue(key="a", failures=failures)
+        run_until_finished(result)
+    finally:
+        task_finished.disconnect(receive)
+    assert result.status == status
+    assert steps("recalls_errors") == [f"attempt {n}: {n - 1} errors" for n in (1, 2, 3)]
+    stored = [error.exception_class_path for error in result.errors]
+    assert finished == [stored]
+    assert stored == ["builtins.ConnectionError"] * min(failures, 3)
+    if status == "SUCCESSFUL":
+        assert result.return_value == stored[:2]
+
+
 def test_retries_asked_for_in_the_backend_options() -> None:
     result = tasks.flaky_by_options.enqueue(key="a", failures=2)
     assert result.backend == "retrying"

@@ -56,7 +56,7 @@ class TaskWorkflow(Workflow):
             raise
 
     def _run(self, work: ClaimedWork) -> None:
-        from nexus_workflows.tasks.backend import task_as_enqueued
+        from nexus_workflows.tasks.backend import error_of, task_as_enqueued
         from nexus_workflows.tasks.compat import (
             TaskContext,
             TaskResult,
@@ -80,7 +80,8 @@ class TaskWorkflow(Workflow):
             args=trigger.get("args", []),
             kwargs=trigger.get("kwargs", {}),
             backend=self.backend_alias,
-            errors=[],
+            # Those of earlier attempts: task_finished adds this one's to the same list.
+            errors=[error_of(entry) for entry in columns.get("errors") or []],
             worker_ids=list(columns.get("worker_ids") or []),
         )
         work.task_result = result
