@@ -348,6 +348,30 @@ def test_a_raising_task_finished_receiver_does_not_stop_the_runner() -> None:
     assert [r.return_value for r in results] == [0, 2, 4]
 
 
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
+def test_a_task_finished_receiver_raising_a_base_exception_does_not_stop_the_runner(
+    error: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    # send_robust() catches Exception only: SystemExit used to end the runner (its message,
+    # which may quote the task's data, printed on its way out) before the next outcome.
+    def exits(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise error(f"cannot notify about {task_result.args[0]}")
+
+    task_finished.connect(exits)
+    try:
+        ok = tasks.record.enqueue("María López")
+        bad = tasks.explode.enqueue("María López")
+        out = run_once("--concurrency", "1")
+    finally:
+        task_finished.disconnect(exits)
+    assert "1 done, 0 rescheduled, 1 abandoned" in out
+    assert default_task_backend.get_result(ok.id).status == TaskResultStatus.SUCCESSFUL
+    assert default_task_backend.get_result(bad.id).status == TaskResultStatus.FAILED
+    assert "María" not in caplog.text
+    assert "could not send task_finished for tests.testapp.tasks.record #" in caplog.text
+    assert error.__name__ in caplog.text
+
+
 def test_a_failing_task_finished_receiver_is_logged_by_type_and_place_never_its_message(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

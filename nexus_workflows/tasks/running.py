@@ -180,7 +180,8 @@ def task_workflow(path: str, backend_alias: str) -> TaskWorkflow:
 
 def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
     """Send ``task_finished`` for the tasks among ``works`` whose final outcome was just
-    written. A receiver that raises is logged (its error type only) and never stops the runner."""
+    written. A receiver that raises (anything, SystemExit included) is logged (its error type
+    only) and never stops the runner."""
     from nexus_workflows.tasks.compat import TaskError, TaskResultStatus, task_backends, task_finished
 
     for work in works:
@@ -210,7 +211,9 @@ def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
             # which may quote the task's arguments.
             about = f"{work.kind} #{work.id}"
             send_quietly(task_finished, sender, "task_finished", about, task_result=result)
-        except Exception as error:  # noqa: BLE001 - the outcome is written; never stop the runner
+        # BaseException: send_robust() lets a receiver's SystemExit or KeyboardInterrupt
+        # through, which would end the runner (printing its message) with outcomes unwritten.
+        except BaseException as error:  # noqa: BLE001 - the outcome is written; never stop the runner
             logger.error(
                 "could not send task_finished for %s #%s: %s", work.kind, work.id, type(error).__name__
             )
