@@ -221,7 +221,8 @@ def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
 
 def configured_queues() -> list[str] | None:
     """The queues of every :class:`DeferredBackend` in ``TASKS``: what a runner takes by
-    default. ``None`` means every queue (a backend without ``QUEUES`` accepts any name)."""
+    default. ``None`` means every queue (a backend whose ``QUEUES`` is empty accepts any
+    name; one without ``QUEUES`` accepts only Django's ``"default"``)."""
     try:
         from nexus_workflows.tasks.backend import DeferredBackend
         from nexus_workflows.tasks.compat import task_backends
