@@ -151,6 +151,32 @@ def test_retries_are_a_task_option_and_context_attempt_counts_them() -> None:
     assert steps("flaky") == ["attempt 1", "attempt 2", "attempt 3"]
 
 
+@pytest.mark.parametrize(("failures", "status"), [(2, "SUCCESSFUL"), (5, "FAILED")])
+def test_a_retried_tasks_result_shows_earlier_errors_while_it_runs_and_when_it_finishes(
+    failures: int, status: str
+) -> None:
+    # The TaskResult of TaskContext and of task_finished is the one get_result() gives:
+    # every failed attempt's error so far, not only the current attempt's.
+    finished: list[Any] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append([error.exception_class_path for error in task_result.errors])
+
+    task_finished.connect(receive)
+    try:
+        result = tasks.recalls_errors.enqueue(key="a", failures=failures)
+        run_until_finished(result)
+    finally:
+        task_finished.disconnect(receive)
+    assert result.status == status
+    assert steps("recalls_errors") == [f"attempt {n}: {n - 1} errors" for n in (1, 2, 3)]
+    stored = [error.exception_class_path for error in result.errors]
+    assert finished == [stored]
+    assert stored == ["builtins.ConnectionError"] * min(failures, 3)
+    if status == "SUCCESSFUL":
+        assert result.return_value == stored[:2]
+
+
 def test_retries_asked_for_in_the_backend_options() -> None:
     result = tasks.flaky_by_options.enqueue(key="a", failures=2)
     assert result.backend == "retrying"
@@ -320,6 +346,30 @@ def test_a_raising_task_finished_receiver_does_not_stop_the_runner() -> None:
     for result in results:
         result.refresh()
     assert [r.return_value for r in results] == [0, 2, 4]
+
+
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
+def test_a_task_finished_receiver_raising_a_base_exception_does_not_stop_the_runner(
+    error: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    # send_robust() catches Exception only: SystemExit used to end the runner (its message,
+    # which may quote the task's data, printed on its way out) before the next outcome.
+    def exits(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        raise error(f"cannot notify about {task_result.args[0]}")
+
+    task_finished.connect(exits)
+    try:
+        ok = tasks.record.enqueue("María López")
+        bad = tasks.explode.enqueue("María López")
+        out = run_once("--concurrency", "1")
+    finally:
+        task_finished.disconnect(exits)
+    assert "1 done, 0 rescheduled, 1 abandoned" in out
+    assert default_task_backend.get_result(ok.id).status == TaskResultStatus.SUCCESSFUL
+    assert default_task_backend.get_result(bad.id).status == TaskResultStatus.FAILED
+    assert "María" not in caplog.text
+    assert "could not send task_finished for tests.testapp.tasks.record #" in caplog.text
+    assert error.__name__ in caplog.text
 
 
 def test_a_failing_task_finished_receiver_is_logged_by_type_and_place_never_its_message(

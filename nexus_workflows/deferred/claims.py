@@ -52,6 +52,8 @@ _TASK_FIELDS = (
     "created_at",
     "first_started_at",
     "last_attempted_at",
+    # Earlier attempts' errors: a retry's TaskResult shows them, as get_result() does.
+    "errors",
 )
 
 

@@ -56,7 +56,7 @@ class TaskWorkflow(Workflow):
             raise
 
     def _run(self, work: ClaimedWork) -> None:
-        from nexus_workflows.tasks.backend import task_as_enqueued
+        from nexus_workflows.tasks.backend import error_of, task_as_enqueued
         from nexus_workflows.tasks.compat import (
             TaskContext,
             TaskResult,
@@ -80,7 +80,8 @@ class TaskWorkflow(Workflow):
             args=trigger.get("args", []),
             kwargs=trigger.get("kwargs", {}),
             backend=self.backend_alias,
-            errors=[],
+            # Those of earlier attempts: task_finished adds this one's to the same list.
+            errors=[error_of(entry) for entry in columns.get("errors") or []],
             worker_ids=list(columns.get("worker_ids") or []),
         )
         work.task_result = result
@@ -179,7 +180,8 @@ def task_workflow(path: str, backend_alias: str) -> TaskWorkflow:
 
 def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
     """Send ``task_finished`` for the tasks among ``works`` whose final outcome was just
-    written. A receiver that raises is logged (its error type only) and never stops the runner."""
+    written. A receiver that raises (anything, SystemExit included) is logged (its error type
+    only) and never stops the runner."""
     from nexus_workflows.tasks.compat import TaskError, TaskResultStatus, task_backends, task_finished
 
     for work in works:
@@ -209,7 +211,9 @@ def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
             # which may quote the task's arguments.
             about = f"{work.kind} #{work.id}"
             send_quietly(task_finished, sender, "task_finished", about, task_result=result)
-        except Exception as error:  # noqa: BLE001 - the outcome is written; never stop the runner
+        # BaseException: send_robust() lets a receiver's SystemExit or KeyboardInterrupt
+        # through, which would end the runner (printing its message) with outcomes unwritten.
+        except BaseException as error:  # noqa: BLE001 - the outcome is written; never stop the runner
             logger.error(
                 "could not send task_finished for %s #%s: %s", work.kind, work.id, type(error).__name__
             )
@@ -217,7 +221,8 @@ def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
 
 def configured_queues() -> list[str] | None:
     """The queues of every :class:`DeferredBackend` in ``TASKS``: what a runner takes by
-    default. ``None`` means every queue (a backend without ``QUEUES`` accepts any name)."""
+    default. ``None`` means every queue (a backend whose ``QUEUES`` is empty accepts any
+    name; one without ``QUEUES`` accepts only Django's ``"default"``)."""
     try:
         from nexus_workflows.tasks.backend import DeferredBackend
         from nexus_workflows.tasks.compat import task_backends

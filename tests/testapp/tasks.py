@@ -56,6 +56,15 @@ def flaky(context: Any, key: str, failures: int) -> dict[str, Any]:
     return {"attempt": context.attempt, "result_id": context.task_result.id}
 
 
+@task(takes_context=True, **RETRYING)
+def recalls_errors(context: Any, key: str, failures: int) -> list[str]:
+    """Like ``flaky``; records how many errors its TaskResult shows at each attempt."""
+    _record("recalls_errors", key, f"attempt {context.attempt}: {len(context.task_result.errors)} errors")
+    if context.attempt <= failures:
+        raise ConnectionError(f"attempt {context.attempt} failed")
+    return [error.exception_class_path for error in context.task_result.errors]
+
+
 @task(**RETRYING)
 def refuses(key: str) -> None:
     """Raises a permanent error: abandoned at once although it has retries."""
