@@ -280,19 +280,41 @@ def _phones_in_window(window: str, region: str) -> tuple[tuple[int, int, str], .
 
 
 def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int]]:
-    """Where to try the matcher in a run: the whole run, then without its leading and
-    trailing space-separated groups while ten digits remain, for a year or an amount glued
-    to a number ("2024 55 1234 5678"). ``skip_first``/``skip_last``: the first or last group
+    """Where to try the matcher in a run: every stretch of whole space-separated groups
+    holding 7 to ``_MAX_WINDOW_DIGITS`` digits, by start, the longest first. So a year or an
+    amount glued to a number ("2024 55 1234 5678") is dropped, and numbers written one after
+    another ("55 1234 5678 33 3616 1234", or after a list of lab values) are each found —
+    not only the ones at the run's ends. ``skip_first``/``skip_last``: the first or last group
     belongs to what stands next to the run (a date, an amount, a time, a unit)."""
-    cuts = [match.start() for match in re.finditer(r" +(?=[+(0-9])", run)]
-    ends = cuts[-2:] if skip_last else [len(run), *cuts[-2:]]
-    starts = [match.end() for match in re.finditer(r" +(?=[+(0-9])", run)][:3]
-    starts = starts if skip_first else [0, *starts]
+    separators = list(re.finditer(r" +(?=[+(0-9])", run))
+    starts = [0, *(match.end() for match in separators)]
+    ends = [*(match.start() for match in separators), len(run)]
+    if skip_first:
+        starts = starts[1:]
+    if skip_last:
+        ends = ends[:-1]
+    # The run's ends, as far as a glued year, amount or unit reaches: a window there is
+    # taken on the grouping check alone. A window inside the run (a number between other
+    # numbers) must also be written as numbers are: a group of four digits or more, or
+    # five pairs — lists of lab values ("98 102 95 110") have neither.
+    outer_starts, outer_ends = set(starts[:4]), set(ends[-3:])
     windows = []
     for start in starts:
-        for end in sorted(ends, reverse=True):
-            if end > start and sum(char.isdigit() for char in run[start:end]) >= _MIN_PHONE_DIGITS:
-                windows.append((start, end))
+        fitting = []
+        for end in ends:
+            if end <= start:
+                continue
+            digits = sum(char.isdigit() for char in run[start:end])
+            if digits > _MAX_WINDOW_DIGITS:
+                break  # longer windows only add digits; a run of lab values stays linear
+            if digits < _MIN_PHONE_DIGITS:
+                continue
+            if start not in outer_starts or end not in outer_ends:
+                groups = _digit_groups(run[start:end])
+                if max(groups) < 4 and groups != [2, 2, 2, 2, 2]:
+                    continue
+            fitting.append((start, end))
+        windows.extend(reversed(fitting))
     return windows
 
 

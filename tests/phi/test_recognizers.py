@@ -129,6 +129,22 @@ def test_two_numbers_in_one_line() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("text", "phones"),
+    [
+        # Only a space between them: every number is found, not just the run's last one.
+        ("mis tels 55 1234 5678 33 3616 1234", ["55 1234 5678", "33 3616 1234"]),
+        ("55 1234 5678 55 8765 4321 55 1111 2222", ["55 1234 5678", "55 8765 4321", "55 1111 2222"]),
+        # In pairs: two whole numbers, not a middle stretch that leaves digits of both.
+        ("cel 55 12 34 56 78 33 36 16 12 34", ["55 12 34 56 78", "33 36 16 12 34"]),
+        # After a list of values, more than three groups into the run.
+        ("glucosas 98 102 95 110 55 1234 5678", ["55 1234 5678"]),
+    ],
+)
+def test_numbers_written_one_after_another_are_each_found(text: str, phones: list[str]) -> None:
+    assert found(text) == [(phone, "TELEFONO") for phone in phones]
+
+
 NOT_IDENTIFIERS = [
     # dates and times
     "12/05/2024", "12-05-2024", "12.05.2024", "2024-05-12", "12 05 2024", "12 de mayo de 2024",
