@@ -18,9 +18,9 @@ spans deterministically. ``encode_text`` calls :func:`find` through ``find_spans
   ``punto``, ``(at)``, ``[dot]``, spaces around ``@`` and ``.``); ``email-validator``
   validates the compact address. Spelled-out or spaced forms must end in a known
   top-level domain.
-- **ID**: CURP, RFC (persons and companies) and the IMSS NSS: patterns find candidates,
-  ``python-stdnum`` checks dates, state codes and check digits; see :func:`find_ids` for
-  which checks decide.
+- **ID**: CURP, RFC (persons and companies), the INE voter key and the IMSS NSS: patterns
+  find candidates, ``python-stdnum`` checks dates, state codes and check digits; see
+  :func:`find_ids` for which checks decide.
 
 Detected spans never cross a line break. Everything here is pure computation: no
 database, no logging of values.
@@ -31,6 +31,7 @@ database, no logging of values.
 from __future__ import annotations
 
 import bisect
+import datetime
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
@@ -506,6 +507,11 @@ _CURP = re.compile(
 )
 _RFC = re.compile(r"(?<![0-9A-ZÑ&])([A-ZÑ&]{3,4})[ -]?([0-9]{6})(?:[ -]?([A-Z0-9]{2}[0-9A]))?(?![0-9A-ZÑ&])")
 _NSS = re.compile(r"(?<![0-9])([0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{4}[ -]?[0-9])(?![0-9])")
+# The INE voter key (clave de elector, on every voting card): six letters from the names,
+# the birth date (YYMMDD), the state of birth (01-32, 87/88 abroad), H/M and three digits.
+_INE = re.compile(
+    r"(?<![0-9A-ZÑ])([A-ZÑ]{6})[ -]?([0-9]{2})([0-9]{2})([0-9]{2})([0-9]{2})[ -]?([HM][0-9]{3})(?![0-9A-ZÑ])"
+)
 # Every ID has six digits in a row, or an NSS's first six digits in pairs.
 _ID_HINT = re.compile(r"[0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{2}")
 _RFC_CUE = re.compile(r"(?:r\.?f\.?c|registro federal(?: de contribuyentes)?)" + _CUE_TAIL)
@@ -522,8 +528,19 @@ def _valid(validate: Callable[..., object], number: str, *, check_digit: bool) -
     return True
 
 
+def _real_date(year: str, month: str, day: str) -> bool:
+    """Whether YYMMDD is a date of the 1900s or the 2000s."""
+    for century in (1900, 2000):
+        try:
+            datetime.date(century + int(year), int(month), int(day))
+        except ValueError:
+            continue
+        return True
+    return False
+
+
 def find_ids(text: str, *, shadowed: str | None = None) -> list[Detection]:
-    """CURP, RFC and NSS in ``text``; python-stdnum checks the candidates.
+    """CURP, RFC, INE voter keys and NSS in ``text``; python-stdnum checks the candidates.
 
     - CURP: the full structure (name letters with a vowel second, a real birth date, sex
       H/M, one of the 33 state codes, three consonants, the homoclave character and a
@@ -533,6 +550,9 @@ def find_ids(text: str, *, shadowed: str | None = None) -> list[Detection]:
       homoclave; the check digit is required unless "RFC" stands just before it, because
       three letters, a date and three characters also describe invoice and lot numbers
       (``FAC240115001``). After "RFC", the 10-character form without homoclave counts too.
+    - INE voter key (clave de elector): 18 characters, six letters, a real birth date, a
+      state of birth (01-32, or 87/88 for abroad), H/M and three digits. It has no check
+      digit; that structure is as specific as a CURP's.
     - NSS: 11 digits (contiguous, or grouped 2-2-2-4-1 or 10-1); the check digit (Luhn) is
       required unless "NSS"/"IMSS"/"seguro social" stands just before it, because numbers
       of 11 digits are common.
@@ -554,6 +574,10 @@ def find_ids(text: str, *, shadowed: str | None = None) -> list[Detection]:
             continue
         if _valid(rfc.validate, value, check_digit=not cued):
             found.append(Detection(match.start(), match.end(), "ID", value, cued))
+    for match in _windowed(_INE, shade, _ID_HINT, before=12, after=24):
+        _, year, month, day, state, _ = match.groups()
+        if _real_date(year, month, day) and (1 <= int(state) <= 32 or state in ("87", "88")):
+            found.append(Detection(match.start(), match.end(), "ID", "".join(match.groups()), cued=True))
     for match in _windowed(_NSS, shade, _ID_HINT, before=12, after=24):
         raw = match.group(1)
         groups = _digit_groups(raw)

@@ -311,6 +311,30 @@ def test_nss_check_digit_is_required_unless_nss_is_said() -> None:
     assert found(f"NSS de mi esposo: {wrong}") == [(wrong, "ID")]
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    ["LPMRMR80010109M100", "lpmrmr80010109m100", "LPMRMR 80010109 M100", "GRLPJN85123188H400"],
+)
+def test_an_ine_voter_key_is_an_id(spelling: str) -> None:
+    # The clave de elector of a voting card, the ID patients photograph most.
+    text = f"mi clave de elector es {spelling} gracias"
+    assert found(text) == [(spelling, "ID")]
+    assert values(text) == {spelling.replace(" ", "").upper()}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "LPMRMR80023009M100",  # 30 February
+        "LPMRMR80010145M100",  # no state 45
+        "LPMRMR80010109X100",  # neither H nor M
+        "CASAS 80010109 M100",  # five letters
+    ],
+)
+def test_what_only_looks_like_an_ine_voter_key_is_left(text: str) -> None:
+    assert found(f"folio {text}") == []
+
+
 # --- resolution ----------------------------------------------------------------------------
 
 
