@@ -18,9 +18,9 @@ spans deterministically. ``encode_text`` calls :func:`find` through ``find_spans
   ``punto``, ``(at)``, ``[dot]``, spaces around ``@`` and ``.``); ``email-validator``
   validates the compact address. Spelled-out or spaced forms must end in a known
   top-level domain.
-- **ID**: CURP, RFC (persons and companies) and the IMSS NSS: patterns find candidates,
-  ``python-stdnum`` checks dates, state codes and check digits; see :func:`find_ids` for
-  which checks decide.
+- **ID**: CURP, RFC (persons and companies), the INE voter key and the IMSS NSS: patterns
+  find candidates, ``python-stdnum`` checks dates, state codes and check digits; see
+  :func:`find_ids` for which checks decide.
 
 Detected spans never cross a line break. Everything here is pure computation: no
 database, no logging of values.
@@ -30,6 +30,8 @@ database, no logging of values.
 
 from __future__ import annotations
 
+import bisect
+import datetime
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
@@ -280,19 +282,41 @@ def _phones_in_window(window: str, region: str) -> tuple[tuple[int, int, str], .
 
 
 def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int]]:
-    """Where to try the matcher in a run: the whole run, then without its leading and
-    trailing space-separated groups while ten digits remain, for a year or an amount glued
-    to a number ("2024 55 1234 5678"). ``skip_first``/``skip_last``: the first or last group
+    """Where to try the matcher in a run: every stretch of whole space-separated groups
+    holding 7 to ``_MAX_WINDOW_DIGITS`` digits, by start, the longest first. So a year or an
+    amount glued to a number ("2024 55 1234 5678") is dropped, and numbers written one after
+    another ("55 1234 5678 33 3616 1234", or after a list of lab values) are each found —
+    not only the ones at the run's ends. ``skip_first``/``skip_last``: the first or last group
     belongs to what stands next to the run (a date, an amount, a time, a unit)."""
-    cuts = [match.start() for match in re.finditer(r" +(?=[+(0-9])", run)]
-    ends = cuts[-2:] if skip_last else [len(run), *cuts[-2:]]
-    starts = [match.end() for match in re.finditer(r" +(?=[+(0-9])", run)][:3]
-    starts = starts if skip_first else [0, *starts]
+    separators = list(re.finditer(r" +(?=[+(0-9])", run))
+    starts = [0, *(match.end() for match in separators)]
+    ends = [*(match.start() for match in separators), len(run)]
+    if skip_first:
+        starts = starts[1:]
+    if skip_last:
+        ends = ends[:-1]
+    # The run's ends, as far as a glued year, amount or unit reaches: a window there is
+    # taken on the grouping check alone. A window inside the run (a number between other
+    # numbers) must also be written as numbers are: a group of four digits or more, or
+    # five pairs — lists of lab values ("98 102 95 110") have neither.
+    outer_starts, outer_ends = set(starts[:4]), set(ends[-3:])
     windows = []
     for start in starts:
-        for end in sorted(ends, reverse=True):
-            if end > start and sum(char.isdigit() for char in run[start:end]) >= _MIN_PHONE_DIGITS:
-                windows.append((start, end))
+        fitting = []
+        for end in ends:
+            if end <= start:
+                continue
+            digits = sum(char.isdigit() for char in run[start:end])
+            if digits > _MAX_WINDOW_DIGITS:
+                break  # longer windows only add digits; a run of lab values stays linear
+            if digits < _MIN_PHONE_DIGITS:
+                continue
+            if start not in outer_starts or end not in outer_ends:
+                groups = _digit_groups(run[start:end])
+                if max(groups) < 4 and groups != [2, 2, 2, 2, 2]:
+                    continue
+            fitting.append((start, end))
+        windows.extend(reversed(fitting))
     return windows
 
 
@@ -483,6 +507,11 @@ _CURP = re.compile(
 )
 _RFC = re.compile(r"(?<![0-9A-ZÑ&])([A-ZÑ&]{3,4})[ -]?([0-9]{6})(?:[ -]?([A-Z0-9]{2}[0-9A]))?(?![0-9A-ZÑ&])")
 _NSS = re.compile(r"(?<![0-9])([0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{4}[ -]?[0-9])(?![0-9])")
+# The INE voter key (clave de elector, on every voting card): six letters from the names,
+# the birth date (YYMMDD), the state of birth (01-32, 87/88 abroad), H/M and three digits.
+_INE = re.compile(
+    r"(?<![0-9A-ZÑ])([A-ZÑ]{6})[ -]?([0-9]{2})([0-9]{2})([0-9]{2})([0-9]{2})[ -]?([HM][0-9]{3})(?![0-9A-ZÑ])"
+)
 # Every ID has six digits in a row, or an NSS's first six digits in pairs.
 _ID_HINT = re.compile(r"[0-9]{2}[ -]?[0-9]{2}[ -]?[0-9]{2}")
 _RFC_CUE = re.compile(r"(?:r\.?f\.?c|registro federal(?: de contribuyentes)?)" + _CUE_TAIL)
@@ -499,8 +528,19 @@ def _valid(validate: Callable[..., object], number: str, *, check_digit: bool) -
     return True
 
 
+def _real_date(year: str, month: str, day: str) -> bool:
+    """Whether YYMMDD is a date of the 1900s or the 2000s."""
+    for century in (1900, 2000):
+        try:
+            datetime.date(century + int(year), int(month), int(day))
+        except ValueError:
+            continue
+        return True
+    return False
+
+
 def find_ids(text: str, *, shadowed: str | None = None) -> list[Detection]:
-    """CURP, RFC and NSS in ``text``; python-stdnum checks the candidates.
+    """CURP, RFC, INE voter keys and NSS in ``text``; python-stdnum checks the candidates.
 
     - CURP: the full structure (name letters with a vowel second, a real birth date, sex
       H/M, one of the 33 state codes, three consonants, the homoclave character and a
@@ -510,6 +550,9 @@ def find_ids(text: str, *, shadowed: str | None = None) -> list[Detection]:
       homoclave; the check digit is required unless "RFC" stands just before it, because
       three letters, a date and three characters also describe invoice and lot numbers
       (``FAC240115001``). After "RFC", the 10-character form without homoclave counts too.
+    - INE voter key (clave de elector): 18 characters, six letters, a real birth date, a
+      state of birth (01-32, or 87/88 for abroad), H/M and three digits. It has no check
+      digit; that structure is as specific as a CURP's.
     - NSS: 11 digits (contiguous, or grouped 2-2-2-4-1 or 10-1); the check digit (Luhn) is
       required unless "NSS"/"IMSS"/"seguro social" stands just before it, because numbers
       of 11 digits are common.
@@ -531,6 +574,10 @@ def find_ids(text: str, *, shadowed: str | None = None) -> list[Detection]:
             continue
         if _valid(rfc.validate, value, check_digit=not cued):
             found.append(Detection(match.start(), match.end(), "ID", value, cued))
+    for match in _windowed(_INE, shade, _ID_HINT, before=12, after=24):
+        _, year, month, day, state, _ = match.groups()
+        if _real_date(year, month, day) and (1 <= int(state) <= 32 or state in ("87", "88")):
+            found.append(Detection(match.start(), match.end(), "ID", "".join(match.groups()), cued=True))
     for match in _windowed(_NSS, shade, _ID_HINT, before=12, after=24):
         raw = match.group(1)
         groups = _digit_groups(raw)
@@ -566,7 +613,11 @@ def resolve(caller: Sequence[Span], detections: Iterable[Detection]) -> list[Spa
     detection, then the earliest, then the one with a cue word before it, then by
     :data:`CATEGORY_ORDER`. The result is sorted by position.
     """
-    chosen: list[Span] = list(caller)
+    # Chosen spans never overlap, so they stay sorted by start and each candidate is
+    # checked against its two neighbours only: linear-logarithmic, where checking every
+    # chosen span made a message of many addresses quadratic (8,000 took a second).
+    chosen: list[Span] = sorted(caller)
+    starts = [start for start, _, _ in chosen]
     ranked = sorted(
         set(detections),
         key=lambda found: (
@@ -578,9 +629,14 @@ def resolve(caller: Sequence[Span], detections: Iterable[Detection]) -> list[Spa
         ),
     )
     for found in ranked:
-        if not any(found.start < end and start < found.end for start, end, _ in chosen):
-            chosen.append((found.start, found.end, found.category))
-    return sorted(chosen)
+        at = bisect.bisect_right(starts, found.start)
+        if at and chosen[at - 1][1] > found.start:
+            continue  # overlaps the chosen span starting at or before it
+        if at < len(chosen) and chosen[at][0] < found.end:
+            continue  # overlaps the chosen span starting after it
+        chosen.insert(at, (found.start, found.end, found.category))
+        starts.insert(at, found.start)
+    return chosen
 
 
 def _whole(text: str, detections: list[Detection], category: str) -> str | None:

@@ -532,7 +532,7 @@ def find_spans(text: str, spans: Iterable[Any] | None = ()) -> list[Span]:
 def encode_text(code: str, text: str, spans: Iterable[Any] | None = ()) -> str:
     """``text`` with its PHI replaced by tokens of conversation ``code``.
 
-    Phone numbers, e-mail addresses and Mexican IDs (CURP, RFC, NSS) are found here (see
+    Phone numbers, e-mail addresses and Mexican IDs (CURP, RFC, INE voter key, NSS) are found here (see
     :mod:`.recognizers`; phones without a country code are read in ``PHI_DEFAULT_REGION``);
     names and anything else come as ``(start, end, category)`` spans from the caller's
     recogniser.
