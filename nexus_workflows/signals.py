@@ -58,25 +58,43 @@ work_abandoned = Signal()
 work_revived = Signal()
 
 
-def send(signal: Signal, *, kind: str, id: int, attempt: int, **extra: Any) -> None:
-    """Send ``signal`` robustly; a receiver's exception is logged by type, never raised."""
+def send(signal: Signal, *, kind: str, id: int, attempt: int, in_runner: bool = False, **extra: Any) -> None:
+    """Send ``signal`` robustly; a receiver's exception is logged by type, never raised.
+    ``in_runner``: sent by a runner, which a receiver's ``SystemExit`` must not end either."""
     if not signal.receivers:  # the hot path: nothing connected, nothing built
         return
     from nexus_workflows.models import DeferredWork
 
-    send_quietly(
-        signal, DeferredWork, _name(signal), f"{kind} #{id}", kind=kind, id=int(id), attempt=attempt, **extra
-    )
+    about = f"{kind} #{id}"
+    kwargs = {"kind": kind, "id": int(id), "attempt": attempt, **extra}
+    send_quietly(signal, DeferredWork, _name(signal), about, contain_exits=in_runner, **kwargs)
 
 
-def send_quietly(signal: Signal, sender: Any, name: str, about: str, **kwargs: Any) -> list[Any]:
+def send_quietly(
+    signal: Signal, sender: Any, name: str, about: str, *, contain_exits: bool = False, **kwargs: Any
+) -> list[Any]:
     """``signal.send_robust(sender, **kwargs)`` with each failing receiver logged here by
     its exception's type and place only, never by Django (which logs the message and the
     traceback). ``name`` (the signal) and ``about`` (what it was sent for) go into that
-    line and must not hold patient data. Returns send_robust's responses."""
+    line and must not hold patient data. Returns send_robust's responses.
+
+    send_robust lets a receiver's ``SystemExit`` and ``KeyboardInterrupt`` through. With
+    ``contain_exits`` (a runner's sends) they are logged by type too, and the receivers
+    after that one are not called; elsewhere (a web process ending its worker, Ctrl-C in
+    a shell) they go on, as they must."""
     token = _sending.set(True)
     try:
         responses = signal.send_robust(sender, **kwargs)
+    except (SystemExit, KeyboardInterrupt) as error:
+        if not contain_exits:
+            raise
+        logger.error(
+            "a receiver of %s raised %s for %s; ignored, and the receivers after it were not called",
+            name,
+            type(error).__name__,
+            about,
+        )
+        return []
     finally:
         _sending.reset(token)
     for receiver, response in responses:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -156,6 +157,66 @@ def test_a_receiver_that_raises_is_logged_by_type_and_breaks_nothing(
     assert all(message.endswith(" in broken)") for message in messages)
     # Django's own record of the exception (message and traceback) is not emitted.
     assert "5678" not in caplog.text
+
+
+@pytest.mark.parametrize("exit_error", [SystemExit, KeyboardInterrupt])
+def test_a_receiver_raising_an_exit_in_a_runner_is_logged_by_type_and_the_runner_goes_on(
+    register_workflow: Any, caplog: Any, exit_error: type[BaseException]
+) -> None:
+    """send_robust() lets SystemExit and KeyboardInterrupt through: a receiver raising one
+    ended the runner (printing its message) before the next item ran."""
+
+    def exiting(sender: Any, **kwargs: Any) -> None:
+        raise exit_error("receiver quit on María López")
+
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    ids = [enqueue(kind, {"key": key}) for key in "ab"]
+    runner_signals = (signals.attempt_started, signals.attempt_finished)
+    for signal in runner_signals:
+        signal.connect(exiting)
+    try:
+        with caplog.at_level(logging.ERROR, logger="nexus_workflows"):
+            # In a thread of its own, so that a runner that escapes or hangs fails the test
+            # instead of ending or stalling the session (before the fix, the worker thread
+            # died with the exit and the runner waited for it for good).
+            outcome: dict[str, Any] = {}
+
+            def run() -> None:
+                try:
+                    outcome["stats"] = run_once(kind)
+                except BaseException as escaped:  # noqa: BLE001 - reported below
+                    outcome["escaped"] = type(escaped).__name__
+
+            thread = threading.Thread(target=run, daemon=True)
+            thread.start()
+            thread.join(60)
+    finally:
+        for signal in runner_signals:
+            signal.disconnect(exiting)
+    assert not thread.is_alive(), "the runner hung after a receiver's exit"
+    assert "escaped" not in outcome
+    stats = outcome["stats"]
+    assert stats.done == 2
+    assert set(DeferredWork.objects.filter(pk__in=ids).values_list("status", flat=True)) == {Status.DONE}
+    messages = [record.getMessage() for record in caplog.records if record.name == "nexus_workflows.signals"]
+    assert len(messages) == 4
+    assert all(f"raised {exit_error.__name__} for {kind} #" in message for message in messages)
+    assert "María" not in caplog.text
+
+
+def test_a_receiver_raising_an_exit_outside_a_runner_is_not_swallowed(register_workflow: Any) -> None:
+    """In a web process or a shell, SystemExit and Ctrl-C must still end what they end."""
+
+    def exiting(sender: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    signals.work_enqueued.connect(exiting)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            enqueue(kind, {"key": "a"})
+    finally:
+        signals.work_enqueued.disconnect(exiting)
 
 
 def test_sending_with_no_receiver_builds_nothing() -> None:

@@ -132,6 +132,7 @@ class Observer:
                 kind=work.kind,
                 id=work.id,
                 attempt=attempt_number(work.kind, work.attempt),
+                in_runner=True,
             )
 
     def attempt_ended(self, work: Any, duration: float) -> None:
@@ -157,9 +158,10 @@ class Observer:
                 attempt=number,
                 outcome=outcome,
                 duration=duration,
+                in_runner=True,
             )
         if outcome == "abandoned":
-            signals.send(signals.work_abandoned, kind=work.kind, id=work.id, attempt=number)
+            signals.send(signals.work_abandoned, kind=work.kind, id=work.id, attempt=number, in_runner=True)
 
     def released(self, works: Iterable[Any]) -> None:
         """Main thread, at shutdown: claims given back; those that were running end here."""
