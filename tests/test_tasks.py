@@ -586,6 +586,25 @@ def test_backend_options_are_checked(options: dict[str, Any], check_id: str) -> 
     assert [message.id for message in messages] == [check_id]
 
 
+@pytest.mark.parametrize(
+    ("alias", "queues"),
+    [
+        ("a" * 101, ["default"]),
+        ("default", ["default", "q" * 101]),
+        ("default", ["default", ""]),
+        ("default", ["default", 7]),
+    ],
+)
+def test_names_no_task_could_be_declared_for_are_checked(alias: str, queues: list[Any]) -> None:
+    """They passed the checks, then every @task declared for them raised InvalidTaskOptions."""
+    tasks_setting = {alias: {"BACKEND": "nexus_workflows.tasks.DeferredBackend", "QUEUES": queues}}
+    with override_settings(TASKS=tasks_setting):
+        messages = list(task_backends[alias].check())
+    assert [message.id for message in messages] == ["nexus_workflows.E033"]
+    assert "q" * 41 not in messages[0].msg
+    assert "a" * 41 not in messages[0].msg
+
+
 # --- the triage desk ----------------------------------------------------------------------
 
 

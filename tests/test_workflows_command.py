@@ -50,6 +50,8 @@ def test_enqueue_with_delay(kind: str) -> None:
         (["enqueue", "KIND", '{"key": "a"}', "--delay", "1e300"], "delay is too long"),
         (["enqueue", "no-such-kind", "{}"], r"registered for the kind given \(a string of 12 "),
         (["enqueue", "KIND", '{"nokey": 1}'], "dedupe_key raised KeyError"),
+        # json.loads raised ValueError (a traceback) for more digits than int() reads.
+        (["enqueue", "KIND", '{"key": ' + "1" * 5000 + "}"], "has an integer too long to read"),
     ],
 )
 def test_enqueue_errors_are_command_errors(kind: str, args: list[str], message: str) -> None:

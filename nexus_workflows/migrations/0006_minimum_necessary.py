@@ -8,6 +8,7 @@ cannot give the code back.
 """
 
 from django.db import migrations, models
+from django.db.migrations.exceptions import IrreversibleError
 
 
 def hash_codes(apps, schema_editor):
@@ -28,9 +29,10 @@ def hash_codes(apps, schema_editor):
 def refuse_with_maps(apps, schema_editor):
     TokenMap = apps.get_model("nexus_workflows", "TokenMap")
     if TokenMap.objects.using(schema_editor.connection.alias).exists():
-        raise RuntimeError(
-            "cannot unapply nexus_workflows 0003 while PHI token maps exist: their conversation "
-            "codes are stored only as keyed hashes and cannot be restored"
+        # Named as `showmigrations` lists it (it was 0003 before a merge renumbered it).
+        raise IrreversibleError(
+            "cannot unapply nexus_workflows 0006_minimum_necessary while PHI token maps exist: "
+            "their conversation codes are stored only as keyed hashes and cannot be restored"
         )
 
 

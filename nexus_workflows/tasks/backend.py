@@ -163,6 +163,20 @@ class DeferredBackend(BaseTaskBackend):
                     id="nexus_workflows.E031",
                 )
             )
+        # Stored in columns of these lengths: longer names passed the checks, then failed
+        # every @task declared for them (InvalidTaskOptions).
+        too_long = len(self.alias) > BACKEND_ALIAS_MAX_LENGTH or any(
+            not isinstance(queue, str) or not 0 < len(queue) <= QUEUE_NAME_MAX_LENGTH for queue in self.queues
+        )
+        if too_long:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias[:40]!r}]: the alias must have at most {BACKEND_ALIAS_MAX_LENGTH} "
+                    f"characters and each of its QUEUES be a string of 1 to {QUEUE_NAME_MAX_LENGTH}.",
+                    hint="Use shorter names: no task could be declared for these.",
+                    id="nexus_workflows.E033",
+                )
+            )
         try:
             schedule_of(f"backend {self.alias}", self.options.get("RETRY_SCHEDULE"))
         except InvalidTaskOptions as error:

@@ -1,4 +1,4 @@
-"""Migration 0003 turns stored conversation codes into keyed hashes, and maps keep working."""
+"""Migration 0006 turns stored conversation codes into keyed hashes, and maps keep working."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.db import connection
+from django.db.migrations.exceptions import IrreversibleError
 from django.db.migrations.executor import MigrationExecutor
 
 from nexus_workflows.phi import decode, encode
@@ -77,6 +78,8 @@ def test_existing_codes_become_keyed_hashes_and_their_tokens_still_decode(
 def test_going_back_is_refused_while_maps_exist(at_0002: MigrationExecutor) -> None:
     migrate(AFTER)
     encode(CODE, "María López", "PERSONA")
-    with pytest.raises(RuntimeError, match="cannot be restored"):
+    with pytest.raises(
+        IrreversibleError, match="cannot unapply nexus_workflows 0006_minimum_necessary while PHI token maps"
+    ):
         migrate(BEFORE)
     assert TokenMap.objects.for_code(CODE).exists()

@@ -3,10 +3,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
+from django.db import connections, router
 
 from nexus_workflows.limits import MAX_BATCH_SIZE
 from nexus_workflows.management.commands._arguments import whole_number
+from nexus_workflows.management.commands._database import require_migrated
+from nexus_workflows.phi.models import PhiToken
 from nexus_workflows.phi.rotation import rotate_keys
 
 
@@ -32,6 +34,7 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--database must be an alias of DATABASES: {', '.join(map(str, connections.settings))}"
             )
+        require_migrated(database or router.db_for_write(PhiToken))
         result = rotate_keys(batch_size=batch_size, using=database)
         self.stdout.write(
             f"Rotated {result.rotated} surface(s); {result.already_current} already under the newest key."

@@ -5,12 +5,15 @@ from argparse import ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import router
 
 from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.deferred.runner.shutdown import end_process
 from nexus_workflows.exceptions import UnknownQueue, UnknownWorkflow
 from nexus_workflows.limits import MAX_THREADS
 from nexus_workflows.management.commands._arguments import seconds, whole_number
+from nexus_workflows.management.commands._database import DatabaseUnreachable, require_migrated
+from nexus_workflows.models import DeferredWork
 from nexus_workflows.observability.logs import install_default_handler, remove_default_handler
 
 
@@ -95,6 +98,13 @@ class Command(BaseCommand):
             logging.getLogger("nexus_workflows").setLevel(logging.WARNING)
         elif verbosity >= 2:
             logging.getLogger("nexus_workflows").setLevel(logging.DEBUG)
+        try:
+            # Without the app's tables a runner would log the same error type forever.
+            require_migrated(router.db_for_write(DeferredWork))
+        except DatabaseUnreachable:
+            if options["once"]:
+                raise  # nothing to wait for: a --once run (a cron job) fails now
+            # A long-running runner rides out outages, this one too; its log says so.
         try:
             runner = Runner(
                 kinds=options["kinds"],

@@ -4,6 +4,7 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import router
 
 from nexus_workflows.deferred import triage
 from nexus_workflows.deferred.enqueue import enqueue
@@ -12,6 +13,7 @@ from nexus_workflows.deferred.status import build_status_report, render_status_r
 from nexus_workflows.exceptions import WorkflowError
 from nexus_workflows.json_values import MAX_DEPTH
 from nexus_workflows.management.commands._arguments import number, whole_number
+from nexus_workflows.management.commands._database import require_migrated
 from nexus_workflows.models import DeferredWork, Status
 
 # The ids of deferred work: a database's 64-bit integers (greater ones raised OverflowError
@@ -67,6 +69,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         handler = getattr(self, f"handle_{options['subcommand']}")
+        require_migrated(router.db_for_write(DeferredWork))
         handler(**options)
 
     def handle_enqueue(self, *, kind: str, trigger: str, delay: float | None, **_: Any) -> None:
@@ -79,6 +82,14 @@ class Command(BaseCommand):
         except RecursionError:
             raise CommandError(
                 f"TRIGGER-JSON is nested too deeply: a trigger nests at most {MAX_DEPTH} containers"
+            ) from None
+        except ValueError:
+            # An integer of more digits than Python converts (sys.get_int_max_str_digits());
+            # its message would name the count, not the value, but a trigger's integers stop
+            # at 2**63-1 anyway.
+            raise CommandError(
+                "TRIGGER-JSON has an integer too long to read: a trigger's integers are from "
+                "-2**63 to 2**63-1"
             ) from None
         options = {"delay": delay} if delay is not None else {}
         try:
