@@ -181,7 +181,7 @@ def run_without_network(
 def test_embedded_mode_runs_a_workflow_with_no_redis_server_at_all(tmp_path: Path) -> None:
     prepared = tmp_path / "prepared.txt"
     trigger = json.dumps({"key": "k1", "path": str(prepared)})
-    result = run_without_network(tmp_path, "workflows", "enqueue", "test-ff-file", trigger)
+    result = run_without_network(tmp_path, "workflows", "enqueue", "test-ff-file", trigger, "--reveal")
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "enqueued job test-ff-file__k1"
@@ -224,5 +224,8 @@ def test_the_project_settings_default_to_the_embedded_mode_and_run_the_demo_work
         DJANGO_SETTINGS_MODULE="project.settings",
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "enqueued job demo-notify__1"
+    # The job id carries the dedupe key: printed only with --reveal.
+    assert result.stdout.strip() == (
+        "enqueued a demo-notify job (--reveal prints its id, which carries the dedupe key)"
+    )
     assert "demo-notify: notification sent" in result.stderr

@@ -159,3 +159,15 @@ def test_status_shows_live_runners_wakeup_modes_only() -> None:
 
 def test_status_without_listening_runners_says_so() -> None:
     assert "Runners' wake-ups: no runner listening" in run("status")
+
+
+def test_enqueue_of_a_fire_and_forget_job_prints_its_id_only_with_reveal(rq_redis: Any) -> None:
+    """The job id is ``<kind>__<dedupe key>``, and keys may be patient data."""
+    output = run("enqueue", "test-ff-ledger", '{"key": "5512345678"}')
+    assert "5512345678" not in output
+    assert output.strip() == (
+        "enqueued a test-ff-ledger job (--reveal prints its id, which carries the dedupe key)"
+    )
+    assert run("enqueue", "test-ff-ledger", '{"key": "5587654321"}', "--reveal").strip() == (
+        "enqueued job test-ff-ledger__5587654321"
+    )

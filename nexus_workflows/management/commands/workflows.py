@@ -29,13 +29,19 @@ class Command(BaseCommand):
         enqueue_parser = subcommands.add_parser(
             "enqueue",
             help="Enqueue a workflow: KIND and its trigger as JSON.",
-            description="Enqueue a workflow. Prints the id of pending work (or the job id of a "
-            "fire-and-forget job), or says why nothing was enqueued.",
+            description="Enqueue a workflow. Prints the id of pending work (or, with --reveal, "
+            "the job id of a fire-and-forget job: it carries the dedupe key), or says why nothing "
+            "was enqueued.",
         )
         enqueue_parser.add_argument("kind", metavar="KIND")
         enqueue_parser.add_argument("trigger", metavar="TRIGGER-JSON")
         enqueue_parser.add_argument(
             "--delay", type=number, metavar="SECONDS", help="Make the work due this many seconds from now."
+        )
+        enqueue_parser.add_argument(
+            "--reveal",
+            action="store_true",
+            help="Print a fire-and-forget job's id, which carries the dedupe key (may be patient data).",
         )
         status_parser = subcommands.add_parser(
             "status",
@@ -69,10 +75,14 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         handler = getattr(self, f"handle_{options['subcommand']}")
-        require_migrated(router.db_for_write(DeferredWork))
+        if options["subcommand"] != "enqueue" or _is_deferred(options["kind"]):
+            # A fire-and-forget job never touches the database (embedded mode needs none).
+            require_migrated(router.db_for_write(DeferredWork))
         handler(**options)
 
-    def handle_enqueue(self, *, kind: str, trigger: str, delay: float | None, **_: Any) -> None:
+    def handle_enqueue(
+        self, *, kind: str, trigger: str, delay: float | None, reveal: bool = False, **_: Any
+    ) -> None:
         try:
             parsed = json.loads(trigger)
         except json.JSONDecodeError as error:
@@ -102,8 +112,10 @@ class Command(BaseCommand):
             self.stdout.write(f"not enqueued: {what} with this dedupe key is already in flight or done")
         elif workflow.is_deferred:
             self.stdout.write(f"enqueued {kind} #{result}")
-        else:
+        elif reveal:
             self.stdout.write(f"enqueued job {result}")
+        else:  # the job id is <kind>__<dedupe key>, and keys may be patient data
+            self.stdout.write(f"enqueued a {kind} job (--reveal prints its id, which carries the dedupe key)")
 
     def handle_status(self, *, reveal: bool = False, **_: Any) -> None:
         self.stdout.write(render_status_report(build_status_report(), reveal=reveal))
@@ -160,3 +172,7 @@ class Command(BaseCommand):
             )
         skipped = len(result.skipped) + len(set(ids) - found) + (1 if key is not None and not found else 0)
         self.stdout.write(f"revived {len(result.changed)}, skipped {skipped}")
+
+
+def _is_deferred(kind: str) -> bool:
+    return kind in registry and registry.get(kind).is_deferred
