@@ -236,6 +236,44 @@ def _check_schedules() -> list[CheckMessage]:
 
 
 @register(Tags.compatibility)
+def check_flow_limits_guarded(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """``concurrency`` and ``serial_key`` hold because the database refuses a second holder
+    of a slot or a key (partial unique constraints). A backend without partial indexes
+    (MySQL, MariaDB) creates those constraints without their condition or not at all
+    (Django's models.W036), so the limits would hold only as far as runners agree."""
+    from django.db import connections, router
+
+    from nexus_workflows.models import DeferredWork
+
+    connection = connections[router.db_for_write(DeferredWork)]
+    return flow_limit_errors(connection.vendor, connection.features.supports_partial_indexes)
+
+
+def flow_limit_errors(vendor: str, supports_partial_indexes: bool) -> list[CheckMessage]:
+    """:func:`check_flow_limits_guarded` for a database of ``vendor`` (apart from the
+    connection, so that its rule is tested on every backend)."""
+    from nexus_workflows.deferred.registry import registry
+
+    if supports_partial_indexes:
+        return []
+    limited = [
+        workflow.kind
+        for workflow in registry
+        if workflow.flow is not None and (workflow.flow.concurrency is not None or workflow.flow.keyed)
+    ]
+    return [
+        Error(
+            f"workflow {kind!r} has a concurrency cap or a serial_key, which the {vendor} "
+            "database cannot enforce: it has no partial unique indexes.",
+            hint="Use PostgreSQL (or SQLite) for the deferred work's database, or drop the "
+            "limit; rate_limit needs no partial index.",
+            id="nexus_workflows.E009",
+        )
+        for kind in limited
+    ]
+
+
+@register(Tags.compatibility)
 def check_time_zone_support(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     """Claims, heartbeats and due times are the database's time, compared with aware
     datetimes; with USE_TZ off they would be read as local times and the admin fails."""

@@ -177,6 +177,30 @@ def test_a_schedule_longer_than_the_retention_is_an_error(register_workflow: Any
     assert kind in messages[0].msg
 
 
+def test_caps_and_serial_keys_on_a_database_without_partial_indexes_are_errors(
+    register_workflow: Any,
+) -> None:
+    """The database enforces concurrency and serial_key (partial unique constraints);
+    MySQL and MariaDB have no partial indexes (checked by hand on MariaDB 10.11: a second
+    holder of a slot was not refused), so such kinds are refused there."""
+    from nexus_workflows.checks import check_flow_limits_guarded, flow_limit_errors
+
+    def noop(t: Any, c: Any, s: Any) -> None:
+        pass
+
+    capped = register_workflow(noop, retry_schedule=[1], concurrency=2).kind
+    serial = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: "k").kind
+    rated = register_workflow(noop, retry_schedule=[1], rate_limit=(5, 1.0)).kind
+    plain = register_workflow(noop, retry_schedule=[1]).kind
+    messages = flow_limit_errors("mysql", supports_partial_indexes=False)
+    about = {kind: [m for m in messages if repr(kind) in m.msg] for kind in (capped, serial, rated, plain)}
+    assert [ids(about[capped]), ids(about[serial])] == [["nexus_workflows.E009"]] * 2
+    assert about[rated] == about[plain] == []
+    assert "mysql database cannot enforce" in about[capped][0].msg
+    assert flow_limit_errors("postgresql", supports_partial_indexes=True) == []
+    assert check_flow_limits_guarded() == []  # SQLite and PostgreSQL have partial indexes
+
+
 # Every check runs here, and on Django 6.1 JSONField's check asks SQLite whether it
 # supports JSON: a query.
 @pytest.mark.django_db
