@@ -58,6 +58,26 @@ def test_after_adding_a_key_and_rotating_the_old_key_can_go(code: str) -> None:
         decode(code, text)
 
 
+def test_a_new_key_added_in_the_wrong_place_is_pointed_out(code: str) -> None:
+    """Keys are told apart only by position: with the new key last, every surface is
+    already under the first (the old) key, and the operator must be told before removing it."""
+    with keys(OLD_KEY):
+        encode(code, "María López", "PERSONA")
+    with keys(OLD_KEY, NEW_KEY):  # wrong: the new key must come first
+        output = rotate()
+    assert "Rotated 0 surface(s); 1 already under the newest key." in output
+    assert "Nothing was under the other key. If one of them is a key you have just added" in output
+    assert "it must be FIRST in PHI_ENCRYPTION_KEYS" in output
+    assert "Removing the first key now would make every surface unreadable." in output
+    with keys(NEW_KEY, OLD_KEY):  # put right
+        output = rotate()
+    assert "Rotated 1 surface(s)" in output
+    assert "No surface is under the other key now: remove it once every fire-and-forget job" in output
+    with keys(NEW_KEY):
+        assert "Rotated 0 surface(s); 1 already" in rotate()
+        assert "Nothing was under" not in rotate()  # one key: nothing to tell apart
+
+
 def test_rotation_reports_surfaces_no_key_can_decrypt(code: str) -> None:
     with keys(OLD_KEY):
         token = encode(code, "María López", "PERSONA")

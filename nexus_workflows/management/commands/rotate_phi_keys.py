@@ -8,6 +8,7 @@ from django.db import connections, router
 from nexus_workflows.limits import MAX_BATCH_SIZE
 from nexus_workflows.management.commands._arguments import whole_number
 from nexus_workflows.management.commands._database import require_migrated
+from nexus_workflows.phi.keys import configured_encryption_keys
 from nexus_workflows.phi.models import PhiToken
 from nexus_workflows.phi.rotation import rotate_keys
 
@@ -39,6 +40,9 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Rotated {result.rotated} surface(s); {result.already_current} already under the newest key."
         )
+        others = len(configured_encryption_keys()) - 1
+        if others > 0 and not result.failed:
+            self.stdout.write(self._which_keys_may_go(others, rotated=result.rotated))
         if result.failed:
             shown = ", ".join(f"#{pk}" for pk in result.failed[:20])
             more = f" and {len(result.failed) - 20} more" if len(result.failed) > 20 else ""
@@ -46,3 +50,21 @@ class Command(BaseCommand):
                 f"{len(result.failed)} surface(s) could not be rotated (tokens {shown}{more}): no configured "
                 "key decrypts them, or they kept changing. Keep the old keys until this succeeds."
             )
+
+    @staticmethod
+    def _which_keys_may_go(others: int, *, rotated: int) -> str:
+        """Keys are told apart by position only (the first encrypts, the others only
+        decrypt), so a new key put anywhere but first looks like an old one: nothing was
+        under it, and removing the first key would then make every surface unreadable."""
+        later, them = ("the other key", "it") if others == 1 else (f"the {others} other keys", "them")
+        if rotated:
+            return (
+                f"No surface is under {later} now: remove {them} once every fire-and-forget job "
+                f"sealed under {them} has run and passed RETENTION."
+            )
+        return (
+            f"Nothing was under {later}. If one of them is a key you have just added, it must be "
+            "FIRST in PHI_ENCRYPTION_KEYS (the first key encrypts; the others only decrypt): put it "
+            "first and run this again before removing any key. Removing the first key now would "
+            "make every surface unreadable."
+        )
