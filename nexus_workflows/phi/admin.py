@@ -125,6 +125,9 @@ class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, CodeSearchMixin,
             self.message_user(request, gettext("No token map has that conversation code."), messages.WARNING)
             changelist = reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_changelist")
             return HttpResponseRedirect(changelist)
+        # That a code has a conversation (a phone number is a patient) is itself patient
+        # data: each find is in the admin log, without the code.
+        self.log_change(request, token_map, gettext("Found by its conversation code (nothing was changed)."))
         return HttpResponseRedirect(
             reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_change", args=[token_map.pk])
         )
@@ -132,10 +135,9 @@ class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, CodeSearchMixin,
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[TokenMap], search_term: str
     ) -> tuple[QuerySet[TokenMap], bool]:
-        if not search_term:
-            return queryset, False
-        found = self.code_q(search_term)
-        return (queryset.filter(found) if found is not None else queryset.none()), False
+        # Codes are found only through the POSTed box (find_view): a code in a GET URL
+        # would reach access logs and browser history. A typed ?q= finds nothing.
+        return (queryset.none() if search_term else queryset), False
 
     @admin.display(description=_("token map"), ordering="pk")
     def map_column(self, token_map: TokenMap) -> str:
@@ -158,7 +160,6 @@ class PhiTokenAdmin(
     search_help_text = _(
         "Search by token. To find a conversation's tokens, find its map by code under PHI token maps."
     )
-    code_hash_lookup = "token_map__code_hash"
     # A token goes with its map; deleting one alone would leave text undecodable.
     deletable = False
     ordering = ("token_map", "number")
@@ -168,15 +169,6 @@ class PhiTokenAdmin(
     reveal_permission = REVEAL_PERMISSION
     reveal_template = "admin/nexus_workflows/phitoken/reveal_surface.html"
     reveal_what = _("surface")
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[PhiToken], search_term: str
-    ) -> tuple[QuerySet[PhiToken], bool]:
-        by_token, duplicates = super().get_search_results(request, queryset, search_term)
-        by_code = self.code_q(search_term) if search_term else None
-        if by_code is None:
-            return by_token, duplicates
-        return by_token | queryset.filter(by_code), duplicates
 
     @admin.display(description=_("token map"), ordering="token_map")
     def map_column(self, token: PhiToken) -> str:
