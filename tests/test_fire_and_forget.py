@@ -174,6 +174,21 @@ def test_duplicates_after_a_failure_return_none_and_add_no_execution(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_failed_job_requeued_that_succeeds_no_longer_keeps_its_earlier_error(
+    queue: Queue, rq_burst: Callable[..., int]
+) -> None:
+    job_id = enqueue(FAIL, {"key": "f2", "fail_runs": 1, "secret": "María López"})
+    assert rq_burst() == 1
+    assert SEALED_ERROR in queue.fetch_job(job_id).meta
+    FailedJobRegistry(queue=queue).requeue(job_id)  # what django-rq's "Requeue" does
+    assert rq_burst() == 1
+    job = queue.fetch_job(job_id)
+    assert job.get_status() == JobStatus.FINISHED, job.latest_result().exc_string
+    assert SEALED_ERROR not in job.meta  # the reveal page says it has not failed
+    assert executions(FAIL) == 2
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("kind", [LEDGER, FAIL])
 def test_after_the_horizon_the_key_works_again(
     kind: str, queue: Queue, rq_burst: Callable[..., int], settings: Any

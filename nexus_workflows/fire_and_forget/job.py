@@ -82,7 +82,17 @@ def _run(kind: str, trigger: Any) -> None:
     # logs and stores the whole chain, message included.
     if failed is not None:
         raise _job_failed(kind, failed) from None
+    _forget_earlier_error()
     logger.debug("%s job finished", kind)
+
+
+def _forget_earlier_error() -> None:
+    """A failed job requeued (from django-rq's pages) that now succeeded: the error sealed
+    by its failed run is not this run's, and its reveal page would show it as the job's."""
+    job = get_current_job()
+    if job is not None and SEALED_ERROR in job.meta:
+        del job.meta[SEALED_ERROR]
+        job.save_meta()
 
 
 def _job_failed(kind: str, error: Exception) -> JobFailed:

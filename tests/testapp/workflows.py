@@ -180,6 +180,9 @@ def ff_fail(trigger: dict[str, Any]) -> None:
     """Records a ledger row, then fails with the trigger's ``secret`` in the message
     (standing in for patient data an upstream error might echo)."""
     record("test-ff-fail", trigger)
+    runs = Ledger.objects.filter(kind="test-ff-fail", key=str(trigger["key"])).count()
+    if "fail_runs" in trigger and runs > trigger["fail_runs"]:
+        return  # failed that many runs; this one succeeds (a job requeued after a fix, say)
     raise UpstreamRejected(f"upstream rejected the message for {trigger.get('secret', '')}")
 
 
