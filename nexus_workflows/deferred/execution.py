@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -45,9 +46,13 @@ def execute(workflow: Workflow, work: ClaimedWork, save_patch: SavePatch = save_
     on its event loop instead (:func:`execute_async`).
     """
     checkpoints = dict(work.checkpoints)
+    # One save at a time: each writes the whole journal merged with its patch, so two at
+    # once (threads of one prepare) would each drop the other's patch.
+    one_at_a_time = threading.Lock()
 
     def save(patch: dict[str, Any]) -> None:
-        checkpoints.update(save_patch(work, patch))
+        with one_at_a_time:
+            checkpoints.update(save_patch(work, patch))
 
     started = time.perf_counter()
     try:
@@ -78,9 +83,13 @@ async def execute_async(workflow: Workflow, work: ClaimedWork, save_patch: Async
     is no longer ours.
     """
     checkpoints = dict(work.checkpoints)
+    # One save at a time: each writes the whole journal merged with its patch, so two at
+    # once (asyncio.gather of two saves) would each drop the other's patch.
+    one_at_a_time = asyncio.Lock()
 
     async def save(patch: dict[str, Any]) -> None:
-        checkpoints.update(await save_patch(work, patch))
+        async with one_at_a_time:
+            checkpoints.update(await save_patch(work, patch))
 
     started = time.perf_counter()
     try:

@@ -4,13 +4,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
 
 from nexus_workflows.deferred.execution import AsyncSavePatch, Outcome, Result, execute_async
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import ASYNC, Ledger
+from nexus_workflows.deferred.runner.pool import check_connections
 from nexus_workflows.deferred.transitions import ClaimedWork
+
+logger = logging.getLogger("nexus_workflows.deferred.runner")
+
+# asyncio's own messages that carry no data of a prepare (others, such as "Exception in
+# callback f(args)", embed the repr of the callback's arguments: not logged).
+_PLAIN_LOOP_MESSAGES = frozenset(
+    {
+        "Task exception was never retrieved",
+        "Future exception was never retrieved",
+        "Task was destroyed but it is pending!",
+        "Unhandled exception in event loop",
+    }
+)
+
+
+def log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler: asyncio's default one logs the exception's message and
+    traceback (a background task of a prepare failing with a patient's data in its
+    message); this one logs the exception type alone."""
+    message = context.get("message")
+    error = context.get("exception")
+    logger.error(
+        "an async prepare left an error on the runner's event loop (%s: %s); details not "
+        "logged, they may carry patient data",
+        message if message in _PLAIN_LOOP_MESSAGES else "event loop error",
+        type(error).__name__ if error is not None else "no exception",
+    )
 
 
 class AsyncPool:
@@ -31,12 +63,14 @@ class AsyncPool:
         ledger: Ledger,
         size: int,
         *,
+        using: str,
         started: Callable[[ClaimedWork], None],
         finished: Callable[[Outcome], None],
         save_patch: AsyncSavePatch,
     ) -> None:
         self.ledger = ledger
         self.size = size
+        self.using = using
         self._started = started
         self._finished = finished
         self._save_patch = save_patch
@@ -62,8 +96,22 @@ class AsyncPool:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._loop.set_exception_handler(log_loop_error)
         try:
-            self._loop.run_forever()
+            while True:
+                try:
+                    self._loop.run_forever()
+                except (SystemExit, KeyboardInterrupt) as error:
+                    # Only a task or callback a prepare left on the loop raises these out
+                    # of it (an attempt's own are its outcome): the loop, and every other
+                    # attempt on it, goes on; ended, they would hang with their claims.
+                    logger.error(
+                        "an async prepare left a task that raised %s on the runner's event "
+                        "loop; ignored, the loop goes on",
+                        type(error).__name__,
+                    )
+                    continue
+                return  # stopped: no attempt runs any more
         finally:
             self._loop.close()
 
@@ -94,3 +142,9 @@ class AsyncPool:
             outcome = Outcome(work, Result.FAILED, error)
         self.ledger.finished(work)
         self._finished(outcome)
+        if outcome.result is not Result.SUCCEEDED:
+            # prepare may have left a broken connection (an outage) on the thread the async
+            # ORM and sync_to_async share: without this it would stay broken, failing every
+            # later attempt that queries until the schedule is exhausted.
+            with contextlib.suppress(Exception):
+                await sync_to_async(check_connections, thread_sensitive=True)(self.using, False)

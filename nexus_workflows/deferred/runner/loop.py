@@ -164,6 +164,7 @@ class Runner:
         self._async_pool = AsyncPool(
             self._ledger,
             self.async_concurrency,
+            using=self.using,
             started=self._attempt_started,
             finished=self._attempt_finished,
             save_patch=self._journal.save_async,

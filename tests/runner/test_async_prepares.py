@@ -1,0 +1,115 @@
+"""``async def`` prepares that misbehave on the runner's event loop: saves at once, tasks
+left behind that fail (or raise ``SystemExit``), and async ORM connections broken by an
+outage. In-process runners on the real database."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.db import connection, connections
+from django.test import override_settings
+
+from nexus_workflows import enqueue_many
+from nexus_workflows.models import DeferredWork, Status
+from tests.processes import wait_for
+from tests.test_runner_async import FAST, running
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECRET = "Maria Lopez +525512345678"
+
+
+def test_saves_of_one_async_attempt_at_once_keep_every_patch(register_workflow: Any) -> None:
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        await asyncio.gather(save({"a": 1}), save({"b": 2}), save({"c": 3}))
+        await save({"d": 4})
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    (work_id,) = enqueue_many(kind, [{"key": 1}])
+    with override_settings(NEXUS_WORKFLOWS=FAST), running([kind]) as runner:
+        wait_for(lambda: runner.stats.done == 1, timeout=20, what="the attempt done")
+    # Each save wrote the whole journal: two at once each dropped the other's patch.
+    assert DeferredWork.objects.get(pk=work_id).checkpoints == {"a": 1, "b": 2, "c": 3, "d": 4}
+
+
+def test_a_failing_task_left_on_the_loop_is_logged_without_its_message(
+    register_workflow: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        async def send() -> None:
+            raise ValueError(f"no such patient: {SECRET}")
+
+        asyncio.get_running_loop().create_task(send())  # never awaited, nor kept
+        await asyncio.sleep(0.05)
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": 1}])
+    caplog.set_level(logging.DEBUG)
+    with override_settings(NEXUS_WORKFLOWS=FAST), running([kind]) as runner:
+        wait_for(lambda: runner.stats.done == 1, timeout=20, what="the attempt done")
+        wait_for(
+            lambda: any("ValueError" in record.getMessage() for record in caplog.records),
+            timeout=10,
+            what="the task's error logged",
+        )
+    for record in caplog.records:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "".join(traceback.format_exception(*record.exc_info))
+        assert "Maria" not in text, record.name
+
+
+@pytest.mark.parametrize("raised", [SystemExit, KeyboardInterrupt])
+def test_a_task_left_on_the_loop_raising_system_exit_does_not_end_the_loop(
+    register_workflow: Any, raised: type[BaseException]
+) -> None:
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        if trigger["key"] == 0:
+
+            async def quit_() -> None:
+                raise raised("stop")
+
+            asyncio.get_running_loop().create_task(quit_())
+            await asyncio.sleep(0.05)
+        else:
+            await asyncio.sleep(0.5)  # in flight when the task raises
+        await save({"ok": True})
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": n} for n in range(3)])
+    with override_settings(NEXUS_WORKFLOWS=FAST), running([kind]) as runner:
+        # An ended loop left every attempt on it running forever, heart-beaten, held.
+        wait_for(lambda: runner.stats.done == 3, timeout=20, what="every attempt done")
+        enqueue_many(kind, [{"key": 3}])
+        wait_for(lambda: runner.stats.done == 4, timeout=20, what="later work done too")
+
+
+@pytest.mark.postgresql
+def test_an_async_orm_connection_broken_by_an_outage_is_replaced(register_workflow: Any) -> None:
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        await DeferredWork.objects.filter(pk=-1).aexists()  # the async ORM's thread
+        await save({"queried": True})
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": 0}])
+    with override_settings(NEXUS_WORKFLOWS=FAST), running([kind], async_concurrency=1) as runner:
+        wait_for(lambda: runner.stats.done == 1, timeout=20, what="the first attempt done")
+        # An outage: every session of the runner ends (the server restarted, say).
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        enqueue_many(kind, [{"key": n} for n in range(1, 4)])
+        # The first to query may fail (released, not counted); the rest must succeed.
+        # A connection left broken failed them all, then walked their schedules.
+        wait_for(lambda: runner.stats.done == 4, timeout=30, what="the work after the outage done")
+    # The async ORM's thread outlives the runner: close its connection (test teardown).
+    asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
+    rows = DeferredWork.objects.filter(kind=kind)
+    assert sorted(rows.values_list("status", "attempt")) == [(Status.DONE, 0)] * 4
