@@ -5,10 +5,11 @@ Public API::
     from nexus_workflows.airtable import (
         add_record, get_records, get_record_by_filter, update_record_by_filter,
         add_linked_record, LinkSpec, ReferenceNotFound,
-        with_airtable_retry, is_permanent_airtable_error, set_eval_mode,
+        with_airtable_retry, is_permanent_airtable_error, set_eval_mode, get_table,
     )
 """
 
+from nexus_workflows.airtable.client import get_table
 from nexus_workflows.airtable.eval_mode import is_eval_mode, set_eval_mode
 from nexus_workflows.airtable.exceptions import (
     AirtableAnswerError,
@@ -49,6 +50,7 @@ __all__ = [
     "equality_match",
     "get_record_by_filter",
     "get_records",
+    "get_table",
     "is_eval_mode",
     "is_permanent_airtable_error",
     "set_eval_mode",

@@ -3,6 +3,11 @@
 pyairtable's own retry strategy is switched off (``retry_strategy=None``) so that
 :func:`~nexus_workflows.airtable.retry.with_airtable_retry` is the only retry policy:
 its default would retry 429 five more times (POST included) underneath ours.
+
+Redirects are not followed: Airtable's API does not redirect, and following one would
+send the request again, unmetered, to wherever ``Location`` points (307/308 with its
+body, patient fields included, even to another host), or turn a create into a read
+(301/302).
 """
 
 from __future__ import annotations
@@ -46,14 +51,34 @@ def timeout() -> tuple[float, float]:
     return (value, value)
 
 
+class UnexpectedAnswer(ValueError):
+    """A success that is not of the shape of Airtable's answer to its request. The
+    message never quotes the answer."""
+
+
+def _after_v0(url: str) -> list[str]:
+    parts = [part for part in urlsplit(url).path.split("/") if part]
+    return parts[parts.index("v0") + 1 :] if "v0" in parts else []
+
+
 def base_of(url: str) -> str | None:
     """The base id of an Airtable API URL (``…/v0/<base id>/…``), or None."""
-    parts = [part for part in urlsplit(url).path.split("/") if part]
-    if "v0" in parts:
-        rest = parts[parts.index("v0") + 1 :]
-        if rest and rest[0].startswith("app"):
-            return rest[0]
+    rest = _after_v0(url)
+    if rest and rest[0].startswith("app"):
+        return rest[0]
     return None
+
+
+def _check_listing(method: str, url: str, answer: Any) -> None:
+    """A page of a record listing always has ``records``. pyairtable reads a page
+    without it as no records, so a proxy's ``{}`` would look like "nothing matches"
+    (and a look-up before a create would create the record again)."""
+    rest = _after_v0(url)
+    listing = (method.upper() == "GET" and len(rest) == 2) or (
+        method.upper() == "POST" and len(rest) == 3 and rest[2] == "listRecords"
+    )
+    if listing and isinstance(answer, dict) and "records" not in answer:
+        raise UnexpectedAnswer("a page of a record listing without records")
 
 
 class RateLimitedApi(Api):
@@ -74,6 +99,7 @@ class RateLimitedApi(Api):
         else:
             answer = super().request(method, url, *args, **kwargs)
         _local.answers = answers_received() + 1
+        _check_listing(method, url, answer)
         return answer
 
 
@@ -92,6 +118,8 @@ def get_api() -> Api:
         return cached[1]
     key, endpoint_url, request_timeout = config
     api = RateLimitedApi(key, endpoint_url=endpoint_url, timeout=request_timeout, retry_strategy=None)  # type: ignore[arg-type]
+    # A redirect raises requests' TooManyRedirects before it is followed (see above).
+    api.session.max_redirects = 0
     if cached is not None:
         cached[1].session.close()
     _local.client = (config, api)
@@ -99,4 +127,7 @@ def get_api() -> Api:
 
 
 def get_table(base_id: str, table: str) -> Table:
+    """A pyairtable ``Table`` of this thread's client: every request takes a start of
+    its base's window, pyairtable's own retries are off and redirects are not
+    followed. Wrap its calls in :func:`~nexus_workflows.airtable.retry.with_airtable_retry`."""
     return get_api().table(base_id, table)

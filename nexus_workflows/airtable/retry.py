@@ -11,6 +11,11 @@ are the only ones:
 * a network failure after the request may have reached Airtable (connection reset, read
   timeout) is retried only when the operation is safe to repeat
   (``retry_network_errors=True``); a failure to connect is always retried;
+* an operation that is not safe to repeat is not repeated either once one of its
+  requests was answered (a batch over 10 records whose second chunk failed: the first
+  chunk is done);
+* a redirect is not followed (see :mod:`.client`): an :class:`AirtableHTTPError` with
+  the 3xx status, neither retried nor permanent;
 * anything else, or the last attempt's failure, is raised; a 4xx other than 429 carries
   ``permanent = True``;
 * a success whose answer pyairtable cannot read (not JSON, a record without
@@ -34,7 +39,7 @@ import pydantic
 import requests
 import urllib3.exceptions
 
-from nexus_workflows.airtable.client import answers_received
+from nexus_workflows.airtable.client import UnexpectedAnswer, answers_received
 from nexus_workflows.airtable.exceptions import (
     AirtableAnswerError,
     AirtableError,
@@ -73,7 +78,8 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
     ``label`` names the call in logs and errors (for example ``"add_record Patients"``);
     it must not contain patient data. Pass ``retry_network_errors=False`` for an
     operation that must not run twice, such as a create: a lost response can hide a
-    record that was created.
+    record that was created; and once a request of the operation was answered (the
+    first chunk of a batch of the helpers' client), it is not repeated at all.
 
     Failures from ``requests`` are raised as :class:`AirtableHTTPError` or
     :class:`AirtableNetworkError`, with messages free of field values; an answer
@@ -94,12 +100,16 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
             error = _error_of(exc, label, attempt, answers)
             if error is None:
                 raise
+            # A request of this attempt was answered: an operation of several requests
+            # (a batch over 10 records) has carried out part of its writes.
+            partly_done = answers_received() != answers
         retryable = error.transient and (
-            retry_network_errors or not isinstance(error, AirtableNetworkError) or not error.request_sent
+            retry_network_errors
+            or (not partly_done and (not isinstance(error, AirtableNetworkError) or not error.request_sent))
         )
         delay = _delay(error, attempt) if retryable and attempt < max_attempts else None
         if delay is None:
-            _log_failure(error, attempt, max_attempts, retryable)
+            _log_failure(error, attempt, max_attempts, retryable, partly_done)
             # Not chained: the requests exception's message holds the URL and formula.
             raise error from None
         logger.warning(
@@ -122,7 +132,7 @@ def _error_of(exc: Exception, label: str, attempt: int, answers: int) -> Airtabl
     """The helpers' error for a failed attempt, or ``None`` to let ``exc`` propagate as it is."""
     if isinstance(exc, AirtableError | WorkflowError | InvalidAirtableArgument):
         return None  # a nested helper's (already retried), or a misuse: unchanged
-    if isinstance(exc, requests.exceptions.JSONDecodeError | pydantic.ValidationError):
+    if isinstance(exc, requests.exceptions.JSONDecodeError | pydantic.ValidationError | UnexpectedAnswer):
         # A success pyairtable could not read (JSONDecodeError is a RequestException too);
         # the parser's message quotes the answer, record fields included.
         return AirtableAnswerError(label=label, cause=type(exc).__name__, attempts=attempt)
@@ -150,6 +160,18 @@ def _classify(exc: requests.RequestException, label: str, attempt: int) -> Airta
             retry_after=_retry_after(response) if status == RATE_LIMITED else None,
             transient=transient,
             permanent=not transient and 400 <= status < 500,
+        )
+    if isinstance(exc, requests.TooManyRedirects) and exc.response is not None:
+        # The helpers' client follows no redirect (a caller's own session gave up after
+        # its limit): Airtable's API does not redirect, so the endpoint is misconfigured
+        # or a proxy is in the way. Not permanent: a fixed deployment carries on.
+        return AirtableHTTPError(
+            label=label,
+            status=exc.response.status_code,
+            error_type=None,
+            attempts=attempt,
+            transient=False,
+            permanent=False,
         )
     if isinstance(exc, requests.exceptions.RetryError):
         # Only from a session with a urllib3 retry policy of its own (not ours): it
@@ -261,11 +283,15 @@ def _delay(error: AirtableError, attempt: int) -> float | None:
     return backoff * random.uniform(1.0, 1.5)
 
 
-def _log_failure(error: AirtableError, attempt: int, max_attempts: int, retryable: bool) -> None:
+def _log_failure(
+    error: AirtableError, attempt: int, max_attempts: int, retryable: bool, partly_done: bool
+) -> None:
     if retryable and attempt >= max_attempts:
         reason = "no attempts left"
     elif retryable:
         reason = "Retry-After is longer than AIRTABLE_MAX_RETRY_AFTER"
+    elif error.transient and partly_done:
+        reason = "part of the operation was carried out and it is not safe to repeat"
     elif error.transient:
         reason = "the request may have reached Airtable and is not safe to repeat"
     else:

@@ -15,7 +15,8 @@ contains. Any other formula is answered the way Airtable answers an invalid one:
 ``INVALID_FILTER_BY_FORMULA``.
 
 Faults are queued with :meth:`AirtableEmulator.fail` (an HTTP error status, optionally
-with ``Retry-After``), :meth:`~AirtableEmulator.reset_connection` (a TCP reset after the
+with ``Retry-After`` or ``Location``, optionally after letting ``after`` requests through),
+:meth:`~AirtableEmulator.reset_connection` (a TCP reset after the
 request was read, optionally after it was carried out — the lost-response case) and
 :meth:`~AirtableEmulator.stall` (no answer for a while), and :meth:`~AirtableEmulator.answer`
 (HTTP 200 with a body of a shape Airtable does not send). Each fault matches a method
@@ -86,6 +87,8 @@ class Fault:
     after_processing: bool = False
     seconds: float = 0.0
     body: bytes = b""
+    location: str | None = None
+    after: int = 0  # matching requests let through before the fault starts
 
     def matches(self, method: str, table: str) -> bool:
         return (
@@ -287,7 +290,11 @@ class AirtableEmulator:
         error_type: str | None = None,
         message: str | None = None,
         retry_after: str | int | None = None,
+        location: str | None = None,
+        after: int = 0,
     ) -> None:
+        """Answer ``status`` (with ``Location`` when given: a redirect), after letting
+        ``after`` matching requests through: ``after=1`` fails the second chunk of a batch."""
         self._add_fault(
             Fault(
                 "status",
@@ -298,6 +305,8 @@ class AirtableEmulator:
                 error_type=error_type or _DEFAULT_ERROR_TYPES.get(status, "SERVER_ERROR"),
                 message=message,
                 retry_after=None if retry_after is None else str(retry_after),
+                location=location,
+                after=after,
             )
         )
 
@@ -335,6 +344,9 @@ class AirtableEmulator:
         with self._lock:
             for fault in self._faults:
                 if fault.matches(method, table):
+                    if fault.after > 0:
+                        fault.after -= 1
+                        continue
                     fault.times -= 1
                     return fault
         return None
@@ -523,6 +535,8 @@ class AirtableEmulator:
 
     def _send_fault(self, handler: BaseHTTPRequestHandler, fault: Fault) -> None:
         headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+        if fault.location is not None:
+            headers["Location"] = fault.location
         error: dict[str, Any] = {"type": fault.error_type}
         if fault.message is not None:
             error["message"] = fault.message
