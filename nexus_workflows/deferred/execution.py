@@ -20,6 +20,8 @@ from nexus_workflows.flow import starts
 #: Writes a patch of one attempt's journal durably and fenced; returns the clean patch.
 SavePatch = Callable[[ClaimedWork, Any], dict[str, Any]]
 AsyncSavePatch = Callable[[ClaimedWork, Any], Awaitable[dict[str, Any]]]
+#: Runs a function with the database, off the loop: ``await run_db(function, *args)``.
+RunDb = Callable[..., Awaitable[Any]]
 
 
 class Result(enum.Enum):
@@ -74,13 +76,16 @@ def execute(workflow: Workflow, work: ClaimedWork, save_patch: SavePatch = save_
     return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)
 
 
-async def execute_async(workflow: Workflow, work: ClaimedWork, save_patch: AsyncSavePatch) -> Outcome:
+async def execute_async(
+    workflow: Workflow, work: ClaimedWork, save_patch: AsyncSavePatch, run_db: RunDb = asyncio.to_thread
+) -> Outcome:
     """Run the attempt of an ``async def`` prepare on the running loop; never raises
     but ``CancelledError`` (the attempt's task was cancelled).
 
     ``await save(patch)`` is written by ``save_patch`` (the runner's journal writer),
     durably and fenced, before it returns; it raises :class:`ClaimLost` when the claim
-    is no longer ours.
+    is no longer ours. A rate-limited kind's start and its confirmation run through
+    ``run_db`` (the runner's: on a journal writer's connection).
     """
     checkpoints = dict(work.checkpoints)
     # One save at a time: each writes the whole journal merged with its patch, so two at
@@ -94,8 +99,8 @@ async def execute_async(workflow: Workflow, work: ClaimedWork, save_patch: Async
     started = time.perf_counter()
     try:
         if work.reservation is not None:
-            # A rate-limited kind's start (a few statements) off the loop, like late saves.
-            await asyncio.to_thread(starts.begin, work)
+            # A rate-limited kind's start (a few statements) off the loop.
+            await run_db(starts.begin, work)
         await workflow.prepare(work.trigger, checkpoints, save)
     except ClaimLost as error:
         return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
@@ -106,5 +111,5 @@ async def execute_async(workflow: Workflow, work: ClaimedWork, save_patch: Async
         return Outcome(work, Result.FAILED, error, time.perf_counter() - started)
     finally:
         if work.window_start is not None:
-            await asyncio.to_thread(starts.confirm, [work])
+            await run_db(starts.confirm, [work])
     return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)

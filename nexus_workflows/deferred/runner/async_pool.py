@@ -11,7 +11,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from nexus_workflows.deferred.execution import AsyncSavePatch, Outcome, Result, execute_async
+from nexus_workflows.deferred.execution import AsyncSavePatch, Outcome, Result, RunDb, execute_async
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import ASYNC, Ledger
 from nexus_workflows.deferred.runner.pool import check_connections
@@ -52,10 +52,11 @@ class AsyncPool:
     :meth:`wake` (from any thread) makes the loop start queued async work from the
     ledger, as far as free slots allow; each finished attempt frees its slot and starts
     the next. ``started``/``finished`` are called on the loop thread, as the sync pool
-    calls them on its workers. ``save_patch`` writes ``await save(...)`` (the journal
-    writer: no connection of the loop's own). :meth:`stop` lets attempts still running
-    go on, as sync ones do (the runner's grace is over: they keep their claims, which go
-    stale), and ends the loop once they are done.
+    calls them on its workers. ``save_patch`` writes ``await save(...)`` and ``run_db``
+    runs a rate-limited start (both the journal writer: no connection of the loop's
+    own). :meth:`stop` lets attempts still running go on, as sync ones do (the runner's
+    grace is over: they keep their claims, which go stale), and ends the loop once they
+    are done.
     """
 
     def __init__(
@@ -67,6 +68,7 @@ class AsyncPool:
         started: Callable[[ClaimedWork], None],
         finished: Callable[[Outcome], None],
         save_patch: AsyncSavePatch,
+        run_db: RunDb,
     ) -> None:
         self.ledger = ledger
         self.size = size
@@ -74,6 +76,7 @@ class AsyncPool:
         self._started = started
         self._finished = finished
         self._save_patch = save_patch
+        self._run_db = run_db
         self._loop = asyncio.new_event_loop()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -137,7 +140,7 @@ class AsyncPool:
     async def _attempt(self, work: ClaimedWork) -> None:
         self._started(work)
         try:
-            outcome = await execute_async(registry.for_work(work), work, self._save_patch)
+            outcome = await execute_async(registry.for_work(work), work, self._save_patch, self._run_db)
         except BaseException as error:  # noqa: BLE001 - e.g. the kind was unregistered
             outcome = Outcome(work, Result.FAILED, error)
         self.ledger.finished(work)

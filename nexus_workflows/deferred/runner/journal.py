@@ -10,6 +10,11 @@ written only while the claim that took it is still held (id *and* claim token). 
 returns once its batch committed; a save whose fence failed raises :class:`ClaimLost` in
 its attempt; a database error fails every save of its batch with that error (so the
 runner's outage rules apply to the attempt as to any other ``OperationalError``).
+
+The few other statements of an ``async def`` attempt (a rate-limited kind's start and its
+confirmation) run on a writer too (:meth:`JournalWriter.call_async`), so that they count
+within ``DB_CONNECTIONS``: a thread of asyncio's default pool would keep a connection of
+its own.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ import copy
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.unavailable import close_connection
@@ -47,6 +53,17 @@ class _Save:
     future: asyncio.Future[None] | None = None
     loop: asyncio.AbstractEventLoop | None = None
     error: BaseException | None = None
+
+
+@dataclass(eq=False)
+class _Call:
+    """A function an async attempt runs on a writer's connection; its result or error is
+    set on ``future`` (of ``loop``)."""
+
+    function: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
 
 
 def _complete(saves: list[_Save]) -> None:
@@ -99,7 +116,7 @@ class JournalWriter:
     def __init__(self, using: str, size: int) -> None:
         self.using = using
         self.size = size
-        self._waiting: queue.SimpleQueue[_Save | None] = queue.SimpleQueue()
+        self._waiting: queue.SimpleQueue[_Save | _Call | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._stopped = False
 
@@ -150,13 +167,47 @@ class JournalWriter:
         work.checkpoints = save.checkpoints
         return clean
 
+    async def call_async(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` on a writer thread (its connection), awaited on the
+        caller's loop: a few statements of an async attempt. After :meth:`stop`, on a
+        thread of its own (an attempt that outlived the grace, as for its saves)."""
+        if self._stopped:
+            return await asyncio.to_thread(function, *args)
+        loop = asyncio.get_running_loop()
+        call = _Call(function, args, loop.create_future(), loop)
+        self._waiting.put(call)
+        return await call.future
+
     def _run(self) -> None:
         try:
             while (first := self._waiting.get()) is not None:
+                if isinstance(first, _Call):
+                    self._call(first)
+                    continue
                 batch = self._gather(first)
                 self._write(batch)
         finally:
             connections.close_all()
+
+    def _call(self, call: _Call) -> None:
+        result, error = None, None
+        try:
+            result = call.function(*call.args)
+        except BaseException as raised:  # noqa: BLE001 - the attempt decides, as for a save
+            error = raised
+            if isinstance(raised, DatabaseError):
+                close_connection(self.using)  # the next statement reconnects
+
+        def settle() -> None:
+            if call.future.done():  # the attempt was cancelled meanwhile
+                return
+            if error is None:
+                call.future.set_result(result)
+            else:
+                call.future.set_exception(error)
+
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            call.loop.call_soon_threadsafe(settle)
 
     def _gather(self, first: _Save) -> list[_Save]:
         """``first`` and whatever else waits, up to MAX_BATCH, one save per row (a later
@@ -167,7 +218,7 @@ class JournalWriter:
                 save = self._waiting.get_nowait()
             except queue.Empty:
                 break
-            if save is None or save.work.id in rows:
+            if save is None or isinstance(save, _Call) or save.work.id in rows:
                 self._waiting.put(save)
                 break
             batch.append(save)
@@ -195,7 +246,9 @@ class JournalWriter:
         with contextlib.suppress(queue.Empty):
             while True:
                 save = self._waiting.get_nowait()
-                if save is not None:
+                if isinstance(save, _Call):
+                    self._call(save)  # a start after the writers stopped: on this thread
+                elif save is not None:
                     save.error = stopped(save.work)
                     failed.append(save)
         _complete(failed)

@@ -168,6 +168,7 @@ class Runner:
             started=self._attempt_started,
             finished=self._attempt_finished,
             save_patch=self._journal.save_async,
+            run_db=self._journal.call_async,
         )
 
     # --- public -----------------------------------------------------------------------
