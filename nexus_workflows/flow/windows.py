@@ -30,6 +30,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -254,17 +255,27 @@ def seconds_until_free(name: str, key_hash: str, limit: int, period: float, *, u
     return max(0.0, (started_at + held_for(period) - now).total_seconds())
 
 
-def prune(*, using: str, older_than: float = 3600.0) -> int:
-    """Delete slot rows whose last start is over ``older_than`` seconds old. A missing
-    row is as free as an old one (the ring remakes it), so this only bounds the table
-    for keys that come and go (per-sender or per-base windows)."""
+def prune(*, using: str, older_than: float = 3600.0, periods: Mapping[str, float] | None = None) -> int:
+    """Delete slot rows whose last start is over ``older_than`` seconds old and can no
+    longer count. A missing row is as free as an old one (the ring remakes it), so this
+    only bounds the table for keys that come and go (per-sender or per-base windows).
+
+    The rows do not say their window's period, and a row still counts for a whole period
+    (up to a year): deleting a day-long window's row after an hour would grant a second
+    start that day. So a window named in ``periods`` (name -> period in seconds: the
+    workflows' own windows) keeps its rows for its period, and every other window (those
+    of ``rate_limited``, whose periods only their callers know) for the longest period a
+    window may have."""
     from nexus_workflows.models import FlowWindowSlot
 
-    deleted, _ = (
-        FlowWindowSlot.objects.using(using)
-        .filter(started_at__lt=DatabaseNow() - timedelta(seconds=older_than))
-        .delete()
-    )
+    def unused_for(seconds: float) -> Q:
+        return Q(started_at__lt=DatabaseNow() - timedelta(seconds=max(older_than, seconds)))
+
+    known = dict(periods or {})
+    expired = ~Q(name__in=list(known)) & unused_for(RATE_PERIOD_MAX.total_seconds() + MARGIN)
+    for name, period in known.items():
+        expired |= Q(name=name) & unused_for(period + MARGIN)
+    deleted, _ = FlowWindowSlot.objects.using(using).filter(expired).delete()
     return deleted
 
 
