@@ -41,6 +41,7 @@ from django.db.models import Case, DateTimeField, DurationField, ExpressionWrapp
 
 from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.exceptions import InvalidRateLimit, RateLimitTimeout
+from nexus_workflows.flow.committed import run_committed
 from nexus_workflows.flow.options import is_rate_limit, is_rate_period
 from nexus_workflows.json_values import text_problem
 from nexus_workflows.limits import RATE_LIMIT_MAX, RATE_PERIOD_MAX
@@ -323,7 +324,10 @@ class rate_limited:
     name is stored in clear and shown in status output: make it opaque, never a phone
     number or other patient data. After
     ``timeout`` seconds without a slot it raises :class:`RateLimitTimeout`, a transient
-    error. The slot counts a *start*: leaving the block gives nothing back.
+    error. The slot counts a *start*: leaving the block gives nothing back. Inside a
+    transaction the start is committed at once, on a connection of its own, whether or
+    not the transaction commits (on SQLite it stays in the transaction: see
+    ``flow.committed``).
     """
 
     def __init__(
@@ -342,9 +346,12 @@ class rate_limited:
     def _try(self) -> float | None:
         """Take a start; returns None when taken, else the seconds to wait before trying
         again."""
-        if take_starts(self.name, "", self.limit, self.period, 1, using=self.using):
+        using = self.using
+        # Committed at once, even inside the caller's transaction (flow.committed): the
+        # call it counts is made whether or not that transaction commits.
+        if run_committed(using, lambda: take_starts(self.name, "", self.limit, self.period, 1, using=using)):
             return None
-        wait = seconds_until_free(self.name, "", self.limit, self.period, using=self.using)
+        wait = seconds_until_free(self.name, "", self.limit, self.period, using=using)
         # A little jitter keeps waiters of one window from all waking at the same instant.
         return min(max(wait, 0.001) + random.uniform(0, 0.01), _MAX_NAP)
 

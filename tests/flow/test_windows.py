@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connections, transaction
 from django.db.models import F
 
 from nexus_workflows import InvalidRateLimit, RateLimitTimeout, enqueue_many, rate_limited
@@ -143,3 +144,48 @@ def test_the_purge_keeps_a_workflows_daily_window_for_a_day_and_then_drops_it(re
     _age_window(name, timedelta(hours=23))
     purge_batch()
     assert not FlowWindowSlot.objects.filter(name=name).exists()  # a day on: no longer counts
+
+
+class _RolledBack(Exception):
+    pass
+
+
+@pytest.mark.postgresql
+def test_a_start_taken_inside_a_transaction_counts_though_the_transaction_rolls_back() -> None:
+    def call_then_fail() -> None:
+        with transaction.atomic():
+            with rate_limited("test:atomic", 1, 60):
+                pass  # the call it counts is made here, whatever the transaction does next
+            raise _RolledBack
+
+    with pytest.raises(_RolledBack):
+        call_then_fail()
+    with pytest.raises(RateLimitTimeout), rate_limited("test:atomic", 1, 60, timeout=0):
+        pass
+
+
+@pytest.mark.postgresql
+def test_an_open_transaction_that_took_a_start_does_not_hold_other_callers_past_their_timeout() -> None:
+    took, leave = threading.Event(), threading.Event()
+
+    def caller_in_a_long_transaction() -> None:
+        try:
+            with transaction.atomic():
+                with rate_limited("test:held", 1, 0.1):
+                    took.set()
+                leave.wait(20)  # e.g. a slow request made inside the transaction
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=caller_in_a_long_transaction)
+    holder.start()
+    try:
+        assert took.wait(10)
+        time.sleep(0.2)  # the held start has left its 0.1 s window
+        started = time.monotonic()
+        with rate_limited("test:held", 1, 0.1, timeout=1):
+            waited = time.monotonic() - started
+    finally:
+        leave.set()
+        holder.join(30)
+    assert waited < 1
