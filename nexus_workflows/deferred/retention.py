@@ -15,8 +15,10 @@ from django.db import router
 
 from nexus_workflows.clock import now_plus
 from nexus_workflows.conf import app_settings
+from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.transitions import purge
 from nexus_workflows.flow import windows
+from nexus_workflows.flow.claiming import window_name
 from nexus_workflows.models import DeferredWork
 
 
@@ -25,6 +27,16 @@ def expiry_cutoff(now: datetime | None = None) -> Any:
     ``now`` is given."""
     retention = timedelta(seconds=app_settings.RETENTION)
     return now - retention if now is not None else now_plus(-retention)
+
+
+def rate_periods() -> dict[str, float]:
+    """The period of each registered workflow's rate window, by window name (the periods
+    of ``rate_limited`` windows are known only to their callers)."""
+    return {
+        window_name(workflow.kind): workflow.flow.rate_limit[1]
+        for workflow in registry
+        if workflow.is_deferred and workflow.flow is not None and workflow.flow.rate_limit is not None
+    }
 
 
 def purge_batch(
@@ -45,8 +57,8 @@ def purge_batch(
     ids = list(expired.values_list("pk", flat=True)[:batch_size])
     if not ids:
         # Nothing expired left: also drop rate-window rows unused for an hour (windows of
-        # keys that came and went); a missing slot row is as free as an old one.
-        windows.prune(using=using)
+        # keys that came and went) that no longer count under their window's period.
+        windows.prune(using=using, periods=rate_periods())
         return 0
     return purge(expired, ids)
 

@@ -289,10 +289,16 @@ class FlowClaimer:
             .filter(kind=kind, status=Status.PROCESSING)
             .values_list("flow_slot", flat=True)
         )
-        free = [slot for slot in range(concurrency) if slot not in set(held)]
+        # Rows claimed before the kind had this cap (no slot number, or one at or above a
+        # lowered cap) still run, and no index counts them. With k of them, only the
+        # numbers 0 … N-1-k are offered: runners reading at once then collide in the
+        # unique index instead of each taking a different number (N + 1 ran). Such rows
+        # only end (a reclaim keeps its number), so the cap holds from any reading.
+        outside = sum(1 for slot in held if slot is None or slot >= concurrency)
+        taken = set(held)
+        free = [slot for slot in range(concurrency - outside) if slot not in taken]
         random.shuffle(free)
-        # Rows claimed before the kind had a cap hold no slot number but still run.
-        return free[: max(0, concurrency - len(held))]
+        return free
 
     def _first(self, candidates: Any, limit: int) -> list[int]:
         """The first ``limit`` candidate ids; after losing rows to another runner, a random

@@ -30,6 +30,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -40,6 +41,7 @@ from django.db.models import Case, DateTimeField, DurationField, ExpressionWrapp
 
 from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.exceptions import InvalidRateLimit, RateLimitTimeout
+from nexus_workflows.flow.committed import run_committed
 from nexus_workflows.flow.options import is_rate_limit, is_rate_period
 from nexus_workflows.json_values import text_problem
 from nexus_workflows.limits import RATE_LIMIT_MAX, RATE_PERIOD_MAX
@@ -254,17 +256,27 @@ def seconds_until_free(name: str, key_hash: str, limit: int, period: float, *, u
     return max(0.0, (started_at + held_for(period) - now).total_seconds())
 
 
-def prune(*, using: str, older_than: float = 3600.0) -> int:
-    """Delete slot rows whose last start is over ``older_than`` seconds old. A missing
-    row is as free as an old one (the ring remakes it), so this only bounds the table
-    for keys that come and go (per-sender or per-base windows)."""
+def prune(*, using: str, older_than: float = 3600.0, periods: Mapping[str, float] | None = None) -> int:
+    """Delete slot rows whose last start is over ``older_than`` seconds old and can no
+    longer count. A missing row is as free as an old one (the ring remakes it), so this
+    only bounds the table for keys that come and go (per-sender or per-base windows).
+
+    The rows do not say their window's period, and a row still counts for a whole period
+    (up to a year): deleting a day-long window's row after an hour would grant a second
+    start that day. So a window named in ``periods`` (name -> period in seconds: the
+    workflows' own windows) keeps its rows for its period, and every other window (those
+    of ``rate_limited``, whose periods only their callers know) for the longest period a
+    window may have."""
     from nexus_workflows.models import FlowWindowSlot
 
-    deleted, _ = (
-        FlowWindowSlot.objects.using(using)
-        .filter(started_at__lt=DatabaseNow() - timedelta(seconds=older_than))
-        .delete()
-    )
+    def unused_for(seconds: float) -> Q:
+        return Q(started_at__lt=DatabaseNow() - timedelta(seconds=max(older_than, seconds)))
+
+    known = dict(periods or {})
+    expired = ~Q(name__in=list(known)) & unused_for(RATE_PERIOD_MAX.total_seconds() + MARGIN)
+    for name, period in known.items():
+        expired |= Q(name=name) & unused_for(period + MARGIN)
+    deleted, _ = FlowWindowSlot.objects.using(using).filter(expired).delete()
     return deleted
 
 
@@ -312,7 +324,10 @@ class rate_limited:
     name is stored in clear and shown in status output: make it opaque, never a phone
     number or other patient data. After
     ``timeout`` seconds without a slot it raises :class:`RateLimitTimeout`, a transient
-    error. The slot counts a *start*: leaving the block gives nothing back.
+    error. The slot counts a *start*: leaving the block gives nothing back. Inside a
+    transaction the start is committed at once, on a connection of its own, whether or
+    not the transaction commits (on SQLite it stays in the transaction: see
+    ``flow.committed``).
     """
 
     def __init__(
@@ -331,9 +346,12 @@ class rate_limited:
     def _try(self) -> float | None:
         """Take a start; returns None when taken, else the seconds to wait before trying
         again."""
-        if take_starts(self.name, "", self.limit, self.period, 1, using=self.using):
+        using = self.using
+        # Committed at once, even inside the caller's transaction (flow.committed): the
+        # call it counts is made whether or not that transaction commits.
+        if run_committed(using, lambda: take_starts(self.name, "", self.limit, self.period, 1, using=using)):
             return None
-        wait = seconds_until_free(self.name, "", self.limit, self.period, using=self.using)
+        wait = seconds_until_free(self.name, "", self.limit, self.period, using=using)
         # A little jitter keeps waiters of one window from all waking at the same instant.
         return min(max(wait, 0.001) + random.uniform(0, 0.01), _MAX_NAP)
 

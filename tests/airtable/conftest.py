@@ -10,8 +10,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.db import DEFAULT_DB_ALIAS
 
 from nexus_workflows.airtable import set_eval_mode
+from nexus_workflows.flow.committed import run_committed
+from nexus_workflows.models import FlowWindowSlot
 from tests.airtable.emulator import API_KEY, AirtableEmulator
 
 BASE = "appTestBase0000001"
@@ -27,8 +30,13 @@ FAST_SETTINGS = {
 
 
 @pytest.fixture(autouse=True)
-def _windows_in_the_database(db: None) -> None:
-    """Every helper request takes a start of its base's window, a database row."""
+def _windows_in_the_database(db: None) -> Iterator[None]:
+    """Every helper request takes a start of its base's window, a database row. Inside
+    the test's transaction that start is committed on a connection of its own (it counts
+    a request made whatever the transaction does: flow.committed), so the test's rollback
+    keeps it: drop the windows the test used, the same way."""
+    yield
+    run_committed(DEFAULT_DB_ALIAS, FlowWindowSlot.objects.filter(name__startswith="airtable:").delete)
 
 
 @pytest.fixture

@@ -321,3 +321,26 @@ def test_stale_work_of_limited_kinds_is_reclaimed_only_as_far_as_threads_are_fre
     )
     stale = claimer(limited, plain).claim_stale(10, stale_after=timedelta(minutes=5), startable=1)
     assert Counter(work.kind for work in stale) == {limited: 1, plain: 3}
+
+
+def test_after_a_deploy_lowers_the_cap_runners_reading_at_once_are_offered_one_number(
+    register_workflow: Any,
+) -> None:
+    # The old deploy's cap was 8: three rows still run holding slots 5, 6, 7; the new cap
+    # is 4, so one more may start. Runners that read the free slots at the same time must
+    # be offered the same number, so that the unique index lets only one of them claim
+    # it (offered 0-3 at random, two runners took two: five ran; seen with threads).
+    kind = register_workflow(noop, retry_schedule=[1], concurrency=4).kind
+    enqueue_many(kind, [{"key": n} for n in range(6)])
+    ids = DeferredWork.objects.order_by("pk").values_list("pk", flat=True)
+    for slot, pk in zip((5, 6, 7), ids, strict=False):
+        DeferredWork.objects.filter(pk=pk).update(status=Status.PROCESSING, flow_slot=slot)
+    flow = claimer(kind).flow
+    assert flow is not None
+    offered = {tuple(flow.free_slots(kind, 4)) for _ in range(20)}
+    assert offered == {(0,)}
+    assert len(claimer(kind).claim_due(10)) == 1
+    assert claimer(kind).claim_due(10) == []
+    # A row claimed before the kind had a cap holds no number: it counts the same way.
+    DeferredWork.objects.filter(flow_slot=5).update(flow_slot=None)
+    assert flow.free_slots(kind, 4) == []

@@ -5,15 +5,26 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connections, transaction
+from django.db.models import F
 
-from nexus_workflows import InvalidRateLimit, RateLimitTimeout, rate_limited
+from nexus_workflows import InvalidRateLimit, RateLimitTimeout, enqueue_many, rate_limited
+from nexus_workflows.deferred.claims import Claimer
+from nexus_workflows.deferred.retention import purge_batch
 from nexus_workflows.exceptions import is_permanent
+from nexus_workflows.flow.claiming import window_name
 from nexus_workflows.flow.windows import busy_count, prune
+from nexus_workflows.models import FlowWindowSlot
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
+    pass
 
 
 def test_starts_beyond_the_limit_wait_for_the_window_to_slide() -> None:
@@ -105,3 +116,76 @@ def test_prune_drops_only_rows_unused_for_long() -> None:
     # The slot made at the window's creation and never used is ancient; the used one is not.
     assert prune(using="default", older_than=3600) == 1
     assert busy_count("test:prune", "", 2, 1, using="default") == 1
+
+
+def _age_window(name: str, by: timedelta) -> None:
+    # Time passing, as the window sees it: every start of the window that much older.
+    FlowWindowSlot.objects.filter(name=name).update(started_at=F("started_at") - by)
+
+
+def test_the_purge_keeps_a_start_that_still_counts_under_a_period_longer_than_an_hour() -> None:
+    with rate_limited("test:two-hourly", 1, 7200):
+        pass
+    _age_window("test:two-hourly", timedelta(minutes=90))
+    purge_batch()  # nothing expired: the purge prunes windows
+    assert busy_count("test:two-hourly", "", 1, 7200, using="default") == 1
+    with pytest.raises(RateLimitTimeout), rate_limited("test:two-hourly", 1, 7200, timeout=0):
+        pass
+
+
+def test_the_purge_keeps_a_workflows_daily_window_for_a_day_and_then_drops_it(register_workflow: Any) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(1, 86400)).kind
+    enqueue_many(kind, [{"key": n} for n in range(2)])
+    assert len(Claimer(kinds=[kind], using="default").claim_due(10)) == 1
+    name = window_name(kind)
+    _age_window(name, timedelta(hours=2))
+    purge_batch()
+    assert Claimer(kinds=[kind], using="default").claim_due(10) == []  # still one a day
+    _age_window(name, timedelta(hours=23))
+    purge_batch()
+    assert not FlowWindowSlot.objects.filter(name=name).exists()  # a day on: no longer counts
+
+
+class _RolledBack(Exception):
+    pass
+
+
+@pytest.mark.postgresql
+def test_a_start_taken_inside_a_transaction_counts_though_the_transaction_rolls_back() -> None:
+    def call_then_fail() -> None:
+        with transaction.atomic():
+            with rate_limited("test:atomic", 1, 60):
+                pass  # the call it counts is made here, whatever the transaction does next
+            raise _RolledBack
+
+    with pytest.raises(_RolledBack):
+        call_then_fail()
+    with pytest.raises(RateLimitTimeout), rate_limited("test:atomic", 1, 60, timeout=0):
+        pass
+
+
+@pytest.mark.postgresql
+def test_an_open_transaction_that_took_a_start_does_not_hold_other_callers_past_their_timeout() -> None:
+    took, leave = threading.Event(), threading.Event()
+
+    def caller_in_a_long_transaction() -> None:
+        try:
+            with transaction.atomic():
+                with rate_limited("test:held", 1, 0.1):
+                    took.set()
+                leave.wait(20)  # e.g. a slow request made inside the transaction
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=caller_in_a_long_transaction)
+    holder.start()
+    try:
+        assert took.wait(10)
+        time.sleep(0.2)  # the held start has left its 0.1 s window
+        started = time.monotonic()
+        with rate_limited("test:held", 1, 0.1, timeout=1):
+            waited = time.monotonic() - started
+    finally:
+        leave.set()
+        holder.join(30)
+    assert waited < 1
