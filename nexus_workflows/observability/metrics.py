@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -45,7 +46,11 @@ class DatabaseCollector(Collector):
     ``close_connection``: close this thread's connection afterwards, for servers that
     run each scrape on a new thread (the runner's endpoint) and would otherwise leave
     one connection behind per scrape. ``swallow_errors``: when the database does not
-    answer, yield nothing (so the runner's own counters are still served) instead of raising.
+    answer, yield nothing (so the runner's own counters are still served) instead of raising;
+    and while one scrape waits for the database, yield nothing for the others at once
+    instead of waiting too. Prometheus gives up on a slow scrape and tries again: during a
+    stall each attempt would otherwise hold a thread and a connection of its own until the
+    database answered, when connections are scarcest.
     """
 
     def __init__(
@@ -54,6 +59,7 @@ class DatabaseCollector(Collector):
         self.using = using
         self.close_connection = close_connection
         self.swallow_errors = swallow_errors
+        self._asking = threading.Lock()  # one scrape asks the database at a time
 
     def describe(self) -> Iterable[Any]:
         return list(self._families())  # names only: registering must not query
@@ -91,6 +97,9 @@ class DatabaseCollector(Collector):
         from nexus_workflows.flow.report import flow_metrics
 
         work, oldest, runners, slots, waiting = self._families()
+        if not self._asking.acquire(blocking=not self.swallow_errors):
+            logger.warning("metrics: the database's figures left out; an earlier scrape still waits for them")
+            return []
         try:
             figures = work_figures(self.using)
             alive, dead = count_alive(self.using)
@@ -105,6 +114,7 @@ class DatabaseCollector(Collector):
             if self.close_connection:
                 with contextlib.suppress(Exception):
                     connections[self.using].close()
+            self._asking.release()
         for kind in figures.kinds:
             for status in COUNTED_STATUSES:
                 work.add_metric([kind, status.value], figures.count(kind, status.value))

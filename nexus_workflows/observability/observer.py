@@ -5,6 +5,11 @@ adds the per-minute outcome counts once per batch of outcomes, feeds the Prometh
 metrics (when ``--metrics-port`` is given) and sends the signals. Nothing it does may
 stop the runner: the only database errors it lets through are those of the counts'
 upsert, which the runner handles like the outcome writes it follows (and retries).
+
+The runner's row is refreshed (and old rows swept) on a thread of its own: the claims'
+heartbeat only asks for it. A statement on the row that waits (a lock held on it, a
+migration queued on the table) must not hold back the heartbeats of the claims, or
+another runner would reclaim attempts that are still running.
 """
 
 from __future__ import annotations
@@ -67,9 +72,13 @@ class Observer:
         self._started: dict[tuple[int, str], float] = {}
         self._durations: dict[tuple[int, str], float] = {}
         self._next_sweep = 0.0
-        # The heartbeat thread must not write the row again once stop() removed it.
+        # The row thread must not write the row again once stop() removed it.
         self._row_lock = threading.Lock()
         self._stopped = False
+        self._refresh_wanted = threading.Event()
+        self._row_thread = threading.Thread(
+            target=self._keep_row, name="nexus-workflows-runner-row", daemon=True
+        )
 
     # --- lifecycle (main thread) -----------------------------------------------------------
 
@@ -83,6 +92,7 @@ class Observer:
             host = f"[{self.metrics_host}]" if ":" in self.metrics_host else self.metrics_host
             endpoint = f"http://{host}:{port}/metrics"
         self._register()
+        self._row_thread.start()
         return endpoint
 
     def stop(self) -> None:
@@ -93,6 +103,7 @@ class Observer:
             logger.warning("could not write the last outcome counts (%s)", type(error).__name__)
         with self._row_lock:
             self._stopped = True
+            self._refresh_wanted.set()  # the row thread ends
             if self.runner_id is not None:
                 try:
                     runners.remove(self.runner_id, using=self.using)
@@ -213,10 +224,22 @@ class Observer:
             self.metrics.outages.inc()
 
     def heartbeat(self) -> None:
-        """Heartbeat thread: refresh the runner's row; now and then purge old rows."""
-        with self._row_lock:
-            if not self._stopped:
-                self._refresh()
+        """Any thread (the claims' heartbeat, the wake-up listener): have the runner's row
+        refreshed soon. Never waits for the database (see the module's docstring)."""
+        self._refresh_wanted.set()
+
+    def _keep_row(self) -> None:
+        """The row thread: refresh the runner's row when asked; now and then purge old rows."""
+        try:
+            while True:
+                self._refresh_wanted.wait()
+                self._refresh_wanted.clear()
+                with self._row_lock:
+                    if self._stopped:
+                        return
+                    self._refresh()
+        finally:
+            _close(self.using)  # this thread's connection
 
     def _refresh(self) -> None:
         try:

@@ -270,3 +270,47 @@ def test_flow_limits_are_exported_per_kind_over_http_with_no_key(live_server: An
             assert phone not in body
         assert "hung-" not in body
         assert "later-" not in body
+
+
+@pytest.mark.postgresql
+def test_scrapes_while_the_database_stalls_hold_one_connection_and_still_serve_the_counters() -> None:
+    """A runner's endpoint serves each scrape on a thread of its own. While the database
+    does not answer its figures (here: a lock it waits for), scrapes keep coming (Prometheus
+    gives up on each and tries again); each must not hold a connection of its own, and the
+    runner's own counters are still served."""
+    import threading
+
+    from nexus_workflows.observability.metrics import RunnerMetrics
+    from tests.raw_connections import raw_connection
+
+    metrics = RunnerMetrics(kinds=["test-outcomes"], using="default", in_flight=lambda: 0)
+    port = metrics.serve("127.0.0.1", 0)
+    locker = raw_connection()
+    locker.autocommit = False
+    watcher = raw_connection()
+    first: list[str] = []
+    try:
+        locker.execute("LOCK TABLE nexus_workflows_runner IN ACCESS EXCLUSIVE MODE")
+        stalled = threading.Thread(target=lambda: first.append(scrape(port)), daemon=True)
+        stalled.start()
+
+        def waiting() -> int:
+            return watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            ).fetchone()[0]
+
+        wait_for(lambda: waiting() == 1, timeout=10, what="the first scrape to wait for the database")
+        bodies = [scrape(port) for _ in range(3)]  # each answers at once
+        assert waiting() == 1  # still only the first scrape's connection
+        for body in bodies:
+            found = samples(body)
+            assert found[("nexus_workflows_in_flight", ())] == 0
+            assert ("nexus_workflows_runners", (("state", "alive"),)) not in found
+    finally:
+        locker.rollback()
+        locker.close()
+        watcher.close()
+    stalled.join(10)
+    metrics.stop()
+    assert ("nexus_workflows_runners", (("state", "alive"),)) in samples(first[0])  # once the lock went

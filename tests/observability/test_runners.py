@@ -94,3 +94,42 @@ def test_the_runner_admin_is_read_only(django_user_model: Any) -> None:
     assert client.get("/admin/nexus_workflows/runner/add/").status_code == 403
     assert client.post(f"/admin/nexus_workflows/runner/{pk}/delete/", {"post": "yes"}).status_code == 403
     assert Runner.objects.filter(pk=pk).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_a_blocked_runner_row_does_not_stop_the_claims_heartbeats(tmp_path: Any) -> None:
+    """The runner's row is bookkeeping: a lock on it (an operator's open transaction, a
+    migration waiting for the table) must not hold back the heartbeats of the claims the
+    runner is running, or another runner reclaims an attempt that is still running."""
+    from nexus_workflows import enqueue
+    from nexus_workflows.models import DeferredWork, Status
+    from tests.processes import overlapping, read_intervals
+    from tests.raw_connections import raw_connection
+
+    ledger = tmp_path / "ledger"
+    settings = {**FAST, "STALE_AFTER": 3, "HEARTBEAT_INTERVAL": 0.3}
+    enqueue("test-interval", {"key": "long", "seconds": 9, "ledger": str(ledger)})
+    first = ManagePy("runworkflows", "--kind", "test-interval", settings=settings)
+    second = None
+    locker = raw_connection()
+    locker.autocommit = False  # the lock is held until rollback()
+    try:
+        first.wait_for_output("runner started")
+        row = wait_for(lambda: Runner.objects.filter(pid=first.pid).first(), timeout=10, what="its row")
+        wait_for(lambda: ledger.exists(), timeout=10, what="the attempt to start")
+        # Hold the first runner's row, as an open transaction that touched it would.
+        locker.execute("SELECT 1 FROM nexus_workflows_runner WHERE id = %s FOR UPDATE", [row.pk])
+        second = ManagePy("runworkflows", "--kind", "test-interval", settings=settings)
+        second.wait_for_output("runner started")
+        wait_for(
+            lambda: DeferredWork.objects.filter(status=Status.DONE).exists(), timeout=30, what="the work"
+        )
+    finally:
+        locker.rollback()
+        locker.close()
+        first.close()
+        if second is not None:
+            second.close()
+    assert overlapping(read_intervals(ledger)) == []
+    assert DeferredWork.objects.get().attempt == 0  # never reclaimed: its runner was alive
