@@ -252,3 +252,16 @@ def test_the_journal_writers_batch_writes_only_rows_whose_claim_holds() -> None:
     assert rows[held.id].started_at is not None
     assert rows[lost.id].checkpoints == {}
     assert rows[lost.id].started_at is None
+
+
+@pytest.mark.postgresql
+def test_a_local_lock_timeout_holds_for_its_transaction_only() -> None:
+    from nexus_workflows.sql import postgresql
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        postgresql.set_local_lock_timeout(cursor, 0.25)
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "250ms"
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] != "250ms"

@@ -6,10 +6,11 @@ metrics (when ``--metrics-port`` is given) and sends the signals. Nothing it doe
 stop the runner: the only database errors it lets through are those of the counts'
 upsert, which the runner handles like the outcome writes it follows (and retries).
 
-The runner's row is refreshed (and old rows swept) on a thread of its own: the claims'
-heartbeat only asks for it. A statement on the row that waits (a lock held on it, a
-migration queued on the table) must not hold back the heartbeats of the claims, or
-another runner would reclaim attempts that are still running.
+The runner's row is refreshed after the claims' heartbeat, and its statements wait at
+most a second for a lock (:func:`row_lock_wait`): a statement on the row that waits (a
+lock held on it, a migration queued on the table) must not hold back the heartbeats of
+the claims, or another runner would reclaim attempts that are still running. (A thread
+of its own would have cost a connection beyond ``DB_CONNECTIONS``.)
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db import Error as DatabaseError  # InterfaceError included
-from django.db import InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError, connections, transaction
 
-from nexus_workflows import signals
+from nexus_workflows import signals, sql
 from nexus_workflows.conf import app_settings
 from nexus_workflows.deferred.attempts import attempt_number
 from nexus_workflows.observability import counts, runners
@@ -72,13 +73,9 @@ class Observer:
         self._started: dict[tuple[int, str], float] = {}
         self._durations: dict[tuple[int, str], float] = {}
         self._next_sweep = 0.0
-        # The row thread must not write the row again once stop() removed it.
+        # The heartbeat thread must not write the row again once stop() removed it.
         self._row_lock = threading.Lock()
         self._stopped = False
-        self._refresh_wanted = threading.Event()
-        self._row_thread = threading.Thread(
-            target=self._keep_row, name="nexus-workflows-runner-row", daemon=True
-        )
 
     # --- lifecycle (main thread) -----------------------------------------------------------
 
@@ -92,7 +89,6 @@ class Observer:
             host = f"[{self.metrics_host}]" if ":" in self.metrics_host else self.metrics_host
             endpoint = f"http://{host}:{port}/metrics"
         self._register()
-        self._row_thread.start()
         return endpoint
 
     def stop(self) -> None:
@@ -103,7 +99,6 @@ class Observer:
             logger.warning("could not write the last outcome counts (%s)", type(error).__name__)
         with self._row_lock:
             self._stopped = True
-            self._refresh_wanted.set()  # the row thread ends
             if self.runner_id is not None:
                 try:
                     runners.remove(self.runner_id, using=self.using)
@@ -224,22 +219,15 @@ class Observer:
             self.metrics.outages.inc()
 
     def heartbeat(self) -> None:
-        """Any thread (the claims' heartbeat, the wake-up listener): have the runner's row
-        refreshed soon. Never waits for the database (see the module's docstring)."""
-        self._refresh_wanted.set()
-
-    def _keep_row(self) -> None:
-        """The row thread: refresh the runner's row when asked; now and then purge old rows."""
-        try:
-            while True:
-                self._refresh_wanted.wait()
-                self._refresh_wanted.clear()
-                with self._row_lock:
-                    if self._stopped:
-                        return
+        """Heartbeat thread (after the claims' beat) and wake-up listener: refresh the
+        runner's row; now and then purge old rows. Each statement waits at most
+        :func:`row_lock_wait` for a lock: a lock held on the row (an operator's open
+        transaction, a migration queued on the table) must not hold these threads back,
+        or the claims would go stale and another runner reclaim attempts still running."""
+        with self._row_lock:
+            if not self._stopped:
+                with _waiting_at_most(self.using, row_lock_wait()):
                     self._refresh()
-        finally:
-            _close(self.using)  # this thread's connection
 
     def _refresh(self) -> None:
         try:
@@ -260,6 +248,30 @@ class Observer:
         except DatabaseError as error:
             logger.debug("runner row not refreshed (%s)", type(error).__name__)
             _close(self.using)
+
+
+def row_lock_wait() -> float:
+    """How long the runner's row statements wait for a lock: a second, or a heartbeat
+    interval if shorter."""
+    return min(1.0, float(app_settings.HEARTBEAT_INTERVAL))
+
+
+@contextlib.contextmanager
+def _waiting_at_most(using: str, seconds: float) -> Iterator[None]:
+    """On PostgreSQL, one transaction whose statements wait at most ``seconds`` for a lock
+    (then fail, as an outage does); elsewhere, as it is (SQLite has no row locks)."""
+    statements = sql.for_connection(using)
+    if not hasattr(statements, "set_local_lock_timeout"):
+        yield
+        return
+    try:
+        with transaction.atomic(using=using):
+            with connections[using].cursor() as cursor:
+                statements.set_local_lock_timeout(cursor, seconds)
+            yield
+    except DatabaseError as error:
+        logger.debug("runner row not refreshed (%s)", type(error).__name__)
+        _close(using)
 
 
 def _close(using: str) -> None:

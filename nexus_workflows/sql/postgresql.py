@@ -32,6 +32,7 @@ __all__ = [
     "notify",
     "release_waiting_lock",
     "save_journals",
+    "set_local_lock_timeout",
     "update_returning",
     "violated_constraint",
 ]
@@ -75,6 +76,11 @@ def hold_waiting_lock(connection: Any) -> None:
     until every transaction that inserted work without sending one has ended, so the
     runner's next claim sees that work (bounded by the session's ``lock_timeout``)."""
     connection.execute("SELECT pg_advisory_lock_shared(%s, %s)", WAITING_LOCK)
+
+
+def set_local_lock_timeout(cursor: Any, seconds: float) -> None:
+    """Within the current transaction only: wait at most ``seconds`` for any lock."""
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(seconds * 1000))}ms"])
 
 
 def release_waiting_lock(connection: Any) -> None:
