@@ -141,7 +141,8 @@ def test_a_failing_outcome_write_is_contained_to_its_item_and_retried(
         assert row(stuck).status == Status.PROCESSING  # held, still heart-beaten
         write_blocker.remove()
         wait_for(lambda: row(stuck).status == Status.DONE, timeout=10, what="the retried write")
-    assert f"{kind} #{stuck} attempt 0: writing its outcome failed (" in caplog.text
+    # Numbered as every other line is ("attempt 1 of 2"), not by the raw column (0).
+    assert f"{kind} #{stuck} attempt 1 of 2: writing its outcome failed (" in caplog.text
     assert runner.stats.done == 7
 
 
@@ -440,7 +441,7 @@ def test_a_failing_guard_write_leaves_the_other_reclaimed_work_running(
         write_blocker.remove()
         wait_for(lambda: row(doomed).status == Status.ABANDONED, timeout=10, what="the guard's retry")
     assert sorted(runs) == ["other-0", "other-1", "other-2"]  # the doomed item never ran
-    assert f"{kind} #{doomed} attempt 3: writing its reclaim failed (" in caplog.text
+    assert f"{kind} #{doomed} attempt 2 of 2: writing its reclaim failed (" in caplog.text
 
 
 def test_the_admin_history_says_which_losses_and_releases_were_not_counted(register_workflow: Any) -> None:

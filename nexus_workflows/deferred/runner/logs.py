@@ -33,11 +33,15 @@ def log_outcome(work: ClaimedWork, outcome: str, level: int) -> None:
 def log_write_error(work: ClaimedWork, what: str, error: BaseException) -> None:
     """A write about ``work`` failed; by exception type only (its message may echo data)."""
     logger.error(
-        "%s #%s attempt %d: writing its %s failed (%s); it stays held and is tried again",
+        "%s #%s %s: writing its %s failed (%s); it stays held and is tried again",
         work.kind,
         work.id,
-        work.attempt,
+        describe_attempt(work.kind, work.attempt),
         what,
         type(error).__name__,
-        extra={"workflow_kind": work.kind, "work_id": work.id, "attempt": work.attempt},
+        extra={
+            "workflow_kind": work.kind,
+            "work_id": work.id,
+            "attempt": attempt_number(work.kind, work.attempt),
+        },
     )
