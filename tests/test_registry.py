@@ -155,3 +155,19 @@ def test_an_unknown_kind_asked_for_is_not_echoed_but_a_stored_rows_kind_is_named
     )
     with pytest.raises(UnknownWorkflow, match="registered for kind 'removed-kind' in this process"):
         registry.for_work(stored)
+
+
+@pytest.mark.parametrize("option", ["dedupe_key", "serial_key", "rate_key"])
+def test_an_async_key_function_is_refused_at_registration(option: str) -> None:
+    """enqueue calls key functions synchronously: an async one returned a coroutine, and
+    every enqueue failed later (with a "never awaited" warning)."""
+
+    async def async_key(trigger: Any) -> str:
+        return "k"
+
+    options: dict[str, Any] = {"dedupe_key": key, option: async_key}
+    if option == "rate_key":
+        options["rate_limit"] = (1, 1.0)
+    with pytest.raises(RegistrationError, match=f"{option} must be a plain function, not async def"):
+        register("async-keyed", prepare=prepare, retry_schedule=[1], **options)
+    assert "async-keyed" not in registry

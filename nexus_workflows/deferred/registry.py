@@ -189,6 +189,12 @@ class WorkflowRegistry:
             )
         if not _accepts(dedupe_key, 1):
             raise RegistrationError(f"workflow {kind!r}: dedupe_key must accept one argument, the trigger")
+        if iscoroutinefunction(dedupe_key):
+            # enqueue calls it where it is (no event loop): it would return a coroutine.
+            raise RegistrationError(
+                f"workflow {kind!r}: dedupe_key must be a plain function, not async def (enqueue "
+                "calls it synchronously)"
+            )
         if not callable(prepare):
             raise RegistrationError(
                 f"workflow {kind!r}: prepare must be callable; got {_describe_type(prepare)}"

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction
+
 from nexus_workflows.exceptions import RegistrationError
 from nexus_workflows.limits import FLOW_CONCURRENCY_MAX, RATE_LIMIT_MAX, RATE_PERIOD_MAX
 
@@ -64,6 +66,11 @@ def _check_key_function(kind: str, option: str, function: object) -> KeyFunction
         raise RegistrationError(
             f"workflow {kind!r}: {option} must be a function of one argument (the trigger) "
             f"returning a string or None; got {type(function).__name__}"
+        )
+    if iscoroutinefunction(function):
+        raise RegistrationError(
+            f"workflow {kind!r}: {option} must be a plain function, not async def (enqueue "
+            "calls it synchronously)"
         )
     return function  # type: ignore[return-value]
 
