@@ -101,7 +101,10 @@ class Observer:
             self._stopped = True
             if self.runner_id is not None:
                 try:
-                    runners.remove(self.runner_id, using=self.using)
+                    # Bounded like the refreshes: a lock held on the row must not hang
+                    # the runner's exit.
+                    with _waiting_at_most(self.using, row_lock_wait()):
+                        runners.remove(self.runner_id, using=self.using)
                 except DatabaseError as error:
                     logger.warning(
                         "could not remove this runner's row (%s); it will show as dead",
@@ -226,8 +229,12 @@ class Observer:
         or the claims would go stale and another runner reclaim attempts still running."""
         with self._row_lock:
             if not self._stopped:
-                with _waiting_at_most(self.using, row_lock_wait()):
-                    self._refresh()
+                try:
+                    with _waiting_at_most(self.using, row_lock_wait()):
+                        self._refresh()
+                except DatabaseError as error:  # a lock waited for too long, or an outage
+                    logger.debug("runner row not refreshed (%s)", type(error).__name__)
+                    _close(self.using)
 
     def _refresh(self) -> None:
         try:
@@ -259,19 +266,15 @@ def row_lock_wait() -> float:
 @contextlib.contextmanager
 def _waiting_at_most(using: str, seconds: float) -> Iterator[None]:
     """On PostgreSQL, one transaction whose statements wait at most ``seconds`` for a lock
-    (then fail, as an outage does); elsewhere, as it is (SQLite has no row locks)."""
+    (then raise, as in an outage); elsewhere, as it is (SQLite has no row locks)."""
     statements = sql.for_connection(using)
     if not hasattr(statements, "set_local_lock_timeout"):
         yield
         return
-    try:
-        with transaction.atomic(using=using):
-            with connections[using].cursor() as cursor:
-                statements.set_local_lock_timeout(cursor, seconds)
-            yield
-    except DatabaseError as error:
-        logger.debug("runner row not refreshed (%s)", type(error).__name__)
-        _close(using)
+    with transaction.atomic(using=using):
+        with connections[using].cursor() as cursor:
+            statements.set_local_lock_timeout(cursor, seconds)
+        yield
 
 
 def _close(using: str) -> None:

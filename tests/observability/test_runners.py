@@ -133,3 +133,27 @@ def test_a_blocked_runner_row_does_not_stop_the_claims_heartbeats(tmp_path: Any)
             second.close()
     assert overlapping(read_intervals(ledger)) == []
     assert DeferredWork.objects.get().attempt == 0  # never reclaimed: its runner was alive
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_a_runner_whose_row_is_locked_still_stops_at_sigterm() -> None:
+    """Removing the row at exit waits for a lock no longer than a refresh does: an open
+    transaction on the row must not hang the runner's shutdown."""
+    from tests.raw_connections import raw_connection
+
+    runner = ManagePy("runworkflows", "--kind", "test-interval", settings=FAST)
+    locker = raw_connection()
+    locker.autocommit = False  # the lock is held until rollback()
+    try:
+        runner.wait_for_output("runner started")
+        row = wait_for(lambda: Runner.objects.filter(pid=runner.pid).first(), timeout=10, what="its row")
+        locker.execute("SELECT 1 FROM nexus_workflows_runner WHERE id = %s FOR UPDATE", [row.pk])
+        assert runner.terminate(timeout=15) == 0  # before: waited for the lock for good
+        warning = "could not remove this runner's row (OperationalError); it will show as dead"
+        assert warning in runner.output()
+    finally:
+        locker.rollback()
+        locker.close()
+        runner.close()
+    assert Runner.objects.filter(pk=row.pk).exists()  # left to show dead, then be purged
