@@ -58,7 +58,17 @@ def value_text(value: Any, category: str) -> str:
         )
     if not text.strip():
         raise InvalidPhiValue(f"{category} value is empty or only whitespace")
+    if len(text) > VALUE_MAX_LENGTH:
+        raise InvalidPhiValue(
+            f"{category} value has {len(text):,} characters; a value has at most "
+            f"{VALUE_MAX_LENGTH:,} (a name, a phone number, an address or an ID is far shorter)"
+        )
     return text
+
+
+#: The longest value a token stands for: an e-mail address has at most 254 characters,
+#: and the bound keeps a megabyte pasted by mistake out of the maps (and their cache).
+VALUE_MAX_LENGTH = 1000
 
 
 #: Numbers given as values may have at most this many digits before the decimal point

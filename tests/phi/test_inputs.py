@@ -57,6 +57,17 @@ def test_values_that_cannot_be_text_raise_invalid_phi_value(code: str, value: An
     assert not TokenMap.objects.exists()
 
 
+def test_a_value_longer_than_a_thousand_characters_is_refused(code: str) -> None:
+    """An 8 MB value was stored as an 11 MB ciphertext row (and cached)."""
+    refused = "PERSONA value has 1,001 characters; a value has at most 1,000"
+    with pytest.raises(InvalidPhiValue, match=refused):
+        encode(code, "María López " + "x" * 989, "PERSONA")
+    assert not TokenMap.objects.exists()
+    token = encode(code, "María " + "x" * 994, "PERSONA")  # 1,000: taken
+    token_cache.clear()
+    assert decode(code, token) == "María " + "x" * 994
+
+
 @pytest.mark.parametrize("value", [10**63, Decimal("5512345678.0"), Decimal("-12.50"), 5512345678.0])
 def test_numbers_within_the_bound_are_their_text(code: str, value: Any) -> None:
     token = encode(code, value, "ID")
