@@ -113,3 +113,32 @@ def test_an_async_orm_connection_broken_by_an_outage_is_replaced(register_workfl
     asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
     rows = DeferredWork.objects.filter(kind=kind)
     assert sorted(rows.values_list("status", "attempt")) == [(Status.DONE, 0)] * 4
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_an_async_prepare_that_blocks_the_loop_is_said_and_one_that_awaits_is_not(
+    register_workflow: Any, caplog: pytest.LogCaptureFixture, blocking: bool
+) -> None:
+    """A sync call in an async def holds every other async attempt back; heartbeats go on
+    in their own thread, so nothing went stale and nothing said so."""
+    import time
+
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        if blocking:
+            time.sleep(2.5)  # what a sync HTTP client does inside an async def
+        else:
+            await asyncio.sleep(2.5)
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": 1}])
+    caplog.set_level(logging.WARNING, logger="nexus_workflows")
+    with override_settings(NEXUS_WORKFLOWS=FAST), running([kind]) as runner:
+        wait_for(lambda: runner.stats.done == 1, timeout=20, what="the attempt done")
+    said = [r.getMessage() for r in caplog.records if "event loop of async prepares" in r.getMessage()]
+    if blocking:
+        assert len(said) == 2, said  # once when late (after a second), once when back
+        assert "has not run for" in said[0]
+        assert "1 async attempt(s) in flight wait" in said[0]
+        assert "runs again, after" in said[1]
+    else:
+        assert said == []

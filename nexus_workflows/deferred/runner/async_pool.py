@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +81,10 @@ class AsyncPool:
         self._loop = asyncio.new_event_loop()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        # watch(): when the loop was last asked to answer and has not yet, and whether
+        # its lateness was already said.
+        self._ping_sent: float | None = None
+        self._late_said = False
         self._thread = threading.Thread(target=self._run, name="nexus-workflows-async", daemon=True)
 
     def start(self) -> None:
@@ -96,6 +101,36 @@ class AsyncPool:
             return
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._stop_when_idle)
+
+    def watch(self, late_after: float) -> None:
+        """Heartbeat thread, once a beat: warn when the loop has not run a callback for
+        ``late_after`` seconds. An ``async def`` prepare that blocks (``time.sleep``, a
+        sync HTTP client, a CPU loop) holds every other async attempt back, and the work
+        claimed for them stays held; heartbeats go on in their own thread, so nothing
+        goes stale and nothing else would say so."""
+        sent = self._ping_sent
+        if sent is not None:
+            late = time.monotonic() - sent
+            if late >= late_after and not self._late_said:
+                self._late_said = True
+                logger.warning(
+                    "the event loop of async prepares has not run for %.1f s: an async prepare "
+                    "blocks it (a sync call in an async def?); %d async attempt(s) in flight wait",
+                    late,
+                    len(self._tasks),
+                )
+            return
+        self._ping_sent = time.monotonic()
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the runner stopped
+            self._loop.call_soon_threadsafe(self._pong)
+
+    def _pong(self) -> None:
+        sent = self._ping_sent
+        if self._late_said and sent is not None:
+            late = time.monotonic() - sent
+            logger.warning("the event loop of async prepares runs again, after %.1f s", late)
+        self._ping_sent = None
+        self._late_said = False
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)

@@ -147,7 +147,7 @@ class Runner:
             using=self.using,
             interval=float(app_settings.HEARTBEAT_INTERVAL),
             stale_after=self.stale_after.total_seconds(),
-            on_beat=self._observer.heartbeat,
+            on_beat=self._on_beat,
         )
         self._build_pools()
 
@@ -258,6 +258,13 @@ class Runner:
             # The start line says whether wake-ups work; the probe takes milliseconds
             # when they do, PROBE_TIMEOUT when they do not.
             self._listener.decided.wait(wakeup.PROBE_TIMEOUT + 5.0)
+
+    def _on_beat(self) -> None:
+        """Heartbeat thread, after the claims' beat: the runner's row, and whether the
+        async attempts' loop still runs."""
+        self._observer.heartbeat()
+        # At least a second: a shorter stall is a busy machine, not a blocking prepare.
+        self._async_pool.watch(late_after=max(1.0, float(app_settings.HEARTBEAT_INTERVAL)))
 
     def _attempt_started(self, work: ClaimedWork) -> None:
         self._heartbeat.started()
