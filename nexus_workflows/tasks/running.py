@@ -210,10 +210,12 @@ def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
             # Not send_robust() itself: Django would log a failing receiver's message,
             # which may quote the task's arguments.
             about = f"{work.kind} #{work.id}"
-            send_quietly(task_finished, sender, "task_finished", about, task_result=result)
-        # BaseException: send_robust() lets a receiver's SystemExit or KeyboardInterrupt
-        # through, which would end the runner (printing its message) with outcomes unwritten.
-        except BaseException as error:  # noqa: BLE001 - the outcome is written; never stop the runner
+            # contain_exits: a receiver's SystemExit or KeyboardInterrupt, which send_robust
+            # lets through, would end the runner (printing its message), outcomes unwritten.
+            send_quietly(
+                task_finished, sender, "task_finished", about, contain_exits=True, task_result=result
+            )
+        except Exception as error:  # noqa: BLE001 - the outcome is written; never stop the runner
             logger.error(
                 "could not send task_finished for %s #%s: %s", work.kind, work.id, type(error).__name__
             )
