@@ -15,7 +15,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import IS_FACETS_VAR, SEARCH_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, QueryDict
 from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
@@ -45,24 +45,12 @@ class _CodeNotEchoedChangeList(ChangeList):
         self.add_facet_link = self.get_query_string({IS_FACETS_VAR: True})
 
 
-class CodeSearchMixin:
-    """Find maps (or their tokens) by the exact conversation code, through its keyed hash.
-
-    Only hashes are stored, so a code matches only when typed exactly; nothing can be
-    found by part of a code, and the code is never echoed back into the page or links.
-    """
-
-    code_hash_lookup: str
+class SearchNotEchoedMixin:
+    """A list whose search term is never echoed back into the page or its links (a code,
+    or a token, typed into the box): see :class:`_CodeNotEchoedChangeList`."""
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return _CodeNotEchoedChangeList
-
-    def code_q(self, search_term: str) -> Q | None:
-        try:
-            code = check_code(search_term)
-            return Q(**{self.code_hash_lookup: code_hash(code)})
-        except PhiError:  # not a possible code, or the keys are not configured
-            return None
 
     def get_preserved_filters(self, request: HttpRequest) -> str:
         preserved = super().get_preserved_filters(request)  # type: ignore[misc]
@@ -85,7 +73,7 @@ class PhiTokenInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 @admin.register(TokenMap)
-class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, CodeSearchMixin, admin.ModelAdmin):
+class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, SearchNotEchoedMixin, admin.ModelAdmin):
     list_display = ("map_column", "token_count", "sequence", "created_at", "updated_at")
     # Searched by the code's keyed hash (see get_search_results): exact codes only.
     search_fields = ("code_hash",)
@@ -93,7 +81,6 @@ class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, CodeSearchMixin,
         "Type a conversation code exactly to go to its map. Codes are stored only as keyed "
         "hashes, so parts of a code find nothing; the code is not kept in any URL."
     )
-    code_hash_lookup = "code_hash"
     # Deleting a map deletes its tokens: text already sent out could never be decoded.
     deletable = False
     ordering = ("-updated_at",)
@@ -119,8 +106,7 @@ class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, CodeSearchMixin,
             return HttpResponseNotAllowed(["POST"])
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        found = self.code_q(request.POST.get("code", ""))
-        token_map = self.get_queryset(request).filter(found).first() if found is not None else None
+        token_map = self._find(request, request.POST.get("code", ""))
         if token_map is None:
             self.message_user(request, gettext("No token map has that conversation code."), messages.WARNING)
             changelist = reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_changelist")
@@ -131,6 +117,15 @@ class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, CodeSearchMixin,
         return HttpResponseRedirect(
             reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_change", args=[token_map.pk])
         )
+
+    def _find(self, request: HttpRequest, typed: str) -> TokenMap | None:
+        """The map of exactly this code, by its keyed hash: only hashes are stored, so part
+        of a code finds nothing."""
+        try:
+            hashed = code_hash(check_code(typed))
+        except PhiError:  # not a possible code, or the keys are not configured
+            return None
+        return self.get_queryset(request).filter(code_hash=hashed).first()
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[TokenMap], search_term: str
@@ -150,7 +145,7 @@ class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, CodeSearchMixin,
 
 @admin.register(PhiToken)
 class PhiTokenAdmin(
-    ReadOnlyAdminMixin, ListedFiltersOnlyMixin, RevealMixin, CodeSearchMixin, admin.ModelAdmin
+    ReadOnlyAdminMixin, ListedFiltersOnlyMixin, RevealMixin, SearchNotEchoedMixin, admin.ModelAdmin
 ):
     list_display = ("token", "category", "map_column", "created_at", "updated_at")
     list_filter = ("category",)
