@@ -82,13 +82,19 @@ def _complete(saves: list[_Save]) -> None:
 
 def _settle(saves: list[_Save]) -> None:
     for save in saves:
-        future = save.future
-        if future is None or future.done():  # the attempt was cancelled meanwhile
-            continue
-        if save.error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(save.error)
+        if save.future is not None:
+            _resolve(save.future, None, save.error)
+
+
+def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """On the future's loop: its result or error, unless the awaiting attempt was
+    cancelled meanwhile."""
+    if future.done():
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
 
 
 def claim_lost(work: ClaimedWork) -> ClaimLost:
@@ -198,16 +204,8 @@ class JournalWriter:
             if isinstance(raised, DatabaseError):
                 close_connection(self.using)  # the next statement reconnects
 
-        def settle() -> None:
-            if call.future.done():  # the attempt was cancelled meanwhile
-                return
-            if error is None:
-                call.future.set_result(result)
-            else:
-                call.future.set_exception(error)
-
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            call.loop.call_soon_threadsafe(settle)
+            call.loop.call_soon_threadsafe(_resolve, call.future, result, error)
 
     def _gather(self, first: _Save) -> list[_Save]:
         """``first`` and whatever else waits, up to MAX_BATCH, one save per row (a later
