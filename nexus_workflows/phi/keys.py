@@ -9,11 +9,12 @@ off that is a configuration error, reported by the system checks and raised at f
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -31,6 +32,43 @@ logger = logging.getLogger(__name__)
 HMAC_KEY_MIN_LENGTH = 32
 
 _SALT = "nexus_workflows.phi.keys"
+
+#: Plaintexts are padded to a multiple of this many bytes before encryption, so that a
+#: ciphertext's length does not tell a short name from a long one (Fernet itself rounds
+#: to 16 bytes only): every surface of up to about 60 bytes encrypts to the same length.
+PAD_TO = 64
+#: What follows a surface's lookup key in its plaintext: ``|`` then the surface's length,
+#: ``:``, the surface and padding; or, in surfaces encrypted before padding, ``:`` and the
+#: surface itself (still read; ``rotate_phi_keys`` pads them).
+_PADDED, _UNPADDED = "|", ":"
+#: A lookup key is an HMAC-SHA256 in hex.
+_LOOKUP_KEY_LENGTH = 64
+
+
+def _padded(head: str, text: str) -> bytes:
+    """``head``, the length of ``text``, ``text``, then spaces up to a multiple of PAD_TO."""
+    body = f"{head}{len(text)}:{text}".encode()
+    return body + b" " * (-len(body) % PAD_TO)
+
+
+def _unpadded(rest: str) -> str | None:
+    """The text of what :func:`_padded` wrote after its head; None if it is not that."""
+    number, colon, tail = rest.partition(":")
+    if not colon or not (number.isascii() and number.isdigit()) or len(number) > 7:
+        return None
+    length = int(number)
+    if len(tail) < length or tail[length:].strip(" "):
+        return None
+    return tail[:length]
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """A surface re-encrypted by :meth:`Keyring.rotate`: under an older key before, or
+    under the newest one but stored before padding."""
+
+    ciphertext: str = field(repr=False)
+    from_older_key: bool
 
 
 @dataclass(frozen=True)
@@ -222,14 +260,18 @@ class Keyring:
     def seal(self, context: str, text: str) -> str:
         """``text`` encrypted under the newest key with ``context`` sealed in: opening it
         under any other context fails, so a ciphertext copied elsewhere reveals nothing."""
-        return self._fernet.encrypt(f"{len(context)}:{context}{text}".encode()).decode("ascii")
+        return self._fernet.encrypt(_padded(f"{len(context)}{_PADDED}{context}", text)).decode("ascii")
 
     def unseal(self, context: str, ciphertext: str) -> str | None:
         """What :meth:`seal` sealed under ``context``; ``None`` if no configured key opens
         it or it was sealed under another context (callers raise their own error)."""
         plain = self._open(ciphertext)
-        prefix = f"{len(context)}:{context}"
-        return plain[len(prefix) :] if plain is not None and plain.startswith(prefix) else None
+        if plain is None:
+            return None
+        padded, unpadded = (f"{len(context)}{mark}{context}" for mark in (_PADDED, _UNPADDED))
+        if plain.startswith(padded):
+            return _unpadded(plain[len(padded) :])
+        return plain[len(unpadded) :] if plain.startswith(unpadded) else None
 
     def _open(self, ciphertext: str) -> str | None:
         try:
@@ -240,7 +282,7 @@ class Keyring:
     def encrypt(self, lookup_key: str, surface: str) -> str:
         # The lookup key is sealed in with the surface, so a ciphertext copied onto
         # another token's row fails to decrypt instead of decoding to the wrong person.
-        return self._fernet.encrypt(f"{lookup_key}:{surface}".encode()).decode("ascii")
+        return self._fernet.encrypt(_padded(f"{lookup_key}{_PADDED}", surface)).decode("ascii")
 
     def decrypt(self, lookup_key: str, ciphertext: str, *, label: str) -> str:
         """The surface; raises :class:`SurfaceDecryptionError`, never returns ciphertext."""
@@ -250,28 +292,44 @@ class Keyring:
                 f"the stored surface of {label} cannot be decrypted with any configured PHI "
                 "encryption key (was a key removed before `manage.py rotate_phi_keys` ran?)"
             )
-        prefix = f"{lookup_key}:"
-        if not plain.startswith(prefix):
+        surface = None
+        if plain.startswith(f"{lookup_key}{_PADDED}"):
+            surface = _unpadded(plain[len(lookup_key) + 1 :])
+        elif plain.startswith(f"{lookup_key}{_UNPADDED}"):
+            surface = plain[len(lookup_key) + 1 :]
+        if surface is None:
             raise SurfaceDecryptionError(
                 f"the stored surface of {label} belongs to another token (the row was altered)"
             )
-        return plain[len(prefix) :]
+        return surface
 
-    def rotate(self, ciphertext: str, *, label: str) -> str | None:
-        """The ciphertext re-encrypted under the newest key, or None if it already is."""
+    def rotate(self, ciphertext: str, *, label: str) -> Rotation | None:
+        """The ciphertext re-encrypted under the newest key, padded; None if it already is
+        both."""
         token = ciphertext.encode("ascii")
         try:
-            self._newest.decrypt(token)
-            return None
+            if self._is_padded_surface(self._newest.decrypt(token)):
+                return None
+            from_older_key = False
         except InvalidToken:
-            pass
+            from_older_key = True
         try:
-            return self._fernet.rotate(token).decode("ascii")
+            plain = self._fernet.decrypt(token)
         except InvalidToken:
             raise SurfaceDecryptionError(
                 f"the stored surface of {label} cannot be decrypted with any configured PHI "
                 "encryption key, so it cannot be rotated"
             ) from None
+        head, mark = plain[:_LOOKUP_KEY_LENGTH], plain[_LOOKUP_KEY_LENGTH : _LOOKUP_KEY_LENGTH + 1]
+        if mark == _UNPADDED.encode():  # encrypted before padding: pad it now
+            # Not UTF-8: not a surface this app wrote (decrypting it will say so); kept as is.
+            with contextlib.suppress(UnicodeError):
+                plain = _padded(f"{head.decode('ascii')}{_PADDED}", plain[_LOOKUP_KEY_LENGTH + 1 :].decode())
+        return Rotation(self._fernet.encrypt(plain).decode("ascii"), from_older_key=from_older_key)
+
+    @staticmethod
+    def _is_padded_surface(plain: bytes) -> bool:
+        return plain[_LOOKUP_KEY_LENGTH : _LOOKUP_KEY_LENGTH + 1] == _PADDED.encode()
 
 
 def _derived_hmac_key() -> bytes:

@@ -183,3 +183,58 @@ def test_phi_setting_errors_name_the_type_never_the_value() -> None:
     assert "got a string of 5 character(s)" in text
     assert "at most 315,619,200" in text
     assert "at most 1,000,000" in text
+
+
+# transaction=True: the ciphertexts compared are the committed rows.
+@pytest.mark.django_db(transaction=True)
+def test_a_surfaces_ciphertext_does_not_tell_a_short_value_from_a_long_one(code: str) -> None:
+    values = ["Ana", "Maximiliano Gutiérrez de la Fuente", "55 1234 5678", "maria.lopez.garcia@example.com"]
+    tokens = [encode(code, value, "PERSONA") for value in values]
+    lengths = {len(PhiToken.objects.get(token=token).encrypted_surface) for token in tokens}
+    assert len(lengths) == 1
+    token_cache.clear()
+    assert [decode(code, token) for token in tokens] == values
+    # A value longer than a pad block still round-trips (and is longer at rest).
+    long_value = " ".join(["María"] * 40)
+    long_token = encode(code, long_value, "PERSONA")
+    token_cache.clear()
+    assert decode(code, long_token) == long_value
+    assert len(PhiToken.objects.get(token=long_token).encrypted_surface) > lengths.pop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_surface_encrypted_before_padding_still_decrypts(code: str) -> None:
+    token = encode(code, "María López", "PERSONA")
+    row = PhiToken.objects.get(token=token)
+    newest = Fernet(settings.NEXUS_WORKFLOWS["PHI_ENCRYPTION_KEYS"][0])
+    legacy = newest.encrypt(f"{row.lookup_key}:María López".encode()).decode()
+    PhiToken.objects.filter(pk=row.pk).update(encrypted_surface=legacy)
+    token_cache.clear()
+    assert decode(code, token) == "María López"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("plain", ["{lookup}|99:Ana   ", "{lookup}|3:Ana  x", "{lookup}|x:Ana", "{lookup}|3"])
+def test_a_padded_surface_that_does_not_parse_is_reported_altered(code: str, plain: str) -> None:
+    token = encode(code, "Ana", "PERSONA")
+    row = PhiToken.objects.get(token=token)
+    newest = Fernet(settings.NEXUS_WORKFLOWS["PHI_ENCRYPTION_KEYS"][0])
+    forged = newest.encrypt(plain.format(lookup=row.lookup_key).encode()).decode()
+    PhiToken.objects.filter(pk=row.pk).update(encrypted_surface=forged)
+    token_cache.clear()
+    with pytest.raises(SurfaceDecryptionError, match="the row was altered") as raised:
+        decode(code, token)
+    assert "Ana" not in str(raised.value)
+
+
+def test_sealed_values_of_different_lengths_look_alike_and_older_seals_still_open() -> None:
+    ring = keyring()
+    short = ring.seal("job|k__1", "Ana")
+    longer = ring.seal("job|k__1", '{"patient": "Maximiliano Gutiérrez"}')
+    assert len(short) == len(longer)
+    assert ring.unseal("job|k__1", short) == "Ana"
+    assert ring.unseal("job|k__1", longer) == '{"patient": "Maximiliano Gutiérrez"}'
+    newest = Fernet(settings.NEXUS_WORKFLOWS["PHI_ENCRYPTION_KEYS"][0])
+    before_padding = newest.encrypt(b"8:job|k__1Ana").decode()
+    assert ring.unseal("job|k__1", before_padding) == "Ana"
+    assert ring.unseal("job|k__", before_padding) is None

@@ -88,3 +88,41 @@ def test_rotation_reports_surfaces_no_key_can_decrypt(code: str) -> None:
     assert "Keep the old keys" in str(raised.value)
     with keys(OLD_KEY):
         assert decode(code, token) == "María López"  # left untouched
+
+
+def test_rotation_pads_surfaces_encrypted_before_padding(code: str) -> None:
+    with keys(NEW_KEY):
+        short, longer = encode(code, "Ana", "PERSONA"), encode(code, "Maximiliano Gutiérrez", "PERSONA")
+        padded_length = len(PhiToken.objects.get(token=short).encrypted_surface)
+        # Stored the way surfaces were before padding (2026-12): "<lookup key>:<surface>".
+        for token, value in ((short, "Ana"), (longer, "Maximiliano Gutiérrez")):
+            row = PhiToken.objects.get(token=token)
+            legacy = Fernet(NEW_KEY).encrypt(f"{row.lookup_key}:{value}".encode()).decode()
+            PhiToken.objects.filter(pk=row.pk).update(encrypted_surface=legacy)
+        assert len(
+            {len(surface) for surface in PhiToken.objects.values_list("encrypted_surface", flat=True)}
+        ) == 2
+        assert "Rotated 0 surface(s); 2 already under the newest key (2 of them padded now" in rotate()
+        assert "Rotated 0 surface(s); 2 already under the newest key." in rotate()
+        assert {len(surface) for surface in PhiToken.objects.values_list("encrypted_surface", flat=True)} == {
+            padded_length
+        }
+        assert decode(code, f"{short} {longer}") == "Ana Maximiliano Gutiérrez"
+
+
+def test_a_new_key_in_the_wrong_place_is_pointed_out_while_older_surfaces_are_padded(code: str) -> None:
+    """Padding surfaces stored before padding is not a rotation: the key-order warning
+    must still be given."""
+    with keys(OLD_KEY):
+        token = encode(code, "María López", "PERSONA")
+    row = PhiToken.objects.get(token=token)
+    legacy = Fernet(OLD_KEY).encrypt(f"{row.lookup_key}:María López".encode()).decode()
+    PhiToken.objects.filter(pk=row.pk).update(encrypted_surface=legacy)
+    with keys(OLD_KEY, NEW_KEY):  # wrong: the new key must come first
+        output = rotate()
+    assert "Rotated 0 surface(s); 1 already under the newest key (1 of them padded now" in output
+    assert "Nothing was under the other key. If one of them is a key you have just added" in output
+    with keys(NEW_KEY, OLD_KEY):
+        assert "Rotated 1 surface(s); 0 already" in rotate()
+    with keys(NEW_KEY):
+        assert decode(code, token) == "María López"

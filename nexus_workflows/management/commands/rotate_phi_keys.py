@@ -37,8 +37,10 @@ class Command(BaseCommand):
             )
         require_migrated(database or router.db_for_write(PhiToken))
         result = rotate_keys(batch_size=batch_size, using=database)
+        padded = f" ({result.padded} of them padded now: stored before padding)" if result.padded else ""
         self.stdout.write(
-            f"Rotated {result.rotated} surface(s); {result.already_current} already under the newest key."
+            f"Rotated {result.rotated} surface(s); {result.already_current + result.padded} already under "
+            f"the newest key{padded}."
         )
         others = len(configured_encryption_keys()) - 1
         if others > 0 and not result.failed:
