@@ -102,20 +102,28 @@ class RateLimitedApi(Api):
     pages of a listing and chunks of a batch included."""
 
     def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        limit = app_settings.AIRTABLE_RATE_LIMIT
-        base = base_of(url)
-        if limit is not None and base is not None:
-            from nexus_workflows.flow import rate_limited
-
-            with rate_limited(
-                f"airtable:{base}", limit[0], limit[1], app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT
-            ):
-                answer = super().request(method, url, *args, **kwargs)
-        else:
-            answer = super().request(method, url, *args, **kwargs)
+        if getattr(_local, "requesting", False):
+            # pyairtable sends a GET whose URL is too long as a POST by calling request()
+            # again: that one HTTP request was counted (and its answer is checked) above.
+            return super().request(method, url, *args, **kwargs)
+        _local.requesting = True
+        try:
+            answer = self._metered(method, url, *args, **kwargs)
+        finally:
+            _local.requesting = False
         _local.answers = answers_received() + 1
         _check_listing(method, url, answer)
         return answer
+
+    def _metered(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        limit = app_settings.AIRTABLE_RATE_LIMIT
+        base = base_of(url)
+        if limit is None or base is None:
+            return super().request(method, url, *args, **kwargs)
+        from nexus_workflows.flow import rate_limited
+
+        with rate_limited(f"airtable:{base}", limit[0], limit[1], app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT):
+            return super().request(method, url, *args, **kwargs)
 
 
 def answers_received() -> int:
