@@ -83,7 +83,9 @@ DEFAULTS: dict[str, Any] = {
     # Longest Retry-After waited in-process; a longer one ends the call at once with a
     # transient error, leaving the wait to the workflow's retry schedule.
     "AIRTABLE_MAX_RETRY_AFTER": 60,
-    # Seconds to connect and to wait for a response: one number or (connect, read).
+    # Seconds one request may take as a whole (connecting, sending, the answer's headers
+    # and body), however its answer trickles in: one number, or (connect, read) for a
+    # connect within `connect` and the whole request within connect + read.
     "AIRTABLE_TIMEOUT": (5, 30),
     # Requests per period the Airtable helpers send to one base, across every process
     # of the database: a (limit, period seconds) pair, or None for no limit. Airtable

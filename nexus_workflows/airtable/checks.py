@@ -22,6 +22,12 @@ from nexus_workflows.checks import (
 from nexus_workflows.conf import SETTINGS_NAME, app_settings
 from nexus_workflows.limits import RATE_LIMIT_MAX, RATE_PERIOD_MAX
 
+# AIRTABLE_TIMEOUT bounds a whole request (airtable/deadline.py), not each wait.
+_TIMEOUT_SHAPE = (
+    "one number (for the whole request), or (connect, read) (connecting within connect, "
+    "the whole request within connect + read)"
+)
+
 
 @register(Tags.compatibility)
 def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
@@ -70,7 +76,7 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
         messages.append(
             setting_error(
                 "AIRTABLE_TIMEOUT",
-                "seconds greater than 0: one number, or (connect, read)",
+                f"seconds greater than 0: {_TIMEOUT_SHAPE}",
                 timeout,
                 "nexus_workflows.E203",
             )
@@ -119,8 +125,9 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
 # Upper bounds of the Airtable settings, checked only for values the rules above accept,
 # so that no value gets two errors. Larger values failed at run time with OverflowError.
 AIRTABLE_MAX_ATTEMPTS = 100
-# A request's connect and read timeouts: a socket waits in poll(), which takes whole
-# milliseconds as a C int (at most 24.8 days); a request silent for a day is hung anyway.
+# Each part of AIRTABLE_TIMEOUT: a socket waits in poll() for at most connect or read,
+# and poll() takes whole milliseconds as a C int (at most 24.8 days); a request silent
+# for a day is hung anyway.
 AIRTABLE_MAX_TIMEOUT = 86_400
 _AIRTABLE_SECONDS = {
     "AIRTABLE_RATE_LIMIT_DELAY": "nexus_workflows.E202",
@@ -150,7 +157,7 @@ def check_airtable_bounds(app_configs: Sequence[Any] | None = None, **kwargs: An
     parts = timeout if isinstance(timeout, list | tuple) and len(timeout) == 2 else [timeout]
     if all(is_number(part) and part > 0 for part in parts) and max(parts) > AIRTABLE_MAX_TIMEOUT:
         most = f"at most {AIRTABLE_MAX_TIMEOUT:,} (a day)"
-        rule = f"seconds greater than 0 and {most}: one number, or (connect, read)"
+        rule = f"seconds greater than 0 and {most}: {_TIMEOUT_SHAPE}"
         messages.append(setting_error("AIRTABLE_TIMEOUT", rule, timeout, "nexus_workflows.E203"))
     wait = app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT
     if is_number(wait) and wait > _A_YEAR:

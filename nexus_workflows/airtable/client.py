@@ -8,6 +8,10 @@ Redirects are not followed: Airtable's API does not redirect, and following one 
 send the request again, unmetered, to wherever ``Location`` points (307/308 with its
 body, patient fields included, even to another host), or turn a create into a read
 (301/302).
+
+``AIRTABLE_TIMEOUT`` bounds each request as a whole (:mod:`.deadline`): requests' own
+timeouts bound each wait on the socket, so a server sending a byte a second would keep
+a call, and the runner's thread with its claim kept alive by heartbeats, indefinitely.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from pyairtable import Api, Table
+from urllib3.util import Timeout
 
+from nexus_workflows.airtable.deadline import DeadlineAdapter
 from nexus_workflows.airtable.exceptions import AirtableNotConfigured
 from nexus_workflows.conf import app_settings
 
@@ -42,13 +48,22 @@ def api_key() -> str:
     return key.strip()
 
 
-def timeout() -> tuple[float, float]:
-    """``AIRTABLE_TIMEOUT`` as ``(connect, read)`` seconds."""
+def timeout_seconds() -> tuple[float, float, float]:
+    """``AIRTABLE_TIMEOUT`` as ``(connect, read, total)`` seconds: one number ``T`` is
+    ``(T, T, T)``; a pair ``(connect, read)`` is ``(connect, read, connect + read)``.
+    ``total`` bounds the whole request; connect and read each wait on the socket."""
     value = app_settings.AIRTABLE_TIMEOUT
     if isinstance(value, list | tuple):
         connect, read = value
-        return (connect, read)
-    return (value, value)
+        return (connect, read, connect + read)
+    return (value, value, value)
+
+
+def timeout() -> Timeout:
+    """``AIRTABLE_TIMEOUT`` as the urllib3 ``Timeout`` each request of the helpers' client
+    is sent with: its ``total`` is held for the whole request by :class:`DeadlineAdapter`."""
+    connect, read, total = timeout_seconds()
+    return Timeout(connect=connect, read=read, total=total)
 
 
 class UnexpectedAnswer(ValueError):
@@ -87,20 +102,28 @@ class RateLimitedApi(Api):
     pages of a listing and chunks of a batch included."""
 
     def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        limit = app_settings.AIRTABLE_RATE_LIMIT
-        base = base_of(url)
-        if limit is not None and base is not None:
-            from nexus_workflows.flow import rate_limited
-
-            with rate_limited(
-                f"airtable:{base}", limit[0], limit[1], app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT
-            ):
-                answer = super().request(method, url, *args, **kwargs)
-        else:
-            answer = super().request(method, url, *args, **kwargs)
+        if getattr(_local, "requesting", False):
+            # pyairtable sends a GET whose URL is too long as a POST by calling request()
+            # again: that one HTTP request was counted (and its answer is checked) above.
+            return super().request(method, url, *args, **kwargs)
+        _local.requesting = True
+        try:
+            answer = self._metered(method, url, *args, **kwargs)
+        finally:
+            _local.requesting = False
         _local.answers = answers_received() + 1
         _check_listing(method, url, answer)
         return answer
+
+    def _metered(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        limit = app_settings.AIRTABLE_RATE_LIMIT
+        base = base_of(url)
+        if limit is None or base is None:
+            return super().request(method, url, *args, **kwargs)
+        from nexus_workflows.flow import rate_limited
+
+        with rate_limited(f"airtable:{base}", limit[0], limit[1], app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT):
+            return super().request(method, url, *args, **kwargs)
 
 
 def answers_received() -> int:
@@ -112,14 +135,16 @@ def answers_received() -> int:
 
 def get_api() -> Api:
     """This thread's pyairtable ``Api`` for the current settings."""
-    config = (api_key(), app_settings.AIRTABLE_ENDPOINT_URL or DEFAULT_ENDPOINT_URL, timeout())
+    config = (api_key(), app_settings.AIRTABLE_ENDPOINT_URL or DEFAULT_ENDPOINT_URL, timeout_seconds())
     cached = getattr(_local, "client", None)
     if cached is not None and cached[0] == config:
         return cached[1]
-    key, endpoint_url, request_timeout = config
-    api = RateLimitedApi(key, endpoint_url=endpoint_url, timeout=request_timeout, retry_strategy=None)  # type: ignore[arg-type]
+    key, endpoint_url, _ = config
+    api = RateLimitedApi(key, endpoint_url=endpoint_url, timeout=timeout(), retry_strategy=None)  # type: ignore[arg-type]
     # A redirect raises requests' TooManyRedirects before it is followed (see above).
     api.session.max_redirects = 0
+    for prefix in ("https://", "http://"):
+        api.session.mount(prefix, DeadlineAdapter())
     if cached is not None:
         cached[1].session.close()
     _local.client = (config, api)
@@ -128,6 +153,7 @@ def get_api() -> Api:
 
 def get_table(base_id: str, table: str) -> Table:
     """A pyairtable ``Table`` of this thread's client: every request takes a start of
-    its base's window, pyairtable's own retries are off and redirects are not
-    followed. Wrap its calls in :func:`~nexus_workflows.airtable.retry.with_airtable_retry`."""
+    its base's window and ends within ``AIRTABLE_TIMEOUT`` as a whole, pyairtable's own
+    retries are off and redirects are not followed. Wrap its calls in
+    :func:`~nexus_workflows.airtable.retry.with_airtable_retry`."""
     return get_api().table(base_id, table)

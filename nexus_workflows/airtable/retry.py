@@ -9,7 +9,8 @@ are the only ones:
   (``AIRTABLE_RATE_LIMIT_DELAY``); other transient failures back off exponentially from
   ``AIRTABLE_RETRY_BASE_DELAY`` with jitter;
 * a network failure after the request may have reached Airtable (connection reset, read
-  timeout) is retried only when the operation is safe to repeat
+  timeout, the request's ``AIRTABLE_TIMEOUT`` passed: see :mod:`.deadline`) is retried
+  only when the operation is safe to repeat
   (``retry_network_errors=True``); a failure to connect is always retried;
 * an operation that is not safe to repeat is not repeated either once one of its
   requests was answered (a batch over 10 records whose second chunk failed: the first

@@ -17,11 +17,14 @@ contains. Any other formula is answered the way Airtable answers an invalid one:
 Faults are queued with :meth:`AirtableEmulator.fail` (an HTTP error status, optionally
 with ``Retry-After`` or ``Location``, optionally after letting ``after`` requests through),
 :meth:`~AirtableEmulator.reset_connection` (a TCP reset after the
-request was read, optionally after it was carried out — the lost-response case) and
-:meth:`~AirtableEmulator.stall` (no answer for a while), and :meth:`~AirtableEmulator.answer`
-(HTTP 200 with a body of a shape Airtable does not send). Each fault matches a method
-and/or table and lasts ``times`` requests. ``AirtableEmulator(listening=False)`` binds
-its port without listening, so connections are refused until :meth:`start_listening`.
+request was read, optionally after it was carried out — the lost-response case),
+:meth:`~AirtableEmulator.stall` (no answer for a while), :meth:`~AirtableEmulator.drip`
+(the answer a byte at a time: each wait on the socket is short, the whole answer slow) and
+:meth:`~AirtableEmulator.answer` (HTTP 200 with a body of a shape Airtable does not
+send). Each fault matches a method and/or table and lasts ``times`` requests.
+``AirtableEmulator(listening=False)`` binds its port without listening, so connections
+are refused until :meth:`start_listening`; ``keep_alive=True`` answers in HTTP/1.1 and
+keeps connections open between requests, as Airtable does.
 
 Every request is recorded (:attr:`AirtableEmulator.requests`), faulted ones included,
 so tests count attempts.
@@ -76,7 +79,7 @@ class RecordedRequest:
 
 @dataclass
 class Fault:
-    kind: str  # "status", "reset", "stall", "answer"
+    kind: str  # "status", "reset", "stall", "drip", "answer"
     times: int
     method: str | None = None
     table: str | None = None
@@ -89,6 +92,8 @@ class Fault:
     body: bytes = b""
     location: str | None = None
     after: int = 0  # matching requests let through before the fault starts
+    part: str = "body"  # what a drip sends slowly: "headers" (status line included) or "body"
+    size: int = 0  # a dripped body is padded with JSON whitespace to at least this many bytes
 
     def matches(self, method: str, table: str) -> bool:
         return (
@@ -234,8 +239,11 @@ class _Abort(Exception):
 
 
 class AirtableEmulator:
-    def __init__(self, *, listening: bool = True, api_key: str = API_KEY) -> None:
+    def __init__(self, *, listening: bool = True, api_key: str = API_KEY, keep_alive: bool = False) -> None:
         self.api_key = api_key
+        self.keep_alive = keep_alive
+        #: How many TCP connections clients opened (a kept-alive one counts once).
+        self.connections = 0
         self.page_size = DEFAULT_PAGE_SIZE
         self.requests: list[RecordedRequest] = []
         self._tables: dict[tuple[str, str], Table] = {}
@@ -328,6 +336,23 @@ class AirtableEmulator:
         """Carry out the request, then wait ``seconds`` before answering."""
         self._add_fault(Fault("stall", times, method, table, seconds=seconds))
 
+    def drip(
+        self,
+        every: float,
+        *,
+        part: str = "body",
+        size: int = 200,
+        times: int = 1,
+        method: str | None = None,
+        table: str | None = None,
+    ) -> None:
+        """Carry out the request, then send the answer's ``part`` ("headers" or "body") one
+        byte every ``every`` seconds, the body padded to ``size`` bytes: no wait on the
+        socket is longer than ``every``, the answer takes about ``size`` (or its headers'
+        length) times ``every``."""
+        assert part in ("headers", "body")
+        self._add_fault(Fault("drip", times, method, table, seconds=every, part=part, size=size))
+
     def answer(
         self, body: Any, *, times: int = 1, method: str | None = None, table: str | None = None
     ) -> None:
@@ -384,6 +409,14 @@ class AirtableEmulator:
         emulator = self
 
         class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.1 keeps the connection open for the next request.
+            protocol_version = "HTTP/1.1" if emulator.keep_alive else "HTTP/1.0"
+
+            def setup(self) -> None:
+                super().setup()
+                with emulator._lock:
+                    emulator.connections += 1
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # quiet: the tests read emulator.requests instead
 
@@ -441,6 +474,9 @@ class AirtableEmulator:
                 self._reset(handler)
             if fault is not None and fault.kind == "stall":
                 self._stopping.wait(fault.seconds)
+            if fault is not None and fault.kind == "drip":
+                self._drip(handler, status, payload, fault)
+                return
             self._send(handler, status, payload)
         except _Abort:
             return
@@ -562,6 +598,26 @@ class AirtableEmulator:
             handler.wfile.write(data)
         except OSError:
             pass  # the client went away (it timed out): nothing to answer
+
+    def _drip(self, handler: BaseHTTPRequestHandler, status: int, payload: Any, fault: Fault) -> None:
+        data = json.dumps(payload).encode()
+        data += b" " * max(fault.size - len(data), 0)
+        head = (
+            f"{handler.protocol_version} {status} {handler.responses[status][0]}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        ).encode()
+        before, slow, after = (b"", head, data) if fault.part == "headers" else (head, data, b"")
+        handler.close_connection = True  # whatever the client makes of the answer
+        try:
+            handler.wfile.write(before)
+            for byte in slow:
+                handler.wfile.write(bytes([byte]))
+                handler.wfile.flush()
+                if self._stopping.wait(fault.seconds):
+                    return
+            handler.wfile.write(after)
+        except OSError:
+            pass  # the client went away (it gave up): nothing more to send
 
     @staticmethod
     def _reset(handler: BaseHTTPRequestHandler) -> None:

@@ -1,0 +1,272 @@
+"""``AIRTABLE_TIMEOUT`` bounds a whole request (airtable/deadline.py), observed through real
+HTTP on loopback: a server that drips its answer a byte every 0.1 s is never silent long
+enough for requests' own timeouts, which bound each wait on the socket.
+
+Each test bounds the call from above; without the deadline each call lasts the whole
+drip (9-20 s) instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from nexus_workflows.airtable import AirtableNetworkError, add_record, get_records
+from nexus_workflows.models import FlowWindowSlot
+from tests.airtable.conftest import BASE
+from tests.airtable.emulator import AirtableEmulator
+from tests.processes import wait_for
+
+PATIENT = "Maria Lopez"  # stands for patient data: must never reach messages or logs
+DEADLINE = 1.0
+SLACK = 2.0  # a loaded machine's scheduling, the rate-limit window's queries, the back-offs
+EVERY = 0.1  # far below the per-wait timeouts: only a deadline on the whole request ends it
+ONE_START_PER_REQUEST = (100, 3600)  # a ring of 100 rows: each start takes a row of its own
+
+
+def timed(call: Callable[[], Any]) -> tuple[float, Any]:
+    """``(seconds, the AirtableNetworkError raised or None)``: the time first, so that a
+    call that outlasts its deadline fails on that, whatever it returns."""
+    started = time.monotonic()
+    try:
+        call()
+    except AirtableNetworkError as exc:
+        return time.monotonic() - started, exc
+    return time.monotonic() - started, None
+
+
+def starts() -> int:
+    return FlowWindowSlot.objects.filter(name=f"airtable:{BASE}", started_at__year__gt=1971).count()
+
+
+@pytest.fixture
+def kept_alive(airtable_config: Callable[..., None]) -> Iterator[AirtableEmulator]:
+    server = AirtableEmulator(keep_alive=True)
+    airtable_config(server.url)
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_a_dripping_answer_ends_at_the_deadline_as_a_read_timeout(
+    airtable: AirtableEmulator, airtable_config: Callable[..., None], part: str
+) -> None:
+    airtable_config(airtable.url, AIRTABLE_TIMEOUT=DEADLINE, AIRTABLE_MAX_ATTEMPTS=1)
+    airtable.add(BASE, "Patients", {"Name": PATIENT})
+    airtable.drip(EVERY, part=part, method="GET")
+
+    elapsed, error = timed(lambda: get_records(BASE, "Patients", formula={"Name": PATIENT}))
+
+    assert elapsed < DEADLINE + SLACK
+    # Classified as a read timeout always was: transient, and the request reached Airtable.
+    assert isinstance(error, AirtableNetworkError)
+    assert error.failure == "timed out waiting for Airtable's answer"
+    assert error.request_sent is True
+    assert error.transient is True
+    assert error.permanent is False
+    assert error.cause.startswith("RequestDeadlineExceeded")
+    assert PATIENT not in str(error)
+    assert "127.0.0.1" not in str(error)
+    assert len(airtable.requests) == 1
+
+
+def test_an_answer_cut_short_in_its_headers_is_not_taken_for_a_whole_one(
+    airtable: AirtableEmulator, airtable_config: Callable[..., None]
+) -> None:
+    # Its 72 bytes of status line and headers take 1.44 s: the deadline cuts the headers
+    # after the status line, and http.client takes the end of the connection for their
+    # end (a 200 with an empty body, which pyairtable would read as no answer at all).
+    airtable_config(airtable.url, AIRTABLE_TIMEOUT=DEADLINE, AIRTABLE_MAX_ATTEMPTS=1)
+    airtable.drip(0.02, part="headers", method="GET")
+
+    elapsed, error = timed(lambda: get_records(BASE, "Patients"))
+
+    assert elapsed < DEADLINE + SLACK
+    assert isinstance(error, AirtableNetworkError)
+    assert error.cause.startswith("RequestDeadlineExceeded")
+
+
+def test_a_dripping_read_is_retried_each_attempt_with_its_deadline_and_one_start(
+    airtable: AirtableEmulator, airtable_config: Callable[..., None]
+) -> None:
+    airtable_config(airtable.url, AIRTABLE_TIMEOUT=DEADLINE, AIRTABLE_RATE_LIMIT=ONE_START_PER_REQUEST)
+    airtable.add(BASE, "Patients", {"Name": "a"})
+    airtable.drip(EVERY, method="GET", times=2)
+
+    started = time.monotonic()
+    records = get_records(BASE, "Patients")
+    elapsed = time.monotonic() - started
+
+    assert elapsed < 2 * DEADLINE + SLACK  # two deadlines, two back-offs of 0.01-0.03 s
+    assert [r["fields"] for r in records] == [{"Name": "a"}]
+    assert [r.fault for r in airtable.requests] == ["drip", "drip", None]
+    assert starts() == 3  # one start of the base's window per request sent
+
+
+def test_a_dripping_answer_to_a_create_is_not_repeated(
+    airtable: AirtableEmulator, airtable_config: Callable[..., None]
+) -> None:
+    airtable_config(airtable.url, AIRTABLE_TIMEOUT=DEADLINE)
+    airtable.drip(EVERY, method="POST", times=3)
+
+    elapsed, error = timed(lambda: add_record(BASE, "Patients", {"Name": PATIENT}))
+
+    assert elapsed < DEADLINE + SLACK
+    assert isinstance(error, AirtableNetworkError)
+    assert error.request_sent is True
+    assert error.attempts == 1
+    assert len(airtable.requests_for("POST")) == 1
+    assert len(airtable.records(BASE, "Patients")) == 1  # carried out; only the answer was slow
+
+
+def test_a_pair_bounds_the_whole_request_at_connect_plus_read(
+    airtable: AirtableEmulator, airtable_config: Callable[..., None]
+) -> None:
+    airtable_config(airtable.url, AIRTABLE_TIMEOUT=(0.5, 0.5), AIRTABLE_MAX_ATTEMPTS=1)
+    airtable.drip(EVERY, method="GET")
+
+    elapsed, error = timed(lambda: get_records(BASE, "Patients"))
+
+    assert 0.95 <= elapsed < 1.0 + SLACK
+    assert isinstance(error, AirtableNetworkError)
+
+
+def test_a_request_on_a_kept_alive_connection_is_held_to_the_deadline(
+    kept_alive: AirtableEmulator, airtable_config: Callable[..., None]
+) -> None:
+    airtable_config(kept_alive.url, AIRTABLE_TIMEOUT=DEADLINE, AIRTABLE_MAX_ATTEMPTS=1)
+    assert get_records(BASE, "Patients") == []
+    kept_alive.drip(EVERY, method="GET")
+
+    elapsed, error = timed(lambda: get_records(BASE, "Patients"))
+
+    assert elapsed < DEADLINE + SLACK
+    assert isinstance(error, AirtableNetworkError)
+    assert kept_alive.connections == 1  # the dripped request went over the first connection
+    assert get_records(BASE, "Patients") == []  # the broken connection is not reused
+    assert kept_alive.connections == 2
+
+
+def test_an_answer_in_time_leaves_no_timer_and_keeps_its_connection(
+    kept_alive: AirtableEmulator, airtable_config: Callable[..., None]
+) -> None:
+    airtable_config(kept_alive.url, AIRTABLE_TIMEOUT=0.3)
+    for _ in range(3):
+        assert get_records(BASE, "Patients") == []
+    wait_for(
+        lambda: not [t for t in threading.enumerate() if t.name == "airtable-request-deadline"],
+        timeout=5,
+        what="the deadline timers gone",
+    )
+    # No timer is left to shut the kept-alive connection down under a later request.
+    assert get_records(BASE, "Patients") == []
+    assert kept_alive.connections == 1
+
+
+class TricklingProxy:
+    """An HTTP proxy that reads a client's ``CONNECT`` and answers it a byte every
+    ``every`` seconds: the connection through it is never ready, and never silent long
+    enough for the connect timeout."""
+
+    ANSWER = b"HTTP/1.1 200 Connection established\r\nX-Padding: " + b"x" * 160 + b"\r\n\r\n"
+
+    def __init__(self, every: float) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self.every = every
+        self.connections = 0
+        self._stopping = threading.Event()
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            thread = threading.Thread(target=self._trickle, args=(connection,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _trickle(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                connection.recv(65536)  # CONNECT host:443
+                for byte in self.ANSWER:  # 20 s
+                    connection.sendall(bytes([byte]))
+                    if self._stopping.wait(self.every):
+                        return
+            except OSError:
+                return  # the client gave up
+
+    def stop(self) -> None:
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._listener.close()
+
+
+def test_a_proxy_that_trickles_its_tunnel_ends_at_the_deadline_and_counts_as_not_sent(
+    airtable_config: Callable[..., None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxy = TricklingProxy(EVERY)
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+    # Never reached: requests opens a tunnel through the proxy instead.
+    airtable_config("https://127.0.0.1:9", AIRTABLE_TIMEOUT=DEADLINE, AIRTABLE_MAX_ATTEMPTS=2)
+    try:
+        elapsed, error = timed(lambda: add_record(BASE, "Patients", {"Name": PATIENT}))
+    finally:
+        proxy.stop()
+
+    assert elapsed < 2 * DEADLINE + SLACK
+    # Still connecting: nothing of the request was sent, so even a create is tried again.
+    assert isinstance(error, AirtableNetworkError)
+    assert error.failure == "timed out connecting to Airtable"
+    assert error.request_sent is False
+    assert error.attempts == 2
+    assert proxy.connections == 2
+    assert error.cause.startswith("ConnectDeadlineExceeded")
+    assert PATIENT not in str(error)
+
+
+@pytest.mark.django_db(transaction=True)  # the thread takes the base's window on its own connection
+def test_called_from_async_code_in_a_thread_the_deadline_ends_the_call(
+    airtable: AirtableEmulator, airtable_config: Callable[..., None]
+) -> None:
+    # The way README tells an async def prepare to call the helpers.
+    airtable_config(airtable.url, AIRTABLE_TIMEOUT=DEADLINE, AIRTABLE_MAX_ATTEMPTS=1)
+    airtable.drip(EVERY, method="GET")
+    ticks = 0
+
+    async def prepare() -> tuple[float, Any]:
+        nonlocal ticks
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.05)
+                ticks += 1
+
+        ticker = asyncio.get_running_loop().create_task(tick())
+        try:
+            return await asyncio.to_thread(timed, lambda: get_records(BASE, "Patients"))
+        finally:
+            ticker.cancel()
+
+    elapsed, error = asyncio.run(prepare())
+
+    assert elapsed < DEADLINE + SLACK
+    assert isinstance(error, AirtableNetworkError)
+    assert error.request_sent is True
+    assert ticks >= 5  # the event loop ran meanwhile
