@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
 
@@ -426,7 +427,10 @@ def test_shutdown_keeps_the_claim_of_an_attempt_that_outlives_the_grace(
     assert late_save == {"saved": True}  # nobody took the claim while the attempt ran
     assert row(work_id).checkpoints == {"late": True}
     heartbeat_before = row(work_id).heartbeat_at
-    time.sleep(1.2)  # heartbeats stopped with the runner: the claim goes stale
+    # Heartbeats stopped with the runner: the claim goes stale (by the database's clock),
+    # its heartbeat untouched meanwhile.
+    stale_claim = DeferredWork.objects.filter(pk=work_id, heartbeat_at__lt=Now() - timedelta(seconds=1.0))
+    wait_for(stale_claim.exists, timeout=10, what="the claim to go stale")
     assert row(work_id).heartbeat_at == heartbeat_before
     (reclaimed,) = claimer.claim_stale(10, stale_after=timedelta(seconds=1.0))
     assert reclaimed.attempt == 1  # the attempt had started, so it counts
@@ -482,9 +486,7 @@ def test_the_runner_knows_and_logs_its_wakeup_mode(register_workflow: Any, caplo
     with caplog.at_level(logging.INFO, logger="nexus_workflows"):
         thread.start()
         try:
-            deadline = time.monotonic() + 15
-            while "runner started" not in caplog.text and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_for(lambda: "runner started" in caplog.text, timeout=15, what="the start line")
             if connection.vendor != "postgresql":
                 expected, interval = WakeupMode.POLL, 5
             elif behind_the_test_pooler():  # LISTEN through the pooler: its probe is lost

@@ -158,6 +158,8 @@ def test_an_idempotent_batch_is_repeated_whole(airtable: AirtableEmulator) -> No
 
     assert len(updated) == 25
     assert all(r["fields"]["Status"] == "seen" for r in airtable.records(BASE, "Patients"))
+    # The first chunk, the second (refused), then all three chunks again.
+    assert [len(r.body["records"]) for r in airtable.requests_for("PATCH")] == [10, 10, 10, 10, 5]
 
 
 def test_the_helpers_client_takes_the_base_window_and_has_no_retries_of_its_own(

@@ -359,10 +359,25 @@ def test_is_permanent_airtable_error_reads_raw_requests_errors(airtable: Airtabl
     assert is_permanent_airtable_error(ValueError("x")) is False
 
 
-def test_every_helper_error_is_an_airtable_error(airtable: AirtableEmulator) -> None:
+def test_every_failure_of_airtable_is_an_airtable_error_and_a_callers_mistake_is_not(
+    airtable: AirtableEmulator,
+) -> None:
+    import nexus_workflows.airtable as helpers
+
     airtable.fail(500, method="GET", times=3)
-    with pytest.raises(AirtableError):
+    with pytest.raises(AirtableError):  # not requests' own HTTPError
         get_records(BASE, "Patients")
+    # What Airtable (or the way to it) did: one except clause catches them all.
+    failures = {"AirtableHTTPError", "AirtableNetworkError", "AirtableAnswerError", "ReferenceNotFound"}
+    # What the caller got wrong (arguments, settings): a bug to fix, not a failure to retry.
+    mistakes = {"InvalidAirtableArgument", "InvalidFormula", "InvalidLink", "AirtableNotConfigured"}
+    exported = {
+        name
+        for name in helpers.__all__
+        if isinstance(getattr(helpers, name), type) and issubclass(getattr(helpers, name), Exception)
+    } - {"AirtableError"}
+    assert exported == failures | mistakes
+    assert {name for name in exported if issubclass(getattr(helpers, name), AirtableError)} == failures
 
 
 # --- a success whose answer is not of Airtable's shape -------------------------------------

@@ -10,6 +10,7 @@ from django.test import override_settings
 
 from nexus_workflows.phi import encode
 from nexus_workflows.phi.cache import MapState, TokenCache, TokenRow, token_cache
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -50,7 +51,8 @@ def test_size_is_bounded_least_recently_used_first() -> None:
 def test_a_failed_load_is_not_cached_and_waiters_retry() -> None:
     cache = TokenCache()
     started, release = threading.Event(), threading.Event()
-    results: list[Any] = []
+    # What each thread got, asserted here: an assert in a thread would only end the thread.
+    outcomes: dict[str, Any] = {}
 
     def failing() -> MapState:
         started.set()
@@ -58,21 +60,27 @@ def test_a_failed_load_is_not_cached_and_waiters_retry() -> None:
         raise RuntimeError("database went away")
 
     def leader() -> None:
-        with pytest.raises(RuntimeError):
-            cache.get(("default", "a"), failing)
+        try:
+            outcomes["leader"] = cache.get(("default", "a"), failing)
+        except RuntimeError as error:
+            outcomes["leader"] = error
 
     def waiter() -> None:
-        results.append(cache.get(("default", "a"), lambda: MapState(map_id=7, sequence=3)))
+        outcomes["waiter"] = cache.get(("default", "a"), lambda: MapState(map_id=7, sequence=3))
 
     first = threading.Thread(target=leader)
     first.start()
-    started.wait(5)
+    assert started.wait(5)
     second = threading.Thread(target=waiter)
     second.start()
+    # Fail the load only once the second caller waits for it (else it would simply load).
+    flight = cache._flights[("default", "a")]
+    wait_for(lambda: len(flight.done._cond._waiters) == 1, timeout=5, what="the second caller to wait")
     release.set()
     first.join(5)
     second.join(5)
-    assert [state.map_id for state in results] == [7]
+    assert str(outcomes["leader"]) == "database went away"  # its own load's failure
+    assert outcomes["waiter"].map_id == 7  # loaded again, not handed the failure
     assert cache.loads == 1
 
 
