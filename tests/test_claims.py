@@ -151,6 +151,8 @@ def test_a_stale_workers_late_writes_change_nothing(kind: str) -> None:
     # The new claim's writes go through.
     assert finish_done([new]) == ([new], [])
     assert DeferredWork.objects.get(pk=work_id).status == Status.DONE
+    # The row is done, but not by the old claim: its late done is still lost.
+    assert finish_done([old]) == ([], [old])
 
 
 def test_finish_done_tells_written_rows_from_lost_ones(kind: str) -> None:
@@ -161,6 +163,29 @@ def test_finish_done_tells_written_rows_from_lost_ones(kind: str) -> None:
     assert sorted(work.id for work in written) == [int(ids[0]), int(ids[2])]
     assert [work.id for work in lost] == [int(ids[1])]
     assert DeferredWork.objects.get(pk=ids[1]).status == Status.PROCESSING
+
+
+@pytest.mark.parametrize("returning", [True, False], ids=["update-returning", "update-then-read"])
+def test_a_done_written_again_by_its_own_claim_is_written_not_lost(
+    kind: str, monkeypatch: Any, returning: bool
+) -> None:
+    """A done whose commit's answer was lost (an outage) is written again: it matches
+    nothing then, yet the work was done by this claim, not taken over."""
+    from nexus_workflows.deferred import transitions
+
+    if not returning:
+        monkeypatch.setattr(transitions, "can_return_from_update", lambda using: False)
+    ids = [int(enqueue(kind, {"key": str(n)})) for n in range(4)]
+    works = sorted(claimer(kind).claim_due(4), key=lambda work: work.id)
+    works[3].history_changed = True  # a reclaimed row's done: written on its own
+    assert finish_done([works[0], works[3]])[1] == []
+    DeferredWork.objects.filter(pk=ids[2]).update(claim_token="stolen")
+
+    written, lost = finish_done(works)  # the retry, with the rest of the batch
+    assert sorted(work.id for work in written) == [ids[0], ids[1], ids[3]]
+    assert [work.id for work in lost] == [ids[2]]
+    row = DeferredWork.objects.get(pk=ids[0])
+    assert (row.status, row.claim_token) == (Status.DONE, works[0].claim_token)
 
 
 def test_claim_stale_counts_the_lost_attempt_only_if_it_had_started(kind: str) -> None:

@@ -76,6 +76,50 @@ def execute(workflow: Workflow, work: ClaimedWork, save_patch: SavePatch = save_
     return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)
 
 
+class _AsyncSaves:
+    """The ``save`` of an ``async def`` attempt: one at a time, each writing the whole
+    journal merged with its patch (two at once, ``asyncio.gather`` of two saves, would
+    each drop the other's patch).
+
+    A save's turn ends when its write does, not when its caller stops waiting: a save
+    cancelled while queued (``asyncio.timeout`` around it) is still written, and a later
+    save written before it, or merged without its patch, would lose a patch.
+    """
+
+    def __init__(self, work: ClaimedWork, checkpoints: dict[str, Any], save_patch: AsyncSavePatch) -> None:
+        self.work = work
+        self.checkpoints = checkpoints
+        self.save_patch = save_patch
+        self.turn = asyncio.Lock()
+        # A task among them (a save after the runner stopped) is weakly referenced by its loop.
+        self.writing: set[asyncio.Future[dict[str, Any]]] = set()
+
+    async def save(self, patch: dict[str, Any]) -> None:
+        await self.turn.acquire()
+        try:
+            write = asyncio.ensure_future(self.save_patch(self.work, patch))
+        except BaseException:
+            self.turn.release()  # the patch was refused: nothing is written
+            raise
+        self.writing.add(write)
+        write.add_done_callback(self._written)
+        # Cancelling the caller leaves the write going (it holds the turn until it ends):
+        # the prepare's timeout is kept, the journal's order too.
+        await asyncio.shield(write)
+
+    def _written(self, write: asyncio.Future[dict[str, Any]]) -> None:
+        self.writing.discard(write)
+        self.turn.release()
+        # exception() also marks a cancelled save's error as seen (it is nobody's now).
+        if not write.cancelled() and write.exception() is None:
+            self.checkpoints.update(write.result())
+
+    async def settled(self) -> None:
+        """Once no write of this attempt is under way (a save its caller gave up on)."""
+        async with self.turn:
+            pass
+
+
 async def execute_async(
     workflow: Workflow, work: ClaimedWork, save_patch: AsyncSavePatch, run_db: RunDb = asyncio.to_thread
 ) -> Outcome:
@@ -84,24 +128,21 @@ async def execute_async(
 
     ``await save(patch)`` is written by ``save_patch`` (the runner's journal writer),
     durably and fenced, before it returns; it raises :class:`ClaimLost` when the claim
-    is no longer ours. A rate-limited kind's start and its confirmation run through
-    ``run_db`` (the runner's: on a journal writer's connection).
+    is no longer ours. A save whose caller is cancelled (``asyncio.timeout`` around it)
+    raises ``CancelledError`` at once, and its write goes on: the attempt's next save,
+    and its end, wait for that write, so saves are written in the order they were made
+    and a later one keeps the cancelled one's patch if it was written. A rate-limited
+    kind's start and its confirmation run through ``run_db`` (the runner's: on a journal
+    writer's connection).
     """
     checkpoints = dict(work.checkpoints)
-    # One save at a time: each writes the whole journal merged with its patch, so two at
-    # once (asyncio.gather of two saves) would each drop the other's patch.
-    one_at_a_time = asyncio.Lock()
-
-    async def save(patch: dict[str, Any]) -> None:
-        async with one_at_a_time:
-            checkpoints.update(await save_patch(work, patch))
-
+    saves = _AsyncSaves(work, checkpoints, save_patch)
     started = time.perf_counter()
     try:
         if work.reservation is not None:
             # A rate-limited kind's start (a few statements) off the loop.
             await run_db(starts.begin, work)
-        await workflow.prepare(work.trigger, checkpoints, save)
+        await workflow.prepare(work.trigger, checkpoints, saves.save)
     except ClaimLost as error:
         return Outcome(work, Result.CLAIM_LOST, error, time.perf_counter() - started)
     except asyncio.CancelledError:
@@ -110,6 +151,8 @@ async def execute_async(
         # SystemExit or KeyboardInterrupt from a prepare must not end the runner's loop.
         return Outcome(work, Result.FAILED, error, time.perf_counter() - started)
     finally:
+        # The outcome is the attempt's last write, and the loop must not close under one.
+        await saves.settled()
         if work.window_start is not None:
             await run_db(starts.confirm, [work])
     return Outcome(work, Result.SUCCEEDED, None, time.perf_counter() - started)

@@ -14,7 +14,9 @@ named function here, with its compare-and-set (and, after a claim, its fence) in
   picks the rows; this writes them, re-checking the candidates' conditions).
 * ``save``, ``done``, ``reschedule``, ``abandon``, ``release``: fenced by the claim token
   (:meth:`ClaimedWork.fenced`) and judged by the rows matched: a write that matches
-  nothing means the claim was lost, and nothing was written.
+  nothing means the claim was lost, and nothing was written. A done row keeps the token
+  of the claim that made it done, so a done written again (its first commit's answer
+  lost in an outage) is told from a lost claim.
 * ``revive``, ``run now``: compare-and-set on the status the operator saw.
 * ``purge``: :func:`purge`, re-checking status and expiry in the ``DELETE``.
 
@@ -37,7 +39,7 @@ from django.db.models import Case, F, JSONField, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 
 from nexus_workflows import json_values, sql
-from nexus_workflows.clock import DatabaseNow, database_now, now_plus
+from nexus_workflows.clock import DatabaseNow, now_plus
 from nexus_workflows.deferred.expressions import JSONAppend, JSONDropLast
 from nexus_workflows.deferred.history import append_entry
 from nexus_workflows.exceptions import ClaimLost, InvalidCheckpoint, WorkerLost
@@ -250,34 +252,30 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
     """Mark finished work done; returns ``(written, lost)``.
 
     Rows of one claim are written by one statement. When it matches fewer rows than
-    it was given, the rows it did write are the ones it returned (``RETURNING``) or,
-    elsewhere, the ones stamped with its ``updated_at``.
+    it was given, the rows it did write are the ones it returned (``RETURNING``), and
+    elsewhere those :func:`_done_by` finds. Rows this claim had already made done count
+    as written too: a retry of a done whose commit's answer was lost (an outage) matches
+    nothing, and is no lost claim.
     """
     written: list[ClaimedWork] = []
     lost: list[ClaimedWork] = []
     by_claim: dict[tuple[str, str], list[ClaimedWork]] = {}
     for work in works:
         if work.history_changed:
-            (written if _finish_one(work) else lost).append(work)
+            ours = _finish_one(work) or bool(_done_by(work.using, work.claim_token, [work.id]))
+            (written if ours else lost).append(work)
         else:
             by_claim.setdefault((work.using, work.claim_token), []).append(work)
     for (using, token), group in by_claim.items():
         ids = [work.id for work in group]
         rows = DeferredWork.objects.using(using).held(token).filter(pk__in=ids)
-        returned = {"return_value": _return_values(group)}
+        done = {**_done_fields(DatabaseNow()), "return_value": _return_values(group)}
         if can_return_from_update(using):
-            done = {**_done_fields(DatabaseNow()), **returned}
             ours = {row["pk"] for row in update_returning(rows, done, ("pk",))}
         else:
-            now = database_now(using)
-            if rows.update(**_done_fields(now), **returned) == len(group):
-                ours = set(ids)
-            else:
-                ours = set(
-                    DeferredWork.objects.using(using)
-                    .filter(pk__in=ids, status=Status.DONE, updated_at=now)
-                    .values_list("pk", flat=True)
-                )
+            ours = set(ids) if rows.update(**done) == len(group) else set()
+        if len(ours) < len(group):
+            ours |= _done_by(using, token, [pk for pk in ids if pk not in ours])
         for work in group:
             (written if work.id in ours else lost).append(work)
     return written, lost
@@ -308,7 +306,8 @@ def _failure_fields(work: ClaimedWork, error: str) -> dict[str, Any]:
 
 
 def _unclaimed(now: Any) -> dict[str, Any]:
-    """The fields every write that ends an attempt sets: the claim is given up."""
+    """The fields every write that ends an attempt sets: the claim is given up (a done
+    keeps its token, see _done_fields)."""
     return {
         "claim_token": "",
         "claimed_at": None,
@@ -319,7 +318,21 @@ def _unclaimed(now: Any) -> dict[str, Any]:
 
 
 def _done_fields(now: Any) -> dict[str, Any]:
-    return {"status": Status.DONE, "last_error": "", "finished_at": now, **_unclaimed(now)}
+    # The claim token stays, saying which claim made the row done (_done_by). No fence
+    # matches it: every one needs the status "processing" too.
+    unclaimed = {name: value for name, value in _unclaimed(now).items() if name != "claim_token"}
+    return {"status": Status.DONE, "last_error": "", "finished_at": now, **unclaimed}
+
+
+def _done_by(using: str, token: str, ids: list[int]) -> set[int]:
+    """Which rows of ``ids`` the claim ``token`` made done: only its own done-write leaves
+    a row done with its token (a later claim writes its own; done rows are never claimed
+    or revived)."""
+    return set(
+        DeferredWork.objects.using(using)
+        .filter(pk__in=ids, status=Status.DONE, claim_token=token)
+        .values_list("pk", flat=True)
+    )
 
 
 def _finish_one(work: ClaimedWork) -> bool:

@@ -1,12 +1,16 @@
-"""``async def`` prepares that misbehave on the runner's event loop: saves at once, tasks
-left behind that fail (or raise ``SystemExit``), and async ORM connections broken by an
-outage. In-process runners on the real database."""
+"""``async def`` prepares that misbehave on the runner's event loop: saves at once, a save
+given up by its caller (a timeout) while its write is queued, tasks left behind that fail
+(or raise ``SystemExit``), and async ORM connections broken by an outage. In-process
+runners on the real database."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -14,9 +18,10 @@ from asgiref.sync import sync_to_async
 from django.db import connection, connections
 from django.test import override_settings
 
-from nexus_workflows import enqueue_many
+from nexus_workflows import InvalidCheckpoint, enqueue_many
 from nexus_workflows.models import DeferredWork, Status
 from tests.processes import wait_for
+from tests.raw_connections import raw_connection
 from tests.test_runner_async import FAST, running
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,6 +40,147 @@ def test_saves_of_one_async_attempt_at_once_keep_every_patch(register_workflow: 
         wait_for(lambda: runner.stats.done == 1, timeout=20, what="the attempt done")
     # Each save wrote the whole journal: two at once each dropped the other's patch.
     assert DeferredWork.objects.get(pk=work_id).checkpoints == {"a": 1, "b": 2, "c": 3, "d": 4}
+
+
+@contextmanager
+def statements_held(marker: str) -> Iterator[Callable[[], None]]:
+    """Every ``UPDATE`` of the work table whose text holds ``marker`` waits, before it
+    touches a row, until the returned function is called: a statement-level trigger that
+    takes an advisory lock this test holds on a connection of its own (the marker is in
+    the statement's text: Django binds its parameters on the client)."""
+    table = DeferredWork._meta.db_table
+    holder = raw_connection()
+    holder.execute("SELECT pg_advisory_lock(4242)")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION nw_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f"IF current_query() LIKE '%{marker}%' THEN PERFORM pg_advisory_xact_lock_shared(4242); "
+            "END IF; RETURN NULL; END $$"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER nw_test_hold BEFORE UPDATE ON {table} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION nw_test_hold()"
+        )
+    try:
+        yield lambda: holder.execute("SELECT pg_advisory_unlock_all()")
+    finally:
+        holder.close()
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER nw_test_hold ON {table}")
+            cursor.execute("DROP FUNCTION nw_test_hold()")
+
+
+def held_statements() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 4242 AND NOT granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        return cursor.fetchone()[0]
+
+
+def happens_within(predicate: Callable[[], Any], seconds: float) -> bool:
+    """Whether ``predicate`` comes true within ``seconds`` (for what must not happen)."""
+    try:
+        wait_for(predicate, timeout=seconds)
+    except AssertionError:
+        return False
+    return True
+
+
+@pytest.mark.postgresql
+def test_a_save_given_up_by_its_caller_is_written_before_the_next_save(register_workflow: Any) -> None:
+    """A save whose caller stops waiting (a timeout) is still written: the next save waits
+    for it and keeps its patch. It used to be written after the next one, on another
+    writer connection, overwriting that save's patch with an older journal."""
+    marker = "held-by-the-test"
+    timed_out, second_saved, finish = threading.Event(), threading.Event(), threading.Event()
+
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        try:
+            async with asyncio.timeout(0.2):
+                await save({"first": marker})
+        except TimeoutError:
+            timed_out.set()
+        await save({"second": 2})
+        second_saved.set()
+        while not finish.is_set():
+            await asyncio.sleep(0.01)
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    (work_id,) = enqueue_many(kind, [{"key": 1}])
+
+    def journal() -> dict[str, Any]:
+        return DeferredWork.objects.get(pk=work_id).checkpoints
+
+    with (
+        statements_held(marker) as release,
+        override_settings(NEXUS_WORKFLOWS=FAST),
+        running([kind]) as runner,
+    ):
+        try:
+            wait_for(held_statements, timeout=20, what="the first save's write held")
+            # The timeout ends the caller's wait at once, the write still held.
+            wait_for(timed_out.is_set, timeout=5, what="the first save given up")
+            # Other writers are free: only the first save's write may hold the second back.
+            second_early = happens_within(lambda: second_saved.is_set() or "second" in journal(), 1.0)
+            release()
+            wait_for(lambda: "first" in journal(), timeout=10, what="the first save written")
+        finally:
+            release()
+            finish.set()
+        wait_for(lambda: runner.stats.done == 1, timeout=20, what="the attempt done")
+    assert journal() == {"first": marker, "second": 2}
+    assert not second_early
+
+
+@pytest.mark.postgresql
+def test_an_attempt_ends_after_the_write_of_a_save_given_up(register_workflow: Any) -> None:
+    """A prepare that gives up on a save and returns: its outcome is written after the
+    save's write (it used to be written first, and the save then found the work done)."""
+    marker = "held-by-the-test"
+    timed_out = threading.Event()
+
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        try:
+            async with asyncio.timeout(0.2):
+                await save({"first": marker})
+        except TimeoutError:
+            timed_out.set()
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    (work_id,) = enqueue_many(kind, [{"key": 1}])
+
+    def status() -> str:
+        return DeferredWork.objects.get(pk=work_id).status
+
+    with (
+        statements_held(marker) as release,
+        override_settings(NEXUS_WORKFLOWS=FAST),
+        running([kind]) as runner,
+    ):
+        try:
+            wait_for(held_statements, timeout=20, what="the save's write held")
+            wait_for(timed_out.is_set, timeout=5, what="the save given up")
+            done_early = happens_within(lambda: status() == Status.DONE, 1.0)
+        finally:
+            release()
+        wait_for(lambda: runner.stats.done == 1, timeout=20, what="the attempt done")
+    assert DeferredWork.objects.get(pk=work_id).checkpoints == {"first": marker}
+    assert not done_early
+
+
+def test_a_refused_patch_leaves_the_next_save_free(register_workflow: Any) -> None:
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        with pytest.raises(InvalidCheckpoint):
+            await save({"when": object()})
+        await save({"ok": 1})
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    (work_id,) = enqueue_many(kind, [{"key": 1}])
+    with override_settings(NEXUS_WORKFLOWS=FAST), running([kind]) as runner:
+        wait_for(lambda: runner.stats.done == 1, timeout=20, what="the attempt done")
+    assert DeferredWork.objects.get(pk=work_id).checkpoints == {"ok": 1}
 
 
 def test_a_failing_task_left_on_the_loop_is_logged_without_its_message(

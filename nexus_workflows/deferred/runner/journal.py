@@ -45,12 +45,14 @@ MAX_BATCH = 200
 @dataclass(eq=False)
 class _Save:
     """One ``save()`` waiting for the writer: a sync caller waits on ``written``, an async
-    one on ``future`` (of ``loop``); ``error`` is what the save raises, if anything."""
+    one on ``future`` (of ``loop``, whose result is the ``clean`` patch); ``error`` is what
+    the save raises, if anything."""
 
     work: ClaimedWork
     checkpoints: dict[str, Any]
+    clean: dict[str, Any] | None = None
     written: threading.Event | None = None
-    future: asyncio.Future[None] | None = None
+    future: asyncio.Future[dict[str, Any]] | None = None
     loop: asyncio.AbstractEventLoop | None = None
     error: BaseException | None = None
 
@@ -83,7 +85,11 @@ def _complete(saves: list[_Save]) -> None:
 def _settle(saves: list[_Save]) -> None:
     for save in saves:
         if save.future is not None:
-            _resolve(save.future, None, save.error)
+            if save.error is None:
+                # Written: the next save merges onto it, whether or not this one's caller
+                # still waits (see execution.execute_async).
+                save.work.checkpoints = save.checkpoints
+            _resolve(save.future, save.clean, save.error)
 
 
 def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -159,19 +165,19 @@ class JournalWriter:
         work.checkpoints = save.checkpoints
         return clean
 
-    async def save_async(self, work: ClaimedWork, patch: Any) -> dict[str, Any]:
-        """:meth:`save` for an ``async def`` prepare: awaits the write on its own loop."""
+    def save_async(self, work: ClaimedWork, patch: Any) -> asyncio.Future[dict[str, Any]]:
+        """:meth:`save` for an ``async def`` prepare: a future of the running loop, done
+        (with the clean patch) once the save is written or failed, whether or not anyone
+        still awaits it. Raises :class:`InvalidCheckpoint` at once."""
         if self._stopped:
             # An attempt that outlived the grace: written as a sync one's is (a thread
             # for this rare case only; the writers are gone).
-            return await asyncio.to_thread(self.save, work, patch)
+            return asyncio.ensure_future(asyncio.to_thread(self.save, work, patch))
         clean = validate_patch(patch)
         loop = asyncio.get_running_loop()
-        save = _Save(work, {**work.checkpoints, **clean}, future=loop.create_future(), loop=loop)
-        self._waiting.put(save)
-        await save.future  # type: ignore[misc]
-        work.checkpoints = save.checkpoints
-        return clean
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._waiting.put(_Save(work, {**work.checkpoints, **clean}, clean, future=future, loop=loop))
+        return future
 
     async def call_async(self, function: Callable[..., Any], *args: Any) -> Any:
         """``function(*args)`` on a writer thread (its connection), awaited on the
