@@ -27,9 +27,9 @@ Every time written here comes from the database (``DatabaseNow()``), never from 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -77,6 +77,9 @@ class ClaimedWork:
     return_value: Any = field(default=None, repr=False)
     error_record: dict[str, str] | None = field(default=None, repr=False)
     task_result: Any = field(default=None, repr=False)
+    # The stored ``finished_at`` once done or abandoned was written (the database's clock),
+    # so that task_finished carries what get_result() reads.
+    finished_at: datetime | None = field(default=None, repr=False)
     # A rate-limited kind's start of its window, reserved by the claim and taken when the
     # attempt starts (nexus_workflows.flow.starts); None once started, or without a limit.
     reservation: Any = None
@@ -265,21 +268,29 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
         ids = [work.id for work in group]
         rows = DeferredWork.objects.using(using).held(token).filter(pk__in=ids)
         returned = {"return_value": _return_values(group)}
+        # What each written row stores as finished_at, by id.
+        ours: dict[int, Any]
         if can_return_from_update(using):
             done = {**_done_fields(DatabaseNow()), **returned}
-            ours = {row["pk"] for row in update_returning(rows, done, ("pk",))}
+            returning = update_returning(rows, done, ("pk", "finished_at"))
+            ours = {row["pk"]: row["finished_at"] for row in returning}
         else:
             now = database_now(using)
             if rows.update(**_done_fields(now), **returned) == len(group):
-                ours = set(ids)
+                ours = dict.fromkeys(ids, now)
             else:
-                ours = set(
+                ours = dict.fromkeys(
                     DeferredWork.objects.using(using)
                     .filter(pk__in=ids, status=Status.DONE, updated_at=now)
-                    .values_list("pk", flat=True)
+                    .values_list("pk", flat=True),
+                    now,
                 )
         for work in group:
-            (written if work.id in ours else lost).append(work)
+            if work.id in ours:
+                work.finished_at = ours[work.id]
+                written.append(work)
+            else:
+                lost.append(work)
     return written, lost
 
 
@@ -323,12 +334,27 @@ def _done_fields(now: Any) -> dict[str, Any]:
 
 
 def _finish_one(work: ClaimedWork) -> bool:
-    return (
-        work.fenced().update(
-            history=work.history, return_value=_return_values([work]), **_done_fields(DatabaseNow())
-        )
-        == 1
+    return _write_final(
+        work,
+        lambda now: {"history": work.history, "return_value": _return_values([work]), **_done_fields(now)},
     )
+
+
+def _write_final(work: ClaimedWork, changes: Callable[[Any], dict[str, Any]]) -> bool:
+    """The fenced write of a final outcome, ``changes(now)`` (``finished_at`` among them);
+    keeps the stored ``finished_at`` on ``work``: ``RETURNING`` where the database can,
+    else the database's time read first and written as a value."""
+    if can_return_from_update(work.using):
+        rows = update_returning(work.fenced(), changes(DatabaseNow()), ("pk", "finished_at"))
+        if len(rows) != 1:
+            return False
+        work.finished_at = rows[0]["finished_at"]
+        return True
+    now = database_now(work.using)
+    if work.fenced().update(**changes(now)) != 1:
+        return False
+    work.finished_at = now
+    return True
 
 
 def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
@@ -370,16 +396,16 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
         work.history, attempt=work.attempt, outcome="abandoned", reason=reason, error=error
     )
     starts.give_back([work])
-    return (
-        work.fenced().update(
-            status=Status.ABANDONED,
-            last_error=error,
-            history=history,
-            finished_at=DatabaseNow(),
+    return _write_final(
+        work,
+        lambda now: {
+            "status": Status.ABANDONED,
+            "last_error": error,
+            "history": history,
+            "finished_at": now,
             **_failure_fields(work, error),
-            **_unclaimed(DatabaseNow()),
-        )
-        == 1
+            **_unclaimed(now),
+        },
     )
 
 
