@@ -4,8 +4,9 @@ RQ gives a cancelled job no TTL (finished and failed jobs get ``result_ttl`` and
 ``failure_ttl``; a stopped one is failed), so its hash, and with it its id, would stay in
 Redis until someone deleted it: every later ``enqueue`` of its dedupe key would be refused,
 for ever. A cancelled job is held like the others instead, for ``RETENTION`` seconds from
-its cancel (its score in RQ's canceled registry). An ``enqueue`` that finds one older than
-that deletes it, as django-rq's Delete would, and creates the new job.
+its cancel (its score in RQ's canceled registry: whole seconds by the cancelling host's
+clock, compared here with Redis's). An ``enqueue`` that finds one older than that deletes
+it, as django-rq's Delete would, and creates the new job.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from rq.queue import Queue
 from rq.registry import CanceledJobRegistry
 from rq.results import Result
 
+CANCELED = JobStatus.CANCELED.value.encode()
+
 
 def free_if_cancel_expired(queue: Queue, job_id: str, horizon: int) -> bool:
     """Delete the job ``job_id`` if RQ cancelled it at least ``horizon`` seconds ago
@@ -27,6 +30,13 @@ def free_if_cancel_expired(queue: Queue, job_id: str, horizon: int) -> bool:
     """
     connection = queue.connection
     key = queue.job_class.key_for(job_id)
+    # One read for the common case, a duplicate of a job that is not cancelled; the
+    # status is read again under WATCH below before anything is written.
+    status = connection.hget(key, "status")
+    if status is None:
+        return True  # expired or deleted since the key was found taken
+    if status != CANCELED:
+        return False
     # A job cancelled while it runs keeps running (cancel does not stop its work-horse),
     # and its execution stays registered, heart-beaten, until it ends.
     executions = ExecutionRegistry(job_id, connection=connection).key
@@ -35,8 +45,8 @@ def free_if_cancel_expired(queue: Queue, job_id: str, horizon: int) -> bool:
             pipe.watch(key, executions)
             status, origin = pipe.hmget(key, "status", "origin")
             if status is None:
-                return True  # expired or deleted since the key was found taken
-            if status != JobStatus.CANCELED.value.encode() or origin is None:
+                return True
+            if status != CANCELED or origin is None:
                 return False
             # Not watched: another job's cancel must not fail this one. A change to this
             # job's entry comes with a change to its hash, which is.
@@ -46,7 +56,7 @@ def free_if_cancel_expired(queue: Queue, job_id: str, horizon: int) -> bool:
             cancelled_at = pipe.zscore(canceled, job_id)
             if cancelled_at is None:
                 # Cancelled without being registered (the registry entry was removed): the
-                # horizon starts now, and the job shows on django-rq's canceled page.
+                # horizon starts now.
                 pipe.multi()
                 pipe.zadd(canceled, {job_id: now}, nx=True)
                 pipe.execute()

@@ -221,7 +221,7 @@ def _send(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOption
     try:
         _create(queue, kind, trigger, job_id, options, horizon)
     except DuplicateJobError:
-        # The common duplicate costs nothing more: the cancelled case is looked for only here.
+        # Looked for only here: a new job costs nothing more, a duplicate one status read.
         if not free_if_cancel_expired(queue, job_id, horizon):
             return False
         try:
