@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import subprocess
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -22,9 +23,10 @@ import redis
 from django.conf import settings
 from django.db import transaction
 from django.urls import reverse
+from rq.command import send_stop_job_command
 from rq.job import JobStatus, validate_job_id
 from rq.queue import Queue
-from rq.registry import FailedJobRegistry, ScheduledJobRegistry
+from rq.registry import CanceledJobRegistry, FailedJobRegistry, ScheduledJobRegistry
 
 from nexus_workflows import InvalidEnqueueOption, QueueUnavailable, enqueue, enqueue_many
 from nexus_workflows.deferred.registry import registry
@@ -207,6 +209,47 @@ def test_after_the_horizon_the_key_works_again(
     assert executions(kind, "h") == 2
 
 
+def cancelled_at(queue: Queue, job_id: str) -> float:
+    """When RQ's ``job.cancel()`` cancelled the job: its score in the canceled registry."""
+    score = queue.connection.zscore(CanceledJobRegistry(queue=queue).key, job_id)
+    assert score is not None, "the job is not in the canceled registry"
+    return score
+
+
+def redis_now(queue: Queue) -> float:
+    seconds, microseconds = queue.connection.time()
+    return seconds + microseconds / 1e6
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_a_cancelled_job_keeps_its_key_for_the_horizon_after_the_cancel_then_frees_it(
+    queue: Queue, rq_burst: Callable[..., int], settings: Any, in_transaction: bool
+) -> None:
+    # RQ records the cancel in whole seconds (rounded down): up to 1 s of the horizon goes.
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 3}
+    job_id = enqueue(LEDGER, {"key": "c"})
+    queue.fetch_job(job_id).cancel()  # code or an operator's shell; django-rq's pages cannot
+    assert queue.fetch_job(job_id).get_status() == JobStatus.CANCELED
+    # Within the horizon, like a finished, failed or stopped job: refused, nothing runs.
+    with transaction.atomic() if in_transaction else nullcontext():
+        assert enqueue(LEDGER, {"key": "c"}) is None
+    assert rq_burst() == 0
+
+    # RQ gives a cancelled job no TTL: without the rule its key would be taken for ever.
+    assert queue.connection.ttl(queue.job_class.key_for(job_id)) == -1
+    wait_until(lambda: redis_now(queue) >= cancelled_at(queue, job_id) + 3, "the horizon to pass")
+    with transaction.atomic() if in_transaction else nullcontext():
+        assert enqueue(LEDGER, {"key": "c", "again": True}) == job_id
+    job = queue.fetch_job(job_id)
+    assert job.get_status() == JobStatus.QUEUED
+    assert open_trigger(job_id, job.args[1]) == {"key": "c", "again": True}
+    # The cancelled job is gone with its entry in RQ's canceled registry.
+    assert CanceledJobRegistry(queue=queue).get_job_ids() == []
+    assert rq_burst() == 1
+    assert executions(LEDGER, "c") == 1
+
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_rqworker_runs_the_job_and_refuses_a_duplicate_while_it_runs(
@@ -244,6 +287,111 @@ def test_rqworker_runs_the_job_and_refuses_a_duplicate_while_it_runs(
     assert Ledger.objects.get().pid == int(rq_redis.get("ff-test:started:run"))  # ran in the worker
     assert queue.fetch_job(job_id).get_status() == JobStatus.FINISHED
     assert enqueue(LEDGER, {"key": "run"}) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_job_missing_from_the_canceled_registry_is_held_from_when_enqueue_finds_it(
+    queue: Queue, rq_burst: Callable[..., int], settings: Any
+) -> None:
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 2}
+    job_id = enqueue(LEDGER, {"key": "u"})
+    queue.fetch_job(job_id).cancel()
+    queue.connection.zrem(CanceledJobRegistry(queue=queue).key, job_id)  # cancel time unknown
+    before = redis_now(queue)
+    assert enqueue(LEDGER, {"key": "u"}) is None
+    assert before <= cancelled_at(queue, job_id) <= redis_now(queue)  # the horizon starts now
+    wait_until(lambda: redis_now(queue) >= cancelled_at(queue, job_id) + 2, "the horizon to pass")
+    assert enqueue(LEDGER, {"key": "u"}) == job_id
+    assert rq_burst() == 1
+    assert executions(LEDGER, "u") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueues_racing_for_the_key_of_a_long_cancelled_job_make_one_job(
+    queue: Queue, rq_burst: Callable[..., int], settings: Any
+) -> None:
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 1}
+    job_id = enqueue(LEDGER, {"key": "r"})
+    queue.fetch_job(job_id).cancel()
+    wait_until(lambda: redis_now(queue) >= cancelled_at(queue, job_id) + 1, "the horizon to pass")
+    start = threading.Barrier(8)
+
+    def race(number: int) -> str | None:
+        start.wait()
+        return enqueue(LEDGER, {"key": "r", "number": number})
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(race, range(8)))
+    assert sorted(results, key=str) == [None] * 7 + [job_id]
+    winner = results.index(job_id)
+    assert open_trigger(job_id, queue.fetch_job(job_id).args[1]) == {"key": "r", "number": winner}
+    assert rq_burst() == 1
+    assert executions(LEDGER, "r") == 1
+
+
+def start_holding_worker(key: str, rq_redis: redis.Redis, child_env: dict[str, str]) -> Any:
+    """A real forking ``manage.py rqworker --burst`` once ``prepare`` of the held job
+    ``key`` (see tests.testapp.workflows.ff_ledger) has started in it."""
+    worker = subprocess.Popen(
+        [PYTHON, "manage.py", "rqworker", "--burst", "default"],
+        cwd=REPOSITORY,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until(
+        lambda: rq_redis.exists(f"ff-test:started:{key}") or worker.poll() is not None,
+        "prepare to start in the worker",
+    )
+    assert worker.poll() is None, worker.communicate()[0]
+    return worker
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_job_cancelled_while_it_runs_keeps_its_key_while_it_runs_past_the_horizon(
+    queue: Queue, rq_redis: redis.Redis, child_env: dict[str, str], settings: Any
+) -> None:
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 1}
+    job_id = enqueue(LEDGER, {"key": "cr", "hold": True})
+    worker = start_holding_worker("cr", rq_redis, child_env)
+    try:
+        queue.fetch_job(job_id).cancel()  # RQ's cancel does not stop the work-horse
+        assert queue.fetch_job(job_id).get_status() == JobStatus.CANCELED
+        wait_until(lambda: redis_now(queue) >= cancelled_at(queue, job_id) + 1, "the horizon to pass")
+        assert enqueue(LEDGER, {"key": "cr"}) is None  # prepare still runs: never two at once
+        rq_redis.rpush("ff-test:release:cr", "go")
+        output, _ = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, output
+    assert executions(LEDGER, "cr") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_job_stopped_while_it_runs_is_failed_and_keeps_its_key_for_the_horizon(
+    queue: Queue, rq_redis: redis.Redis, child_env: dict[str, str], settings: Any
+) -> None:
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 60}
+    job_id = enqueue(LEDGER, {"key": "st", "hold": True})
+    worker = start_holding_worker("st", rq_redis, child_env)
+    try:
+        send_stop_job_command(rq_redis, job_id)  # what django-rq's Stop does
+        output, _ = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, output
+    assert queue.fetch_job(job_id).get_status() == JobStatus.STOPPED
+    assert job_id in FailedJobRegistry(queue=queue).get_job_ids()
+    assert 0 < queue.connection.ttl(queue.job_class.key_for(job_id)) <= 60  # failure_ttl: RETENTION
+    assert enqueue(LEDGER, {"key": "st"}) is None
+    assert executions(LEDGER, "st") == 0  # the work-horse was killed before it recorded
 
 
 ENQUEUE_AT_SIGNAL = """

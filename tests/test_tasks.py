@@ -333,6 +333,48 @@ def test_signals_are_sent_on_enqueue_start_and_finish() -> None:
     assert sorted(finished_status_in_db) == sorted([TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED])
 
 
+def test_the_times_task_started_and_task_finished_carry_are_the_stored_ones() -> None:
+    # A receiver sees the very times get_result() reads later: the database's clock, not
+    # the runner host's (task_finished's finished_at was the host's, about a ms off).
+    seen: dict[tuple[str, str], tuple[Any, ...]] = {}
+
+    def enqueued(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen["enqueued", task_result.id] = (task_result.enqueued_at,)
+
+    def started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen["started", task_result.id] = (task_result.started_at, task_result.last_attempted_at)
+
+    def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        times = (task_result.started_at, task_result.last_attempted_at, task_result.finished_at)
+        seen["finished", task_result.id] = times
+
+    task_enqueued.connect(enqueued)
+    task_started.connect(started)
+    task_finished.connect(finished)
+    try:
+        # Done (the batched write of successes), failed at once (abandoned), and done and
+        # failed after retries.
+        results = [
+            tasks.add.enqueue(1, 1),
+            tasks.explode.enqueue("x"),
+            tasks.flaky.enqueue(key="f", failures=1),
+            tasks.flaky.enqueue(key="g", failures=5),
+        ]
+        for result in results:
+            run_until_finished(result)
+    finally:
+        task_enqueued.disconnect(enqueued)
+        task_started.disconnect(started)
+        task_finished.disconnect(finished)
+    for result in results:
+        stored = (result.started_at, result.last_attempted_at, result.finished_at)
+        assert None not in stored
+        assert seen["enqueued", result.id] == (result.enqueued_at,)  # the enqueuing host's, as stored
+        assert seen["finished", result.id] == stored
+        # The last attempt's start (a retry's started_at stays the first attempt's).
+        assert seen["started", result.id] == stored[:2]
+
+
 def test_a_raising_task_finished_receiver_does_not_stop_the_runner() -> None:
     def broken(sender: Any, **kwargs: Any) -> None:
         raise RuntimeError("receiver bug")

@@ -29,9 +29,9 @@ Every time written here comes from the database (``DatabaseNow()``), never from 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -39,7 +39,7 @@ from django.db.models import Case, F, JSONField, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 
 from nexus_workflows import json_values, sql
-from nexus_workflows.clock import DatabaseNow, now_plus
+from nexus_workflows.clock import DatabaseNow, database_now, now_plus
 from nexus_workflows.deferred.expressions import JSONAppend, JSONDropLast
 from nexus_workflows.deferred.history import append_entry
 from nexus_workflows.exceptions import ClaimLost, InvalidCheckpoint, WorkerLost
@@ -79,6 +79,9 @@ class ClaimedWork:
     return_value: Any = field(default=None, repr=False)
     error_record: dict[str, str] | None = field(default=None, repr=False)
     task_result: Any = field(default=None, repr=False)
+    # The stored ``finished_at`` once done or abandoned was written (the database's clock),
+    # so that task_finished carries what get_result() reads.
+    finished_at: datetime | None = field(default=None, repr=False)
     # A rate-limited kind's start of its window, reserved by the claim and taken when the
     # attempt starts (nexus_workflows.flow.starts); None once started, or without a limit.
     reservation: Any = None
@@ -262,22 +265,34 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
     by_claim: dict[tuple[str, str], list[ClaimedWork]] = {}
     for work in works:
         if work.history_changed:
-            ours = _finish_one(work) or bool(_done_by(work.using, work.claim_token, [work.id]))
-            (written if ours else lost).append(work)
+            if _finish_one(work):
+                written.append(work)
+            elif found := _done_by(work.using, work.claim_token, [work.id]):
+                work.finished_at = found[work.id]
+                written.append(work)
+            else:
+                lost.append(work)
         else:
             by_claim.setdefault((work.using, work.claim_token), []).append(work)
     for (using, token), group in by_claim.items():
         ids = [work.id for work in group]
         rows = DeferredWork.objects.using(using).held(token).filter(pk__in=ids)
         done = {**_done_fields(DatabaseNow()), "return_value": _return_values(group)}
+        # What each written row stores as finished_at, by id.
+        ours: dict[int, Any] = {}
         if can_return_from_update(using):
-            ours = {row["pk"] for row in update_returning(rows, done, ("pk",))}
+            returning = update_returning(rows, done, ("pk", "finished_at"))
+            ours = {row["pk"]: row["finished_at"] for row in returning}
         else:
-            ours = set(ids) if rows.update(**done) == len(group) else set()
+            rows.update(**done)  # which rows it wrote, and their finished_at, are read below
         if len(ours) < len(group):
-            ours |= _done_by(using, token, [pk for pk in ids if pk not in ours])
+            ours.update(_done_by(using, token, [pk for pk in ids if pk not in ours]))
         for work in group:
-            (written if work.id in ours else lost).append(work)
+            if work.id in ours:
+                work.finished_at = ours[work.id]
+                written.append(work)
+            else:
+                lost.append(work)
     return written, lost
 
 
@@ -324,24 +339,39 @@ def _done_fields(now: Any) -> dict[str, Any]:
     return {"status": Status.DONE, "last_error": "", "finished_at": now, **unclaimed}
 
 
-def _done_by(using: str, token: str, ids: list[int]) -> set[int]:
-    """Which rows of ``ids`` the claim ``token`` made done: only its own done-write leaves
-    a row done with its token (a later claim writes its own; done rows are never claimed
-    or revived)."""
-    return set(
+def _done_by(using: str, token: str, ids: list[int]) -> dict[int, Any]:
+    """The rows of ``ids`` the claim ``token`` made done, with their stored ``finished_at``:
+    only its own done-write leaves a row done with its token (a later claim writes its
+    own; done rows are never claimed or revived)."""
+    return dict(
         DeferredWork.objects.using(using)
         .filter(pk__in=ids, status=Status.DONE, claim_token=token)
-        .values_list("pk", flat=True)
+        .values_list("pk", "finished_at")
     )
 
 
 def _finish_one(work: ClaimedWork) -> bool:
-    return (
-        work.fenced().update(
-            history=work.history, return_value=_return_values([work]), **_done_fields(DatabaseNow())
-        )
-        == 1
+    return _write_final(
+        work,
+        lambda now: {"history": work.history, "return_value": _return_values([work]), **_done_fields(now)},
     )
+
+
+def _write_final(work: ClaimedWork, changes: Callable[[Any], dict[str, Any]]) -> bool:
+    """The fenced write of a final outcome, ``changes(now)`` (``finished_at`` among them);
+    keeps the stored ``finished_at`` on ``work``: ``RETURNING`` where the database can,
+    else the database's time read first and written as a value."""
+    if can_return_from_update(work.using):
+        rows = update_returning(work.fenced(), changes(DatabaseNow()), ("pk", "finished_at"))
+        if len(rows) != 1:
+            return False
+        work.finished_at = rows[0]["finished_at"]
+        return True
+    now = database_now(work.using)
+    if work.fenced().update(**changes(now)) != 1:
+        return False
+    work.finished_at = now
+    return True
 
 
 def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
@@ -383,16 +413,16 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
         work.history, attempt=work.attempt, outcome="abandoned", reason=reason, error=error
     )
     starts.give_back([work])
-    return (
-        work.fenced().update(
-            status=Status.ABANDONED,
-            last_error=error,
-            history=history,
-            finished_at=DatabaseNow(),
+    return _write_final(
+        work,
+        lambda now: {
+            "status": Status.ABANDONED,
+            "last_error": error,
+            "history": history,
+            "finished_at": now,
             **_failure_fields(work, error),
-            **_unclaimed(DatabaseNow()),
-        )
-        == 1
+            **_unclaimed(now),
+        },
     )
 
 

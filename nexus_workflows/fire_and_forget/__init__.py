@@ -2,8 +2,9 @@
 
 The package: :mod:`.job_ids` (the job id of a kind and key), :mod:`.sending` (options,
 queues, enqueue and the dedupe at commit), :mod:`.sealing` (the trigger and error message
-through Redis, encrypted), :mod:`.job` (the body a worker runs) and :mod:`.embedded` (the
-in-process Redis of the embedded mode).
+through Redis, encrypted), :mod:`.job` (the body a worker runs), :mod:`.cancelled` (when a
+cancelled job's key is free again) and :mod:`.embedded` (the in-process Redis of the
+embedded mode).
 
 A workflow registered without a ``retry_schedule`` is fire-and-forget. ``enqueue`` puts a
 job on a django-rq queue; an RQ worker (``manage.py rqworker``) runs
@@ -14,13 +15,17 @@ Deduplication. The job id is ``<kind>__<dedupe key>`` (see :func:`job_id_for`) a
 is created with RQ's ``unique=True``: one atomic Lua script checks that no job hash with
 that id exists and creates it, so two processes enqueueing the same key at the same
 instant produce one job. ``enqueue`` returns the job id, or ``None`` while a job with that
-id still exists in Redis: queued, scheduled, running, finished or failed.
+id still exists in Redis: queued, scheduled, running, finished, failed (stopped
+included) or cancelled within the horizon.
 
 Dedupe horizon. Finished and failed jobs keep their hash for ``NEXUS_WORKFLOWS['RETENTION']``
 seconds (both ``result_ttl`` and ``failure_ttl`` are set to it, overriding RQ's 500 s and
 one year), so the horizon is the same as for deferred work. Queued and scheduled jobs get
 no TTL: they never expire before they run, and a running job's hash has none either.
-Deleting a job in django-rq's admin frees its key at once.
+A job cancelled with RQ's ``job.cancel()`` gets no TTL from RQ; it holds its key for the
+same horizon from its cancel, then an enqueue of its key replaces it (see
+:mod:`~nexus_workflows.fire_and_forget.cancelled`). Deleting a job in django-rq's admin
+frees its key at once.
 
 Transactions. Inside ``transaction.atomic()`` (on the default database, as in django-rq)
 the job is sent when the outermost transaction commits, and not at all if it rolls back.

@@ -25,6 +25,7 @@ from nexus_workflows.exceptions import (
     InvalidEnqueueOption,
     QueueUnavailable,
 )
+from nexus_workflows.fire_and_forget.cancelled import free_if_cancel_expired
 from nexus_workflows.fire_and_forget.embedded import warn_if_embedded
 from nexus_workflows.fire_and_forget.job import RUN_SEALED_JOB
 from nexus_workflows.fire_and_forget.job_ids import job_id_for
@@ -100,7 +101,8 @@ def _parse_job_timeout(kind: str, value: Any) -> int:
 
 
 def horizon_seconds() -> int:
-    """How long a finished or failed job keeps its id: RETENTION, as whole seconds."""
+    """How long a finished, failed or cancelled job keeps its id: RETENTION, as whole
+    seconds."""
     return max(1, math.ceil(app_settings.RETENTION))
 
 
@@ -187,7 +189,9 @@ def enqueue_job(
     in_transaction = transaction.get_connection(DEFAULT_DB_ALIAS).in_atomic_block
     if in_transaction:
         with _reachable(queue):
-            exists = queue.connection.exists(queue.job_class.key_for(job_id))
+            exists = bool(queue.connection.exists(queue.job_class.key_for(job_id)))
+            if exists and free_if_cancel_expired(queue, job_id, horizon_seconds()):
+                exists = False  # cancelled more than the horizon ago: its key is free
         if exists:
             logger.debug("%s job not enqueued: a job with this dedupe key exists", workflow.kind)
             return None
@@ -211,8 +215,24 @@ def enqueue_job(
 
 def _send(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions) -> bool:
     """Create the job, its ``trigger`` sealed, unless its id exists (atomically); whether
-    it was created."""
+    it was created. A job cancelled more than the horizon ago does not count as existing
+    (see :mod:`~nexus_workflows.fire_and_forget.cancelled`)."""
     horizon = horizon_seconds()
+    try:
+        _create(queue, kind, trigger, job_id, options, horizon)
+    except DuplicateJobError:
+        # Looked for only here: a new job costs nothing more, a duplicate one status read.
+        if not free_if_cancel_expired(queue, job_id, horizon):
+            return False
+        try:
+            _create(queue, kind, trigger, job_id, options, horizon)
+        except DuplicateJobError:  # a job holds the key after all (another enqueue won)
+            return False
+    return True
+
+
+def _create(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int) -> None:
+    """Create the job with RQ's ``unique=True``; raises ``DuplicateJobError`` if its id exists."""
     common: dict[str, Any] = {
         "job_id": job_id,
         "unique": True,
@@ -230,30 +250,26 @@ def _send(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOption
     if delay and not queue.is_async:
         logger.warning("%s job: delay ignored, the embedded queue runs jobs at enqueue", kind)
         delay = timedelta(0)
-    try:
-        if delay:
-            queue.enqueue_in(
-                delay,
-                RUN_SEALED_JOB,
-                kind,
-                trigger,
-                job_timeout=options.job_timeout,
-                at_front=options.at_front,
-                **common,
-            )
-            logger.debug("%s job scheduled in %ss", kind, delay.total_seconds())
-        else:
-            queue.enqueue_call(
-                RUN_SEALED_JOB,
-                args=(kind, trigger),
-                timeout=options.job_timeout,
-                at_front=options.at_front,
-                **common,
-            )
-            logger.debug("%s job enqueued on %s", kind, queue.name)
-    except DuplicateJobError:
-        return False
-    return True
+    if delay:
+        queue.enqueue_in(
+            delay,
+            RUN_SEALED_JOB,
+            kind,
+            trigger,
+            job_timeout=options.job_timeout,
+            at_front=options.at_front,
+            **common,
+        )
+        logger.debug("%s job scheduled in %ss", kind, delay.total_seconds())
+    else:
+        queue.enqueue_call(
+            RUN_SEALED_JOB,
+            args=(kind, trigger),
+            timeout=options.job_timeout,
+            at_front=options.at_front,
+            **common,
+        )
+        logger.debug("%s job enqueued on %s", kind, queue.name)
 
 
 def _send_at_commit(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions) -> None:

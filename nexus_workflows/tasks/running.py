@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from django.utils import timezone
-
 from nexus_workflows.deferred.history import storable_text, truncate
 from nexus_workflows.deferred.registry import Workflow
 from nexus_workflows.json_values import text_problem
@@ -197,8 +195,8 @@ def send_finished(works: Iterable[ClaimedWork], *, succeeded: bool) -> None:
                 except TaskResultDoesNotExist:
                     continue
             else:
-                now = timezone.now()
-                object.__setattr__(result, "finished_at", now)
+                # The stored time (the database's clock), which get_result() reads too.
+                object.__setattr__(result, "finished_at", work.finished_at)
                 if succeeded:
                     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
                     object.__setattr__(result, "_return_value", work.return_value)
