@@ -35,3 +35,19 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASES = {"default": database_from_url(os.environ["DATABASE_URL"])}
+
+# Logging as our project configures it (project/settings.py, which the benchmark's runner
+# uses): each system's own loggers at INFO on the console, which the benchmark sends to
+# the worker's log file. All three systems log a line as a job starts and one as it ends;
+# without this, Procrastinate's lines would be dropped (no handler: Python prints only
+# warnings and worse) and it alone would not pay for them.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)-7s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        name: {"handlers": ["console"], "level": "INFO", "propagate": False}
+        for name in ("procrastinate", "django_tasks", "django_tasks_db")
+    },
+}
