@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import hmac
 import logging
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,8 +43,6 @@ PAD_TO = 64
 _PADDED, _UNPADDED = "|", ":"
 #: A lookup key is an HMAC-SHA256 in hex.
 _LOOKUP_KEY_LENGTH = 64
-#: Digits of the longest length a padded plaintext may state: sys.maxsize's.
-_LENGTH_DIGITS = len(str(sys.maxsize))
 
 
 def _padded(head: str, text: str) -> bytes:
@@ -55,11 +52,9 @@ def _padded(head: str, text: str) -> bytes:
 
 
 def _unpadded(rest: str) -> str | None:
-    """The text of what :func:`_padded` wrote after its head; None if it is not that."""
+    """The text :func:`_padded` wrote after its head (its length: up to 19 digits, as any str's) or None."""
     number, colon, tail = rest.partition(":")
-    # Any str's length fits in _LENGTH_DIGITS digits (a sealed trigger has no bound of its
-    # own); the bound keeps int() of a forged run of digits cheap.
-    if not colon or not (number.isascii() and number.isdigit()) or len(number) > _LENGTH_DIGITS:
+    if not colon or not (number.isascii() and number.isdigit()) or len(number) > 19:
         return None
     length = int(number)
     if len(tail) < length or tail[length:].strip(" "):
