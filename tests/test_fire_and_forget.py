@@ -670,6 +670,27 @@ def test_a_sealed_trigger_moved_onto_another_job_does_not_open(
     assert executions() == 0
 
 
+received_lengths: list[int] = []
+
+
+def large_prepare(trigger: Any) -> None:
+    received_lengths.append(len(trigger["document"]))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trigger_of_ten_million_characters_still_opens_in_the_worker(
+    queue: Queue, rq_burst: Callable[..., int], register_workflow: Callable[..., Any]
+) -> None:
+    # The sealed plaintext carries the trigger's length in digits: 10,000,000 has eight.
+    # enqueue sets no bound on a trigger, so the worker must open whatever it sealed.
+    workflow = register_workflow(large_prepare)
+    received_lengths.clear()
+    job_id = enqueue(workflow.kind, {"key": "big", "document": "x" * 10_000_000})
+    assert rq_burst() == 1
+    assert queue.fetch_job(job_id).get_status() == JobStatus.FINISHED
+    assert received_lengths == [10_000_000]
+
+
 def unknown_later(trigger: Any) -> None:
     raise AssertionError("must not run")
 

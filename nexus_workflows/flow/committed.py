@@ -13,12 +13,13 @@ and counts only if that commits.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 T = TypeVar("T")
 
@@ -52,3 +53,16 @@ def run_committed(using: str, function: Callable[[], T]) -> T:
     if not in_transaction or connection.vendor == "sqlite":
         return function()
     return _helpers().submit(_on_own_connection, using, function).result()
+
+
+def close_if_broken(using: str) -> None:
+    """After a database error, outside a transaction: close this thread's connection if
+    the error left it unusable, so that its next start reconnects. A thread that no
+    request cycle and no runner check looks after (``asyncio.to_thread``'s, where README
+    has an async prepare call the Airtable helpers) would otherwise fail every later start
+    with "the connection is closed"."""
+    connection = connections[using]
+    if connection.connection is None or connection.in_atomic_block or not connection.autocommit:
+        return
+    with contextlib.suppress(DatabaseError):  # the caller raises its own error
+        connection.close_if_unusable_or_obsolete()

@@ -36,12 +36,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import router
+from django.db import DatabaseError, router
 from django.db.models import Case, DateTimeField, DurationField, ExpressionWrapper, Q, Value, When
 
 from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.exceptions import InvalidRateLimit, RateLimitTimeout
-from nexus_workflows.flow.committed import run_committed
+from nexus_workflows.flow.committed import close_if_broken, run_committed
 from nexus_workflows.flow.options import is_rate_limit, is_rate_period
 from nexus_workflows.json_values import text_problem
 from nexus_workflows.limits import RATE_LIMIT_MAX, RATE_PERIOD_MAX
@@ -347,11 +347,19 @@ class rate_limited:
         """Take a start; returns None when taken, else the seconds to wait before trying
         again."""
         using = self.using
-        # Committed at once, even inside the caller's transaction (flow.committed): the
-        # call it counts is made whether or not that transaction commits.
-        if run_committed(using, lambda: take_starts(self.name, "", self.limit, self.period, 1, using=using)):
-            return None
-        wait = seconds_until_free(self.name, "", self.limit, self.period, using=using)
+
+        def start() -> int:
+            return take_starts(self.name, "", self.limit, self.period, 1, using=using)
+
+        try:
+            # Committed at once, even inside the caller's transaction (flow.committed): the
+            # call it counts is made whether or not that transaction commits.
+            if run_committed(using, start):
+                return None
+            wait = seconds_until_free(self.name, "", self.limit, self.period, using=using)
+        except DatabaseError:
+            close_if_broken(using)
+            raise
         # A little jitter keeps waiters of one window from all waking at the same instant.
         return min(max(wait, 0.001) + random.uniform(0, 0.01), _MAX_NAP)
 

@@ -52,9 +52,9 @@ def _padded(head: str, text: str) -> bytes:
 
 
 def _unpadded(rest: str) -> str | None:
-    """The text of what :func:`_padded` wrote after its head; None if it is not that."""
+    """The text :func:`_padded` wrote after its head (its length: up to 19 digits, as any str's) or None."""
     number, colon, tail = rest.partition(":")
-    if not colon or not (number.isascii() and number.isdigit()) or len(number) > 7:
+    if not colon or not (number.isascii() and number.isdigit()) or len(number) > 19:
         return None
     length = int(number)
     if len(tail) < length or tail[length:].strip(" "):

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from nexus_workflows.airtable import AirtableNetworkError, add_record, get_records
 from nexus_workflows.models import FlowWindowSlot
@@ -249,6 +250,12 @@ def test_called_from_async_code_in_a_thread_the_deadline_ends_the_call(
     airtable.drip(EVERY, method="GET")
     ticks = 0
 
+    def in_a_thread() -> tuple[float, Any]:
+        try:
+            return timed(lambda: get_records(BASE, "Patients"))
+        finally:
+            connection.close()  # the thread's own (the base's window): it would outlive the test
+
     async def prepare() -> tuple[float, Any]:
         nonlocal ticks
 
@@ -260,7 +267,7 @@ def test_called_from_async_code_in_a_thread_the_deadline_ends_the_call(
 
         ticker = asyncio.get_running_loop().create_task(tick())
         try:
-            return await asyncio.to_thread(timed, lambda: get_records(BASE, "Patients"))
+            return await asyncio.to_thread(in_a_thread)
         finally:
             ticker.cancel()
 
