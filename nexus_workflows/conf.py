@@ -108,6 +108,11 @@ DEFAULTS: dict[str, Any] = {
     # comma-separated string). New surfaces use the first; older keys only decrypt
     # until `manage.py rotate_phi_keys` has run. Unset with DEBUG on: derived, as above.
     "PHI_ENCRYPTION_KEYS": (),
+    # PHI token maps and sealed fire-and-forget values: pad plaintexts to 64-byte
+    # multiples before encryption, so a ciphertext's length does not tell a value's.
+    # False while processes of a version before padding (2026-12) still run: they
+    # cannot read padded ciphertexts (both formats are always read).
+    "PHI_PADDING": True,
 }
 
 

@@ -56,4 +56,7 @@ def check_phi_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) 
     if not is_whole(size, 1, PHI_CACHE_SIZE_MAX):
         rule = f"{whole_rule(1, PHI_CACHE_SIZE_MAX)} (token maps kept per process)"
         messages.append(setting_error("PHI_CACHE_SIZE", rule, size, "nexus_workflows.E108"))
+    if not isinstance(app_settings.PHI_PADDING, bool):
+        rule = "True or False (pad plaintexts before encryption)"
+        messages.append(setting_error("PHI_PADDING", rule, app_settings.PHI_PADDING, "nexus_workflows.E109"))
     return messages

@@ -9,7 +9,6 @@ off that is a configuration error, reported by the system checks and raised at f
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import logging
@@ -24,6 +23,7 @@ from django.dispatch import receiver
 from django.utils.crypto import salted_hmac
 
 from nexus_workflows.conf import SETTINGS_NAME, app_settings
+from nexus_workflows.phi import padding
 from nexus_workflows.phi.exceptions import PhiConfigurationError, SurfaceDecryptionError
 
 logger = logging.getLogger(__name__)
@@ -33,39 +33,10 @@ HMAC_KEY_MIN_LENGTH = 32
 
 _SALT = "nexus_workflows.phi.keys"
 
-#: Plaintexts are padded to a multiple of this many bytes before encryption, so that a
-#: ciphertext's length does not tell a short name from a long one (Fernet itself rounds
-#: to 16 bytes only): every surface of up to about 60 bytes encrypts to the same length.
-PAD_TO = 64
-#: What follows a surface's lookup key in its plaintext: ``|`` then the surface's length,
-#: ``:``, the surface and padding; or, in surfaces encrypted before padding, ``:`` and the
-#: surface itself (still read; ``rotate_phi_keys`` pads them).
-_PADDED, _UNPADDED = "|", ":"
-#: A lookup key is an HMAC-SHA256 in hex.
-_LOOKUP_KEY_LENGTH = 64
-
-
-def _padded(head: str, text: str) -> bytes:
-    """``head``, the length of ``text``, ``text``, then spaces up to a multiple of PAD_TO."""
-    body = f"{head}{len(text)}:{text}".encode()
-    return body + b" " * (-len(body) % PAD_TO)
-
-
-def _unpadded(rest: str) -> str | None:
-    """The text :func:`_padded` wrote after its head (its length: up to 19 digits, as any str's) or None."""
-    number, colon, tail = rest.partition(":")
-    if not colon or not (number.isascii() and number.isdigit()) or len(number) > 19:
-        return None
-    length = int(number)
-    if len(tail) < length or tail[length:].strip(" "):
-        return None
-    return tail[:length]
-
-
 @dataclass(frozen=True)
 class Rotation:
     """A surface re-encrypted by :meth:`Keyring.rotate`: under an older key before, or
-    under the newest one but stored before padding."""
+    under the newest one but padded otherwise than ``PHI_PADDING`` says."""
 
     ciphertext: str = field(repr=False)
     from_older_key: bool
@@ -216,7 +187,9 @@ CODE_HASH_CONTEXT = b"nexus_workflows.phi conversation code v1"
 class Keyring:
     """The usable keys and the operations on them."""
 
-    def __init__(self, hmac_key: bytes, fernet_keys: list[bytes | str]) -> None:
+    def __init__(self, hmac_key: bytes, fernet_keys: list[bytes | str], *, pad: bool = True) -> None:
+        # Whether new plaintexts are padded (PHI_PADDING); both formats are always read.
+        self.pad = pad
         # Keyed once; each lookup key copies this state instead of re-keying.
         self._hmac = hmac.new(hmac_key, digestmod=hashlib.sha256)
         # Codes get a key of their own, derived from the HMAC key, so a code's hash can
@@ -260,18 +233,13 @@ class Keyring:
     def seal(self, context: str, text: str) -> str:
         """``text`` encrypted under the newest key with ``context`` sealed in: opening it
         under any other context fails, so a ciphertext copied elsewhere reveals nothing."""
-        return self._fernet.encrypt(_padded(f"{len(context)}{_PADDED}{context}", text)).decode("ascii")
+        return self._fernet.encrypt(padding.sealed_plaintext(context, text, pad=self.pad)).decode("ascii")
 
     def unseal(self, context: str, ciphertext: str) -> str | None:
         """What :meth:`seal` sealed under ``context``; ``None`` if no configured key opens
         it or it was sealed under another context (callers raise their own error)."""
         plain = self._open(ciphertext)
-        if plain is None:
-            return None
-        padded, unpadded = (f"{len(context)}{mark}{context}" for mark in (_PADDED, _UNPADDED))
-        if plain.startswith(padded):
-            return _unpadded(plain[len(padded) :])
-        return plain[len(unpadded) :] if plain.startswith(unpadded) else None
+        return None if plain is None else padding.read_sealed(context, plain)
 
     def _open(self, ciphertext: str) -> str | None:
         try:
@@ -282,7 +250,8 @@ class Keyring:
     def encrypt(self, lookup_key: str, surface: str) -> str:
         # The lookup key is sealed in with the surface, so a ciphertext copied onto
         # another token's row fails to decrypt instead of decoding to the wrong person.
-        return self._fernet.encrypt(_padded(f"{lookup_key}{_PADDED}", surface)).decode("ascii")
+        plain = padding.surface_plaintext(lookup_key, surface, pad=self.pad)
+        return self._fernet.encrypt(plain).decode("ascii")
 
     def decrypt(self, lookup_key: str, ciphertext: str, *, label: str) -> str:
         """The surface; raises :class:`SurfaceDecryptionError`, never returns ciphertext."""
@@ -292,11 +261,7 @@ class Keyring:
                 f"the stored surface of {label} cannot be decrypted with any configured PHI "
                 "encryption key (was a key removed before `manage.py rotate_phi_keys` ran?)"
             )
-        surface = None
-        if plain.startswith(f"{lookup_key}{_PADDED}"):
-            surface = _unpadded(plain[len(lookup_key) + 1 :])
-        elif plain.startswith(f"{lookup_key}{_UNPADDED}"):
-            surface = plain[len(lookup_key) + 1 :]
+        surface = padding.read_surface(lookup_key, plain)
         if surface is None:
             raise SurfaceDecryptionError(
                 f"the stored surface of {label} belongs to another token (the row was altered)"
@@ -304,15 +269,15 @@ class Keyring:
         return surface
 
     def rotate(self, ciphertext: str, *, label: str) -> Rotation | None:
-        """The ciphertext re-encrypted under the newest key, padded; None if it already is
-        both."""
+        """The ciphertext re-encrypted under the newest key, padded or not as
+        ``PHI_PADDING`` says; None if it already is both."""
         token = ciphertext.encode("ascii")
         try:
-            if self._is_padded_surface(self._newest.decrypt(token)):
-                return None
-            from_older_key = False
+            under_newest: bytes | None = self._newest.decrypt(token)
         except InvalidToken:
-            from_older_key = True
+            under_newest = None
+        if under_newest is not None and padding.is_padded_surface(under_newest) == self.pad:
+            return None
         try:
             plain = self._fernet.decrypt(token)
         except InvalidToken:
@@ -320,16 +285,8 @@ class Keyring:
                 f"the stored surface of {label} cannot be decrypted with any configured PHI "
                 "encryption key, so it cannot be rotated"
             ) from None
-        head, mark = plain[:_LOOKUP_KEY_LENGTH], plain[_LOOKUP_KEY_LENGTH : _LOOKUP_KEY_LENGTH + 1]
-        if mark == _UNPADDED.encode():  # encrypted before padding: pad it now
-            # Not UTF-8: not a surface this app wrote (decrypting it will say so); kept as is.
-            with contextlib.suppress(UnicodeError):
-                plain = _padded(f"{head.decode('ascii')}{_PADDED}", plain[_LOOKUP_KEY_LENGTH + 1 :].decode())
-        return Rotation(self._fernet.encrypt(plain).decode("ascii"), from_older_key=from_older_key)
-
-    @staticmethod
-    def _is_padded_surface(plain: bytes) -> bool:
-        return plain[_LOOKUP_KEY_LENGTH : _LOOKUP_KEY_LENGTH + 1] == _PADDED.encode()
+        plain = padding.reformat_surface(plain, pad=self.pad)
+        return Rotation(self._fernet.encrypt(plain).decode("ascii"), from_older_key=under_newest is None)
 
 
 def _derived_hmac_key() -> bytes:
@@ -362,7 +319,8 @@ def build_keyring() -> Keyring:
             " and ".join(derived),
             "is" if len(derived) == 1 else "are",
         )
-    return Keyring(hmac_key, fernet_keys)
+    # Anything but False pads (E109 reports a setting that is not a bool).
+    return Keyring(hmac_key, fernet_keys, pad=app_settings.PHI_PADDING is not False)
 
 
 _keyring: Keyring | None = None

@@ -29,15 +29,16 @@ _ROUNDS = 10
 class RotationResult:
     #: Rows moved from an older key to the newest one.
     rotated: int = 0
-    #: Rows already under the newest key, padded now (stored before padding, 2026-12).
-    padded: int = 0
+    #: Rows already under the newest key, re-encrypted only to be padded (stored before
+    #: padding, 2026-12) or, with PHI_PADDING off, unpadded.
+    reformatted: int = 0
     already_current: int = 0
     #: Primary keys of rows no configured key can decrypt (left untouched).
     failed: list[int] = field(default_factory=list)
 
     @property
     def examined(self) -> int:
-        return self.rotated + self.padded + self.already_current + len(self.failed)
+        return self.rotated + self.reformatted + self.already_current + len(self.failed)
 
 
 def rotate_keys(*, batch_size: int = 500, using: str | None = None) -> RotationResult:
@@ -61,11 +62,11 @@ def rotate_keys(*, batch_size: int = 500, using: str | None = None) -> RotationR
     # their next compare-and-set (or within PHI_CACHE_TTL).
     token_cache.clear()
     logger.info(
-        "PHI key rotation: %d rotated, %d already under the newest key (%d of them padded now), "
+        "PHI key rotation: %d rotated, %d already under the newest key (%d of them reformatted), "
         "%d undecryptable",
         result.rotated,
-        result.already_current + result.padded,
-        result.padded,
+        result.already_current + result.reformatted,
+        result.reformatted,
         len(result.failed),
     )
     return result
@@ -91,7 +92,7 @@ def _rotate_row(alias: str, ring: Keyring, pk: int, ciphertext: str, result: Rot
             if rotated.from_older_key:
                 result.rotated += 1
             else:
-                result.padded += 1
+                result.reformatted += 1
             return
         current = (
             PhiToken.objects.using(alias).filter(pk=pk).values_list("encrypted_surface", flat=True).first()

@@ -238,3 +238,22 @@ def test_sealed_values_of_different_lengths_look_alike_and_older_seals_still_ope
     before_padding = newest.encrypt(b"8:job|k__1Ana").decode()
     assert ring.unseal("job|k__1", before_padding) == "Ana"
     assert ring.unseal("job|k__", before_padding) is None
+
+
+def test_with_padding_off_values_are_sealed_in_the_old_format() -> None:
+    with override_settings(NEXUS_WORKFLOWS={**settings.NEXUS_WORKFLOWS, "PHI_PADDING": False}):
+        ring = keyring()
+        sealed = ring.seal("job|k__1", "Ana")
+        assert ring.unseal("job|k__1", sealed) == "Ana"
+    newest = Fernet(settings.NEXUS_WORKFLOWS["PHI_ENCRYPTION_KEYS"][0])
+    assert newest.decrypt(sealed.encode()) == b"8:job|k__1Ana"  # what code before padding opens
+    assert keyring().unseal("job|k__1", sealed) == "Ana"  # and padding on reads it too
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_a_padding_setting_that_is_not_a_bool_is_an_error(value: object) -> None:
+    with override_settings(NEXUS_WORKFLOWS={**settings.NEXUS_WORKFLOWS, "PHI_PADDING": value}):
+        messages = check_phi_settings()
+    assert [message.id for message in messages] == ["nexus_workflows.E109"]
+    assert "True or False" in messages[0].msg
+    assert "yes" not in messages[0].msg

@@ -126,3 +126,28 @@ def test_a_new_key_in_the_wrong_place_is_pointed_out_while_older_surfaces_are_pa
         assert "Rotated 1 surface(s); 0 already" in rotate()
     with keys(NEW_KEY):
         assert decode(code, token) == "María López"
+
+
+def test_with_padding_off_new_surfaces_are_in_the_old_format_and_rotation_unpads(code: str) -> None:
+    """PHI_PADDING off, for a rolling deploy from (or back to) code before padding: what is
+    written is the old format, which that code reads, and rotation brings padded rows to it."""
+    with keys(NEW_KEY):
+        padded_token = encode(code, "Ana", "PERSONA")
+
+    unpadded = {**settings.NEXUS_WORKFLOWS, "PHI_ENCRYPTION_KEYS": [NEW_KEY], "PHI_PADDING": False}
+    with override_settings(NEXUS_WORKFLOWS=unpadded):
+        token = encode(code, "Maximiliano Gutiérrez", "PERSONA")
+        row = PhiToken.objects.get(token=token)
+        assert Fernet(NEW_KEY).decrypt(row.encrypted_surface.encode()).decode() == (
+            f"{row.lookup_key}:Maximiliano Gutiérrez"  # what code before padding reads
+        )
+        assert decode(code, f"{padded_token} {token}") == "Ana Maximiliano Gutiérrez"  # both formats read
+        assert "Rotated 0 surface(s); 2 already under the newest key (1 of them unpadded now" in rotate()
+        assert "Rotated 0 surface(s); 2 already under the newest key." in rotate()
+        for row in PhiToken.objects.all():
+            plain = Fernet(NEW_KEY).decrypt(row.encrypted_surface.encode()).decode()
+            assert plain.startswith(f"{row.lookup_key}:")
+        assert decode(code, f"{padded_token} {token}") == "Ana Maximiliano Gutiérrez"
+    with keys(NEW_KEY):  # padding back on: rotation pads both again
+        assert "Rotated 0 surface(s); 2 already under the newest key (2 of them padded now" in rotate()
+        assert decode(code, f"{padded_token} {token}") == "Ana Maximiliano Gutiérrez"

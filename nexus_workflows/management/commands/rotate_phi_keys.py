@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections, router
 
+from nexus_workflows.conf import app_settings
 from nexus_workflows.limits import MAX_BATCH_SIZE
 from nexus_workflows.management.commands._arguments import whole_number
 from nexus_workflows.management.commands._database import require_migrated
@@ -37,10 +38,14 @@ class Command(BaseCommand):
             )
         require_migrated(database or router.db_for_write(PhiToken))
         result = rotate_keys(batch_size=batch_size, using=database)
-        padded = f" ({result.padded} of them padded now: stored before padding)" if result.padded else ""
+        current, reformatted = result.already_current + result.reformatted, ""
+        if result.reformatted:
+            how = "padded now: stored before padding"
+            if not app_settings.PHI_PADDING:
+                how = "unpadded now: PHI_PADDING is off"
+            reformatted = f" ({result.reformatted} of them {how})"
         self.stdout.write(
-            f"Rotated {result.rotated} surface(s); {result.already_current + result.padded} already under "
-            f"the newest key{padded}."
+            f"Rotated {result.rotated} surface(s); {current} already under the newest key{reformatted}."
         )
         others = len(configured_encryption_keys()) - 1
         if others > 0 and not result.failed:
