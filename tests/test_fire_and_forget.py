@@ -5,6 +5,7 @@ Executions are counted in the ``Ledger`` table, which worker subprocesses write 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -329,9 +330,11 @@ def test_enqueues_racing_for_the_key_of_a_long_cancelled_job_make_one_job(
     assert executions(LEDGER, "r") == 1
 
 
-def start_holding_worker(key: str, rq_redis: redis.Redis, child_env: dict[str, str]) -> Any:
+@contextlib.contextmanager
+def holding_worker(key: str, rq_redis: redis.Redis, child_env: dict[str, str]) -> Iterator[Any]:
     """A real forking ``manage.py rqworker --burst`` once ``prepare`` of the held job
-    ``key`` (see tests.testapp.workflows.ff_ledger) has started in it."""
+    ``key`` (see tests.testapp.workflows.ff_ledger) has started in it; killed on the way
+    out if it is still running."""
     worker = subprocess.Popen(
         [PYTHON, "manage.py", "rqworker", "--burst", "default"],
         cwd=REPOSITORY,
@@ -344,8 +347,13 @@ def start_holding_worker(key: str, rq_redis: redis.Redis, child_env: dict[str, s
         lambda: rq_redis.exists(f"ff-test:started:{key}") or worker.poll() is not None,
         "prepare to start in the worker",
     )
-    assert worker.poll() is None, worker.communicate()[0]
-    return worker
+    try:
+        assert worker.poll() is None, worker.communicate()[0]
+        yield worker
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
 
 
 @pytest.mark.slow
@@ -355,18 +363,13 @@ def test_a_job_cancelled_while_it_runs_keeps_its_key_while_it_runs_past_the_hori
 ) -> None:
     settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 1}
     job_id = enqueue(LEDGER, {"key": "cr", "hold": True})
-    worker = start_holding_worker("cr", rq_redis, child_env)
-    try:
+    with holding_worker("cr", rq_redis, child_env) as worker:
         queue.fetch_job(job_id).cancel()  # RQ's cancel does not stop the work-horse
         assert queue.fetch_job(job_id).get_status() == JobStatus.CANCELED
         wait_until(lambda: redis_now(queue) >= cancelled_at(queue, job_id) + 1, "the horizon to pass")
         assert enqueue(LEDGER, {"key": "cr"}) is None  # prepare still runs: never two at once
         rq_redis.rpush("ff-test:release:cr", "go")
         output, _ = worker.communicate(timeout=60)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
     assert worker.returncode == 0, output
     assert executions(LEDGER, "cr") == 1
 
@@ -378,14 +381,9 @@ def test_a_job_stopped_while_it_runs_is_failed_and_keeps_its_key_for_the_horizon
 ) -> None:
     settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 60}
     job_id = enqueue(LEDGER, {"key": "st", "hold": True})
-    worker = start_holding_worker("st", rq_redis, child_env)
-    try:
+    with holding_worker("st", rq_redis, child_env) as worker:
         send_stop_job_command(rq_redis, job_id)  # what django-rq's Stop does
         output, _ = worker.communicate(timeout=60)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
     assert worker.returncode == 0, output
     assert queue.fetch_job(job_id).get_status() == JobStatus.STOPPED
     assert job_id in FailedJobRegistry(queue=queue).get_job_ids()
