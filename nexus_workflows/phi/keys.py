@@ -276,7 +276,9 @@ class Keyring:
             under_newest: bytes | None = self._newest.decrypt(token)
         except InvalidToken:
             under_newest = None
-        if under_newest is not None and padding.is_padded_surface(under_newest) == self.pad:
+        # Current: under the newest key, and in the setting's format (or in none this app
+        # writes, which decrypting reports and rotating would not mend).
+        if under_newest is not None and padding.reformat_surface(under_newest, pad=self.pad) == under_newest:
             return None
         try:
             plain = self._fernet.decrypt(token)

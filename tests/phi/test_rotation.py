@@ -151,3 +151,12 @@ def test_with_padding_off_new_surfaces_are_in_the_old_format_and_rotation_unpads
     with keys(NEW_KEY):  # padding back on: rotation pads both again
         assert "Rotated 0 surface(s); 2 already under the newest key (2 of them padded now" in rotate()
         assert decode(code, f"{padded_token} {token}") == "Ana Maximiliano Gutiérrez"
+
+
+def test_a_row_in_no_format_this_app_writes_is_left_as_it_is(code: str) -> None:
+    with keys(NEW_KEY):
+        token = encode(code, "Ana", "PERSONA")
+        forged = Fernet(NEW_KEY).encrypt(b"not a surface").decode()
+        PhiToken.objects.filter(token=token).update(encrypted_surface=forged)
+        assert "Rotated 0 surface(s); 1 already under the newest key." in rotate()
+        assert PhiToken.objects.get(token=token).encrypted_surface == forged
