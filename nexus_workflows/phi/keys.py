@@ -233,7 +233,7 @@ class Keyring:
     def seal(self, context: str, text: str) -> str:
         """``text`` encrypted under the newest key with ``context`` sealed in: opening it
         under any other context fails, so a ciphertext copied elsewhere reveals nothing."""
-        return self._fernet.encrypt(padding.sealed_plaintext(context, text, pad=self.pad)).decode("ascii")
+        return self._encrypt(padding.sealed_plaintext(context, text, pad=self.pad))
 
     def unseal(self, context: str, ciphertext: str) -> str | None:
         """What :meth:`seal` sealed under ``context``; ``None`` if no configured key opens
@@ -250,8 +250,7 @@ class Keyring:
     def encrypt(self, lookup_key: str, surface: str) -> str:
         # The lookup key is sealed in with the surface, so a ciphertext copied onto
         # another token's row fails to decrypt instead of decoding to the wrong person.
-        plain = padding.surface_plaintext(lookup_key, surface, pad=self.pad)
-        return self._fernet.encrypt(plain).decode("ascii")
+        return self._encrypt(padding.surface_plaintext(lookup_key, surface, pad=self.pad))
 
     def decrypt(self, lookup_key: str, ciphertext: str, *, label: str) -> str:
         """The surface; raises :class:`SurfaceDecryptionError`, never returns ciphertext."""
@@ -276,10 +275,11 @@ class Keyring:
             under_newest: bytes | None = self._newest.decrypt(token)
         except InvalidToken:
             under_newest = None
-        # Current: under the newest key, and in the setting's format (or in none this app
-        # writes, which decrypting reports and rotating would not mend).
-        if under_newest is not None and padding.reformat_surface(under_newest, pad=self.pad) == under_newest:
-            return None
+        if under_newest is not None:
+            # Current when in the setting's format too (or in none this app writes, which
+            # decrypting reports and rotating would not mend).
+            plain = padding.reformat_surface(under_newest, pad=self.pad)
+            return None if plain == under_newest else Rotation(self._encrypt(plain), from_older_key=False)
         try:
             plain = self._fernet.decrypt(token)
         except InvalidToken:
@@ -287,8 +287,10 @@ class Keyring:
                 f"the stored surface of {label} cannot be decrypted with any configured PHI "
                 "encryption key, so it cannot be rotated"
             ) from None
-        plain = padding.reformat_surface(plain, pad=self.pad)
-        return Rotation(self._fernet.encrypt(plain).decode("ascii"), from_older_key=under_newest is None)
+        return Rotation(self._encrypt(padding.reformat_surface(plain, pad=self.pad)), from_older_key=True)
+
+    def _encrypt(self, plain: bytes) -> str:
+        return self._fernet.encrypt(plain).decode("ascii")
 
 
 def _derived_hmac_key() -> bytes:
