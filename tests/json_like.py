@@ -47,6 +47,25 @@ def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 json_like = st.recursive(scalars, _containers, max_leaves=12)
 
+# Only what a trigger may be (the rules InvalidTrigger enforces): text that is valid Unicode
+# without NUL, 64-bit integers, finite floats below 1e16 in magnitude other than -0.0, and
+# lists and dicts with text keys. So a property over it fails if a valid value is refused.
+valid_text = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12)
+valid_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(min_value=-1e16, max_value=1e16, exclude_min=True, exclude_max=True).filter(
+        lambda number: math.copysign(1.0, number) > 0 or number != 0
+    )
+    | valid_text
+)
+valid_json = st.recursive(
+    valid_scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(valid_text, children, max_size=4),
+    max_leaves=12,
+).filter(lambda value: value is not None)  # None as the whole trigger is refused
+
 
 def same(stored: Any, given: Any) -> bool:
     """Equal and of the same types, recursively; -0.0 and 0.0 are different."""

@@ -34,7 +34,7 @@ from nexus_workflows.fire_and_forget.sealing import open_trigger
 from nexus_workflows.json_values import MAX_DEPTH
 from nexus_workflows.limits import MAX_DELAY
 from nexus_workflows.models import DeferredWork
-from tests.json_like import json_like, nested, same
+from tests.json_like import json_like, nested, same, valid_json
 
 pytestmark = pytest.mark.django_db
 
@@ -292,6 +292,14 @@ def test_any_trigger_is_refused_or_stored_exactly(deferred: str, trigger: Any) -
     except InvalidTrigger:
         assert DeferredWork.objects.count() == before  # a query: the transaction is usable
         return
+    assert same(DeferredWork.objects.get(pk=work_id).trigger, trigger)
+
+
+@PROPERTY
+@given(trigger=valid_json)
+def test_any_valid_trigger_is_stored_exactly(deferred: str, trigger: Any) -> None:
+    """The other half of the property above, which would hold if every value were refused."""
+    work_id = enqueue(deferred, trigger)
     assert same(DeferredWork.objects.get(pk=work_id).trigger, trigger)
 
 
