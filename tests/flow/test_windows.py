@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 from django.db.models import F
 
@@ -43,8 +44,11 @@ def test_threads_share_one_window() -> None:
     lock = threading.Lock()
 
     def take() -> None:
-        with rate_limited("test:threads", 2, 0.5), lock:
-            stamps.append(time.monotonic())
+        try:
+            with rate_limited("test:threads", 2, 0.5), lock:
+                stamps.append(time.monotonic())
+        finally:
+            connections.close_all()  # this thread's own; else it outlives the test database
 
     threads = [threading.Thread(target=take) for _ in range(6)]
     for thread in threads:
@@ -76,6 +80,7 @@ def test_async_with() -> None:
         for _ in range(2):
             async with rate_limited("test:async", 1, 0.3):
                 stamps.append(time.monotonic())
+        await sync_to_async(connections.close_all)()  # the connection of the thread it used
         return stamps
 
     first, second = asyncio.run(twice())
