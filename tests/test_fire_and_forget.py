@@ -5,6 +5,7 @@ Executions are counted in the ``Ledger`` table, which worker subprocesses write 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -651,6 +652,44 @@ def test_a_failure_whose_message_cannot_be_sealed_still_keeps_the_message_out_of
         logs.text
     )
     assert "+525512345678" not in logs.text
+
+
+def exits_with_the_patient(trigger: Any) -> None:
+    raise SystemExit(f"no reply from {trigger['secret']}")
+
+
+async def cancelled_with_the_patient(trigger: Any) -> None:
+    raise asyncio.CancelledError(f"gave up on {trigger['secret']}")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("prepare", "raised"),
+    [(exits_with_the_patient, "SystemExit"), (cancelled_with_the_patient, "CancelledError")],
+)
+def test_a_prepare_raising_outside_exception_keeps_its_message_out_of_rq_too(
+    queue: Queue,
+    rq_burst: Callable[..., int],
+    logs: pytest.LogCaptureFixture,
+    register_workflow: Callable[..., Any],
+    prepare: Callable[..., Any],
+    raised: str,
+) -> None:
+    # RQ fails a job on anything it raises, BaseException included, and logs and stores
+    # its message: SystemExit (sys.exit() in a library) or an async prepare's
+    # CancelledError used to reach the worker's log and the job's results in clear.
+    secret = "Ana López +525512345678"
+    kind = register_workflow(prepare).kind
+    job_id = enqueue(kind, {"key": "x", "secret": secret})
+    assert rq_burst() == 1
+    job = queue.fetch_job(job_id)
+    assert job.get_status() == JobStatus.FAILED
+    exc_string = job.latest_result().exc_string
+    assert f"JobFailed: workflow '{kind}': prepare raised {raised}" in exc_string
+    assert "+525512345678" not in exc_string
+    assert "exception raised while executing" in logs.text
+    assert "+525512345678" not in logs.text
+    assert secret in open_error(job_id, job.meta[SEALED_ERROR])  # the message, sealed
 
 
 @pytest.mark.django_db(transaction=True)

@@ -55,7 +55,7 @@ from nexus_workflows.admin.changelist import (
     StatusFilter,
     TriageChangeList,
 )
-from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
+from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin, SearchNotEchoedMixin
 from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA, RevealMixin, missing_object_redirect
 from nexus_workflows.deferred import triage
 from nexus_workflows.fire_and_forget.job import REVEAL_URL_NAME
@@ -69,7 +69,9 @@ REVEAL_PERMISSION = REVEAL_WORKFLOW_DATA
 
 
 @admin.register(DeferredWork)
-class DeferredWorkAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, RevealMixin, admin.ModelAdmin):
+class DeferredWorkAdmin(
+    ReadOnlyAdminMixin, ListedFiltersOnlyMixin, SearchNotEchoedMixin, RevealMixin, admin.ModelAdmin
+):
     """Work is created by enqueue() and changes only through the runner and the triage
     actions (read-only otherwise); deleting goes through a confirmation page."""
 
@@ -84,10 +86,12 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, RevealMixin,
     )
     list_display_links = ("id_column",)
     list_filter = (StatusFilter, FlowLimitFilter, "kind")
-    # Exact match only: a partial search would tell which keys contain what was typed.
+    # Found through find_view only: exactly (a partial search would tell which keys
+    # contain what was typed), and never from a URL (see get_search_results).
     search_fields = ("=dedupe_key",)
     search_help_text = _(
-        "Type a dedupe key exactly to find its work. Triggers, checkpoints and errors are not searchable."
+        "Type a dedupe key exactly to go to its work; the key is not kept in any URL. "
+        "Triggers, checkpoints and errors are not searchable."
     )
     ordering = ("-created_at", "-pk")
     list_per_page = 50
@@ -356,6 +360,7 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, RevealMixin,
                 self.admin_site.admin_view(self.job_reveal_view),
                 name=REVEAL_URL_NAME,
             ),
+            path("find/", self.admin_site.admin_view(self.find_view), name="{}_{}_find".format(*info)),
             path(
                 "dashboard/",
                 self.admin_site.admin_view(self.dashboard_view),
@@ -373,6 +378,39 @@ class DeferredWorkAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, RevealMixin,
             ),
             *super().get_urls(),
         ]
+
+    def find_view(self, request: HttpRequest) -> HttpResponse:
+        """The list's search box: a POSTed dedupe key leads to its work's page. Keys may be
+        patient data: the key is in no URL (no access log or browser history keeps it) and
+        never shown back, and each find is in the admin log, without the key."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        key = request.POST.get("key", "")
+        found = list(self.get_queryset(request).filter(dedupe_key=key).only("pk", "kind", "status")[:100])
+        if not key or not found:
+            self.message_user(request, gettext("No deferred work has that dedupe key."), messages.WARNING)
+            changelist = reverse(f"{self.admin_site.name}:nexus_workflows_deferredwork_changelist")
+            return HttpResponseRedirect(changelist)
+        for work in found:  # that work exists for a key (a patient) is itself patient data
+            self.log_change(request, work, gettext("Found by its dedupe key (nothing was changed)."))
+        if len(found) > 1:  # one per kind at most: keys are unique within a kind
+            self.message_user(
+                request,
+                gettext("%(count)d items have that dedupe key: %(items)s. This is the first.")
+                % {"count": len(found), "items": ", ".join(f"{work.kind} #{work.pk}" for work in found)},
+                messages.INFO,
+            )
+        change = reverse(f"{self.admin_site.name}:nexus_workflows_deferredwork_change", args=[found[0].pk])
+        return HttpResponseRedirect(change)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[DeferredWork], search_term: str
+    ) -> tuple[QuerySet[DeferredWork], bool]:
+        # Keys are found only through the POSTed box (find_view): a key in a GET URL would
+        # reach access logs and browser history. A typed ?q= finds nothing.
+        return (queryset.none() if search_term else queryset), False
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         return observability_admin.dashboard_view(self, request)

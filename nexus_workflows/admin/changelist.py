@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.views.main import PAGE_VAR, ChangeList
+from django.contrib.admin.views.main import PAGE_VAR
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils.functional import Promise, cached_property
 from django.utils.translation import gettext_lazy as _
 
+from nexus_workflows.admin.readonly import SearchNotEchoedChangeList
 from nexus_workflows.deferred import triage
 from nexus_workflows.flow.report import waiting_on_limit_q
 from nexus_workflows.models import DeferredWork, Status
@@ -75,9 +76,11 @@ class SummaryItem:
     tone: str
 
 
-class TriageChangeList(ChangeList):
+class TriageChangeList(SearchNotEchoedChangeList):
     """The change list, minus the columns that may hold patient data, plus the counts
-    per status of the current filter (search and kind included, status left out)."""
+    per status of the current filter (kind included, status left out). Work is found by
+    its dedupe key through the POSTed find box, never a ``?q=`` (see the admin's
+    ``find_view``)."""
 
     def __init__(self, request: HttpRequest, *args: Any, **kwargs: Any) -> None:
         self.request = request

@@ -72,10 +72,12 @@ def _run(kind: str, trigger: Any) -> None:
             f"fire-and-forget job: workflow {kind!r} is registered with a retry schedule in this "
             "worker, so it is deferred and runs in runworkflows, not on RQ; the job was not run"
         )
-    failed: Exception | None = None
+    failed: BaseException | None = None
     try:
         workflow.call_prepare(trigger)
-    except Exception as error:  # noqa: BLE001 - consumer code may raise anything
+    except BaseException as error:  # noqa: BLE001 - consumer code may raise anything
+        # SystemExit, KeyboardInterrupt or asyncio's CancelledError too: RQ catches every
+        # exception of a job and would log and store their messages as they are.
         failed = error
     # Handled after the except block: anything raised while handling it (sealing, Redis,
     # the job timeout's alarm) would otherwise carry the error as its context, and RQ
@@ -95,7 +97,7 @@ def _forget_earlier_error() -> None:
         job.save_meta()
 
 
-def _job_failed(kind: str, error: Exception) -> JobFailed:
+def _job_failed(kind: str, error: BaseException) -> JobFailed:
     # The original message is sealed into the job's meta (opened only by the admin's
     # reveal page); the exception RQ logs names only the type and the frames.
     job = get_current_job()

@@ -13,16 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import IS_FACETS_VAR, SEARCH_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, QueryDict
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
-from django.utils.http import urlencode
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
+from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin, SearchNotEchoedMixin
 from nexus_workflows.admin.reveal import RevealFailed, RevealMixin
 from nexus_workflows.phi.exceptions import PhiError, SurfaceDecryptionError
 from nexus_workflows.phi.keys import code_hash, keyring
@@ -30,36 +28,6 @@ from nexus_workflows.phi.models import PhiToken, TokenMap
 from nexus_workflows.phi.tokens import check_code
 
 REVEAL_PERMISSION = "nexus_workflows.reveal_phitoken"
-
-
-class _CodeNotEchoedChangeList(ChangeList):
-    """A change list that searches by conversation code but never shows what was typed:
-    the search box is left empty, and the term is not carried into links."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.query = ""
-        self.params.pop(SEARCH_VAR, None)  # sort, filter and page links drop it too
-        self.filter_params.pop(SEARCH_VAR, None)
-        self.remove_facet_link = self.get_query_string(remove=[IS_FACETS_VAR])
-        self.add_facet_link = self.get_query_string({IS_FACETS_VAR: True})
-
-
-class SearchNotEchoedMixin:
-    """A list whose search term is never echoed back into the page or its links (a code,
-    or a token, typed into the box): see :class:`_CodeNotEchoedChangeList`."""
-
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return _CodeNotEchoedChangeList
-
-    def get_preserved_filters(self, request: HttpRequest) -> str:
-        preserved = super().get_preserved_filters(request)  # type: ignore[misc]
-        if not preserved:
-            return preserved
-        # The typed code must not travel on into the change page's links.
-        filters = QueryDict(QueryDict(preserved).get("_changelist_filters", ""), mutable=True)
-        filters.pop(SEARCH_VAR, None)
-        return urlencode({"_changelist_filters": filters.urlencode()}) if filters else ""
 
 
 class PhiTokenInline(ReadOnlyAdminMixin, admin.TabularInline):
