@@ -322,7 +322,10 @@ def test_release_returns_work_to_pending_due_now_with_attempt_unchanged(kind: st
     works = claimer(kind).claim_due(1)
     assert release(works) == 1
     work = DeferredWork.objects.get(pk=work_id)
-    assert (work.status, work.attempt, work.claim_token) == (Status.PENDING, 2, "")
+    assert (work.status, work.attempt, work.claimed_at) == (Status.PENDING, 2, None)
+    # The token stays, saying which claim gave it back; no fence matches a pending row.
+    assert work.claim_token == works[0].claim_token
+    assert not DeferredWork.objects.held(work.claim_token).exists()
     assert work.next_attempt_at <= timezone.now()
 
 

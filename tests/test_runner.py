@@ -74,7 +74,9 @@ def test_failure_reschedules_along_the_schedule_then_abandons(register_workflow:
     assert (work.status, work.attempt) == (Status.PENDING, 1)
     assert work.last_error == "Upstream: upstream down (run 1)"
     assert before + timedelta(minutes=2) <= work.next_attempt_at <= timezone.now() + timedelta(minutes=2)
-    assert work.claim_token == ""
+    # The token of the claim that rescheduled it stays; no fence matches it (not processing).
+    assert work.claim_token != ""
+    assert not DeferredWork.objects.held(work.claim_token).exists()
 
     assert run_once(kind).done == 0  # not due yet: the schedule is respected
     assert len(runs) == 1

@@ -105,7 +105,7 @@ def test_whatever_prepare_raises_only_its_own_item_fails(
     assert (stats.done, stats.rescheduled) == (5, 1)
     assert {row(work_id).status for work_id in others} == {Status.DONE}
     work = row(poisoned)
-    assert (work.status, work.attempt, work.claim_token) == (Status.PENDING, 1, "")
+    assert (work.status, work.attempt, work.claimed_at, work.heartbeat_at) == (Status.PENDING, 1, None, None)
     for text in (work.last_error, work.history[-1]["error"]):
         assert "\x00" not in text
         text.encode("utf-8")  # no lone surrogate survived

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -331,6 +331,39 @@ def test_signals_are_sent_on_enqueue_start_and_finish() -> None:
         ]
     )
     assert sorted(finished_status_in_db) == sorted([TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED])
+
+
+def test_an_abandon_whose_answer_was_lost_still_sends_task_finished() -> None:
+    """An outage just after the commit of a failed task's abandon: the write went through,
+    its answer was lost, and the runner writes it again, matching nothing. The task did
+    fail: task_finished is sent once, FAILED, with the stored finished_at, and the run is
+    no lost claim. (tests/faults/test_lost_answers.py loses an answer in a real crash.)"""
+    finished: list[tuple[str, Any, Any]] = []
+    lost_answers: list[str] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append((task_result.id, task_result.status, task_result.finished_at))
+
+    def lose_the_abandons_answer(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        answer = execute(sql, params, many, context)  # autocommit: committed by now
+        if not lost_answers and sql.startswith("UPDATE") and Status.ABANDONED in (params or ()):
+            lost_answers.append(sql)
+            raise OperationalError("server closed the connection unexpectedly")
+        return answer
+
+    result = tasks.explode.enqueue("x")
+    task_finished.connect(receive)
+    try:
+        # The runner writes outcomes on the thread that runs it: this one, in --once.
+        with connection.execute_wrapper(lose_the_abandons_answer):
+            output = run_once("--concurrency", "1")
+    finally:
+        task_finished.disconnect(receive)
+    result.refresh()
+    assert len(lost_answers) == 1
+    assert finished == [(result.id, TaskResultStatus.FAILED, result.finished_at)]
+    assert "1 abandoned" in output, output
+    assert "lost" not in output, output
 
 
 def test_the_times_task_started_and_task_finished_carry_are_the_stored_ones() -> None:

@@ -90,3 +90,100 @@ def test_purge_deletes_only_rows_still_expired(kind: str) -> None:
     revived.update(status=Status.PENDING)  # changed after the purge read its ids
     assert transitions.purge(expired, ids) == 1
     assert list(DeferredWork.objects.values_list("pk", flat=True)) == [revived.get().pk]
+
+
+# --- An outcome written again after its answer was lost ----------------------------------
+# An outage just after the commit of an attempt's outcome: the write went through, its
+# answer never arrived, and the runner writes it again. That write matches nothing (the
+# row is no longer processing); it must still count as written by this claim, not as a
+# lost claim. (tests/faults/test_lost_answers.py loses the answer in a real crash.)
+
+FAILURE_WRITES: dict[str, Any] = {
+    "rescheduled": lambda work: transitions.reschedule(
+        work, delay=timedelta(minutes=1), error="Upstream: timeout"
+    ),
+    "released": lambda work: transitions.release_attempt(
+        work, delay=timedelta(seconds=1), reason="database unavailable", error="OperationalError: gone"
+    ),
+    "abandoned": lambda work: transitions.abandon(work, error="Upstream: refused", reason="permanent error"),
+}
+ENDS_AS = {
+    "rescheduled": (Status.PENDING, 1),
+    "released": (Status.PENDING, 0),
+    "abandoned": (Status.ABANDONED, 0),
+}
+
+
+def claimed_one(kind: str) -> Any:
+    from nexus_workflows.deferred.claims import Claimer
+
+    (work,) = Claimer(kinds=[kind], using="default").claim_due(1)
+    return work
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("returning", [True, False], ids=["update-returning", "update-then-read"])
+@pytest.mark.parametrize("outcome", list(FAILURE_WRITES))
+def test_a_failure_written_again_by_its_own_claim_is_written_not_lost(
+    kind: str, monkeypatch: Any, outcome: str, returning: bool
+) -> None:
+    if not returning:
+        monkeypatch.setattr(transitions, "can_return_from_update", lambda using: False)
+    rows = DeferredWork.objects.filter(pk=enqueue(kind, {"key": "a"}))
+    work = claimed_one(kind)
+    write = FAILURE_WRITES[outcome]
+    assert write(work) is True  # committed; in an outage its answer would be lost here
+    first = rows.values().get()
+    work.finished_at = None
+
+    assert write(work) is True  # written again: it matches nothing, and is no lost claim
+    assert rows.values().get() == first  # written once: one history entry, one attempt counted
+    assert (first["status"], first["attempt"]) == ENDS_AS[outcome]
+    assert work.finished_at == first["finished_at"]  # abandoned: what task_finished carries
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("outcome", ["rescheduled", "released"])
+def test_a_pending_write_cannot_be_told_once_another_claim_took_the_row(kind: str, outcome: str) -> None:
+    """Pending work may be claimed again at once: the new claim's token replaces ours, and
+    the write sent again cannot tell that it went through. It stays counted lost."""
+    rows = DeferredWork.objects.filter(pk=enqueue(kind, {"key": "a"}))
+    work = claimed_one(kind)
+    write = FAILURE_WRITES[outcome]
+    assert write(work) is True
+    rows.update(next_attempt_at=database_now("default") - timedelta(seconds=1))
+    again = claimed_one(kind)
+    assert write(work) is False
+    assert transitions.reschedule(again, delay=timedelta(minutes=1), error="Again: failed") is True
+    assert write(work) is False  # pending with the other claim's token: not ours
+    assert rows.values_list("status", "attempt").get() == (Status.PENDING, ENDS_AS[outcome][1] + 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_revived_row_is_no_claims_abandon_and_a_new_abandon_is_its_own(kind: str) -> None:
+    rows = DeferredWork.objects.filter(pk=enqueue(kind, {"key": "a"}))
+    work = claimed_one(kind)
+    abandon = FAILURE_WRITES["abandoned"]
+    assert abandon(work) is True
+    assert transitions.revive(rows) == 1  # the operator revives it: the claim is cleared
+    assert rows.values_list("status", "claim_token").get() == (Status.PENDING, "")
+    assert abandon(work) is False
+    again = claimed_one(kind)
+    assert abandon(again) is True
+    assert abandon(work) is False  # abandoned again, by another claim
+    assert abandon(again) is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claims_released_at_shutdown_again_are_counted_released(kind: str) -> None:
+    from nexus_workflows.deferred.claims import Claimer
+
+    ids = [int(enqueue(kind, {"key": str(n)})) for n in range(3)]
+    works = Claimer(kinds=[kind], using="default").claim_due(3)
+    assert transitions.release(works) == 3
+    assert transitions.release(works) == 3  # sent again after a lost answer
+    DeferredWork.objects.filter(pk=ids[0]).update(claim_token="another claim's")
+    assert transitions.release(works) == 2
+    assert set(DeferredWork.objects.values_list("status", flat=True)) == {Status.PENDING}
+    # A fence never matches a kept token: each needs the status "processing" too.
+    assert not DeferredWork.objects.held(works[1].claim_token).exists()

@@ -14,9 +14,10 @@ named function here, with its compare-and-set (and, after a claim, its fence) in
   picks the rows; this writes them, re-checking the candidates' conditions).
 * ``save``, ``done``, ``reschedule``, ``abandon``, ``release``: fenced by the claim token
   (:meth:`ClaimedWork.fenced`) and judged by the rows matched: a write that matches
-  nothing means the claim was lost, and nothing was written. A done row keeps the token
-  of the claim that made it done, so a done written again (its first commit's answer
-  lost in an outage) is told from a lost claim.
+  nothing means the claim was lost, and nothing was written. The row keeps the token of
+  the claim whose write ended its attempt (done, abandoned, or pending again), so such a
+  write sent again (its first commit's answer lost in an outage) is told from a lost
+  claim (:func:`_written_by`); no fence matches that token, each needs "processing" too.
 * ``revive``, ``run now``: compare-and-set on the status the operator saw.
 * ``purge``: :func:`purge`, re-checking status and expiry in the ``DELETE``.
 
@@ -161,6 +162,8 @@ def _revived(due: Any, history: list[Any] | None) -> dict[str, Any]:
         "next_attempt_at": due if due is not None else now,
         "last_error": "",
         "finished_at": None,
+        # A revived row starts afresh: no claim wrote its state (see _written_by).
+        "claim_token": "",
         **_unclaimed(now),
     }
     if history is not None:
@@ -256,7 +259,7 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
 
     Rows of one claim are written by one statement. When it matches fewer rows than
     it was given, the rows it did write are the ones it returned (``RETURNING``), and
-    elsewhere those :func:`_done_by` finds. Rows this claim had already made done count
+    elsewhere those :func:`_written_by` finds. Rows this claim had already made done count
     as written too: a retry of a done whose commit's answer was lost (an outage) matches
     nothing, and is no lost claim.
     """
@@ -265,13 +268,8 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
     by_claim: dict[tuple[str, str], list[ClaimedWork]] = {}
     for work in works:
         if work.history_changed:
-            if _finish_one(work):
-                written.append(work)
-            elif found := _done_by(work.using, work.claim_token, [work.id]):
-                work.finished_at = found[work.id]
-                written.append(work)
-            else:
-                lost.append(work)
+            ours = _finish_one(work) or _written_by_this_claim(work, status=Status.DONE)
+            (written if ours else lost).append(work)
         else:
             by_claim.setdefault((work.using, work.claim_token), []).append(work)
     for (using, token), group in by_claim.items():
@@ -286,7 +284,8 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
         else:
             rows.update(**done)  # which rows it wrote, and their finished_at, are read below
         if len(ours) < len(group):
-            ours.update(_done_by(using, token, [pk for pk in ids if pk not in ours]))
+            missing = [pk for pk in ids if pk not in ours]
+            ours.update(_written_by(using, token, missing, status=Status.DONE))
         for work in group:
             if work.id in ours:
                 work.finished_at = ours[work.id]
@@ -321,10 +320,11 @@ def _failure_fields(work: ClaimedWork, error: str) -> dict[str, Any]:
 
 
 def _unclaimed(now: Any) -> dict[str, Any]:
-    """The fields every write that ends an attempt sets: the claim is given up (a done
-    keeps its token, see _done_fields)."""
+    """The fields every write that ends an attempt sets: the claim is given up. Its token
+    stays, saying which claim wrote the row's outcome (:func:`_written_by`); no fence
+    matches it, as every one needs the status "processing" too, and every claim writes
+    its own."""
     return {
-        "claim_token": "",
         "claimed_at": None,
         "heartbeat_at": None,
         "started_at": None,
@@ -333,21 +333,35 @@ def _unclaimed(now: Any) -> dict[str, Any]:
 
 
 def _done_fields(now: Any) -> dict[str, Any]:
-    # The claim token stays, saying which claim made the row done (_done_by). No fence
-    # matches it: every one needs the status "processing" too.
-    unclaimed = {name: value for name, value in _unclaimed(now).items() if name != "claim_token"}
-    return {"status": Status.DONE, "last_error": "", "finished_at": now, **unclaimed}
+    return {"status": Status.DONE, "last_error": "", "finished_at": now, **_unclaimed(now)}
 
 
-def _done_by(using: str, token: str, ids: list[int]) -> dict[int, Any]:
-    """The rows of ``ids`` the claim ``token`` made done, with their stored ``finished_at``:
-    only its own done-write leaves a row done with its token (a later claim writes its
-    own; done rows are never claimed or revived)."""
+def _written_by(using: str, token: str, ids: list[int], **outcome: Any) -> dict[int, Any]:
+    """The rows of ``ids`` whose attempt the claim ``token`` ended with ``outcome`` (the
+    status, and the attempt where it tells), with their stored ``finished_at``.
+
+    Read when a write of the claim's outcome matched nothing: its first commit may have
+    gone through with its answer lost (an outage), and the write sent again finds the row
+    no longer processing. Only that claim's own outcome write leaves a row out of
+    "processing" with its token: a later claim writes its own, a revive clears it. So a
+    row found here was written by this claim. Once another runner claimed the row again
+    (pending work may be claimed at once), its token replaced ours and nothing can tell:
+    the write counts as lost, as before.
+    """
     return dict(
         DeferredWork.objects.using(using)
-        .filter(pk__in=ids, status=Status.DONE, claim_token=token)
+        .filter(pk__in=ids, claim_token=token, **outcome)
         .values_list("pk", "finished_at")
     )
+
+
+def _written_by_this_claim(work: ClaimedWork, **outcome: Any) -> bool:
+    """:func:`_written_by` for one row; keeps its stored ``finished_at`` on ``work``."""
+    found = _written_by(work.using, work.claim_token, [work.id], **outcome)
+    if work.id not in found:
+        return False
+    work.finished_at = found[work.id]
+    return True
 
 
 def _finish_one(work: ClaimedWork) -> bool:
@@ -375,19 +389,19 @@ def _write_final(work: ClaimedWork, changes: Callable[[Any], dict[str, Any]]) ->
 
 
 def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
+    """processing → pending after ``delay``, ``attempt + 1``. Whether it was written: by
+    this write, or by this claim's same write before, whose answer was lost (an outage)."""
     history = append_entry(work.history, attempt=work.attempt, outcome="rescheduled", error=error)
-    return (
-        work.fenced().update(
-            status=Status.PENDING,
-            attempt=work.attempt + 1,
-            next_attempt_at=now_plus(delay),
-            last_error=error,
-            history=history,
-            **_failure_fields(work, error),
-            **_unclaimed(DatabaseNow()),
-        )
-        == 1
+    matched = work.fenced().update(
+        status=Status.PENDING,
+        attempt=work.attempt + 1,
+        next_attempt_at=now_plus(delay),
+        last_error=error,
+        history=history,
+        **_failure_fields(work, error),
+        **_unclaimed(DatabaseNow()),
     )
+    return matched == 1 or _written_by_this_claim(work, status=Status.PENDING, attempt=work.attempt + 1)
 
 
 def release_attempt(work: ClaimedWork, *, delay: timedelta, reason: str, error: str) -> bool:
@@ -396,24 +410,26 @@ def release_attempt(work: ClaimedWork, *, delay: timedelta, reason: str, error: 
     reserved start lapsed before it started; the history keeps it)."""
     history = append_entry(work.history, attempt=work.attempt, outcome="released", reason=reason, error=error)
     starts.give_back([work])
-    return (
-        work.fenced().update(
-            status=Status.PENDING,
-            next_attempt_at=now_plus(delay),
-            last_error=error,
-            history=history,
-            **_unclaimed(DatabaseNow()),
-        )
-        == 1
+    matched = work.fenced().update(
+        status=Status.PENDING,
+        next_attempt_at=now_plus(delay),
+        last_error=error,
+        history=history,
+        **_unclaimed(DatabaseNow()),
     )
+    # Written before, its answer lost (see reschedule)?
+    return matched == 1 or _written_by_this_claim(work, status=Status.PENDING, attempt=work.attempt)
 
 
 def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
+    """processing → abandoned; keeps the stored ``finished_at`` on ``work``. Whether it
+    was written: by this write, or by this claim's same write before, whose answer was
+    lost (an outage)."""
     history = append_entry(
         work.history, attempt=work.attempt, outcome="abandoned", reason=reason, error=error
     )
     starts.give_back([work])
-    return _write_final(
+    written = _write_final(
         work,
         lambda now: {
             "status": Status.ABANDONED,
@@ -424,6 +440,7 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
             **_unclaimed(now),
         },
     )
+    return written or _written_by_this_claim(work, status=Status.ABANDONED)
 
 
 def record_lost(work: ClaimedWork) -> bool:
@@ -437,7 +454,8 @@ def record_lost(work: ClaimedWork) -> bool:
 
 
 def release(works: Iterable[ClaimedWork]) -> int:
-    """Give claims back at shutdown: pending, due now, attempt unchanged."""
+    """Give claims back at shutdown: pending, due now, attempt unchanged. Returns how many
+    this claim gave back, counting those an earlier try wrote whose answer was lost."""
     released = 0
     works = list(works)
     starts.give_back(works)  # their attempts never started: nor did their rate starts
@@ -445,7 +463,7 @@ def release(works: Iterable[ClaimedWork]) -> int:
     for work in works:
         by_claim.setdefault((work.using, work.claim_token), []).append(work.id)
     for (using, token), ids in by_claim.items():
-        released += (
+        matched = (
             DeferredWork.objects.using(using)
             .held(token)
             .filter(pk__in=ids)
@@ -457,6 +475,11 @@ def release(works: Iterable[ClaimedWork]) -> int:
                 **_unclaimed(DatabaseNow()),
             )
         )
+        if matched < len(ids):
+            # Rows pending with this token now: this write's and an earlier try's. At least
+            # ``matched`` (a row this write gave back may be claimed again already).
+            matched = max(matched, len(_written_by(using, token, ids, status=Status.PENDING)))
+        released += matched
     return released
 
 

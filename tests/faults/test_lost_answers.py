@@ -1,12 +1,14 @@
-"""Fault suite: a done whose commit succeeded but whose answer was lost, because the
-private PostgreSQL cluster crashed (``pg_ctl restart -m immediate``) between the two. The
-runner writes the done again after the outage; it matches nothing, and the runner must
-still count the work done, not "claim lost; result discarded"."""
+"""Fault suite: an outcome write whose commit succeeded but whose answer was lost, because
+the private PostgreSQL cluster crashed (``pg_ctl restart -m immediate``) between the two.
+The runner writes the outcome again after the outage; it matches nothing, and the runner
+must still count it as what it was (done, rescheduled, released, abandoned), not "claim
+lost; result discarded"."""
 
 from __future__ import annotations
 
+import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,18 @@ SETTINGS = {"POLL_INTERVAL": 0.2, "HEARTBEAT_INTERVAL": 30, "STALE_AFTER": 120, 
 
 ENQUEUE = """
 from nexus_workflows import enqueue
-enqueue("test-interval", {{"key": "1", "ledger": {ledger!r}, "seconds": 600, "until_file": {until!r}}})
+enqueue("test-ends-when-told", {{"key": "1", "end": {end!r}, "until_file": {until!r}}})
 """
+
+# How the first attempt ends (tests.testapp.workflows.ends_when_told), the row's status
+# once the outcome's first commit went through, the runner's last line about the item (a
+# rescheduled or released item runs again and is done) and the counts it ends with.
+CASES = {
+    "done": ("done", "done", "attempt 1 of 4: done", {"done": 1}),
+    "rescheduled": ("transient", "pending", "attempt 2 of 4: done", {"done": 1, "rescheduled": 1}),
+    "released": ("outage", "pending", "attempt 1 of 4: done", {"done": 1, "released": 1}),
+    "abandoned": ("permanent", "abandoned", "abandoned: permanent error", {"abandoned": 1}),
+}
 
 
 def execute(url: str, sql: str) -> None:
@@ -74,34 +86,56 @@ def hold_commits_unanswered(server: PrivatePostgres) -> None:
         thread.join(30)
 
 
-def test_a_done_whose_answer_was_lost_in_a_crash_counts_as_done(
-    private_postgres: PrivatePostgres, tmp_path: Path, report_figures: Callable[[str], None]
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PrivatePostgres]:
+    """One private cluster for the module, with a migrated database each test copies."""
+    server = PrivatePostgres()
+    try:
+        server.start()
+        server.create_database("nw_template")
+        run_to_end("migrate", "--no-input", "-v", "0", url=server.url("nw_template"))
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.mark.parametrize("outcome", list(CASES))
+def test_an_outcome_whose_answer_was_lost_in_a_crash_counts_as_written(
+    cluster: PrivatePostgres, tmp_path: Path, report_figures: Callable[[str], None], outcome: str
 ) -> None:
-    private_postgres.create_database("nw_faults_answer")
-    url = private_postgres.url("nw_faults_answer")
+    end, status_after_commit, last_line, counts = CASES[outcome]
+    name = f"nw_faults_answer_{outcome}"
+    execute(cluster.url(), f'CREATE DATABASE "{name}" TEMPLATE nw_template')
+    url = cluster.url(name)
     until = tmp_path / "until"
-    run_to_end("migrate", "--no-input", "-v", "0", url=url)
-    run_to_end("shell", "-c", ENQUEUE.format(ledger=str(tmp_path / "ledger"), until=str(until)), url=url)
-    runner = ManagePy("runworkflows", "--kind", "test-interval", settings=SETTINGS, database_url=url)
+    run_to_end("shell", "-c", ENQUEUE.format(end=end, until=str(until)), url=url)
+    runner = ManagePy("runworkflows", "--kind", "test-ends-when-told", settings=SETTINGS, database_url=url)
     try:
         runner.wait_for_output("runner started", timeout=60)
-        # Started (marked): the attempt's next write is its done.
-        started = f"SELECT 1 FROM {TABLE} WHERE status = 'processing' AND started_at IS NOT NULL"
-        wait_for(lambda: query(url, started), timeout=30, what="the attempt started")
-        hold_commits_unanswered(private_postgres)
-        until.touch()  # the prepare returns
-        wait_for(lambda: waiting_for_a_standby(url, "finished_at"), timeout=30, what="the done committed")
-        # The crash: the done is in the WAL, its answer never left. Back without a standby.
+        # Begun (journalled, so marked started): the attempt's next write is its outcome.
+        began = f"SELECT 1 FROM {TABLE} WHERE status = 'processing' AND checkpoints ? 'began'"
+        wait_for(lambda: query(url, began), timeout=30, what="the attempt began")
+        hold_commits_unanswered(cluster)
+        until.touch()  # the prepare ends
+        # Every outcome write sets last_error (a done clears it); no other write does.
+        wait_for(lambda: waiting_for_a_standby(url, "last_error"), timeout=30, what="the outcome committed")
+        # The crash: the write is in the WAL, its answer never left. Back without a standby.
         execute(url, "ALTER SYSTEM RESET synchronous_standby_names")
-        away = private_postgres.restart("immediate")
-        assert query(url, f"SELECT status FROM {TABLE}") == [("done",)]  # the first commit did succeed
-        said = ("attempt 1 of 4: done", "claim lost")
-        wait_for(lambda: any(line in runner.output() for line in said), timeout=60, what="the done again")
+        away = cluster.restart("immediate")
+        # The first commit did succeed.
+        assert query(url, f"SELECT status FROM {TABLE}") == [(status_after_commit,)]
+        # (The old code said "claim lost" for the write sent again; a done or abandoned
+        # item then has no line to come.)
+        ended = (last_line, "claim lost") if outcome in ("done", "abandoned") else (last_line,)
+        wait_for(lambda: any(line in runner.output() for line in ended), timeout=60, what="the item's end")
         assert runner.terminate() == 0, runner.output()
         output = runner.output()
     finally:
         runner.close()
-    report_figures(f"done's answer lost in a crash: server away {away:.2f}s; the runner said done again")
-    assert "database unavailable" in output  # the runner did see the outage
+    report_figures(f"{outcome}'s answer lost in a crash: server away {away:.2f}s; the runner wrote it again")
+    assert "database unavailable (" in output  # the runner did see the outage
     assert "claim lost" not in output, output
-    assert "runner stopped: 1 done, 0 rescheduled, 0 abandoned, 0 reclaimed\n" in output, output
+    summary = re.search(r"runner stopped: (.*)$", output, re.MULTILINE)
+    assert summary, output
+    reported = {name: int(n) for n, name in re.findall(r"(\d+) (\w+)", summary.group(1)) if int(n)}
+    assert reported == counts, output

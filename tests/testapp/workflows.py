@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from django.db import OperationalError
 
 from nexus_workflows import PermanentError, workflow
 from nexus_workflows.signals import attempt_started
@@ -117,6 +118,27 @@ def interval(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) ->
         save({f"step{step}": True})
         append_line(ledger, key, f"step{step}", time.time())
     append_line(ledger, key, "end", time.time())
+
+
+@workflow("test-ends-when-told", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def ends_when_told(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Its first attempt journals that it began, waits until ``until_file`` exists, then
+    ends as ``trigger["end"]`` says: ``"done"``, ``"transient"`` (rescheduled),
+    ``"outage"`` (the database unreachable: released, attempt unchanged) or
+    ``"permanent"`` (abandoned). A later attempt succeeds at once."""
+    if checkpoints.get("began"):
+        return
+    save({"began": True})
+    until = Path(trigger["until_file"])
+    pause = threading.Event()  # not time.sleep: libfaketime breaks it (see under_faketime)
+    while not until.exists():
+        pause.wait(0.01)
+    if trigger["end"] == "transient":
+        raise ConnectionError("upstream timed out")
+    if trigger["end"] == "outage":
+        raise OperationalError("the database went away")
+    if trigger["end"] == "permanent":
+        raise PermanentError("rejected upstream")
 
 
 @workflow("test-interval-async", dedupe_key=by_key, retry_schedule=SCHEDULE)
