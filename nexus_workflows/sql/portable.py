@@ -1,5 +1,5 @@
 """Every other database: the plain ORM only. No ``RETURNING`` (claims read their rows
-back by token, done-writes by their ``updated_at``), no precompiled ``INSERT`` (enqueue
+back by token, done-writes theirs by the claim token the done row keeps), no precompiled ``INSERT`` (enqueue
 uses ``QuerySet.create``), no ``NOTIFY`` (runners poll), and a unique violation is told
 by the constraint's name appearing in the database's message."""
 
