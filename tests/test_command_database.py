@@ -16,7 +16,7 @@ from django.db.migrations.recorder import MigrationRecorder
 from nexus_workflows.management.commands._database import MigrationsMissing, require_migrated
 from tests.processes import ManagePy
 
-LATEST = "0011_notify_only_waiting_runners"
+LATEST = "0012_no_notify_for_no_rows"
 KIND = "test-command-database"
 
 

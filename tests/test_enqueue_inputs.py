@@ -235,6 +235,33 @@ def test_an_integrity_error_that_is_not_the_dedupe_constraint_is_the_apps_error(
         assert "nw_test_refused" in str(raised.value)
 
 
+def test_another_unique_constraint_is_a_refusal_not_a_dedupe_race(register_workflow: Any) -> None:
+    """On PostgreSQL enqueue skips only a taken dedupe key (ON CONFLICT ON CONSTRAINT): a
+    project's own unique index still refuses the row, with the app's error."""
+    kind = register_workflow(noop, dedupe_key=lambda trigger: trigger["key"], retry_schedule=[1]).kind
+    table = DeferredWork._meta.db_table
+    postgres = connection.vendor == "postgresql"
+    visit = "(trigger ->> 'visit')" if postgres else "json_extract(trigger, '$.visit')"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE UNIQUE INDEX nw_test_one_visit ON {table} (({visit}))")
+    first = enqueue(kind, {"key": "first", "visit": "v-7"})
+    with transaction.atomic():  # the caller's transaction
+        with pytest.raises(EnqueueRejected, match="the database refused the new work") as raised:
+            enqueue(kind, {"key": "second", "visit": "v-7"})
+        assert raised.value.__cause__ is None
+        assert "v-7" not in str(raised.value)
+        assert "second" not in str(raised.value)
+        assert enqueue(kind, {"key": "third", "visit": "v-8"}) is not None  # still usable
+    assert enqueue(kind, {"key": "first", "visit": "v-9"}) == first  # the dedupe key: no refusal
+    if connection.vendor == "postgresql":
+        assert "nw_test_one_visit" in str(raised.value)
+        # Both taken: the dedupe key is checked first (ON CONFLICT's arbiter), so a repeat
+        # of the very trigger is the dedupe case. (SQLite reports whichever index it checks
+        # first, here the project's.)
+        assert enqueue(kind, {"key": "first", "visit": "v-7"}) == first
+    assert sorted(DeferredWork.objects.values_list("dedupe_key", flat=True)) == ["first", "third"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_refusals_outside_a_transaction_write_nothing(register_workflow: Any) -> None:
     kind = register_workflow(noop, dedupe_key=lambda trigger: trigger["key"], retry_schedule=[1]).kind

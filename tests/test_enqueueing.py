@@ -206,9 +206,52 @@ def test_losing_the_dedupe_race_inside_a_transaction_does_not_break_it(deferred:
 
 @pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
+def test_a_taken_key_is_no_error_on_the_server_so_its_log_never_shows_the_trigger(
+    deferred: str, register_workflow: Any
+) -> None:
+    """PostgreSQL logs every failed statement with its values (``log_min_error_statement``
+    is ``error`` by default, and Django binds them client-side): a duplicate enqueue must
+    fail no statement at all. Every statement enqueue sends is recorded: none raises, none
+    rolls back to a savepoint, whether pending, done or abandoned, in autocommit mode, in
+    the caller's transaction or with a serial key (a savepoint of its own)."""
+    serial = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: t["to"]).kind
+    sent: list[str] = []
+    failed: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        try:
+            return execute(sql, params, many, context)
+        except Exception as error:
+            failed.append(type(error).__name__)
+            raise
+
+    pending = enqueue(deferred, {"key": "taken", "name": "Canary Patient"})
+    done = enqueue(deferred, {"key": "done"})
+    abandoned = enqueue(deferred, {"key": "abandoned"})
+    DeferredWork.objects.filter(pk=done).update(status=Status.DONE)
+    DeferredWork.objects.filter(pk=abandoned).update(status=Status.ABANDONED)
+    keyed = enqueue(serial, {"key": "keyed", "to": "+52 55 0000 0000"})
+    with connection.execute_wrapper(record):
+        assert enqueue(deferred, {"key": "taken", "name": "Canary Patient"}) == pending
+        assert enqueue(serial, {"key": "keyed", "to": "+52 55 0000 0000"}) == keyed
+        with transaction.atomic():
+            assert enqueue(deferred, {"key": "taken"}) == pending
+            assert enqueue(deferred, {"key": "done"}) is None
+            assert enqueue(serial, {"key": "keyed", "to": "+52 55 0000 0000"}) == keyed
+            assert enqueue(deferred, {"key": "abandoned"}) == abandoned  # revived
+    assert failed == []
+    assert [sql for sql in sent if "ROLLBACK" in sql.upper()] == []
+    assert sum(sql.startswith("INSERT") for sql in sent) == 6  # each enqueue did try its INSERT
+    assert DeferredWork.objects.get(pk=abandoned).status == Status.PENDING
+    assert DeferredWork.objects.count() == 4
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
 def test_a_concurrent_insert_that_commits_first_wins_inside_the_callers_transaction(deferred: str) -> None:
     """The other writer's INSERT is still uncommitted when ours runs, so ours blocks on the
-    unique index, then fails when it commits; our transaction must survive that."""
+    unique index, then skips the row when it commits; our transaction must go on."""
     inserted = threading.Event()
     release = threading.Event()
     winner: dict[str, Any] = {}

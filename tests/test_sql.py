@@ -61,6 +61,8 @@ def test_the_insert_statement_alone_writes_on_bare_psycopg_what_insert_pending_w
     # Django's parameters turn preparing off (prepare_threshold None); psycopg's default is 5.
     with raw_connection(cursor_factory=factory, prepare_threshold=5) as bare:
         (work_id,) = bare.execute(sql_text, params, prepare=prepare).fetchone()
+        # The key taken: no row, and no error (ON CONFLICT ON CONSTRAINT nw_unique_dedupe_key).
+        assert bare.execute(sql_text, params, prepare=prepare).fetchone() is None
         if prepare:
             assert bare.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 1
     alone = DeferredWork.objects.filter(pk=work_id).values().get()

@@ -206,14 +206,34 @@ def test_an_insert_notifies_only_while_a_runner_waits_and_names_a_row_inserted_a
         postgresql.hold_waiting_lock(listener)  # as an idle runner's listener does
         (one,) = enqueue_many(kind, [{"key": 1}])
         enqueue_many(kind, [{"key": 2}, {"key": 3}])
-        enqueue_many(kind, [{"key": 1}])  # a dedupe conflict: nothing inserted
-        payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=3)]
-        assert payloads == [f"{one} {kind}", "", ""]
+        payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
+        assert payloads == [f"{one} {kind}", ""]
+        # Dedupe conflicts, nothing inserted: no NOTIFY (migration 0012).
+        enqueue_many(kind, [{"key": 1}])
+        assert enqueue(kind, {"key": 1}) == one
+        with transaction.atomic():
+            assert enqueue(kind, {"key": 2}) is not None
+        assert first_notification(listener, sender) == "marker"
 
         postgresql.release_waiting_lock(listener)  # as a runner with a backlog does
         enqueue_many(kind, [{"key": "busy"}])
         assert first_notification(listener, sender) == "marker"
     assert waiting_lock_holders() == []
+
+
+@pytest.mark.postgresql
+def test_an_enqueue_of_a_taken_key_leaves_the_waiting_lock_free(register_workflow: Any) -> None:
+    """It inserted nothing, so nothing needs announcing: a runner may start waiting while
+    the caller's transaction goes on (migration 0012)."""
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    taken = enqueue(kind, {"key": "taken"})
+    with raw_connection() as listener:
+        postgresql.listen(listener, CHANNEL, lock_timeout=0.2)
+        with transaction.atomic():
+            assert enqueue(kind, {"key": "taken"}) == taken
+            assert enqueue_many(kind, [{"key": "taken"}]) == [taken]
+            postgresql.hold_waiting_lock(listener)  # not held by this transaction
+        assert waiting_lock_holders() == [("ShareLock", True)]
 
 
 @pytest.mark.postgresql

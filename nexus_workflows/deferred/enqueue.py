@@ -333,11 +333,14 @@ def _enqueue_deferred(
     for _ in range(_DEDUPE_ROUNDS):
         now = timezone.now()
         try:
-            # Inside the caller's transaction a savepoint keeps a lost dedupe race from
-            # breaking it; in autocommit mode the INSERT stands alone (one round trip),
-            # unless a serial key must be locked first (see flow.ordering).
+            # Inside the caller's transaction a savepoint keeps a refusal (another
+            # constraint, or on SQLite a lost dedupe race) from breaking it; in autocommit
+            # mode the INSERT stands alone (one round trip), unless a serial key must be
+            # locked first (see flow.ordering).
             with transaction.atomic(using=using) if in_transaction or serial_key else nullcontext():
                 ordering.lock_keys(using, workflow.kind, [serial_key])
+                # On PostgreSQL a taken key is skipped (None), never an error: the server
+                # would log the failed statement with its values, the trigger included.
                 work_id = insert_pending(
                     using,
                     kind=workflow.kind,
@@ -346,38 +349,38 @@ def _enqueue_deferred(
                     delay=delay,
                     now=now,
                     flow_hashes=flow_hashes,
+                    skip_taken_key=True,
                 )
-            notify(using, inserted=True)
-        except IntegrityError as error:
+        except IntegrityError as error:  # SQLite and other backends: the dedupe race raises
             if not is_dedupe_conflict(error, connection):
                 raise _rejected(workflow, error) from None
-            existing = (
-                DeferredWork.objects.using(using)
-                .filter(kind=workflow.kind, dedupe_key=dedupe_key)
-                .values("pk", "status", "history")
-                .first()
-            )
-            if existing is None:
-                continue  # purged between the INSERT and this read: insert again
-            if existing["status"] == Status.PENDING:
-                return str(existing["pk"])
-            if existing["status"] != Status.ABANDONED:
-                logger.debug(
-                    "%s #%s not enqueued: already %s", workflow.kind, existing["pk"], existing["status"]
-                )
-                return None
-            if _revive(existing, due_after(delay, now=now, using=using), using):
-                notify(using)
-                signals.send(signals.work_revived, kind=workflow.kind, id=existing["pk"], attempt=1)
-                logger.info("%s #%s revived by enqueue: pending, attempt 0", workflow.kind, existing["pk"])
-                return str(existing["pk"])
-            continue  # someone else changed it first: look again
+            work_id = None
         except DataError as error:
             raise _rejected(workflow, error) from None
-        else:
+        if work_id is not None:
+            notify(using, inserted=True)
             logger.debug("%s #%s enqueued", workflow.kind, work_id)
             signals.send(signals.work_enqueued, kind=workflow.kind, id=work_id, attempt=1)
             return str(work_id)
+        existing = (
+            DeferredWork.objects.using(using)
+            .filter(kind=workflow.kind, dedupe_key=dedupe_key)
+            .values("pk", "status", "history")
+            .first()
+        )
+        if existing is None:
+            continue  # purged between the INSERT and this read: insert again
+        if existing["status"] == Status.PENDING:
+            return str(existing["pk"])
+        if existing["status"] != Status.ABANDONED:
+            logger.debug("%s #%s not enqueued: already %s", workflow.kind, existing["pk"], existing["status"])
+            return None
+        if _revive(existing, due_after(delay, now=now, using=using), using):
+            notify(using)
+            signals.send(signals.work_revived, kind=workflow.kind, id=existing["pk"], attempt=1)
+            logger.info("%s #%s revived by enqueue: pending, attempt 0", workflow.kind, existing["pk"])
+            return str(existing["pk"])
+        # someone else changed it first: look again
     raise RuntimeError(
         f"workflow {workflow.kind!r}: could not settle the dedupe key after {_DEDUPE_ROUNDS} "
         "rounds; the row kept changing under concurrent writers"
@@ -388,7 +391,8 @@ def is_dedupe_conflict(error: IntegrityError, connection: Any) -> bool:
     """Whether ``error`` is the dedupe constraint refusing a second row for a key.
 
     Only that is the dedupe race; any other constraint (NOT NULL, a CHECK or trigger added
-    by the project) is a real refusal and must not be retried as if it were one.
+    by the project) is a real refusal and must not be retried as if it were one. (On
+    PostgreSQL ``enqueue`` never sees that race as an error: its INSERT skips a taken key.)
     """
     from nexus_workflows.models import DEDUPE_CONSTRAINT
 

@@ -102,6 +102,7 @@ def insert_returning_pk_with_constants(
     constants: Sequence[tuple[Any, Any]],
     using: str,
     varying_sql: Sequence[str] | None = None,
+    skip_conflict_on: str | None = None,
 ) -> tuple[str, tuple[Any, ...]]:
     """:func:`insert_returning_pk` of ``varying`` fields and ``constants`` (``(field,
     value prepared for the database)`` pairs, the same for every row), with the constants
@@ -112,6 +113,11 @@ def insert_returning_pk_with_constants(
     The literals are rendered once by psycopg's own quoting (``ops.compose_sql``); they
     are model defaults, never data a caller passed. ``varying_sql`` (one per ``varying``
     field, ``%s`` by default) may put an expression of parameters in a field's place.
+
+    ``skip_conflict_on`` (a unique constraint's name) adds ``ON CONFLICT ON CONSTRAINT …
+    DO NOTHING``: a row that constraint refuses is skipped and no id returned, with no
+    error on the server (whose log would show the statement with its values); any other
+    constraint still raises ``IntegrityError``.
     """
     connection = connections[using]
     fields = [*varying, *(field for field, _ in constants)]
@@ -123,7 +129,10 @@ def insert_returning_pk_with_constants(
     literals = connection.ops.compose_sql(", ".join(["%s"] * len(constants)), [v for _, v in constants])
     literals = literals.replace("%", "%%")  # the statement is still run with parameters
     bound = ", ".join(varying_sql or ["%s"] * len(varying))
-    return f"{head} VALUES ({bound}, {literals}){tail}", trailing
+    conflict = ""
+    if skip_conflict_on is not None:
+        conflict = f" ON CONFLICT ON CONSTRAINT {connection.ops.quote_name(skip_conflict_on)} DO NOTHING"
+    return f"{head} VALUES ({bound}, {literals}){conflict}{tail}", trailing
 
 
 def insert_many_from_json_sql(connection: Any, table: str, columns: Sequence[Any], pk_column: str) -> str:
