@@ -98,7 +98,7 @@ def _plan(using: str) -> _Plan:
     if hasattr(statements, "insert_many_from_json_sql"):
         # A Django task's fields are constants there: enqueue_many is for workflows.
         many_rows_sql = statements.insert_many_from_json_sql(
-            connection, opts.db_table, varying + others, opts.pk.column
+            connection, opts.db_table, varying + others, opts.pk.column, DEDUPE_CONSTRAINT
         )
     plan = _Plan(
         columns=tuple(varying + others),

@@ -135,10 +135,13 @@ def insert_returning_pk_with_constants(
     return f"{head} VALUES ({bound}, {literals}){conflict}{tail}", trailing
 
 
-def insert_many_from_json_sql(connection: Any, table: str, columns: Sequence[Any], pk_column: str) -> str:
-    """``INSERT … SELECT … FROM jsonb_array_elements(%s) ON CONFLICT DO NOTHING RETURNING
-    dedupe_key, id``: many rows from one JSON parameter (one parameter for the batch
-    instead of a dozen per row).
+def insert_many_from_json_sql(
+    connection: Any, table: str, columns: Sequence[Any], pk_column: str, skip_conflict_on: str
+) -> str:
+    """``INSERT … SELECT … FROM jsonb_array_elements(%s) ON CONFLICT ON CONSTRAINT
+    <skip_conflict_on> DO NOTHING RETURNING dedupe_key, id``: many rows from one JSON
+    parameter (one parameter for the batch instead of a dozen per row). Only that
+    constraint's refusals are skipped: any other unique index still raises.
 
     ``columns`` are the fields in the statement's order: ``kind``, ``dedupe_key``,
     ``trigger``, the due time (:data:`DUE_AFTER_SQL`), two timestamps, the two key hashes,
@@ -163,7 +166,8 @@ def insert_many_from_json_sql(connection: Any, table: str, columns: Sequence[Any
     return (
         f"INSERT INTO {quote(table)} ({', '.join(quote(f.column) for f in columns)}) "
         f"SELECT {', '.join(select)} FROM jsonb_array_elements(CAST(%s AS jsonb)) AS item "
-        f"ON CONFLICT DO NOTHING RETURNING {quote('dedupe_key')}, {quote(pk_column)}"
+        f"ON CONFLICT ON CONSTRAINT {quote(skip_conflict_on)} DO NOTHING "
+        f"RETURNING {quote('dedupe_key')}, {quote(pk_column)}"
     )
 
 
