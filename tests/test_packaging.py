@@ -150,10 +150,13 @@ def _pins(name: str) -> dict[str, str]:
     return pins
 
 
-def test_the_django61_requirements_pin_the_same_set_but_django() -> None:
-    """bin/test's Django 6.1 leg must test what requirements.txt pins, Django and the Tasks
-    backport (built into Django 6) aside."""
-    pinned, django61 = _pins("requirements.txt"), _pins("requirements-django61.txt")
+@pytest.mark.parametrize(
+    ("requirements", "line"), [("requirements-django61.txt", "6.1."), ("requirements-django60.txt", "6.0.")]
+)
+def test_the_django6_requirements_pin_the_same_set_but_django(requirements: str, line: str) -> None:
+    """bin/test's Django 6.1 and 6.0 legs must test what requirements.txt pins, Django and the
+    Tasks backport (built into Django 6) aside."""
+    pinned, django6 = _pins("requirements.txt"), _pins(requirements)
     backport = {"django-tasks", "django-stubs-ext", "typing_extensions"}
-    assert django61.pop("django").startswith("6.1.")
-    assert {k: v for k, v in pinned.items() if k != "django" and k not in backport} == django61
+    assert django6.pop("django").startswith(line)
+    assert {k: v for k, v in pinned.items() if k != "django" and k not in backport} == django6

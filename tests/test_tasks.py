@@ -1,7 +1,7 @@
 """Django's Tasks API on nexus_workflows: tasks are enqueued and read back through the
 public API only (``@task``, ``Task.enqueue``, ``get_result``, ``TaskResult.refresh``,
 the task signals) and run by ``manage.py runworkflows``, on the real database. The same
-tests run on Django 5.2 (the django-tasks backport) and on Django 6.1 (``django.tasks``)."""
+tests run on Django 5.2 (the django-tasks backport), 6.0 and 6.1 (``django.tasks``)."""
 
 from __future__ import annotations
 
