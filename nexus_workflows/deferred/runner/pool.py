@@ -11,7 +11,7 @@ from django.db import close_old_connections, connections
 from nexus_workflows.deferred.execution import Outcome, Result, SavePatch, execute
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import Ledger
-from nexus_workflows.deferred.runner.unavailable import close_connection
+from nexus_workflows.deferred.runner.unavailable import close_connection, is_database_unavailable
 from nexus_workflows.deferred.transitions import ClaimedWork
 
 
@@ -39,6 +39,18 @@ def check_connections(using: str, outage: bool) -> None:
                     connection.close()
             except Exception:  # noqa: BLE001 - a broken connection fails to close, too
                 close_connection(connection.alias)
+
+
+def drop_connections_after(outcome: Outcome) -> None:
+    """After a failed attempt: close this thread's connections that prepare left broken
+    and, when it failed for an outage, all of them. A session that met a read-only
+    database stays read-only (it keeps the setting it began with) however usable it
+    looks, so only a new one sees the database writable again."""
+    with contextlib.suppress(Exception):  # a broken connection fails to close, too
+        if outcome.error is not None and is_database_unavailable(outcome.error):
+            connections.close_all()
+        else:
+            close_old_connections()
 
 
 class SyncPool:
@@ -88,8 +100,6 @@ class SyncPool:
                 self.ledger.finished(work)
                 self._finished(outcome)
                 if outcome.result is not Result.SUCCEEDED:
-                    # prepare may have left this thread's connection broken.
-                    with contextlib.suppress(Exception):
-                        close_old_connections()
+                    drop_connections_after(outcome)
         finally:
             connections.close_all()
