@@ -160,6 +160,8 @@ class PostgresListener(threading.Thread):
         self.holds_waiting_lock = False
         # Rung by the runner's thread so that this one, asleep in select(), acts at once.
         self._bell, self._bell_rope = socket.socketpair()
+        # Seconds between statements that keep an idle session alive (see _connect).
+        self._keep_alive_every: float | None = None
 
     def stop(self) -> None:
         """Stop listening (from the calling thread)."""
@@ -197,6 +199,10 @@ class PostgresListener(threading.Thread):
         params["prepare_threshold"] = None  # no server-side state beyond the LISTEN itself
         connection = psycopg.connect(**params, autocommit=True)
         postgresql.listen(connection, CHANNEL, lock_timeout=WAITING_LOCK_TIMEOUT)
+        # This session sits idle by design: where the server ends idle sessions, a
+        # statement now and then keeps it (each reconnect would open a gap and log twice).
+        timeout = postgresql.idle_session_timeout(connection)
+        self._keep_alive_every = timeout / 2 if timeout is not None else None
         return connection
 
     def run(self) -> None:
@@ -232,8 +238,12 @@ class PostgresListener(threading.Thread):
 
     def _listen(self, connection: Any) -> None:
         next_probe = 0.0  # probe at once after every (re)connect
+        next_keep_alive = self._next_keep_alive()
         try:
             while not self._stopping.is_set():
+                if time.monotonic() >= next_keep_alive:
+                    postgresql.keep_alive(connection)
+                    next_keep_alive = self._next_keep_alive()
                 if time.monotonic() >= next_probe:
                     arrived = self._probe(connection)
                     if arrived is None:  # the probe could not be sent: try again soon
@@ -249,9 +259,15 @@ class PostgresListener(threading.Thread):
         finally:
             self.holds_waiting_lock = False  # the session's locks end with it
 
+    def _next_keep_alive(self) -> float:
+        every = self._keep_alive_every
+        return time.monotonic() + every if every is not None else float("inf")
+
     def _sleep(self, connection: Any) -> None:
-        """Until a notification arrives, the runner rings, or LISTEN_TURN passes."""
-        readable, _, _ = select.select([connection.fileno(), self._bell], [], [], LISTEN_TURN)
+        """Until a notification arrives, the runner rings, or LISTEN_TURN passes (less
+        when the session must be kept alive sooner)."""
+        turn = min(LISTEN_TURN, self._keep_alive_every or LISTEN_TURN)
+        readable, _, _ = select.select([connection.fileno(), self._bell], [], [], turn)
         if self._bell in readable:
             self._bell.recv(4096)
 

@@ -99,7 +99,8 @@ def test_a_read_only_database_is_an_outage_that_costs_no_attempt(
         f"executions {len(intervals)}"
     )
     assert attempt == 0, output  # the refusal consumed no attempt
-    assert [(entry["outcome"], entry.get("reason")) for entry in history] == [("released", "database unavailable")]
+    outcomes = [(entry["outcome"], entry.get("reason")) for entry in history]
+    assert outcomes == [("released", "database unavailable")]
     assert output.count(READ_ONLY_LINE) == 1, output  # said once, by its cause
     assert "database reachable again" in output
     assert "writing its outcome failed" not in output  # not the item's fault

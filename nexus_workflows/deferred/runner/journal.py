@@ -32,7 +32,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from nexus_workflows.deferred import transitions
-from nexus_workflows.deferred.runner.unavailable import close_connection
+from nexus_workflows.deferred.runner.unavailable import close_connection, rerun_on_a_new_connection
 from nexus_workflows.deferred.transitions import ClaimedWork, validate_patch
 from nexus_workflows.exceptions import ClaimLost
 
@@ -230,9 +230,12 @@ class JournalWriter:
         return batch
 
     def _write(self, batch: list[_Save]) -> None:
+        journals = [(save.work, save.checkpoints) for save in batch]
         try:
-            written = transitions.save_journals(
-                [(save.work, save.checkpoints) for save in batch], using=self.using
+            # A writer's connection sits idle between batches: once more on a new one if
+            # it died meanwhile (the same journals again: a second write changes nothing).
+            written = rerun_on_a_new_connection(
+                self.using, lambda: transitions.save_journals(journals, using=self.using)
             )
         except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
             close_connection(self.using)  # the next batch reconnects

@@ -42,6 +42,7 @@ from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
     describe_unavailable,
     is_database_unavailable,
+    session_ended_idle,
 )
 from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.exceptions import UnknownWorkflow
@@ -328,6 +329,12 @@ class Runner:
     def _loop_failed(self, error: Exception) -> None:
         """A loop turn raised: an outage (down, or read-only) is waited out on a new
         connection; anything else is logged by type and the turn is tried again later."""
+        if session_ended_idle(error):
+            # The server ended the session while the loop waited (idle_session_timeout):
+            # nothing of the turn ran, and a new session runs it at once. Not an outage.
+            close_connection(self.using)
+            logger.debug("the database ended the runner's idle session; reconnecting")
+            return
         if is_database_unavailable(error):
             self._database_lost(error)
             return

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
+
+T = TypeVar("T")
 
 #: Errors that mean "the database is not answering right now": wait and retry.
 DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
@@ -14,6 +18,13 @@ DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
 #: The DB-API files it under InternalError, not OperationalError, but it is no fault of
 #: the work: wait and retry, on a new session (the old one keeps the setting it began with).
 READ_ONLY_SQLSTATE = "25006"
+#: SQLSTATE of a session the server ended because it sat idle (``idle_session_timeout``):
+#: the statement that meets it never ran, and a new session runs it at once.
+IDLE_SESSION_TIMEOUT_SQLSTATE = "57P05"
+#: SQLSTATE of a session the server ended because it sat idle in a transaction
+#: (``idle_in_transaction_session_timeout``); an InternalError too, but the session is
+#: gone, as after ``pg_terminate_backend`` (an OperationalError).
+IDLE_IN_TRANSACTION_SQLSTATE = "25P03"
 
 
 def sqlstate(error: BaseException) -> str | None:
@@ -30,10 +41,32 @@ def is_read_only(error: BaseException) -> bool:
     return sqlstate(error) == READ_ONLY_SQLSTATE
 
 
+def session_ended_idle(error: BaseException) -> bool:
+    return sqlstate(error) == IDLE_SESSION_TIMEOUT_SQLSTATE
+
+
 def is_database_unavailable(error: BaseException) -> bool:
     """Whether ``error`` says the database cannot take the statement right now (down,
-    unreachable, or read-only), rather than anything about the work."""
-    return isinstance(error, DATABASE_UNAVAILABLE) or is_read_only(error)
+    unreachable, read-only, or it ended the session), rather than anything about the work."""
+    return isinstance(error, DATABASE_UNAVAILABLE) or sqlstate(error) in (
+        READ_ONLY_SQLSTATE,
+        IDLE_IN_TRANSACTION_SQLSTATE,
+    )
+
+
+def rerun_on_a_new_connection(using: str, write: Callable[[], T]) -> T:
+    """``write()``; when the database was unavailable to it, once more on a new
+    connection. The connection may only have died while it sat idle (a server restarted
+    since, or one that ends idle sessions) and a new one works at once; a real outage
+    fails the second time too, and raises. Only for writes that may run twice: the
+    first may have committed before its answer was lost."""
+    try:
+        return write()
+    except Exception as error:
+        if not is_database_unavailable(error):
+            raise
+    close_connection(using)
+    return write()
 
 
 def describe_unavailable(error: BaseException) -> str:
