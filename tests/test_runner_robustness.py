@@ -358,6 +358,29 @@ def test_a_database_outage_inside_prepare_releases_the_attempt_a_bounded_number_
     assert row(work_id).status == Status.ABANDONED
 
 
+@pytest.mark.postgresql
+def test_a_session_ended_idle_in_a_transaction_releases_the_attempt(register_workflow: Any) -> None:
+    """PostgreSQL ends a session left idle in a transaction longer than
+    ``idle_in_transaction_session_timeout`` (an operator's setting); the next statement
+    raises IdleInTransactionSessionTimeout, an InternalError. The session is gone, as
+    after ``pg_terminate_backend``: an outage, not a failure of the work."""
+    from django.db import transaction
+
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL idle_in_transaction_session_timeout = '50ms'")
+            threading.Event().wait(0.5)  # idle in the transaction: the server ends the session
+            cursor.execute("SELECT 1")
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    stats = run_once(kind)
+    work = row(work_id)
+    assert (stats.released, stats.rescheduled, work.status, work.attempt) == (1, 0, Status.PENDING, 0)
+    assert work.history[-1]["reason"] == "database unavailable"
+    assert work.last_error.startswith("InternalError: terminating connection due to idle-in-transaction")
+
+
 # --- 5. only attempts that started count ----------------------------------------------------
 
 
