@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import DatabaseError, OperationalError, connection
 from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
@@ -379,6 +379,31 @@ def test_a_session_ended_idle_in_a_transaction_releases_the_attempt(register_wor
     assert (stats.released, stats.rescheduled, work.status, work.attempt) == (1, 0, Status.PENDING, 0)
     assert work.history[-1]["reason"] == "database unavailable"
     assert work.last_error.startswith("InternalError: terminating connection due to idle-in-transaction")
+
+
+def database_error_of(setting: str, statement: str) -> DatabaseError:
+    """The error ``statement`` raises on this test's database under ``SET LOCAL setting``."""
+    from django.db import transaction
+
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL {setting}")
+            cursor.execute(statement)
+    except DatabaseError as error:
+        return error
+    raise AssertionError(f"{statement!r} succeeded under {setting!r}")
+
+
+@pytest.mark.postgresql
+def test_an_outage_is_described_by_the_drivers_error_type_and_never_its_text() -> None:
+    from nexus_workflows.deferred.runner.unavailable import describe_unavailable
+
+    cancelled = database_error_of("statement_timeout = '1ms'", "SELECT pg_sleep(0.2)")
+    refused = database_error_of(
+        "transaction_read_only = on", "UPDATE nexus_workflows_deferredwork SET last_error = 'Smith'"
+    )
+    assert describe_unavailable(cancelled) == "OperationalError: QueryCanceled"
+    assert describe_unavailable(refused) == "InternalError: the database is read-only"
 
 
 # --- 5. only attempts that started count ----------------------------------------------------

@@ -70,10 +70,14 @@ def rerun_on_a_new_connection(using: str, write: Callable[[], T]) -> T:
 
 
 def describe_unavailable(error: BaseException) -> str:
-    """The error's type for a log line, and "read-only" when that is the cause (never the
-    driver's text: it may quote a statement)."""
+    """The error's type for a log line, with the driver's more specific one when it has
+    one ("OperationalError: QueryCanceled", "OperationalError: DiskFull"), and "read-only"
+    when that is the cause. Never the driver's text: it may quote a statement."""
     name = type(error).__name__
-    return f"{name}: the database is read-only" if is_read_only(error) else name
+    if is_read_only(error):
+        return f"{name}: the database is read-only"
+    cause = type(error.__cause__).__name__ if error.__cause__ is not None else name
+    return f"{name}: {cause}" if cause != name else name
 
 
 def close_connection(using: str) -> None:
