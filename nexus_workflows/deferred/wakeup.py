@@ -154,6 +154,9 @@ class PostgresListener(threading.Thread):
         self.on_new_work = on_new_work
         self._stopping = threading.Event()
         self._reported_lost = False
+        # Whether this outage's failed connects were reported (the first only: they are
+        # retried every few seconds for as long as it lasts).
+        self._reported_unreachable = False
         # Whether the runner waits for NOTIFYs (set by the runner's thread), and whether
         # this session holds the waiting lock that makes enqueues send them (this thread).
         self._waiting = False
@@ -211,17 +214,20 @@ class PostgresListener(threading.Thread):
             try:
                 connection = self._connect()
             except Exception as error:  # noqa: BLE001 - any failure means "retry later"
-                logger.warning(
-                    "wake-up listener cannot connect to database %r (%s); polling every %gs until it can",
-                    self.listen_using,
-                    type(error).__name__,
-                    app_settings.WAKEUP_FALLBACK_POLL_INTERVAL,
-                )
+                if not self._reported_unreachable:  # once per outage; "arrive again" ends it
+                    self._reported_unreachable = True
+                    logger.warning(
+                        "wake-up listener cannot connect to database %r (%s); polling every %gs until it can",
+                        self.listen_using,
+                        type(error).__name__,
+                        app_settings.WAKEUP_FALLBACK_POLL_INTERVAL,
+                    )
                 self._set_mode(WakeupMode.SHORT_POLL)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
             backoff = 0.5
+            self._reported_unreachable = False
             # Work may have been enqueued while we were not listening.
             self.event.set()
             try:
