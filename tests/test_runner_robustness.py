@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import DatabaseError, OperationalError, connection
 from django.db.models.functions import Now
 from django.test import override_settings
 from django.utils import timezone
@@ -356,6 +356,54 @@ def test_a_database_outage_inside_prepare_releases_the_attempt_a_bounded_number_
         make_due(work_id)
     assert run_once(kind).abandoned == 1
     assert row(work_id).status == Status.ABANDONED
+
+
+@pytest.mark.postgresql
+def test_a_session_ended_idle_in_a_transaction_releases_the_attempt(register_workflow: Any) -> None:
+    """PostgreSQL ends a session left idle in a transaction longer than
+    ``idle_in_transaction_session_timeout`` (an operator's setting); the next statement
+    raises IdleInTransactionSessionTimeout, an InternalError. The session is gone, as
+    after ``pg_terminate_backend``: an outage, not a failure of the work."""
+    from django.db import transaction
+
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL idle_in_transaction_session_timeout = '50ms'")
+            threading.Event().wait(0.5)  # idle in the transaction: the server ends the session
+            cursor.execute("SELECT 1")
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    stats = run_once(kind)
+    work = row(work_id)
+    assert (stats.released, stats.rescheduled, work.status, work.attempt) == (1, 0, Status.PENDING, 0)
+    assert work.history[-1]["reason"] == "database unavailable"
+    assert work.last_error.startswith("InternalError: terminating connection due to idle-in-transaction")
+
+
+def database_error_of(setting: str, statement: str) -> DatabaseError:
+    """The error ``statement`` raises on this test's database under ``SET LOCAL setting``."""
+    from django.db import transaction
+
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL {setting}")
+            cursor.execute(statement)
+    except DatabaseError as error:
+        return error
+    raise AssertionError(f"{statement!r} succeeded under {setting!r}")
+
+
+@pytest.mark.postgresql
+def test_an_outage_is_described_by_the_drivers_error_type_and_never_its_text() -> None:
+    from nexus_workflows.deferred.runner.unavailable import describe_unavailable
+
+    cancelled = database_error_of("statement_timeout = '1ms'", "SELECT pg_sleep(0.2)")
+    refused = database_error_of(
+        "transaction_read_only = on", "UPDATE nexus_workflows_deferredwork SET last_error = 'Smith'"
+    )
+    assert describe_unavailable(cancelled) == "OperationalError: QueryCanceled"
+    assert describe_unavailable(refused) == "InternalError: the database is read-only"
 
 
 # --- 5. only attempts that started count ----------------------------------------------------

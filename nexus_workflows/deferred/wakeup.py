@@ -154,12 +154,17 @@ class PostgresListener(threading.Thread):
         self.on_new_work = on_new_work
         self._stopping = threading.Event()
         self._reported_lost = False
+        # Whether this outage's failed connects were reported (the first only: they are
+        # retried every few seconds for as long as it lasts).
+        self._reported_unreachable = False
         # Whether the runner waits for NOTIFYs (set by the runner's thread), and whether
         # this session holds the waiting lock that makes enqueues send them (this thread).
         self._waiting = False
         self.holds_waiting_lock = False
         # Rung by the runner's thread so that this one, asleep in select(), acts at once.
         self._bell, self._bell_rope = socket.socketpair()
+        # Seconds between statements that keep an idle session alive (see _connect).
+        self._keep_alive_every: float | None = None
 
     def stop(self) -> None:
         """Stop listening (from the calling thread)."""
@@ -197,6 +202,10 @@ class PostgresListener(threading.Thread):
         params["prepare_threshold"] = None  # no server-side state beyond the LISTEN itself
         connection = psycopg.connect(**params, autocommit=True)
         postgresql.listen(connection, CHANNEL, lock_timeout=WAITING_LOCK_TIMEOUT)
+        # This session sits idle by design: where the server ends idle sessions, a
+        # statement now and then keeps it (each reconnect would open a gap and log twice).
+        timeout = postgresql.idle_session_timeout(connection)
+        self._keep_alive_every = timeout / 2 if timeout is not None else None
         return connection
 
     def run(self) -> None:
@@ -205,17 +214,20 @@ class PostgresListener(threading.Thread):
             try:
                 connection = self._connect()
             except Exception as error:  # noqa: BLE001 - any failure means "retry later"
-                logger.warning(
-                    "wake-up listener cannot connect to database %r (%s); polling every %gs until it can",
-                    self.listen_using,
-                    type(error).__name__,
-                    app_settings.WAKEUP_FALLBACK_POLL_INTERVAL,
-                )
+                if not self._reported_unreachable:  # once per outage; "arrive again" ends it
+                    self._reported_unreachable = True
+                    logger.warning(
+                        "wake-up listener cannot connect to database %r (%s); polling every %gs until it can",
+                        self.listen_using,
+                        type(error).__name__,
+                        app_settings.WAKEUP_FALLBACK_POLL_INTERVAL,
+                    )
                 self._set_mode(WakeupMode.SHORT_POLL)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
             backoff = 0.5
+            self._reported_unreachable = False
             # Work may have been enqueued while we were not listening.
             self.event.set()
             try:
@@ -232,8 +244,12 @@ class PostgresListener(threading.Thread):
 
     def _listen(self, connection: Any) -> None:
         next_probe = 0.0  # probe at once after every (re)connect
+        next_keep_alive = self._next_keep_alive()
         try:
             while not self._stopping.is_set():
+                if time.monotonic() >= next_keep_alive:
+                    postgresql.keep_alive(connection)
+                    next_keep_alive = self._next_keep_alive()
                 if time.monotonic() >= next_probe:
                     arrived = self._probe(connection)
                     if arrived is None:  # the probe could not be sent: try again soon
@@ -249,9 +265,15 @@ class PostgresListener(threading.Thread):
         finally:
             self.holds_waiting_lock = False  # the session's locks end with it
 
+    def _next_keep_alive(self) -> float:
+        every = self._keep_alive_every
+        return time.monotonic() + every if every is not None else float("inf")
+
     def _sleep(self, connection: Any) -> None:
-        """Until a notification arrives, the runner rings, or LISTEN_TURN passes."""
-        readable, _, _ = select.select([connection.fileno(), self._bell], [], [], LISTEN_TURN)
+        """Until a notification arrives, the runner rings, or LISTEN_TURN passes (less
+        when the session must be kept alive sooner)."""
+        turn = min(LISTEN_TURN, self._keep_alive_every or LISTEN_TURN)
+        readable, _, _ = select.select([connection.fileno(), self._bell], [], [], turn)
         if self._bell in readable:
             self._bell.recv(4096)
 

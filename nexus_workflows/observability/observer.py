@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db import Error as DatabaseError  # InterfaceError included
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import connections, transaction
 
 from nexus_workflows import signals, sql
 from nexus_workflows.conf import app_settings
+from nexus_workflows.database_errors import is_database_unavailable
 from nexus_workflows.deferred.attempts import attempt_number
 from nexus_workflows.observability import counts, runners
 from nexus_workflows.observability.clock import database_now
@@ -206,9 +207,9 @@ class Observer:
         token, batch = self._sealed
         try:
             counts.add(batch, token=token, using=self.using)
-        except (OperationalError, InterfaceError):
-            raise  # an outage: the runner waits, then this batch goes again
         except DatabaseError as error:
+            if is_database_unavailable(error):
+                raise  # an outage (read-only too): the runner waits, then this batch goes again
             # Anything else (the table missing before `migrate`, say) must not stop the
             # runner: these counts are dropped, the work itself was written.
             logger.error("outcome counts not written (%s); dropped", type(error).__name__)

@@ -64,6 +64,21 @@ def listen(connection: Any, channel: str, *, lock_timeout: float | None = None) 
         connection.execute("SELECT set_config('lock_timeout', %s, false)", [timeout])
 
 
+def idle_session_timeout(connection: Any) -> float | None:
+    """Seconds after which the server ends this psycopg connection's session when it sits
+    idle (``idle_session_timeout``, PostgreSQL 14+, set by an operator on the server, the
+    database or the role); None when it never does."""
+    row = connection.execute(
+        "SELECT setting::float / 1000 FROM pg_settings WHERE name = 'idle_session_timeout'"
+    ).fetchone()
+    return row[0] if row is not None and row[0] > 0 else None
+
+
+def keep_alive(connection: Any) -> None:
+    """A statement on an idle psycopg connection, so the server does not end its session."""
+    connection.execute("SELECT 1")
+
+
 #: The advisory lock every runner waiting for a ``NOTIFY`` holds, shared, on its ``LISTEN``
 #: session; the work table's trigger sends its ``NOTIFY`` only when it cannot take the lock
 #: itself (migration 0011 writes the same two keys). Two int4 keys: a key space apart from

@@ -11,7 +11,7 @@ from django.db import connections
 
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.ledger import Ledger
-from nexus_workflows.deferred.runner.unavailable import close_connection
+from nexus_workflows.deferred.runner.unavailable import close_connection, rerun_on_a_new_connection
 from nexus_workflows.flow import starts as flow_starts
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
@@ -107,7 +107,8 @@ class Heartbeat:
             held = self.ledger.held()
             began = time.monotonic()
             if held:
-                transitions.heartbeat(held, using=self.using)
+                # Its connection sits idle between beats: a new one if it died meanwhile.
+                rerun_on_a_new_connection(self.using, lambda: transitions.heartbeat(held, using=self.using))
             self.last_good = time.monotonic()
             self.ledger.confirm(began)
             # The runner's row after the claims, and never waiting long (the observer
@@ -118,5 +119,5 @@ class Heartbeat:
     def _mark_started(self) -> None:
         started = self.ledger.unmarked()
         if started:
-            transitions.mark_started(started, using=self.using)
+            rerun_on_a_new_connection(self.using, lambda: transitions.mark_started(started, using=self.using))
             self.ledger.marked(started)

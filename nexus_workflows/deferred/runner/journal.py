@@ -32,7 +32,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from nexus_workflows.deferred import transitions
-from nexus_workflows.deferred.runner.unavailable import close_connection
+from nexus_workflows.deferred.runner.unavailable import close_connection, rerun_on_a_new_connection
 from nexus_workflows.deferred.transitions import ClaimedWork, validate_patch
 from nexus_workflows.exceptions import ClaimLost
 
@@ -230,9 +230,12 @@ class JournalWriter:
         return batch
 
     def _write(self, batch: list[_Save]) -> None:
+        journals = [(save.work, save.checkpoints) for save in batch]
         try:
-            written = transitions.save_journals(
-                [(save.work, save.checkpoints) for save in batch], using=self.using
+            # A writer's connection sits idle between batches: once more on a new one if
+            # it died meanwhile (the same journals again: a second write changes nothing).
+            written = rerun_on_a_new_connection(
+                self.using, lambda: transitions.save_journals(journals, using=self.using)
             )
         except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
             close_connection(self.using)  # the next batch reconnects
@@ -260,6 +263,10 @@ class JournalWriter:
 
 def _own_copy(error: BaseException) -> BaseException:
     try:
-        return copy.copy(error)
+        copied = copy.copy(error)
     except Exception:  # noqa: BLE001 - an exception that cannot be copied is shared
         return error
+    # copy.copy drops the cause: the driver's error, whose SQLSTATE tells a read-only
+    # database (an outage) from an error of the work (see unavailable.is_read_only).
+    copied.__cause__ = error.__cause__
+    return copied

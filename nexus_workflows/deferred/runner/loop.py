@@ -38,7 +38,12 @@ from nexus_workflows.deferred.runner.selection import selection, worker_id
 from nexus_workflows.deferred.runner.shutdown import Shutdown, release_claims
 from nexus_workflows.deferred.runner.stats import RunStats, Tally
 from nexus_workflows.deferred.runner.stop_signals import StopSignals
-from nexus_workflows.deferred.runner.unavailable import DATABASE_UNAVAILABLE, close_connection
+from nexus_workflows.deferred.runner.unavailable import (
+    close_connection,
+    describe_unavailable,
+    is_database_unavailable,
+    session_ended_idle,
+)
 from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.exceptions import UnknownWorkflow
 from nexus_workflows.models import DeferredWork
@@ -306,14 +311,8 @@ class Runner:
                     cutoff = database_now(self.using)
                 claimed, more_due, purging = self._turn(cutoff, schedule)
                 self._database_back()
-            except DATABASE_UNAVAILABLE as error:
-                self._database_lost(error)
-                self._stop_requested.wait(self._backoff.delay)
-                continue
             except Exception as error:  # noqa: BLE001 - only a signal ends the runner
-                # Its message may hold patient data (a trigger echoed by a constraint): type only.
-                logger.error("runner loop error (%s); carrying on", type(error).__name__)
-                self._backoff.loop_error()
+                self._loop_failed(error)
                 self._stop_requested.wait(self._backoff.delay)
                 continue
             if self.once and not claimed and not purging and self._ledger.held_count() == 0:
@@ -326,6 +325,22 @@ class Runner:
             if purging or (more_due and self._wants_more()):
                 continue
             self._wake.wait(self._next_wait())
+
+    def _loop_failed(self, error: Exception) -> None:
+        """A loop turn raised: an outage (down, or read-only) is waited out on a new
+        connection; anything else is logged by type and the turn is tried again later."""
+        if session_ended_idle(error):
+            # The server ended the session while the loop waited (idle_session_timeout):
+            # nothing of the turn ran, and a new session runs it at once. Not an outage.
+            close_connection(self.using)
+            logger.debug("the database ended the runner's idle session; reconnecting")
+            return
+        if is_database_unavailable(error):
+            self._database_lost(error)
+            return
+        # Its message may hold patient data (a trigger echoed by a constraint): type only.
+        logger.error("runner loop error (%s); carrying on", type(error).__name__)
+        self._backoff.loop_error()
 
     def _turn(self, cutoff: datetime | None, schedule: LoopSchedule) -> tuple[int, bool, bool]:
         """One turn of the loop: write outcomes, guard reclaims, purge and claim when
@@ -421,7 +436,7 @@ class Runner:
             self._observer.database_lost()
             logger.warning(
                 "database unavailable (%s); holding %d unwritten outcome(s) and retrying",
-                type(error).__name__,
+                describe_unavailable(error),
                 self._ledger.unwritten_count(),
             )
 
@@ -454,11 +469,11 @@ class Runner:
         """Write what can be written; whether nothing is left to write."""
         try:
             self._writer.write()
-        except DATABASE_UNAVAILABLE as error:
-            self._database_lost(error)
-            return False
         except Exception as error:  # noqa: BLE001 - shutting down must not fail
-            logger.error("writing outcomes at shutdown failed (%s)", type(error).__name__)
+            if is_database_unavailable(error):
+                self._database_lost(error)
+            else:
+                logger.error("writing outcomes at shutdown failed (%s)", type(error).__name__)
             return False
         return self._ledger.unwritten_count() == 0
 

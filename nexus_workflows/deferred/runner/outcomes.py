@@ -16,7 +16,7 @@ from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import Ledger, Pending
 from nexus_workflows.deferred.runner.logs import log_write_error
 from nexus_workflows.deferred.runner.stats import Tally
-from nexus_workflows.deferred.runner.unavailable import DATABASE_UNAVAILABLE, is_database_unavailable
+from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
 from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.exceptions import is_permanent
 from nexus_workflows.flow.starts import ReservedStartLapsed
@@ -109,9 +109,9 @@ class OutcomeWriter:
     def _write_batch(self, batch: list[Pending], write: Callable[[list[Pending]], None]) -> None:
         try:
             write(batch)
-        except DATABASE_UNAVAILABLE:
-            raise
-        except Exception as error:  # noqa: BLE001 - contained to this item
+        except Exception as error:  # contained to this item, unless it is an outage
+            if is_database_unavailable(error):
+                raise  # down or read-only: nothing is this batch's fault; the loop waits
             failed = error
         else:
             self.ledger.written(batch)

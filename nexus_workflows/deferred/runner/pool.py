@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 
 from django.db import close_old_connections, connections
@@ -11,8 +12,12 @@ from django.db import close_old_connections, connections
 from nexus_workflows.deferred.execution import Outcome, Result, SavePatch, execute
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import Ledger
-from nexus_workflows.deferred.runner.unavailable import close_connection
+from nexus_workflows.deferred.runner.unavailable import close_connection, is_database_unavailable
 from nexus_workflows.deferred.transitions import ClaimedWork
+
+#: Seconds a worker thread may sit idle before its next attempt checks that its
+#: connections still answer (one ``SELECT 1`` each): a busy thread never pays for it.
+IDLE_CHECK_AFTER = 1.0
 
 
 def run_attempt(work: ClaimedWork, save_patch: SavePatch) -> Outcome:
@@ -23,15 +28,16 @@ def run_attempt(work: ClaimedWork, save_patch: SavePatch) -> Outcome:
         return Outcome(work, Result.FAILED, error)
 
 
-def check_connections(using: str, outage: bool) -> None:
-    """Before an attempt: replace this thread's connections that saw errors and, after an
-    outage, the runner's database connection if it no longer answers. Costs no query
-    unless one of those happened (``close_old_connections`` would also close a healthy
-    connection on every attempt when ``CONN_MAX_AGE`` is 0)."""
+def check_connections(using: str, outage: bool, idle: bool = False) -> None:
+    """Before an attempt: replace this thread's connections that saw errors, after an
+    outage the runner's database connection, and after the thread sat ``idle`` (a server
+    may end idle sessions: ``idle_session_timeout``) any of them, if it no longer answers.
+    Costs no query unless one of those happened (``close_old_connections`` would also close
+    a healthy connection on every attempt when ``CONN_MAX_AGE`` is 0)."""
     for connection in connections.all(initialized_only=True):
         if connection.connection is None or connection.in_atomic_block:
             continue
-        if connection.errors_occurred or (outage and connection.alias == using):
+        if connection.errors_occurred or idle or (outage and connection.alias == using):
             try:
                 if connection.is_usable():
                     connection.errors_occurred = False
@@ -39,6 +45,18 @@ def check_connections(using: str, outage: bool) -> None:
                     connection.close()
             except Exception:  # noqa: BLE001 - a broken connection fails to close, too
                 close_connection(connection.alias)
+
+
+def drop_connections_after(outcome: Outcome) -> None:
+    """After a failed attempt: close this thread's connections that prepare left broken
+    and, when it failed for an outage, all of them. A session that met a read-only
+    database stays read-only (it keeps the setting it began with) however usable it
+    looks, so only a new one sees the database writable again."""
+    with contextlib.suppress(Exception):  # a broken connection fails to close, too
+        if outcome.error is not None and is_database_unavailable(outcome.error):
+            connections.close_all()
+        else:
+            close_old_connections()
 
 
 class SyncPool:
@@ -79,17 +97,18 @@ class SyncPool:
 
     def _work(self) -> None:
         epoch = self._outage_epoch()
+        last_ended = time.monotonic()
         try:
             while (work := self.ledger.take()) is not None:
-                check_connections(self.using, outage=epoch != self._outage_epoch())
+                idle = time.monotonic() - last_ended >= IDLE_CHECK_AFTER
+                check_connections(self.using, outage=epoch != self._outage_epoch(), idle=idle)
                 epoch = self._outage_epoch()
                 self._started(work)
                 outcome = run_attempt(work, self._save_patch)
                 self.ledger.finished(work)
                 self._finished(outcome)
+                last_ended = time.monotonic()
                 if outcome.result is not Result.SUCCEEDED:
-                    # prepare may have left this thread's connection broken.
-                    with contextlib.suppress(Exception):
-                        close_old_connections()
+                    drop_connections_after(outcome)
         finally:
             connections.close_all()

@@ -10,7 +10,7 @@ from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import Ledger
 from nexus_workflows.deferred.runner.logs import log_outcome, log_write_error
 from nexus_workflows.deferred.runner.stats import Tally
-from nexus_workflows.deferred.runner.unavailable import DATABASE_UNAVAILABLE
+from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
 from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.limits import UNSTARTED_LOSSES_MAX
 from nexus_workflows.tasks import running as tasks_running
@@ -57,11 +57,11 @@ def guard_unguarded(ledger: Ledger, tally: Tally, dispatch: Callable[[list[Claim
         try:
             if guard_crash_loop(work, tally):
                 runnable.append(work)
-        except DATABASE_UNAVAILABLE:
-            ledger.add_unguarded([*retry, *works[number:]])
-            dispatch(runnable)
-            raise
-        except Exception as error:  # noqa: BLE001 - contained to this item
+        except Exception as error:  # contained to this item, unless it is an outage
+            if is_database_unavailable(error):  # down or read-only: the loop waits
+                ledger.add_unguarded([*retry, *works[number:]])
+                dispatch(runnable)
+                raise
             log_write_error(work, "reclaim", error)
             retry.append(work)
     ledger.add_unguarded(retry)

@@ -1,0 +1,62 @@
+"""Which database errors mean "the database cannot take this statement right now" (down,
+unreachable, read-only, or it ended the session) rather than anything about the work.
+Used by the runner (:mod:`nexus_workflows.deferred.runner.unavailable`) and by its
+observer, which must not import the runner."""
+
+from __future__ import annotations
+
+from django.db import InterfaceError, OperationalError
+
+#: Errors that mean "the database is not answering right now": wait and retry.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+
+#: SQLSTATE of a write refused because the database is read-only for now: a hot standby
+#: the DSN points at after a failover, or an operator's ``default_transaction_read_only``.
+#: The DB-API files it under InternalError, not OperationalError, but it is no fault of
+#: the work: wait and retry, on a new session (the old one keeps the setting it began with).
+READ_ONLY_SQLSTATE = "25006"
+#: SQLSTATE of a session the server ended because it sat idle (``idle_session_timeout``):
+#: the statement that meets it never ran, and a new session runs it at once.
+IDLE_SESSION_TIMEOUT_SQLSTATE = "57P05"
+#: SQLSTATE of a session the server ended because it sat idle in a transaction
+#: (``idle_in_transaction_session_timeout``); an InternalError too, but the session is
+#: gone, as after ``pg_terminate_backend`` (an OperationalError).
+IDLE_IN_TRANSACTION_SQLSTATE = "25P03"
+
+
+def sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a database error (psycopg's ``sqlstate``, psycopg2's ``pgcode``),
+    looked up on Django's wrapper and on the driver's error it wraps."""
+    for candidate in (error, error.__cause__):
+        code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
+        if isinstance(code, str):
+            return code
+    return None
+
+
+def is_read_only(error: BaseException) -> bool:
+    return sqlstate(error) == READ_ONLY_SQLSTATE
+
+
+def session_ended_idle(error: BaseException) -> bool:
+    return sqlstate(error) == IDLE_SESSION_TIMEOUT_SQLSTATE
+
+
+def is_database_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the database cannot take the statement right now (down,
+    unreachable, read-only, or it ended the session), rather than anything about the work."""
+    return isinstance(error, DATABASE_UNAVAILABLE) or sqlstate(error) in (
+        READ_ONLY_SQLSTATE,
+        IDLE_IN_TRANSACTION_SQLSTATE,
+    )
+
+
+def describe_unavailable(error: BaseException) -> str:
+    """The error's type for a log line, with the driver's more specific one when it has
+    one ("OperationalError: QueryCanceled", "OperationalError: DiskFull"), and "read-only"
+    when that is the cause. Never the driver's text: it may quote a statement."""
+    name = type(error).__name__
+    if is_read_only(error):
+        return f"{name}: the database is read-only"
+    cause = type(error.__cause__).__name__ if error.__cause__ is not None else name
+    return f"{name}: {cause}" if cause != name else name
