@@ -162,6 +162,38 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
         self.abandoned.refresh_from_db()
         assert self.abandoned.status == Status.ABANDONED
 
+    def test_the_find_box_goes_to_the_work_of_a_key_that_is_in_no_url(self) -> None:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        self._user("watcher", "view_deferredwork")
+        with browser.chromium() as driver:
+            self._log_in(driver, "watcher")
+            driver.get(f"{self.live_server_url}/admin/nexus_workflows/deferredwork/")
+            box = driver.find_element(By.ID, "searchbar")
+            box.send_keys("visit-4711")
+            box.submit()
+            change = f"/admin/nexus_workflows/deferredwork/{self.abandoned.pk}/change/"
+            WebDriverWait(driver, 10).until(ec.url_contains(change))
+            assert "4711" not in driver.current_url.replace(f"/{self.abandoned.pk}/", "/")
+            assert driver.find_element(By.CSS_SELECTOR, ".field-status_column .nw-badge").text == "abandoned"
+
+            # An unknown key: back on the list, told so, and the box is empty.
+            driver.get(f"{self.live_server_url}/admin/nexus_workflows/deferredwork/")
+            box = driver.find_element(By.ID, "searchbar")
+            box.send_keys("visit-9999")
+            box.submit()
+            messages = (By.CSS_SELECTOR, ".messagelist")
+            WebDriverWait(driver, 10).until(ec.presence_of_element_located(messages))
+            assert "No deferred work has that dedupe key" in driver.find_element(*messages).text
+            assert driver.find_element(By.ID, "searchbar").get_attribute("value") == ""
+            assert "visit-9999" not in driver.page_source
+            assert "visit-9999" not in driver.current_url
+        finds = LogEntry.objects.filter(object_id=str(self.abandoned.pk))
+        found = "Found by its dedupe key (nothing was changed)."
+        assert [entry.get_change_message() for entry in finds] == [found]
+
     def test_dashboard_from_the_triage_panel(self) -> None:
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support import expected_conditions as ec
