@@ -381,6 +381,46 @@ def test_a_session_ended_idle_in_a_transaction_releases_the_attempt(register_wor
     assert work.last_error.startswith("InternalError: terminating connection due to idle-in-transaction")
 
 
+@pytest.mark.postgresql
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_read_only_session_is_replaced_after_the_attempt_it_failed(
+    register_workflow: Any, mode: str
+) -> None:
+    """A session opened while the database was read-only stays read-only (it keeps the
+    default it began with) however usable it looks: after the attempt it failed, the pool
+    (the async pool's shared ORM thread too) takes a new one, so the next attempt runs,
+    rather than failing until its outage releases run out and the schedule is walked."""
+    from asgiref.sync import sync_to_async
+
+    runs: list[str] = []
+
+    def write() -> None:
+        with connection.cursor() as cursor:
+            if not runs:  # as if this session had begun while the database was read-only
+                cursor.execute("SET SESSION default_transaction_read_only = on")
+            runs.append("ran")
+            cursor.execute(f"UPDATE {DeferredWork._meta.db_table} SET last_error = last_error WHERE false")
+        connection.close()  # written: this thread's session is not left to the test database
+
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        write()
+
+    async def async_prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        await sync_to_async(write, thread_sensitive=True)()
+
+    kind = register_workflow(prepare if mode == "sync" else async_prepare, retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    with override_settings(NEXUS_WORKFLOWS=FAST), running(kind):
+        wait_for(
+            lambda: row(work_id).status == Status.DONE or row(work_id).attempt > 0,
+            timeout=30,
+            what="the work to be done (or its attempt counted)",
+        )
+    work = row(work_id)
+    assert (work.status, work.attempt, len(runs)) == (Status.DONE, 0, 2)
+    assert [(e["outcome"], e["reason"]) for e in work.history] == [("released", "database unavailable")]
+
+
 def database_error_of(setting: str, statement: str) -> DatabaseError:
     """The error ``statement`` raises on this test's database under ``SET LOCAL setting``."""
     from django.db import transaction

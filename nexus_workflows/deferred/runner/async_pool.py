@@ -15,7 +15,8 @@ from asgiref.sync import sync_to_async
 from nexus_workflows.deferred.execution import AsyncSavePatch, Outcome, Result, RunDb, execute_async
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import ASYNC, Ledger
-from nexus_workflows.deferred.runner.pool import check_connections
+from nexus_workflows.deferred.runner.pool import check_connections, drop_connections_after_outage
+from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
 from nexus_workflows.deferred.transitions import ClaimedWork
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
@@ -184,5 +185,11 @@ class AsyncPool:
             # prepare may have left a broken connection (an outage) on the thread the async
             # ORM and sync_to_async share: without this it would stay broken, failing every
             # later attempt that queries until the schedule is exhausted.
+            # After an outage, new sessions: a read-only one stays read-only however
+            # usable it looks, and would fail every later attempt (burning the schedule).
+            outage = outcome.error is not None and is_database_unavailable(outcome.error)
             with contextlib.suppress(Exception):
-                await sync_to_async(check_connections, thread_sensitive=True)(self.using, False)
+                if outage:
+                    await sync_to_async(drop_connections_after_outage, thread_sensitive=True)()
+                else:
+                    await sync_to_async(check_connections, thread_sensitive=True)(self.using, False)

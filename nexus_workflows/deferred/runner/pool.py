@@ -59,6 +59,16 @@ def drop_connections_after(outcome: Outcome) -> None:
             close_old_connections()
 
 
+def drop_connections_after_outage() -> None:
+    """Close this thread's connections that no transaction holds, after an attempt that
+    failed for an outage: a read-only session stays read-only however usable it looks
+    (see :func:`drop_connections_after`). For the async pool's ORM thread, which every
+    async attempt shares: a connection inside another attempt's transaction stays."""
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            close_connection(connection.alias)
+
+
 class SyncPool:
     """``size`` daemon threads; each takes queued work from the ledger, runs it, and hands
     the outcome to ``finished``, until the ledger is closed. ``save()`` goes through
