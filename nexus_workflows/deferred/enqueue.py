@@ -237,7 +237,50 @@ def _settle_chunk(
         pending = status == Status.PENDING or pk in revived
         results[key] = str(pk) if pending else None
     seen = {key for key, _, _ in rows}
-    return [key for key in chunk if key not in seen]
+    missing = [key for key in chunk if key not in seen]
+    if missing and connections[using].vendor != "postgresql":
+        # INSERT OR IGNORE skips a row any constraint refuses, not only a taken key: one
+        # by one, a refusal by another constraint raises (and the batch is rolled back).
+        return _insert_one_by_one(workflow, by_key, hashes, missing, due, now, using, results)
+    return missing
+
+
+def _insert_one_by_one(
+    workflow: Workflow,
+    by_key: dict[str, str],
+    hashes: dict[str, tuple[str | None, str | None]],
+    keys: list[str],
+    due: Any,
+    now: Any,
+    using: str,
+    results: dict[str, str | None],
+) -> list[str]:
+    """Insert each of ``keys`` on its own; returns those whose key was taken meanwhile (to
+    settle again). Any other refusal raises ``IntegrityError``."""
+    from nexus_workflows.models import DeferredWork
+
+    taken: list[str] = []
+    for key in keys:
+        try:
+            with transaction.atomic(using=using):
+                work = DeferredWork.objects.using(using).create(
+                    kind=workflow.kind,
+                    dedupe_key=key,
+                    trigger=json.loads(by_key[key]),
+                    next_attempt_at=due,
+                    created_at=now,
+                    updated_at=now,
+                    serial_key_hash=hashes.get(key, (None, None))[0],
+                    rate_key_hash=hashes.get(key, (None, None))[1],
+                )
+        except IntegrityError as error:
+            if not is_dedupe_conflict(error, connections[using]):
+                raise
+            taken.append(key)
+            continue
+        results[key] = str(work.pk)
+        signals.send(signals.work_enqueued, kind=workflow.kind, id=work.pk, attempt=1)
+    return taken
 
 
 def compute_dedupe_key(workflow: Workflow, trigger: Any) -> str:
