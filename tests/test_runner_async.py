@@ -342,3 +342,20 @@ def test_parse_new_work_reads_only_the_one_row_payload() -> None:
     assert parse_new_work("7 myapp.tasks.send") == (7, "myapp.tasks.send")
     for payload in ("", "probe:abc", "42", "x y", " 42 kind"):
         assert parse_new_work(payload) is None
+
+
+@pytest.mark.postgresql
+def test_a_stopped_runner_leaves_no_session_of_its_async_prepares_open(register_workflow: Any) -> None:
+    """Async prepares share one ORM thread (``sync_to_async``): its connections are closed
+    when the runner stops, as the sync workers' are when their threads end."""
+
+    async def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        await DeferredWork.objects.filter(pk=0).aexists()  # the ORM, on the shared thread
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": n} for n in range(3)])
+    connection.close()  # the test's own session is not counted
+    with ConnectionCounter() as sessions:
+        with override_settings(NEXUS_WORKFLOWS=FAST), running([kind], concurrency=1) as runner:
+            wait_for(lambda: runner.stats.done == 3, timeout=30, what="all 3 done")
+        wait_for(lambda: sessions.sessions() == sessions.baseline, timeout=5, what="no session left")

@@ -15,7 +15,7 @@ from asgiref.sync import sync_to_async
 from nexus_workflows.deferred.execution import AsyncSavePatch, Outcome, Result, RunDb, execute_async
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import ASYNC, Ledger
-from nexus_workflows.deferred.runner.pool import check_connections, drop_connections_after_outage
+from nexus_workflows.deferred.runner.pool import check_connections, close_idle_connections
 from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
 from nexus_workflows.deferred.transitions import ClaimedWork
 
@@ -152,6 +152,10 @@ class AsyncPool:
                     continue
                 return  # stopped: no attempt runs any more
         finally:
+            # The ORM thread the attempts shared keeps its sessions until they are closed
+            # (the sync workers' close as their threads end).
+            with contextlib.suppress(Exception):
+                self._loop.run_until_complete(sync_to_async(close_idle_connections, thread_sensitive=True)())
             self._loop.close()
 
     def _fill(self) -> None:
@@ -190,6 +194,6 @@ class AsyncPool:
             outage = outcome.error is not None and is_database_unavailable(outcome.error)
             with contextlib.suppress(Exception):
                 if outage:
-                    await sync_to_async(drop_connections_after_outage, thread_sensitive=True)()
+                    await sync_to_async(close_idle_connections, thread_sensitive=True)()
                 else:
                     await sync_to_async(check_connections, thread_sensitive=True)(self.using, False)

@@ -59,11 +59,12 @@ def drop_connections_after(outcome: Outcome) -> None:
             close_old_connections()
 
 
-def drop_connections_after_outage() -> None:
-    """Close this thread's connections that no transaction holds, after an attempt that
-    failed for an outage: a read-only session stays read-only however usable it looks
-    (see :func:`drop_connections_after`). For the async pool's ORM thread, which every
-    async attempt shares: a connection inside another attempt's transaction stays."""
+def close_idle_connections() -> None:
+    """Close this thread's connections that no transaction holds. For the async pool's ORM
+    thread, which every async attempt shares (a connection inside another attempt's
+    transaction stays): after an attempt that failed for an outage, since a read-only
+    session stays read-only however usable it looks (see :func:`drop_connections_after`),
+    and when the pool stops."""
     for connection in connections.all(initialized_only=True):
         if not connection.in_atomic_block:
             close_connection(connection.alias)
