@@ -185,20 +185,7 @@ def _settle_chunk(
             return []
     else:
         DeferredWork.objects.using(using).bulk_create(
-            [
-                DeferredWork(
-                    kind=workflow.kind,
-                    dedupe_key=key,
-                    trigger=json.loads(by_key[key]),
-                    next_attempt_at=due,
-                    created_at=now,
-                    updated_at=now,
-                    serial_key_hash=hashes.get(key, (None, None))[0],
-                    rate_key_hash=hashes.get(key, (None, None))[1],
-                )
-                for key in chunk
-            ],
-            ignore_conflicts=True,
+            [_new_row(workflow, key, by_key, hashes, due, now) for key in chunk], ignore_conflicts=True
         )
         if signals.has_receivers(signals.work_enqueued):
             # Rows inserted just now carry this call's exact creation time.
@@ -245,6 +232,30 @@ def _settle_chunk(
     return missing
 
 
+def _new_row(
+    workflow: Workflow,
+    key: str,
+    by_key: dict[str, str],
+    hashes: dict[str, tuple[str | None, str | None]],
+    due: Any,
+    now: Any,
+) -> Any:
+    """The unsaved pending row of ``key`` (the ORM path of ``enqueue_many``)."""
+    from nexus_workflows.models import DeferredWork
+
+    serial_key_hash, rate_key_hash = hashes.get(key, (None, None))
+    return DeferredWork(
+        kind=workflow.kind,
+        dedupe_key=key,
+        trigger=json.loads(by_key[key]),
+        next_attempt_at=due,
+        created_at=now,
+        updated_at=now,
+        serial_key_hash=serial_key_hash,
+        rate_key_hash=rate_key_hash,
+    )
+
+
 def _insert_one_by_one(
     workflow: Workflow,
     by_key: dict[str, str],
@@ -257,22 +268,12 @@ def _insert_one_by_one(
 ) -> list[str]:
     """Insert each of ``keys`` on its own; returns those whose key was taken meanwhile (to
     settle again). Any other refusal raises ``IntegrityError``."""
-    from nexus_workflows.models import DeferredWork
-
     taken: list[str] = []
     for key in keys:
+        work = _new_row(workflow, key, by_key, hashes, due, now)
         try:
             with transaction.atomic(using=using):
-                work = DeferredWork.objects.using(using).create(
-                    kind=workflow.kind,
-                    dedupe_key=key,
-                    trigger=json.loads(by_key[key]),
-                    next_attempt_at=due,
-                    created_at=now,
-                    updated_at=now,
-                    serial_key_hash=hashes.get(key, (None, None))[0],
-                    rate_key_hash=hashes.get(key, (None, None))[1],
-                )
+                work.save(using=using, force_insert=True)
         except IntegrityError as error:
             if not is_dedupe_conflict(error, connections[using]):
                 raise
