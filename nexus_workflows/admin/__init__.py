@@ -55,7 +55,8 @@ from nexus_workflows.admin.changelist import (
     StatusFilter,
     TriageChangeList,
 )
-from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin, SearchNotEchoedMixin
+from nexus_workflows.admin.finding import FindByPostMixin
+from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
 from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA, RevealMixin, missing_object_redirect
 from nexus_workflows.deferred import triage
 from nexus_workflows.fire_and_forget.job import REVEAL_URL_NAME
@@ -70,7 +71,7 @@ REVEAL_PERMISSION = REVEAL_WORKFLOW_DATA
 
 @admin.register(DeferredWork)
 class DeferredWorkAdmin(
-    ReadOnlyAdminMixin, ListedFiltersOnlyMixin, SearchNotEchoedMixin, RevealMixin, admin.ModelAdmin
+    ReadOnlyAdminMixin, ListedFiltersOnlyMixin, FindByPostMixin, RevealMixin, admin.ModelAdmin
 ):
     """Work is created by enqueue() and changes only through the runner and the triage
     actions (read-only otherwise); deleting goes through a confirmation page."""
@@ -360,7 +361,6 @@ class DeferredWorkAdmin(
                 self.admin_site.admin_view(self.job_reveal_view),
                 name=REVEAL_URL_NAME,
             ),
-            path("find/", self.admin_site.admin_view(self.find_view), name="{}_{}_find".format(*info)),
             path(
                 "dashboard/",
                 self.admin_site.admin_view(self.dashboard_view),
@@ -379,38 +379,21 @@ class DeferredWorkAdmin(
             *super().get_urls(),
         ]
 
-    def find_view(self, request: HttpRequest) -> HttpResponse:
-        """The list's search box: a POSTed dedupe key leads to its work's page. Keys may be
-        patient data: the key is in no URL (no access log or browser history keeps it) and
-        never shown back, and each find is in the admin log, without the key."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        if not self.has_view_or_change_permission(request):
-            raise PermissionDenied
-        key = request.POST.get("key", "")
-        found = list(self.get_queryset(request).filter(dedupe_key=key).only("pk", "kind", "status")[:100])
-        if not key or not found:
-            self.message_user(request, gettext("No deferred work has that dedupe key."), messages.WARNING)
-            changelist = reverse(f"{self.admin_site.name}:nexus_workflows_deferredwork_changelist")
-            return HttpResponseRedirect(changelist)
-        for work in found:  # that work exists for a key (a patient) is itself patient data
-            self.log_change(request, work, gettext("Found by its dedupe key (nothing was changed)."))
-        if len(found) > 1:  # one per kind at most: keys are unique within a kind
-            self.message_user(
-                request,
-                gettext("%(count)d items have that dedupe key: %(items)s. This is the first.")
-                % {"count": len(found), "items": ", ".join(f"{work.kind} #{work.pk}" for work in found)},
-                messages.INFO,
-            )
-        change = reverse(f"{self.admin_site.name}:nexus_workflows_deferredwork_change", args=[found[0].pk])
-        return HttpResponseRedirect(change)
+    # The search box (FindByPostMixin): keys may be patient data.
+    find_field = "key"
+    find_not_found = _("No deferred work has that dedupe key.")
+    find_logged = _("Found by its dedupe key (nothing was changed).")
 
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[DeferredWork], search_term: str
-    ) -> tuple[QuerySet[DeferredWork], bool]:
-        # Keys are found only through the POSTed box (find_view): a key in a GET URL would
-        # reach access logs and browser history. A typed ?q= finds nothing.
-        return (queryset.none() if search_term else queryset), False
+    def find_objects(self, request: HttpRequest, typed: str) -> list[Any]:
+        if not typed:
+            return []
+        return list(self.get_queryset(request).filter(dedupe_key=typed).only("pk", "kind", "status")[:100])
+
+    def find_many_message(self, found: list[Any]) -> str:  # one per kind at most
+        return gettext("%(count)d items have that dedupe key: %(items)s. This is the first.") % {
+            "count": len(found),
+            "items": ", ".join(f"{work.kind} #{work.pk}" for work in found),
+        }
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         return observability_admin.dashboard_view(self, request)

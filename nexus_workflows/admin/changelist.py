@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.utils.functional import Promise, cached_property
 from django.utils.translation import gettext_lazy as _
 
-from nexus_workflows.admin.readonly import SearchNotEchoedChangeList
+from nexus_workflows.admin.finding import SearchNotEchoedChangeList
 from nexus_workflows.deferred import triage
 from nexus_workflows.flow.report import waiting_on_limit_q
 from nexus_workflows.models import DeferredWork, Status

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.admin.views.main import IS_FACETS_VAR, SEARCH_VAR, ChangeList
-from django.http import HttpRequest, QueryDict
-from django.utils.http import urlencode
+from django.http import HttpRequest
 
 
 class ReadOnlyAdminMixin:
@@ -56,33 +54,3 @@ def listed_lookups(list_filter: Any) -> set[str]:
             allowed.add(field.parameter_name)
     return allowed
 
-
-class SearchNotEchoedChangeList(ChangeList):
-    """A change list that never shows what was typed into its search box (a conversation
-    code, a dedupe key: patient data): the box is left empty, and the term is not carried
-    into links."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.query = ""
-        self.params.pop(SEARCH_VAR, None)  # sort, filter and page links drop it too
-        self.filter_params.pop(SEARCH_VAR, None)
-        self.remove_facet_link = self.get_query_string(remove=[IS_FACETS_VAR])
-        self.add_facet_link = self.get_query_string({IS_FACETS_VAR: True})
-
-
-class SearchNotEchoedMixin:
-    """A list whose search term is never echoed back into the page or its links: see
-    :class:`SearchNotEchoedChangeList`."""
-
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return SearchNotEchoedChangeList
-
-    def get_preserved_filters(self, request: HttpRequest) -> str:
-        preserved = super().get_preserved_filters(request)  # type: ignore[misc]
-        if not preserved:
-            return preserved
-        # The typed term must not travel on into the change page's links.
-        filters = QueryDict(QueryDict(preserved).get("_changelist_filters", ""), mutable=True)
-        filters.pop(SEARCH_VAR, None)
-        return urlencode({"_changelist_filters": filters.urlencode()}) if filters else ""

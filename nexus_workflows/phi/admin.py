@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.contrib import admin
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
-from django.urls import URLPattern, path, reverse
+from django.http import HttpRequest
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin, SearchNotEchoedMixin
+from nexus_workflows.admin.finding import FindByPostMixin, SearchNotEchoedMixin
+from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
 from nexus_workflows.admin.reveal import RevealFailed, RevealMixin
 from nexus_workflows.phi.exceptions import PhiError, SurfaceDecryptionError
 from nexus_workflows.phi.keys import code_hash, keyring
@@ -41,7 +40,7 @@ class PhiTokenInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 @admin.register(TokenMap)
-class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, SearchNotEchoedMixin, admin.ModelAdmin):
+class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, FindByPostMixin, admin.ModelAdmin):
     list_display = ("map_column", "token_count", "sequence", "created_at", "updated_at")
     # Searched by the code's keyed hash (see get_search_results): exact codes only.
     search_fields = ("code_hash",)
@@ -61,46 +60,20 @@ class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, SearchNotEchoedM
 
     change_list_template = "admin/nexus_workflows/tokenmap/change_list.html"
 
-    def get_urls(self) -> list[URLPattern]:
-        return [
-            path("find/", self.admin_site.admin_view(self.find_view), name="nexus_workflows_tokenmap_find"),
-            *super().get_urls(),
-        ]
+    # The search box (FindByPostMixin): that a code has a conversation (a phone number is a
+    # patient) is itself patient data.
+    find_field = "code"
+    find_not_found = _("No token map has that conversation code.")
+    find_logged = _("Found by its conversation code (nothing was changed).")
 
-    def find_view(self, request: HttpRequest) -> HttpResponse:
-        """The list's search box: a POSTed code, hashed, leads to its map's page. The code
-        is in no URL, so no access log or browser history keeps it."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        if not self.has_view_or_change_permission(request):
-            raise PermissionDenied
-        token_map = self._find(request, request.POST.get("code", ""))
-        if token_map is None:
-            self.message_user(request, gettext("No token map has that conversation code."), messages.WARNING)
-            changelist = reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_changelist")
-            return HttpResponseRedirect(changelist)
-        # That a code has a conversation (a phone number is a patient) is itself patient
-        # data: each find is in the admin log, without the code.
-        self.log_change(request, token_map, gettext("Found by its conversation code (nothing was changed)."))
-        return HttpResponseRedirect(
-            reverse(f"{self.admin_site.name}:nexus_workflows_tokenmap_change", args=[token_map.pk])
-        )
-
-    def _find(self, request: HttpRequest, typed: str) -> TokenMap | None:
+    def find_objects(self, request: HttpRequest, typed: str) -> list[Any]:
         """The map of exactly this code, by its keyed hash: only hashes are stored, so part
         of a code finds nothing."""
         try:
             hashed = code_hash(check_code(typed))
         except PhiError:  # not a possible code, or the keys are not configured
-            return None
-        return self.get_queryset(request).filter(code_hash=hashed).first()
-
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[TokenMap], search_term: str
-    ) -> tuple[QuerySet[TokenMap], bool]:
-        # Codes are found only through the POSTed box (find_view): a code in a GET URL
-        # would reach access logs and browser history. A typed ?q= finds nothing.
-        return (queryset.none() if search_term else queryset), False
+            return []
+        return list(self.get_queryset(request).filter(code_hash=hashed)[:1])
 
     @admin.display(description=_("token map"), ordering="pk")
     def map_column(self, token_map: TokenMap) -> str:

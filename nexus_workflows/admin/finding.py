@@ -1,0 +1,96 @@
+"""Admin lists whose search term is patient data (a conversation code, a dedupe key): the
+term is never echoed back, never carried in a URL (access logs and browser history would
+keep it), and each find is in the admin log, without the term."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin.views.main import IS_FACETS_VAR, SEARCH_VAR, ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, QueryDict
+from django.urls import URLPattern, path, reverse
+from django.utils.functional import Promise
+from django.utils.http import urlencode
+
+
+class SearchNotEchoedChangeList(ChangeList):
+    """A change list that never shows what was typed into its search box (a conversation
+    code, a dedupe key: patient data): the box is left empty, and the term is not carried
+    into links."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.query = ""
+        self.params.pop(SEARCH_VAR, None)  # sort, filter and page links drop it too
+        self.filter_params.pop(SEARCH_VAR, None)
+        self.remove_facet_link = self.get_query_string(remove=[IS_FACETS_VAR])
+        self.add_facet_link = self.get_query_string({IS_FACETS_VAR: True})
+
+
+class SearchNotEchoedMixin:
+    """A list whose search term is never echoed back into the page or its links: see
+    :class:`SearchNotEchoedChangeList`."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return SearchNotEchoedChangeList
+
+    def get_preserved_filters(self, request: HttpRequest) -> str:
+        preserved = super().get_preserved_filters(request)  # type: ignore[misc]
+        if not preserved:
+            return preserved
+        # The typed term must not travel on into the change page's links.
+        filters = QueryDict(QueryDict(preserved).get("_changelist_filters", ""), mutable=True)
+        filters.pop(SEARCH_VAR, None)
+        return urlencode({"_changelist_filters": filters.urlencode()}) if filters else ""
+
+
+class FindByPostMixin(SearchNotEchoedMixin):
+    """The list's search box POSTs what was typed (field :attr:`find_field`) to
+    :meth:`find_view`, which goes to the page of what :meth:`find_objects` found (the
+    first, when several), or back to the list saying nothing was found. Each object found
+    gets an admin-log entry, :attr:`find_logged`. A typed ``?q=`` finds nothing."""
+
+    find_field: str
+    find_not_found: str | Promise
+    find_logged: str | Promise
+
+    def find_objects(self, request: HttpRequest, typed: str) -> list[Model]:
+        raise NotImplementedError
+
+    def find_many_message(self, found: list[Model]) -> str | None:
+        """What to say when several objects were found (the first is shown)."""
+        return None
+
+    def get_urls(self) -> list[URLPattern]:
+        opts = self.opts  # type: ignore[attr-defined]
+        view = self.admin_site.admin_view(self.find_view)  # type: ignore[attr-defined]
+        # Before the admin's own "<path:object_id>/", which would take "find/" for an id.
+        find = path("find/", view, name=f"{opts.app_label}_{opts.model_name}_find")
+        return [find, *super().get_urls()]  # type: ignore[misc]
+
+    def find_view(self, request: HttpRequest) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_view_or_change_permission(request):  # type: ignore[attr-defined]
+            raise PermissionDenied
+        found = self.find_objects(request, request.POST.get(self.find_field, ""))
+        site, opts = self.admin_site.name, self.opts  # type: ignore[attr-defined]
+        if not found:
+            self.message_user(request, str(self.find_not_found), messages.WARNING)  # type: ignore[attr-defined]
+            return HttpResponseRedirect(reverse(f"{site}:{opts.app_label}_{opts.model_name}_changelist"))
+        for obj in found:  # that something exists for the term (a patient) is patient data
+            self.log_change(request, obj, str(self.find_logged))  # type: ignore[attr-defined]
+        if len(found) > 1 and (many := self.find_many_message(found)):
+            self.message_user(request, many, messages.INFO)  # type: ignore[attr-defined]
+        change = reverse(f"{site}:{opts.app_label}_{opts.model_name}_change", args=[found[0].pk])
+        return HttpResponseRedirect(change)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        # Found only through the POSTed box: a term in a GET URL would reach access logs
+        # and browser history.
+        return (queryset.none() if search_term else queryset), False
