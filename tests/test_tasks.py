@@ -22,7 +22,7 @@ from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from nexus_workflows import WorkflowError
+from nexus_workflows import EnqueueRejected, WorkflowError
 from nexus_workflows.models import DeferredWork, Status
 from tests.clock import database_resolution_now
 from tests.processes import ManagePy, wait_for
@@ -544,6 +544,18 @@ def test_a_runner_for_a_queue_no_backend_allows_is_refused() -> None:
 def test_a_queue_the_backend_does_not_allow_is_refused_by_django() -> None:
     with pytest.raises(InvalidTask):
         tasks.record.using(queue_name="nowhere")
+
+
+def test_a_task_whose_new_id_is_taken_is_refused_and_not_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new UUID is never taken; if one were, the enqueue says so (PostgreSQL skips a taken
+    key without an error, SQLite refuses it) instead of a result for a row never written."""
+    import uuid
+
+    first = tasks.record.enqueue("first")
+    monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(first.id))
+    with pytest.raises(EnqueueRejected, match="not written"):
+        tasks.record.enqueue("second")
+    assert DeferredWork.objects.count() == 1
 
 
 # --- bad input ----------------------------------------------------------------------------

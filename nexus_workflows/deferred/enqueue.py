@@ -393,7 +393,6 @@ def _enqueue_deferred(
                     delay=delay,
                     now=now,
                     flow_hashes=flow_hashes,
-                    skip_taken_key=True,
                 )
         except IntegrityError as error:  # SQLite and other backends: the dedupe race raises
             if not is_dedupe_conflict(error, connection):

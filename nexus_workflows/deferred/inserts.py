@@ -7,9 +7,9 @@ PostgreSQL, many rows go in one statement that reads the keys and triggers from 
 JSON document: one parameter for the whole batch instead of a dozen per row.
 
 Nothing changes in what is written: every column not given takes its model default, as
-through the ORM. A taken key is skipped by ``ON CONFLICT DO NOTHING`` (many rows; one row
-on PostgreSQL when the caller asks: no error on the server, whose log would show the
-statement with the trigger in it) or raises ``IntegrityError``. A new row is due by the
+through the ORM. On PostgreSQL a taken dedupe key is skipped (``ON CONFLICT ON CONSTRAINT
+… DO NOTHING``): no error on the server, whose log would show the failed statement with
+the trigger in it. Elsewhere it raises ``IntegrityError``. A new row is due by the
 database's clock (now plus the delay, in the statement itself), never by the host's.
 """
 
@@ -53,8 +53,9 @@ class _Plan:
 
     columns: tuple[Field[Any, Any], ...]  # _VARYING, then every other column but the id
     defaults: tuple[Any, ...]  # the other columns' model defaults, prepared for the database
-    one_row_sql: str | None  # INSERT … RETURNING id; None where the backend cannot return ids
-    one_row_skipping_sql: str | None  # PostgreSQL: … ON CONFLICT ON CONSTRAINT <dedupe> DO NOTHING …
+    # INSERT … RETURNING id (PostgreSQL: skipping a taken key); None where the backend
+    # cannot return ids.
+    one_row_sql: str | None
     one_row_defaults: tuple[Any, ...]  # bound after the varying values (PostgreSQL: literals)
     due_by_database: bool  # the INSERT computes the due time (sql.postgresql.DUE_SQL)
     returning_params: tuple[Any, ...]
@@ -77,7 +78,7 @@ def _plan(using: str) -> _Plan:
             raise TypeError(f"DeferredWork.{field.name} has a callable default: add it to _VARYING")
     defaults = tuple(f.get_db_prep_save(f.get_default(), connection=connection) for f in others)
     statements = sql.for_connection(using)
-    one_row_sql, one_row_skipping_sql, one_row_defaults, returning_params = None, None, defaults, ()
+    one_row_sql, one_row_defaults, returning_params = None, defaults, ()
     due_by_database = hasattr(statements, "insert_returning_pk_with_constants")
     if hasattr(statements, "insert_returning_pk_with_constants"):
         # The constants as literals: the INSERT binds only what varies.
@@ -85,9 +86,6 @@ def _plan(using: str) -> _Plan:
         placeholders[_VARYING.index("next_attempt_at")] = statements.DUE_SQL
         constants = list(zip(others, defaults, strict=True))
         one_row_sql, returning_params = statements.insert_returning_pk_with_constants(
-            DeferredWork, varying, constants, using, placeholders
-        )
-        one_row_skipping_sql, _ = statements.insert_returning_pk_with_constants(
             DeferredWork, varying, constants, using, placeholders, skip_conflict_on=DEDUPE_CONSTRAINT
         )
         one_row_defaults = ()
@@ -104,7 +102,6 @@ def _plan(using: str) -> _Plan:
         columns=tuple(varying + others),
         defaults=defaults,
         one_row_sql=one_row_sql,
-        one_row_skipping_sql=one_row_skipping_sql,
         one_row_defaults=one_row_defaults,
         due_by_database=due_by_database,
         returning_params=returning_params,
@@ -127,12 +124,11 @@ def insert_pending(
     priority: int = 0,
     queue_name: str = "",
     backend_name: str = "",
-    skip_taken_key: bool = False,
 ) -> int | None:
     """Insert one pending row, due at ``run_after`` or else ``delay`` after the database's
-    now; returns its id. ``now`` (the host's) stamps its creation. A taken key raises
-    ``IntegrityError``; with ``skip_taken_key``, on PostgreSQL, the row is skipped instead
-    and ``None`` returned (the server logs no error, so never the statement's values)."""
+    now; returns its id. ``now`` (the host's) stamps its creation. A taken key returns
+    ``None`` on PostgreSQL (no error on the server, so its log never gets the statement's
+    values) and raises ``IntegrityError`` elsewhere."""
     connection = connections[using]
     plan = _plan(using)
     if plan.one_row_sql is None:
@@ -154,11 +150,8 @@ def insert_pending(
     params = _one_row_params(
         plan, connection, kind, dedupe_key, trigger, due, now, flow_hashes, priority, queue_name, backend_name
     )
-    statement = plan.one_row_sql
-    if skip_taken_key and plan.one_row_skipping_sql is not None:
-        statement = plan.one_row_skipping_sql
     with connection.cursor() as cursor:
-        cursor.execute(statement, params)
+        cursor.execute(plan.one_row_sql, params)
         row = cursor.fetchone()
     return None if row is None else row[0]
 
@@ -173,7 +166,7 @@ def one_row_statement(
     delay: timedelta = _NO_DELAY,
 ) -> tuple[str, tuple[Any, ...]]:
     """The ``INSERT … RETURNING id`` that ``enqueue`` sends through :func:`insert_pending`
-    for a workflow's row (on PostgreSQL the one skipping a taken key), with its parameters
+    for a workflow's row, with its parameters
     adapted for ``using``. The benchmarks run it on bare psycopg, to tell the statement's
     own cost from the layers above it."""
     plan = _plan(using)
@@ -183,7 +176,7 @@ def one_row_statement(
     params = _one_row_params(
         plan, connections[using], kind, dedupe_key, trigger, due, now, (None, None), *_WORKFLOW_TASK_FIELDS
     )
-    return plan.one_row_skipping_sql or plan.one_row_sql, params
+    return plan.one_row_sql, params
 
 
 def _one_row_params(

@@ -204,7 +204,7 @@ class DeferredBackend(BaseTaskBackend):
         # Inside the caller's atomic() this is one more statement of its transaction:
         # no dedupe race to lose (the key is new), so no savepoint either.
         try:
-            insert_pending(
+            work_id = insert_pending(
                 using,
                 kind=task.module_path,
                 dedupe_key=result_id,
@@ -217,6 +217,8 @@ class DeferredBackend(BaseTaskBackend):
             )
         except (IntegrityError, DataError) as error:  # the key is a new UUID: never a dedupe race
             raise _refused(task, error) from None
+        if work_id is None:  # its new UUID taken (PostgreSQL skips a taken key): never seen
+            raise EnqueueRejected(f"task {task.module_path!r}: its new id was taken; it was not written")
         notify(using, inserted=True)
         result = TaskResult(
             task=task,
