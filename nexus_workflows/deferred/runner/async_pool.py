@@ -15,8 +15,11 @@ from asgiref.sync import sync_to_async
 from nexus_workflows.deferred.execution import AsyncSavePatch, Outcome, Result, RunDb, execute_async
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import ASYNC, Ledger
-from nexus_workflows.deferred.runner.pool import check_connections, close_idle_connections
-from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
+from nexus_workflows.deferred.runner.pool import (
+    check_connections,
+    close_idle_connections,
+    failed_for_an_outage,
+)
 from nexus_workflows.deferred.transitions import ClaimedWork
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
@@ -191,9 +194,8 @@ class AsyncPool:
             # later attempt that queries until the schedule is exhausted.
             # After an outage, new sessions: a read-only one stays read-only however
             # usable it looks, and would fail every later attempt (burning the schedule).
-            outage = outcome.error is not None and is_database_unavailable(outcome.error)
             with contextlib.suppress(Exception):
-                if outage:
+                if failed_for_an_outage(outcome):
                     await sync_to_async(close_idle_connections, thread_sensitive=True)()
                 else:
                     await sync_to_async(check_connections, thread_sensitive=True)(self.using, False)

@@ -267,6 +267,6 @@ def _own_copy(error: BaseException) -> BaseException:
     except Exception:  # noqa: BLE001 - an exception that cannot be copied is shared
         return error
     # copy.copy drops the cause: the driver's error, whose SQLSTATE tells a read-only
-    # database (an outage) from an error of the work (see unavailable.is_read_only).
+    # database (an outage) from an error of the work (see nexus_workflows.database_errors).
     copied.__cause__ = error.__cause__
     return copied

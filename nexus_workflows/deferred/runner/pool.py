@@ -47,24 +47,27 @@ def check_connections(using: str, outage: bool, idle: bool = False) -> None:
                 close_connection(connection.alias)
 
 
+def failed_for_an_outage(outcome: Outcome) -> bool:
+    return outcome.error is not None and is_database_unavailable(outcome.error)
+
+
 def drop_connections_after(outcome: Outcome) -> None:
-    """After a failed attempt: close this thread's connections that prepare left broken
-    and, when it failed for an outage, all of them. A session that met a read-only
-    database stays read-only (it keeps the setting it began with) however usable it
-    looks, so only a new one sees the database writable again."""
+    """After a failed sync attempt: close this thread's connections that prepare left
+    broken and, when it failed for an outage, every idle one (see
+    :func:`close_idle_connections`)."""
     with contextlib.suppress(Exception):  # a broken connection fails to close, too
-        if outcome.error is not None and is_database_unavailable(outcome.error):
-            connections.close_all()
+        if failed_for_an_outage(outcome):
+            close_idle_connections()
         else:
             close_old_connections()
 
 
 def close_idle_connections() -> None:
-    """Close this thread's connections that no transaction holds. For the async pool's ORM
-    thread, which every async attempt shares (a connection inside another attempt's
-    transaction stays): after an attempt that failed for an outage, since a read-only
-    session stays read-only however usable it looks (see :func:`drop_connections_after`),
-    and when the pool stops."""
+    """Close this thread's connections that no transaction holds: after an attempt that
+    failed for an outage (a session that met a read-only database stays read-only however
+    usable it looks, so only a new one sees it writable again), and when the async pool
+    stops. On the async pool's ORM thread, which every async attempt shares, a connection
+    inside another attempt's transaction stays."""
     for connection in connections.all(initialized_only=True):
         if not connection.in_atomic_block:
             close_connection(connection.alias)

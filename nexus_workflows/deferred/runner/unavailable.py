@@ -14,9 +14,7 @@ from nexus_workflows.database_errors import (
     DATABASE_UNAVAILABLE,
     describe_unavailable,
     is_database_unavailable,
-    is_read_only,
     session_ended_idle,
-    sqlstate,
 )
 
 T = TypeVar("T")
@@ -26,10 +24,8 @@ __all__ = [
     "close_connection",
     "describe_unavailable",
     "is_database_unavailable",
-    "is_read_only",
     "rerun_on_a_new_connection",
     "session_ended_idle",
-    "sqlstate",
 ]
 
 
