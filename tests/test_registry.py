@@ -45,6 +45,24 @@ def test_rejects_bad_kinds(kind: Any, rule: str) -> None:
     assert kind not in registry
 
 
+@pytest.mark.parametrize(
+    ("kind", "schedule"),
+    [
+        ("canary 8731 kind", [1]),
+        ("canary__8731", [1]),
+        ("8731" * 30, [1]),
+        ("ok-kind", "canary 8731"),
+        ("ok-kind", [1, "8731"]),
+        ("ok-kind", [-8731.5]),
+        ("ok-kind", [873100]),
+    ],
+)
+def test_a_refused_registration_does_not_echo_the_bad_value(kind: str, schedule: Any) -> None:
+    with pytest.raises(RegistrationError) as caught:
+        register(kind, dedupe_key=key, prepare=prepare, retry_schedule=schedule)
+    assert "8731" not in str(caught.value)
+
+
 def test_rejects_a_kind_registered_twice_and_keeps_the_first() -> None:
     first = register("twice", dedupe_key=key, prepare=prepare, retry_schedule=[1])
     with pytest.raises(AlreadyRegistered, match="'twice' is already registered"):

@@ -96,17 +96,18 @@ def _describe_type(value: object) -> str:
 def _validate_kind(kind: object) -> str:
     if not isinstance(kind, str) or not kind:
         raise RegistrationError(
-            f"workflow kind must be a non-empty string; got {_describe_type(kind)} {kind!r:.80}"
+            f"workflow kind must be a non-empty string; got {_describe_type(kind)}"
+            + (" (empty)" if kind == "" else "")
         )
     if "__" in kind:
         raise RegistrationError(
-            f"workflow kind {kind!r} must not contain '__': it separates the kind from the "
-            "dedupe key in fire-and-forget job ids"
+            "a workflow kind must not contain '__': it separates the kind from the dedupe key "
+            "in fire-and-forget job ids"
         )
     if len(kind) > KIND_MAX_LENGTH or not KIND_PATTERN.fullmatch(kind):
         raise RegistrationError(
-            f"workflow kind {kind!r:.120} is not allowed: use at most {KIND_MAX_LENGTH} "
-            "letters, digits, '-' and '_', starting with a letter or digit"
+            f"a workflow kind of {len(kind)} characters is not allowed: use at most "
+            f"{KIND_MAX_LENGTH} letters, digits, '-' and '_', starting with a letter or digit"
         )
     return kind
 
@@ -129,8 +130,8 @@ def _validate_schedule(kind: str, retry_schedule: object) -> tuple[float, ...] |
     if not isinstance(retry_schedule, list | tuple) or not retry_schedule:
         raise RegistrationError(
             f"workflow {kind!r}: retry_schedule must be a non-empty list of minutes "
-            f"(or None for fire-and-forget); got {_describe_type(retry_schedule)} "
-            f"{retry_schedule!r:.80}"
+            f"(or None for fire-and-forget); got {_describe_type(retry_schedule)}"
+            + (" (empty)" if isinstance(retry_schedule, list | tuple) else "")
         )
     retention_minutes = app_settings.RETENTION / 60
     schedule: list[float] = []
@@ -138,17 +139,18 @@ def _validate_schedule(kind: str, retry_schedule: object) -> tuple[float, ...] |
         if isinstance(minutes, bool) or not isinstance(minutes, int | float):
             raise RegistrationError(
                 f"workflow {kind!r}: retry_schedule[{index}] must be a number of minutes; "
-                f"got {_describe_type(minutes)} {minutes!r:.40}"
+                f"got {_describe_type(minutes)}"
             )
         if not math.isfinite(minutes) or minutes <= 0:
             raise RegistrationError(
                 f"workflow {kind!r}: retry_schedule[{index}] must be a finite number of "
-                f"minutes greater than zero; got {minutes!r}"
+                "minutes greater than zero; got "
+                + ("a non-finite number" if not math.isfinite(minutes) else "zero or less")
             )
         if minutes >= retention_minutes:
             raise RegistrationError(
-                f"workflow {kind!r}: retry_schedule[{index}] is {minutes:g} minutes, which is "
-                f"not shorter than the retention of {retention_minutes:g} minutes "
+                f"workflow {kind!r}: retry_schedule[{index}] is not shorter than the retention "
+                f"of {retention_minutes:g} minutes "
                 "(NEXUS_WORKFLOWS['RETENTION']); the work would be purged before its retry"
             )
         schedule.append(float(minutes))

@@ -75,6 +75,17 @@ def _check_key_function(kind: str, option: str, function: object) -> KeyFunction
     return function  # type: ignore[return-value]
 
 
+def _outside(value: object, *, whole: bool) -> str:
+    """What is wrong with a number option's value, without the value itself."""
+    name = type(value).__name__
+    named = f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+    if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+        return named
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{named} that is not finite"
+    return f"{named} outside that range"
+
+
 def _check_concurrency(kind: str, value: object) -> int | None:
     if value is None:
         return None
@@ -82,7 +93,7 @@ def _check_concurrency(kind: str, value: object) -> int | None:
         raise RegistrationError(
             f"workflow {kind!r}: concurrency must be a whole number from 1 to "
             f"{FLOW_CONCURRENCY_MAX:,} (attempts running at once across all runners), or None "
-            f"for no cap; got {type(value).__name__} {value!r:.40}"
+            f"for no cap; got {_outside(value, whole=True)}"
         )
     return value
 
@@ -99,9 +110,9 @@ def _check_rate_limit(kind: str, value: object) -> tuple[int, float] | None:
         raise RegistrationError(f"{allowed}; got {type(value).__name__}")
     limit, period = value
     if not is_rate_limit(limit):
-        raise RegistrationError(f"{allowed}; the limit is {type(limit).__name__} {limit!r:.40}")
+        raise RegistrationError(f"{allowed}; the limit is {_outside(limit, whole=True)}")
     if not is_rate_period(period):
-        raise RegistrationError(f"{allowed}; the period is {type(period).__name__} {period!r:.40}")
+        raise RegistrationError(f"{allowed}; the period is {_outside(period, whole=False)}")
     return (limit, float(period))
 
 

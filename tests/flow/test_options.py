@@ -23,13 +23,13 @@ def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
         ({"concurrency": True}, "concurrency must be a whole number from 1 to 10,000"),
         ({"concurrency": 10_001}, "concurrency must be a whole number from 1 to 10,000"),
         ({"rate_limit": (0, 1)}, "rate_limit must be a pair (limit, period_seconds)"),
-        ({"rate_limit": (5, 0)}, "the period is int 0"),
+        ({"rate_limit": (5, 0)}, "the period is an int outside that range"),
         ({"rate_limit": (5, -1.0)}, "rate_limit must be a pair"),
         ({"rate_limit": 5}, "rate_limit must be a pair"),
-        ({"rate_limit": ("5", 1)}, "the limit is str"),
-        ({"rate_limit": (5, float("inf"))}, "the period is float inf"),
-        ({"rate_limit": (10**7, 1)}, "the limit is int 10000000"),
-        ({"rate_limit": (2, 1e15)}, "at most 31,622,400 (a year); the period is float"),
+        ({"rate_limit": ("5", 1)}, "the limit is a str"),
+        ({"rate_limit": (5, float("inf"))}, "the period is a float that is not finite"),
+        ({"rate_limit": (10**7, 1)}, "the limit is an int outside that range"),
+        ({"rate_limit": (2, 1e15)}, "at most 31,622,400 (a year); the period is a float outside that range"),
         ({"serial_key": "to"}, "serial_key must be a function of one argument"),
         ({"serial_key": lambda a, b: a}, "serial_key must be a function of one argument"),
         ({"rate_limit": (5, 1), "rate_key": 3}, "rate_key must be a function of one argument"),
@@ -44,6 +44,24 @@ def test_bad_flow_options_are_refused_naming_the_option(
     with pytest.raises(RegistrationError) as caught:
         register_workflow(noop, retry_schedule=[1], **options)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"concurrency": 98765},
+        {"concurrency": 98765.5},
+        {"rate_limit": (98765, 1)},
+        {"rate_limit": (5, -98765.5)},
+        {"rate_limit": (5, "98765")},
+    ],
+)
+def test_a_refused_flow_option_does_not_echo_its_value(
+    register_workflow: Any, options: dict[str, Any]
+) -> None:
+    with pytest.raises(RegistrationError) as caught:
+        register_workflow(noop, retry_schedule=[1], **options)
+    assert "98765" not in str(caught.value)
 
 
 def test_a_misspelt_option_of_the_decorator_is_refused_naming_it() -> None:
