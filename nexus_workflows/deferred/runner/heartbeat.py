@@ -73,7 +73,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         next_beat = time.monotonic() + self.interval
-        failing = False
+        failed_beats = 0
         try:
             while not self._stop.is_set():
                 self.mark_wanted.wait(max(0.0, next_beat - time.monotonic()))
@@ -81,13 +81,17 @@ class Heartbeat:
                     return
                 try:
                     next_beat = self._turn(next_beat)
-                    if failing:
-                        failing = False
-                        logger.warning("heartbeats work again")
+                    if failed_beats:
+                        logger.warning("heartbeats work again, after %d failed", failed_beats)
+                        failed_beats = 0
                 except Exception as error:  # noqa: BLE001 - nothing may end the heartbeats
-                    failing = True
-                    logger.warning(
-                        "heartbeat failed (%s); retrying in %gs", type(error).__name__, self.interval
+                    failed_beats += 1
+                    # Once per outage: an outage of minutes would otherwise log every interval.
+                    logger.log(
+                        logging.WARNING if failed_beats == 1 else logging.DEBUG,
+                        "heartbeat failed (%s); retrying every %gs",
+                        type(error).__name__,
+                        self.interval,
                     )
                     close_connection(self.using)
                     next_beat = time.monotonic() + self.interval
