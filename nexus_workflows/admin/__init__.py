@@ -383,6 +383,7 @@ class DeferredWorkAdmin(
     find_field = "key"
     find_not_found = _("No deferred work has that dedupe key.")
     find_logged = _("Found by its dedupe key (nothing was changed).")
+    find_nothing_logged = _("Looked for by a dedupe key that no work has (nothing was changed).")
 
     def find_objects(self, request: HttpRequest, typed: str) -> list[Any]:
         if not typed:

@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import URLPattern, path, reverse
 from django.utils.functional import Promise
 from django.utils.http import urlencode
+from django.utils.translation import gettext_lazy as _
 
 
 class SearchNotEchoedChangeList(ChangeList):
@@ -51,11 +52,13 @@ class FindByPostMixin(SearchNotEchoedMixin):
     """The list's search box POSTs what was typed (field :attr:`find_field`) to
     :meth:`find_view`, which goes to the page of what :meth:`find_objects` found (the
     first, when several), or back to the list saying nothing was found. Each object found
-    gets an admin-log entry, :attr:`find_logged`. A typed ``?q=`` finds nothing."""
+    gets an admin-log entry, :attr:`find_logged`; a term that finds nothing gets one on the
+    model, :attr:`find_nothing_logged`. A typed ``?q=`` finds nothing."""
 
     find_field: str
     find_not_found: str | Promise
     find_logged: str | Promise
+    find_nothing_logged: str | Promise = _("Looked for by a term that found nothing (nothing was changed).")
 
     def find_objects(self, request: HttpRequest, typed: str) -> list[Model]:
         raise NotImplementedError
@@ -76,9 +79,12 @@ class FindByPostMixin(SearchNotEchoedMixin):
             return HttpResponseNotAllowed(["POST"])
         if not self.has_view_or_change_permission(request):  # type: ignore[attr-defined]
             raise PermissionDenied
-        found = self.find_objects(request, request.POST.get(self.find_field, ""))
+        typed = request.POST.get(self.find_field, "")
+        found = self.find_objects(request, typed)
         site, opts = self.admin_site.name, self.opts  # type: ignore[attr-defined]
         if not found:
+            if typed:  # a probe is audited too: who looked for which patients is the record
+                self._log_find_of_nothing(request)
             self.message_user(request, str(self.find_not_found), messages.WARNING)  # type: ignore[attr-defined]
             return HttpResponseRedirect(reverse(f"{site}:{opts.app_label}_{opts.model_name}_changelist"))
         for obj in found:  # that something exists for the term (a patient) is patient data
@@ -87,6 +93,21 @@ class FindByPostMixin(SearchNotEchoedMixin):
             self.message_user(request, many, messages.INFO)  # type: ignore[attr-defined]
         change = reverse(f"{site}:{opts.app_label}_{opts.model_name}_change", args=[found[0].pk])
         return HttpResponseRedirect(change)
+
+    def _log_find_of_nothing(self, request: HttpRequest) -> None:
+        """An admin-log entry on the list's model, with no object (none was found) and never
+        the term: Django's ``log_change`` needs an object."""
+        from django.contrib.admin.models import CHANGE, LogEntry  # models: as Django's admin does
+        from django.contrib.contenttypes.models import ContentType
+
+        LogEntry.objects.create(
+            user_id=request.user.pk,
+            content_type=ContentType.objects.get_for_model(self.model),  # type: ignore[attr-defined]
+            object_id=None,
+            object_repr=str(self.find_nothing_logged)[:200],
+            action_flag=CHANGE,
+            change_message=str(self.find_nothing_logged),
+        )
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str

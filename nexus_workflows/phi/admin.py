@@ -65,6 +65,7 @@ class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, FindByPostMixin,
     find_field = "code"
     find_not_found = _("No token map has that conversation code.")
     find_logged = _("Found by its conversation code (nothing was changed).")
+    find_nothing_logged = _("Looked for by a conversation code that no map has (nothing was changed).")
 
     def find_objects(self, request: HttpRequest, typed: str) -> list[Any]:
         """The map of exactly this code, by its keyed hash: only hashes are stored, so part

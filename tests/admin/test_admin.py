@@ -117,7 +117,16 @@ def test_the_search_box_posts_the_key_and_finds_only_the_exact_dedupe_key(viewer
         response = client.post(find, {"key": miss}, follow=True)
         assert response.redirect_chain == [(reverse(CHANGELIST), 302)]
         assert ("warning", "No deferred work has that dedupe key.") in message_texts(response)
-    assert LogEntry.objects.count() == 1
+    # A miss is audited too (an empty box is not), on the model, without the key.
+    misses = LogEntry.objects.exclude(pk=entry.pk)
+    assert [(m.object_id, m.user.username, m.content_type.model) for m in misses] == [
+        (None, "viewer", "deferredwork")
+    ] * 2
+    for miss in misses:
+        expected = "Looked for by a dedupe key that no work has (nothing was changed)."
+        assert miss.get_change_message() == expected
+        assert "visit-77" not in f"{miss.object_repr} {miss.change_message}"
+        assert SECRET not in f"{miss.object_repr} {miss.change_message}"
 
 
 def test_a_key_in_several_kinds_leads_to_the_first_and_names_the_others_by_kind_and_id(

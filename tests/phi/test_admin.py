@@ -186,14 +186,25 @@ def test_the_search_box_posts_the_code_so_no_url_carries_it(code: str, tokens: l
     assert entry.get_change_message() == "Found by its conversation code (nothing was changed)."
     assert code not in f"{entry.object_repr} {entry.change_message}"
 
-    # Parts of a code, or another spelling, find nothing (only hashes are stored); a miss
-    # tells nothing new, so it is not logged.
-    for near in (code[:-1], code.upper(), f" {code}", code[5:]):
+    # Parts of a code, or another spelling, find nothing (only hashes are stored). A miss
+    # is audited too, on the model and without the code: that a number has no conversation
+    # is also an answer about a person, and repeated misses are what probing looks like.
+    nears = (code[:-1], code.upper(), f" {code}", code[5:])
+    for near in nears:
         missing = client.post(find, {"code": near}, follow=True)
         assert missing.redirect_chain[-1][0] == reverse("admin:nexus_workflows_tokenmap_changelist")
         assert "No token map has that conversation code." in missing.content.decode()
         assert near not in missing.content.decode()
-    assert LogEntry.objects.count() == 1
+    misses = LogEntry.objects.exclude(pk=entry.pk)
+    assert misses.count() == len(nears)
+    for miss in misses:
+        assert (miss.object_id, miss.user.username, miss.content_type.model) == (None, "staff-2", "tokenmap")
+        assert miss.get_change_message() == (
+            "Looked for by a conversation code that no map has (nothing was changed)."
+        )
+        assert not any(near in f"{miss.object_repr} {miss.change_message}" for near in nears)
+    client.post(find, {"code": ""})  # an empty box looks for nothing
+    assert LogEntry.objects.count() == 1 + len(nears)
 
 
 def test_finding_a_map_needs_the_view_permission(code: str, tokens: list[str]) -> None:
