@@ -49,6 +49,11 @@ class TcpProxy:
     def restore(self) -> None:
         self.start()
 
+    def retarget(self, target_host: str, target_port: int) -> None:
+        """Connections made from now on go to another server (a failover behind one
+        address); those already open stay with the old one until either side ends them."""
+        self.target = (target_host, target_port)
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:

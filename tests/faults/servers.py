@@ -61,9 +61,11 @@ def under_faketime(offset: str) -> dict[str, Any]:
 
 
 class PrivatePostgres:
-    """``initdb`` as the ``postgres`` user into a temporary directory, its own port."""
+    """``initdb`` as the ``postgres`` user into a temporary directory, its own port; or,
+    ``standby_of`` a running one, a hot standby of it: a base backup that streams its WAL
+    (``pg_basebackup -R``; initdb's pg_hba trusts replication from 127.0.0.1)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, standby_of: PrivatePostgres | None = None) -> None:
         self.bin = _postgres_bin()
         self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="nw-faults-pg-"))
@@ -71,9 +73,22 @@ class PrivatePostgres:
         self.log = self.directory / "server.log"
         if os.geteuid() == 0:  # initdb refuses to run as root: the cluster is postgres's
             shutil.chown(self.directory, "postgres", "postgres")
-        self._as_postgres(
-            str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
-        )
+        if standby_of is None:
+            self._as_postgres(
+                str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"
+            )
+        else:
+            self._as_postgres(
+                str(self.bin / "pg_basebackup"),
+                "-D", str(self.data),
+                "-h", "127.0.0.1",
+                "-p", str(standby_of.port),
+                "-U", "postgres",
+                "-R",  # standby.signal and primary_conninfo: it starts as a streaming standby
+                "-X", "stream",
+                "-c", "fast",
+                "--no-sync",
+            )  # fmt: skip
         options = (
             f"-c port={self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.directory} "
             "-c fsync=off -c max_connections=100"
@@ -97,6 +112,10 @@ class PrivatePostgres:
 
     def stop(self) -> None:
         self._pg_ctl("stop", "-m", "immediate")
+
+    def promote(self) -> None:
+        """A standby ends recovery and takes writes (``pg_ctl promote``, waiting until it does)."""
+        self._pg_ctl("promote", "-w")
 
     def _pg_ctl(self, *args: str) -> None:
         self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), *args)

@@ -288,3 +288,22 @@ def test_an_async_prepare_that_blocks_the_loop_is_said_and_one_that_awaits_is_no
         assert "runs again, after" in said[1]
     else:
         assert said == []
+
+
+def test_a_runner_without_async_prepares_says_nothing_of_their_event_loop(
+    register_workflow: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A runner of sync kinds only never starts the async prepares' loop: a loop that
+    never runs is not one that an async prepare blocks (it said so, once, after a second)."""
+    import time
+
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        time.sleep(2.0)  # beats go on meanwhile, a second and more
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": 1}])
+    caplog.set_level(logging.WARNING, logger="nexus_workflows")
+    with override_settings(NEXUS_WORKFLOWS=FAST), running([kind]) as runner:
+        wait_for(lambda: runner.stats.done == 1, timeout=20, what="the attempt done")
+    said = [r.getMessage() for r in caplog.records if "event loop of async prepares" in r.getMessage()]
+    assert said == []

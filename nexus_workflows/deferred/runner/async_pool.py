@@ -112,6 +112,8 @@ class AsyncPool:
         sync HTTP client, a CPU loop) holds every other async attempt back, and the work
         claimed for them stays held; heartbeats go on in their own thread, so nothing
         goes stale and nothing else would say so."""
+        if not self._thread.is_alive():
+            return  # never started (a runner of sync kinds only) or stopped: no loop to be late
         sent = self._ping_sent
         if sent is not None:
             late = time.monotonic() - sent
