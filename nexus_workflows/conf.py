@@ -50,7 +50,8 @@ DEFAULTS: dict[str, Any] = {
     # claims: 300 drained no-op work 1.4-1.7x faster than 100; 200-400 were alike.
     "BATCH_SIZE": 300,
     # Most rows one purge statement deletes; the runner interleaves purge batches with
-    # its work so a large backlog never stalls it.
+    # its work so a large backlog never stalls it. A batch the database cancels
+    # (statement_timeout) halves the runner's batches for a while (purge_batches.py).
     "PURGE_BATCH_SIZE": 1000,
     # Seconds in-flight attempts may finish after SIGTERM/SIGINT before their claims
     # are released for another runner.

@@ -22,6 +22,10 @@ IDLE_SESSION_TIMEOUT_SQLSTATE = "57P05"
 #: (``idle_in_transaction_session_timeout``); an InternalError too, but the session is
 #: gone, as after ``pg_terminate_backend`` (an OperationalError).
 IDLE_IN_TRANSACTION_SQLSTATE = "25P03"
+#: SQLSTATE of a statement the server cancelled: its ``statement_timeout`` passed, or
+#: someone called ``pg_cancel_backend`` (the two differ only in the message's text). The
+#: session is fine; the statement took longer than the database lets it.
+QUERY_CANCELED_SQLSTATE = "57014"
 
 
 def sqlstate(error: BaseException) -> str | None:
@@ -40,6 +44,10 @@ def is_read_only(error: BaseException) -> bool:
 
 def session_ended_idle(error: BaseException) -> bool:
     return sqlstate(error) == IDLE_SESSION_TIMEOUT_SQLSTATE
+
+
+def is_query_canceled(error: BaseException) -> bool:
+    return sqlstate(error) == QUERY_CANCELED_SQLSTATE
 
 
 def is_database_unavailable(error: BaseException) -> bool:

@@ -214,6 +214,54 @@ def write_blocker() -> Iterator[WriteBlocker]:
     blocker.remove()
 
 
+class SlowDeletes:
+    """A real trigger that makes each row deleted from the work table take
+    ``seconds_per_row``, as on a bloated table or slow storage (PostgreSQL only: its
+    ``pg_sleep``). ``pg_sleep`` rounds up: 0.005 takes 5.1-5.2 ms, 0.01 takes 10.1 ms."""
+
+    def __init__(self) -> None:
+        self.installed = False
+
+    def install(self, seconds_per_row: float) -> None:
+        from nexus_workflows.models import DeferredWork
+
+        table = connection.ops.quote_name(DeferredWork._meta.db_table)
+        self.set_delay(seconds_per_row)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"CREATE TRIGGER nw_test_slow_delete BEFORE DELETE ON {table} FOR EACH ROW "
+                "EXECUTE FUNCTION nw_test_slow_delete()"
+            )
+        self.installed = True
+
+    def set_delay(self, seconds_per_row: float) -> None:
+        """Replace the trigger's function: unlike dropping the trigger, this takes no lock
+        on the table, so a runner's statements never queue behind it."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "CREATE OR REPLACE FUNCTION nw_test_slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                f"BEGIN PERFORM pg_sleep({float(seconds_per_row)!r}); RETURN OLD; END $$"
+            )
+
+    def remove(self) -> None:
+        if not self.installed:
+            return
+        from nexus_workflows.models import DeferredWork
+
+        table = connection.ops.quote_name(DeferredWork._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_slow_delete ON {table}")
+            cursor.execute("DROP FUNCTION IF EXISTS nw_test_slow_delete()")
+        self.installed = False
+
+
+@pytest.fixture
+def slow_deletes() -> Iterator[SlowDeletes]:
+    slow = SlowDeletes()
+    yield slow
+    slow.remove()
+
+
 # Figures the fault suite measures (durations, outages, attempts), printed at the end of
 # the run so they show in the test log even when the tests pass.
 FAULT_FIGURES: list[str] = []

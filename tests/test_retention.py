@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.db.models.signals import post_delete
 from django.test import override_settings
 from django.utils import timezone
@@ -96,3 +97,37 @@ def test_a_row_revived_between_the_purge_read_and_its_delete_survives(receiver_c
     assert deleted == 2
     assert list(DeferredWork.objects.values_list("pk", "status")) == [(revived_pk, Status.PENDING)]
     assert revived_pk not in deleted_seen
+
+
+def statement_timeout(milliseconds: int) -> None:
+    """For the rest of the test's transaction (pytest-django rolls it back)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL statement_timeout = {milliseconds}")
+
+
+@pytest.mark.postgresql
+@override_settings(NEXUS_WORKFLOWS={"PURGE_BATCH_SIZE": 40})
+def test_purge_expired_halves_a_batch_the_database_cancels(slow_deletes: Any, caplog: Any) -> None:
+    """A batch over statement_timeout (SQLSTATE 57014) is tried again at half the size,
+    inside the caller's transaction too (each batch is a savepoint of its own)."""
+    make_rows(Status.DONE, 60, age=timedelta(days=2))
+    slow_deletes.install(0.01)  # 40 rows: 0.4 s, cancelled at 0.3 s; 20 rows: 0.2 s
+    statement_timeout(300)
+    with caplog.at_level(logging.WARNING, logger="nexus_workflows"):
+        assert purge_expired() == 60
+    assert DeferredWork.objects.count() == 0  # the transaction is still usable
+    assert [record.getMessage() for record in caplog.records] == [
+        "a purge batch of 40 rows was cancelled by the database (statement_timeout?); "
+        "purging 20 rows at a time"
+    ]
+
+
+@pytest.mark.postgresql
+@override_settings(NEXUS_WORKFLOWS={"PURGE_BATCH_SIZE": 2})
+def test_purge_expired_says_which_setting_when_even_one_row_is_cancelled(slow_deletes: Any) -> None:
+    make_rows(Status.DONE, 3, age=timedelta(days=2))
+    slow_deletes.install(0.1)
+    statement_timeout(50)
+    with pytest.raises(OperationalError, match="one row's DELETE takes longer than statement_timeout allows"):
+        purge_expired()
+    assert DeferredWork.objects.count() == 3

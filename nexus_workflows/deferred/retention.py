@@ -3,23 +3,31 @@
 Only done and abandoned rows are purged, ``RETENTION`` seconds after their last update;
 pending and processing rows are never purged, however long an outage lasts. The dedupe
 horizon is therefore the retention: until a finished row is purged, enqueueing its key
-again does nothing (done) or revives it (abandoned).
+again does nothing (done) or revives it (abandoned). So a purge that cannot progress
+stretches the horizon too: a batch the database cancels (``statement_timeout``) is tried
+again smaller (:class:`.purge_batches.PurgeBatchSize`), never as an outage.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import router
+from django.db import OperationalError, router, transaction
 
 from nexus_workflows.clock import now_plus
 from nexus_workflows.conf import app_settings
+from nexus_workflows.database_errors import is_query_canceled
+from nexus_workflows.deferred.purge_batches import PurgeBatchSize, rows
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.transitions import purge
 from nexus_workflows.flow import windows
 from nexus_workflows.flow.claiming import window_name
 from nexus_workflows.models import DeferredWork
+
+logger = logging.getLogger(__name__)
 
 
 def expiry_cutoff(now: datetime | None = None) -> Any:
@@ -63,12 +71,55 @@ def purge_batch(
     return purge(expired, ids)
 
 
+def purge_sized_batch(
+    sizes: PurgeBatchSize, *, now: datetime | None = None, using: str | None = None
+) -> int | None:
+    """One batch of ``sizes.size`` rows, reported to ``sizes``; how many rows it deleted,
+    or ``None`` when the database cancelled it (SQLSTATE 57014, ``QueryCanceled``): the
+    batch took longer than the database lets one statement, and ``sizes`` shrank.
+
+    In a transaction (a savepoint inside one), so a cancel inside the caller's own
+    transaction leaves it usable; the session itself is fine after a cancel.
+    """
+    using = using or router.db_for_write(DeferredWork)
+    started = time.monotonic()
+    try:
+        with transaction.atomic(using=using):
+            deleted = purge_batch(now=now, batch_size=sizes.size, using=using)
+    except OperationalError as error:
+        if not is_query_canceled(error):
+            raise
+        sizes.cancelled(time.monotonic() - started)
+        return None
+    sizes.completed(deleted, time.monotonic() - started)
+    return deleted
+
+
 def purge_expired(*, now: datetime | None = None, using: str | None = None) -> int:
-    """Delete every expired row, batch by batch; returns how many were deleted."""
+    """Delete every expired row, batch by batch; returns how many were deleted.
+
+    A batch the database cancels is tried again at half the size; when even one row's
+    is cancelled, raises ``OperationalError`` naming ``statement_timeout``.
+    """
+    sizes = PurgeBatchSize(app_settings.PURGE_BATCH_SIZE)
     total = 0
-    batch_size = app_settings.PURGE_BATCH_SIZE
     while True:
-        deleted = purge_batch(now=now, batch_size=batch_size, using=using)
+        size = sizes.size
+        deleted = purge_sized_batch(sizes, now=now, using=using)
+        if deleted is None:
+            if sizes.size == size:
+                raise OperationalError(
+                    "the database cancelled the purge of a single expired row (SQLSTATE 57014: "
+                    "its statement_timeout, or pg_cancel_backend): one row's DELETE takes longer "
+                    "than statement_timeout allows; raise statement_timeout for this role or session"
+                )
+            logger.warning(
+                "a purge batch of %s was cancelled by the database (statement_timeout?); "
+                "purging %s at a time",
+                rows(size),
+                rows(sizes.size),
+            )
+            continue
         total += deleted
-        if deleted < batch_size:
+        if deleted < size:
             return total

@@ -18,7 +18,7 @@ from django.db import connections, router
 from nexus_workflows import __version__
 from nexus_workflows.clock import database_now
 from nexus_workflows.conf import app_settings
-from nexus_workflows.deferred import retention, wakeup
+from nexus_workflows.deferred import wakeup
 from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.execution import Outcome
 from nexus_workflows.deferred.registry import registry
@@ -32,6 +32,7 @@ from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
 from nexus_workflows.deferred.runner.logs import log_outcome
 from nexus_workflows.deferred.runner.outcomes import OutcomeWriter
 from nexus_workflows.deferred.runner.pool import SyncPool
+from nexus_workflows.deferred.runner.purging import Purging
 from nexus_workflows.deferred.runner.reclaim import guard_unguarded
 from nexus_workflows.deferred.runner.schedule import LoopSchedule
 from nexus_workflows.deferred.runner.selection import selection, worker_id
@@ -146,6 +147,7 @@ class Runner:
             metrics_port=metrics_port,
         )
         self._tally = Tally(self.stats, self._observer)
+        self._purging = Purging(self.using, self.stats)
         self._writer = OutcomeWriter(self._ledger, self._tally, self._observe_runtime)
         self._heartbeat = Heartbeat(
             self._ledger,
@@ -353,13 +355,9 @@ class Runner:
         self._log_forfeited(self._ledger.take_forfeited())
         self._writer.write()
         guard_unguarded(self._ledger, self._tally, self._dispatch)
-        purging = False
-        if schedule.purge_due():
-            deleted = retention.purge_batch(using=self.using)
-            self.stats.purged += deleted
-            purging = deleted >= app_settings.PURGE_BATCH_SIZE
-            if purging:
-                schedule.next_purge = 0.0
+        purging = schedule.purge_due() and self._purging.batch()
+        if purging:
+            schedule.purge_next_turn()
         claimed, more_due = 0, False
         if self._wants_more():
             claimed, more_due = self._claim(cutoff, check_stale=schedule.stale_check_due())

@@ -25,3 +25,8 @@ class LoopSchedule:
             return False
         self.next_purge = time.monotonic() + self.sweep_interval
         return True
+
+    def purge_next_turn(self) -> None:
+        """More to purge (a full batch, or a smaller one after a cancel): next turn, not
+        a sweep interval later."""
+        self.next_purge = 0.0
