@@ -63,6 +63,14 @@ def with_statement_timeout(milliseconds: int) -> str:
     return f"{url_of_test_database()}?options=-c%20statement_timeout%3D{milliseconds}"
 
 
+def wait_for_runner(runner: ManagePy, predicate: Callable[[], Any], *, timeout: float, what: str) -> None:
+    """``wait_for``, failing with the runner's output."""
+    try:
+        wait_for(predicate, timeout=timeout, what=what)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; the runner's output:\n{runner.output()}") from None
+
+
 def test_a_purge_batch_over_statement_timeout_shrinks_and_the_runner_keeps_claiming(
     slow_deletes: Any, report_figures: Callable[[str], None]
 ) -> None:
@@ -83,7 +91,9 @@ def test_a_purge_batch_over_statement_timeout_shrinks_and_the_runner_keeps_claim
             work_id = enqueue("test-ledger", {"key": f"new-{number}"})
             number += 1
             assert work_id is not None
-            wait_for(lambda work_id=work_id: is_done(work_id), timeout=15, what=f"new-{number - 1} done")
+            wait_for_runner(
+                runner, lambda work_id=work_id: is_done(work_id), timeout=15, what=f"new-{number - 1} done"
+            )
             finished_while_purging += bool(expired_count())
         purged_in = time.monotonic() - started
         left = expired_count()
@@ -122,13 +132,15 @@ def test_a_purge_of_one_row_cancelled_waits_for_the_next_sweep_and_wedges_nothin
     try:
         runner.wait_for_output("runner started", timeout=60)
         again = "a purge batch of 1 row was cancelled again"
-        wait_for(lambda: runner.output().count(again) >= 2, timeout=30, what="two retries at later sweeps")
+        wait_for_runner(
+            runner, lambda: runner.output().count(again) >= 2, timeout=30, what="two retries at later sweeps"
+        )
         work_id = enqueue("test-ledger", {"key": "new"})
         assert work_id is not None
-        wait_for(lambda: is_done(work_id), timeout=15, what="new work done")
+        wait_for_runner(runner, lambda: is_done(work_id), timeout=15, what="new work done")
         assert expired_count() == 5  # every cancelled batch rolled back
         slow_deletes.set_delay(0)  # the table is quick again
-        wait_for(lambda: expired_count() == 0, timeout=15, what="the expired rows purged")
+        wait_for_runner(runner, lambda: expired_count() == 0, timeout=15, what="the expired rows purged")
         assert runner.terminate() == 0, runner.output()
         output = runner.output()
     finally:
