@@ -110,10 +110,16 @@ def test_a_purge_batch_over_statement_timeout_shrinks_and_the_runner_keeps_claim
     )
     assert finished_while_purging >= 2, output
     assert "database unavailable" not in output, output
+    # Only halvings, the first of 1000 rows. Nominally that one is all (500 rows take 2.6 s),
+    # but a loaded machine may stretch the sleeps past the timeout and halve once more.
     warnings = [line for line in output.splitlines() if "WARNING" in line]
-    assert len(warnings) == 1, output
-    shrank = r"a purge batch of 1000 rows was cancelled .*; purging 500 rows at a time from now on$"
-    assert re.search(shrank, warnings[0]), output
+    shrank = r"a purge batch of (\d+) rows was cancelled .*; purging (\d+) rows at a time from now on$"
+    halvings = [re.search(shrank, line) for line in warnings]
+    assert warnings, output
+    assert all(halvings), output
+    first = halvings[0]
+    assert first is not None
+    assert (int(first[1]), int(first[2])) == (1000, 500), output
     for noise in ("ERROR", "Traceback"):
         assert noise not in output, output
     # The key is free again once its row is gone.
