@@ -193,7 +193,8 @@ class DeadlineAdapter(HTTPAdapter):
             stream=stream, timeout=timeout, verify=verify, cert=cert, proxies=proxies
         )
         total = timeout.total if isinstance(timeout, Timeout) else None
-        if total is None:
+        # None or Timeout.DEFAULT_TIMEOUT (urllib3's sentinel): no total, no deadline.
+        if not isinstance(total, int | float):
             return super().send(request, **options)
         watch = _Watch()
         token = _current.set(watch)
