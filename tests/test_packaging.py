@@ -154,9 +154,19 @@ def _pins(name: str) -> dict[str, str]:
     ("requirements", "line"), [("requirements-django61.txt", "6.1."), ("requirements-django60.txt", "6.0.")]
 )
 def test_the_django6_requirements_pin_the_same_set_but_django(requirements: str, line: str) -> None:
-    """bin/test's Django 6.1 and 6.0 legs must test what requirements.txt pins, Django and the
-    Tasks backport (built into Django 6) aside."""
+    """bin/test's Django 6.1 and 6.0 legs must test what requirements.txt pins, Django, the
+    Tasks backport (built into Django 6) and the type check (run once, in .venv) aside."""
     pinned, django6 = _pins("requirements.txt"), _pins(requirements)
     backport = {"django-tasks", "django-stubs-ext", "typing_extensions"}
+    type_check = {
+        "mypy",
+        "mypy_extensions",
+        "librt",
+        "pathspec",
+        "django-stubs",
+        "types-pyyaml",
+        "types-requests",
+    }
+    aside = backport | type_check
     assert django6.pop("django").startswith(line)
-    assert {k: v for k, v in pinned.items() if k != "django" and k not in backport} == django6
+    assert {k: v for k, v in pinned.items() if k != "django" and k not in aside} == django6
