@@ -52,6 +52,7 @@ def test_the_wheel_installs_into_another_project(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("nexus_workflows-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "nexus_workflows/migrations/0001_deferred_work.py" in names
+    assert "nexus_workflows/py.typed" in names  # PEP 561: type checkers read the app's hints
     assert not any(name.startswith(("project/", "tests/", "benchmarks/")) for name in names)
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
