@@ -261,7 +261,7 @@ class Claimer:
             return changes
         if not every:
             def field_of(name: str) -> Field[Any, Any]:
-                return cast(Field[Any, Any], DeferredWork._meta.get_field(name))  # each name is a column
+                return cast("Field[Any, Any]", DeferredWork._meta.get_field(name))  # each name is a column
 
             task_only = {
                 name: Case(When(queue_name="", then=F(name)), default=value, output_field=field_of(name))

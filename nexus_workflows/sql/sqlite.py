@@ -43,7 +43,7 @@ def violated_constraint(error: IntegrityError) -> str | None:
         for constraint in model._meta.constraints:
             fields = getattr(constraint, "fields", ())
             # A unique constraint's fields are columns, never relations' reverse sides.
-            named = [cast(Field[Any, Any], model._meta.get_field(name)) for name in fields]
+            named = [cast("Field[Any, Any]", model._meta.get_field(name)) for name in fields]
             columns = {f"{table}.{field.column}" for field in named}
             if columns and columns == failed:
                 return constraint.name
