@@ -210,5 +210,9 @@ class FlowWindowSlot(models.Model):
         return f"{self.name} slot {self.slot}"
 
 
-from nexus_workflows.observability.models import OutcomeCount, OutcomeFlush, Runner  # noqa: E402,F401
-from nexus_workflows.phi.models import PhiToken, TokenMap  # noqa: E402,F401
+# Django finds an app's models in its models module; these are re-exported explicitly.
+from nexus_workflows.observability.models import OutcomeCount as OutcomeCount  # noqa: E402
+from nexus_workflows.observability.models import OutcomeFlush as OutcomeFlush  # noqa: E402
+from nexus_workflows.observability.models import Runner as Runner  # noqa: E402
+from nexus_workflows.phi.models import PhiToken as PhiToken  # noqa: E402
+from nexus_workflows.phi.models import TokenMap as TokenMap  # noqa: E402

@@ -52,6 +52,7 @@ def test_the_wheel_installs_into_another_project(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("nexus_workflows-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "nexus_workflows/migrations/0001_deferred_work.py" in names
+    assert "nexus_workflows/py.typed" in names  # PEP 561: type checkers read the app's hints
     assert not any(name.startswith(("project/", "tests/", "benchmarks/")) for name in names)
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -154,9 +155,19 @@ def _pins(name: str) -> dict[str, str]:
     ("requirements", "line"), [("requirements-django61.txt", "6.1."), ("requirements-django60.txt", "6.0.")]
 )
 def test_the_django6_requirements_pin_the_same_set_but_django(requirements: str, line: str) -> None:
-    """bin/test's Django 6.1 and 6.0 legs must test what requirements.txt pins, Django and the
-    Tasks backport (built into Django 6) aside."""
+    """bin/test's Django 6.1 and 6.0 legs must test what requirements.txt pins, Django, the
+    Tasks backport (built into Django 6) and the type check (run once, in .venv) aside."""
     pinned, django6 = _pins("requirements.txt"), _pins(requirements)
     backport = {"django-tasks", "django-stubs-ext", "typing_extensions"}
+    type_check = {
+        "mypy",
+        "mypy_extensions",
+        "librt",
+        "pathspec",
+        "django-stubs",
+        "types-pyyaml",
+        "types-requests",
+    }
+    aside = backport | type_check
     assert django6.pop("django").startswith(line)
-    assert {k: v for k, v in pinned.items() if k != "django" and k not in backport} == django6
+    assert {k: v for k, v in pinned.items() if k != "django" and k not in aside} == django6

@@ -57,8 +57,14 @@ from nexus_workflows.admin.changelist import (
 )
 from nexus_workflows.admin.finding import FindByPostMixin
 from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
-from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA, RevealMixin, missing_object_redirect
+from nexus_workflows.admin.reveal import (
+    REVEAL_WORKFLOW_DATA,
+    RevealMixin,
+    missing_object_redirect,
+    staff_user_pk,
+)
 from nexus_workflows.deferred import triage
+from nexus_workflows.deferred.attempts import max_attempts
 from nexus_workflows.fire_and_forget.job import REVEAL_URL_NAME
 from nexus_workflows.flow.report import waiting_reason
 from nexus_workflows.models import DeferredWork, Status
@@ -332,7 +338,7 @@ class DeferredWorkAdmin(
         changed = DeferredWork.objects.filter(pk__in=[ref.pk for ref in result.changed]).only(
             "pk", "kind", "status"
         )
-        LogEntry.objects.log_actions(request.user.pk, changed, CHANGE, change_message=message)
+        LogEntry.objects.log_actions(staff_user_pk(request), changed, CHANGE, change_message=message)
 
     def _report(self, request: HttpRequest, result: triage.TriageResult, wording: ResultWording) -> None:
         self.message_user(
@@ -448,7 +454,7 @@ class DeferredWorkAdmin(
             "work": work,
             "stale": triage.is_stale(work, now),
             "attempt_number": display.attempt_number(work),
-            "max_attempts": display.max_attempts(work.kind),
+            "max_attempts": max_attempts(work.kind),
             "may_revive": may_revive,
             "permission_hint": actionable and not may_revive,
             "revive_url": reverse(f"admin:{info[0]}_{info[1]}_revive", args=[work.pk]),

@@ -4,7 +4,7 @@ confirmation of a bulk delete, and the messages of revive and run now (with plur
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core import signing
 from django.db.models import QuerySet
@@ -15,6 +15,9 @@ from django.utils.translation import gettext_lazy as _
 
 from nexus_workflows.deferred import triage
 from nexus_workflows.models import DeferredWork, Status
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 # A delete confirmation is good for this long, for the selection and counts it showed.
 DELETE_CONFIRMATION_MAX_AGE = 600
@@ -45,7 +48,7 @@ def delete_summary(queryset: QuerySet[DeferredWork]) -> dict[str, Any]:
     return {"pks": [pk for pk, _status in rows], "counts": counts}
 
 
-def describe_losses(counts: dict[str, int]) -> list[tuple[str, int, str]]:
+def describe_losses(counts: dict[str, int]) -> list[tuple[str, int, StrOrPromise]]:
     order = (Status.PENDING, Status.PROCESSING, Status.ABANDONED, Status.DONE)
     return [
         (str(status.label).lower(), counts[status], _LOSSES[status]) for status in order if counts.get(status)

@@ -4,19 +4,23 @@ about ("needs attention", "stale"), the flow-limit filter, and the counts per st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import PAGE_VAR
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils.functional import Promise, cached_property
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from nexus_workflows.admin.finding import SearchNotEchoedChangeList
 from nexus_workflows.deferred import triage
 from nexus_workflows.flow.report import waiting_on_limit_q
 from nexus_workflows.models import DeferredWork, Status
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 #: Query-string value of the status filter that shows abandoned and stale work.
 NEEDS_ATTENTION = "attention"
@@ -30,7 +34,7 @@ class StatusFilter(admin.SimpleListFilter):
     title = _("status")
     parameter_name = "status"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, StrOrPromise]]:
         return [
             (NEEDS_ATTENTION, _("Needs attention")),
             (Status.PENDING.value, _("Pending")),
@@ -57,7 +61,7 @@ class FlowLimitFilter(admin.SimpleListFilter):
     title = _("flow control")
     parameter_name = "flow"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, StrOrPromise]]:
         return [(WAITING_ON_A_LIMIT, _("Waiting on a limit"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
@@ -87,7 +91,8 @@ class TriageChangeList(SearchNotEchoedChangeList):
         super().__init__(request, *args, **kwargs)
         status = self.params.get(StatusFilter.parameter_name)
         attention = status == NEEDS_ATTENTION
-        self.title = _("Deferred work that needs attention") if attention else _("Deferred work")
+        # Translated per request, as Django translates its own title (a str).
+        self.title = gettext("Deferred work that needs attention") if attention else gettext("Deferred work")
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[DeferredWork]:
         queryset = super().get_queryset(request, exclude_parameters)

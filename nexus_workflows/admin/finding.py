@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.admin.views.main import IS_FACETS_VAR, SEARCH_VAR, ChangeList
+from django.contrib.admin.options import IS_FACETS_VAR  # also in views.main, but not in its stubs
+from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, QueryDict
@@ -15,6 +16,8 @@ from django.urls import URLPattern, path, reverse
 from django.utils.functional import Promise
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
+
+from nexus_workflows.admin.reveal import staff_user_pk
 
 
 class SearchNotEchoedChangeList(ChangeList):
@@ -101,7 +104,7 @@ class FindByPostMixin(SearchNotEchoedMixin):
         from django.contrib.contenttypes.models import ContentType
 
         LogEntry.objects.create(
-            user_id=request.user.pk,
+            user_id=staff_user_pk(request),
             content_type=ContentType.objects.get_for_model(self.model),  # type: ignore[attr-defined]
             object_id=None,
             object_repr=str(self.find_nothing_logged)[:200],

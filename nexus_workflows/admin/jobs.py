@@ -21,7 +21,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext
 
 from nexus_workflows.admin import display
-from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA, private
+from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA, private, staff_user_pk
 from nexus_workflows.exceptions import SealedDataUnreadable
 from nexus_workflows.fire_and_forget.job import error_of, is_workflow_job, trigger_of
 from nexus_workflows.fire_and_forget.sending import configured_queues, get_queue
@@ -78,7 +78,7 @@ def _log_reveal(request: HttpRequest, job_id: str, kind: str) -> None:
     # with a job id finds its reveals: audit_id); the repr, shown in every staff user's
     # "recent actions", names the kind, as deferred work's does.
     LogEntry.objects.create(
-        user_id=request.user.pk,
+        user_id=staff_user_pk(request),
         content_type=None,
         object_id=audit_id(kind, job_id),
         object_repr=gettext("fire-and-forget %(kind)s job") % {"kind": kind},

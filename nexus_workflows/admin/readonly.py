@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django.http import HttpRequest
 
@@ -36,7 +36,7 @@ class ListedFiltersOnlyMixin:
     alone, no reveal and no audit. Anything else gets Django's 400.
     """
 
-    list_filter: Any
+    list_filter: ClassVar[Any]
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         return lookup in listed_lookups(self.list_filter)

@@ -12,7 +12,7 @@ model admin's reveal permission sees them on a dedicated page:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import messages
 from django.contrib.admin.utils import unquote
@@ -26,6 +26,12 @@ from django.utils.translation import gettext
 
 #: Shows a workflow's patient data: deferred work's, and fire-and-forget jobs' (admin.jobs).
 REVEAL_WORKFLOW_DATA = "nexus_workflows.reveal_deferredwork"
+
+
+def staff_user_pk(request: HttpRequest) -> int | str:
+    """Who an admin log entry is by: the admin site serves staff users only, never
+    ``AnonymousUser`` (whose pk is None). An int for Django's ``User``."""
+    return cast("int | str", request.user.pk)
 
 
 def missing_object_redirect(model_admin: Any, request: HttpRequest, object_id: str) -> HttpResponse:

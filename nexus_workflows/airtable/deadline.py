@@ -29,10 +29,11 @@ import contextvars
 import os
 import socket
 import threading
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3 import HTTPConnectionPool
 from urllib3.util import Timeout
 
 
@@ -157,15 +158,16 @@ class _WatchedConnection:
 
 
 _watched_classes: dict[type, type] = {}
+_Class = TypeVar("_Class", bound=type)
 
 
-def _watched(cls: type) -> type:
+def _watched(cls: _Class) -> _Class:
     if issubclass(cls, _WatchedConnection):
         return cls
     watched = _watched_classes.get(cls)
     if watched is None:
         watched = _watched_classes.setdefault(cls, type(cls.__name__, (_WatchedConnection, cls), {}))
-    return watched
+    return cast(_Class, watched)  # a subclass of cls
 
 
 class DeadlineAdapter(HTTPAdapter):
@@ -176,11 +178,16 @@ class DeadlineAdapter(HTTPAdapter):
     def get_connection_with_tls_context(
         self, request: Any, verify: Any, proxies: Any = None, cert: Any = None
     ) -> Any:
-        pool = super().get_connection_with_tls_context(request, verify, proxies=proxies, cert=cert)
+        # An HTTP(S)ConnectionPool, as requests' PoolManager makes them (the stubs say
+        # ConnectionPool, which has no ConnectionCls).
+        pool = cast(
+            HTTPConnectionPool,
+            super().get_connection_with_tls_context(request, verify, proxies=proxies, cert=cert),
+        )
         pool.ConnectionCls = _watched(pool.ConnectionCls)
         return pool
 
-    def send(  # type: ignore[override]
+    def send(
         self,
         request: requests.PreparedRequest,
         stream: bool = False,
@@ -193,7 +200,8 @@ class DeadlineAdapter(HTTPAdapter):
             stream=stream, timeout=timeout, verify=verify, cert=cert, proxies=proxies
         )
         total = timeout.total if isinstance(timeout, Timeout) else None
-        if total is None:
+        # None or Timeout.DEFAULT_TIMEOUT (urllib3's sentinel): no total, no deadline.
+        if not isinstance(total, int | float):
             return super().send(request, **options)
         watch = _Watch()
         token = _current.set(watch)

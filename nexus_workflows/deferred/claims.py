@@ -15,9 +15,9 @@ import random
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from django.db.models import Case, F, Q, When
+from django.db.models import Case, F, Field, Q, When
 from django.db.models.functions import Coalesce
 
 from nexus_workflows.clock import DatabaseNow, now_plus
@@ -260,7 +260,9 @@ class Claimer:
         if some is False:
             return changes
         if not every:
-            field_of = DeferredWork._meta.get_field
+            def field_of(name: str) -> Field[Any, Any]:
+                return cast("Field[Any, Any]", DeferredWork._meta.get_field(name))  # each name is a column
+
             task_only = {
                 name: Case(When(queue_name="", then=F(name)), default=value, output_field=field_of(name))
                 for name, value in task_only.items()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
@@ -451,7 +451,7 @@ def _rejected(workflow: Workflow, error: DatabaseError) -> EnqueueRejected:
     )
 
 
-def _revive(existing: dict[str, Any], due: Any, using: str) -> bool:
+def _revive(existing: Mapping[str, Any], due: Any, using: str) -> bool:
     from nexus_workflows.deferred.history import append_entry
     from nexus_workflows.deferred.transitions import revive
     from nexus_workflows.models import DeferredWork

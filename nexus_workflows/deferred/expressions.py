@@ -40,7 +40,11 @@ class JSONAppend(_ArrayUpdate):
     def __init__(self, column: str | Any, value: Any) -> None:
         super().__init__(column, json.dumps(value))
 
-    def as_sql(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, list[Any]]:
+    # Narrower than Func.as_sql (no function, template, arg_joiner): the SQL is fixed, and
+    # Django's compiler calls as_sql(compiler, connection).
+    def as_sql(  # type: ignore[override]
+        self, compiler: Any, connection: Any, **extra_context: Any
+    ) -> tuple[str, list[Any]]:
         column, params = self._column(compiler, connection)
         if connection.vendor == "postgresql":
             sql = f"(COALESCE({column}, '[]'::jsonb) || jsonb_build_array(CAST(%s AS jsonb)))"
@@ -56,7 +60,11 @@ class JSONAppend(_ArrayUpdate):
 class JSONDropLast(_ArrayUpdate):
     """``column`` (a JSON array) without its last element."""
 
-    def as_sql(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, list[Any]]:
+    # Narrower than Func.as_sql (no function, template, arg_joiner): the SQL is fixed, and
+    # Django's compiler calls as_sql(compiler, connection).
+    def as_sql(  # type: ignore[override]
+        self, compiler: Any, connection: Any, **extra_context: Any
+    ) -> tuple[str, list[Any]]:
         column, params = self._column(compiler, connection)
         if connection.vendor == "postgresql":
             sql = f"(COALESCE({column}, '[]'::jsonb) - -1)"

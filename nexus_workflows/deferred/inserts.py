@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections
 from django.db.models import Field
@@ -71,7 +71,7 @@ def _plan(using: str) -> _Plan:
     if cache_key in _plans:
         return _plans[cache_key]
     opts = DeferredWork._meta
-    varying = [opts.get_field(name) for name in _VARYING]
+    varying = [cast("Field[Any, Any]", opts.get_field(name)) for name in _VARYING]  # each name is a column
     others = [f for f in opts.concrete_fields if not f.primary_key and f.name not in _VARYING]
     for field in others:
         if field.has_default() and callable(field.default) and field.default not in (dict, list):

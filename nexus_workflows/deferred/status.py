@@ -61,7 +61,7 @@ def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
     return report
 
 
-_MODE_NOTES = {
+_MODE_NOTES: dict[str, str] = {  # by WakeupMode, a StrEnum: the runner row's string finds it
     WakeupMode.LISTENING: "new work starts at once (LISTEN/NOTIFY, proven by a probe)",
     WakeupMode.SHORT_POLL: "wake-ups do not arrive: polling every WAKEUP_FALLBACK_POLL_INTERVAL; "
     "behind a pooler, set WAKEUP_DATABASE",
@@ -103,7 +103,7 @@ def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
     if report.runners:
         lines.append(f"Runners' wake-ups: {len(report.runners)}")
         for runner in report.runners:
-            note = _MODE_NOTES.get(runner.wakeup_mode, "")  # type: ignore[call-overload]
+            note = _MODE_NOTES.get(runner.wakeup_mode, "")
             lines.append(
                 f"  {runner.host}:{runner.pid} {runner.wakeup_mode} since "
                 f"{runner.wakeup_mode_since:%Y-%m-%d %H:%M:%S %Z}"

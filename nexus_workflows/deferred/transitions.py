@@ -268,8 +268,8 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
     by_claim: dict[tuple[str, str], list[ClaimedWork]] = {}
     for work in works:
         if work.history_changed:
-            ours = _finish_one(work) or _written_by_this_claim(work, status=Status.DONE)
-            (written if ours else lost).append(work)
+            finished = _finish_one(work) or _written_by_this_claim(work, status=Status.DONE)
+            (written if finished else lost).append(work)
         else:
             by_claim.setdefault((work.using, work.claim_token), []).append(work)
     for (using, token), group in by_claim.items():

@@ -11,6 +11,8 @@ it, as django-rq's Delete would, and creates the new job.
 
 from __future__ import annotations
 
+from typing import cast
+
 import redis
 from rq.executions import ExecutionRegistry
 from rq.job import JobStatus
@@ -50,7 +52,8 @@ def free_if_cancel_expired(queue: Queue, job_id: str, horizon: int) -> bool:
                 return False
             # Not watched: another job's cancel must not fail this one. A change to this
             # job's entry comes with a change to its hash, which is.
-            canceled = CanceledJobRegistry(origin.decode(), connection=connection).key
+            # RQ's connections answer bytes (it refuses decode_responses).
+            canceled = CanceledJobRegistry(cast(bytes, origin).decode(), connection=connection).key
             seconds, microseconds = pipe.time()
             now = seconds + microseconds / 1_000_000
             cancelled_at = pipe.zscore(canceled, job_id)

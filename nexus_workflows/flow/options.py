@@ -6,7 +6,7 @@ import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from asgiref.sync import iscoroutinefunction
 
@@ -72,7 +72,7 @@ def _check_key_function(kind: str, option: str, function: object) -> KeyFunction
             f"workflow {kind!r}: {option} must be a plain function, not async def (enqueue "
             "calls it synchronously)"
         )
-    return function  # type: ignore[return-value]
+    return function
 
 
 def _outside(value: object, *, whole: bool) -> str:
@@ -116,12 +116,12 @@ def _check_rate_limit(kind: str, value: object) -> tuple[int, float] | None:
     return (limit, float(period))
 
 
-def is_rate_limit(limit: object) -> bool:
+def is_rate_limit(limit: object) -> TypeGuard[int]:
     """Whether ``limit`` may be a rate window's limit (``rate_limit`` and ``rate_limited``)."""
     return not isinstance(limit, bool) and isinstance(limit, int) and 1 <= limit <= RATE_LIMIT_MAX
 
 
-def is_rate_period(period: object) -> bool:
+def is_rate_period(period: object) -> TypeGuard[float]:
     """Whether ``period`` (seconds) may be a rate window's period, or a wait for one."""
     return (
         not isinstance(period, bool)

@@ -26,6 +26,7 @@ from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.deferred.registry import Workflow, registry
 from nexus_workflows.flow import windows
 from nexus_workflows.flow.claiming import busy_starts_subquery, key_conditions, window_name
+from nexus_workflows.flow.options import FlowLimits
 from nexus_workflows.models import DeferredWork, Status
 
 REASONS = ("key", "slot", "rate")
@@ -50,9 +51,9 @@ def _due(kind: str, using: str) -> Any:
     )
 
 
-def _with_busy_window(queryset: Any, workflow: Workflow) -> Any:
+def _with_busy_window(queryset: Any, kind: str, flow: FlowLimits) -> Any:
     return queryset.annotate(window_key=Coalesce(F("rate_key_hash"), Value(""))).annotate(
-        busy=busy_starts_subquery(workflow.kind, workflow.flow)
+        busy=busy_starts_subquery(kind, flow)
     )
 
 
@@ -80,7 +81,7 @@ def kind_flow(workflow: Workflow, *, using: str | None = None) -> KindFlow:
             room = limit - windows.busy_count(window_name(workflow.kind), "", limit, period, using=using)
             report.waiting["rate"] = max(0, startable - room)
         else:
-            full = _with_busy_window(key_free, workflow).filter(busy__gte=limit).count()
+            full = _with_busy_window(key_free, workflow.kind, flow).filter(busy__gte=limit).count()
             report.waiting["rate"] = min(full, startable)
     return report
 
@@ -129,7 +130,7 @@ def waiting_reason(work: DeferredWork) -> str | None:
             return f"concurrency: all {flow.concurrency} slots of {work.kind} are in use"
     if flow.rate_limit is not None:
         limit, period = flow.rate_limit
-        if _with_busy_window(this, workflow).filter(busy__gte=limit).exists():
+        if _with_busy_window(this, workflow.kind, flow).filter(busy__gte=limit).exists():
             scope = "its rate key's" if flow.rate_key else f"{work.kind}'s"
             return f"rate limit: {scope} window has had {limit} starts in the last {period:g}s"
     return None
@@ -153,5 +154,5 @@ def waiting_on_limit_q(*, using: str | None = None) -> Q:
             held |= Q(pk__in=due.exclude(key_conditions(workflow.kind, flow, DatabaseNow())).values("pk"))
         if flow.rate_limit is not None:
             limit, _ = flow.rate_limit
-            held |= Q(pk__in=_with_busy_window(due, workflow).filter(busy__gte=limit).values("pk"))
+            held |= Q(pk__in=_with_busy_window(due, workflow.kind, flow).filter(busy__gte=limit).values("pk"))
     return held

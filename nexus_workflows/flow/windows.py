@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, router
@@ -313,7 +313,8 @@ def _check(
             f"rate_limited({name!r}): timeout must be None (wait as long as it takes) or a "
             f"number of seconds from 0 to {_A_YEAR} (a year); got {type(timeout).__name__}"
         )
-    return name, limit, float(period), None if timeout is None else float(timeout)
+    # timeout is None, 0 or a period here.
+    return name, limit, float(period), None if timeout is None else float(cast(float, timeout))
 
 
 class rate_limited:

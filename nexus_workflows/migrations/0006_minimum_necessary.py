@@ -7,11 +7,13 @@ column is dropped. Going back is possible only while there are no token maps: a 
 cannot give the code back.
 """
 
+from django.apps.registry import Apps
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.exceptions import IrreversibleError
 
 
-def hash_codes(apps, schema_editor):
+def hash_codes(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     TokenMap = apps.get_model("nexus_workflows", "TokenMap")
     alias = schema_editor.connection.alias
     rows = TokenMap.objects.using(alias).only("pk", "code")
@@ -26,7 +28,7 @@ def hash_codes(apps, schema_editor):
         TokenMap.objects.using(alias).filter(pk=token_map.pk).update(code_hash=ring.code_hash(token_map.code))
 
 
-def refuse_with_maps(apps, schema_editor):
+def refuse_with_maps(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     TokenMap = apps.get_model("nexus_workflows", "TokenMap")
     if TokenMap.objects.using(schema_editor.connection.alias).exists():
         # Named as `showmigrations` lists it (it was 0003 before a merge renumbered it).

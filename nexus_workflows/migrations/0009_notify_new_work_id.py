@@ -4,7 +4,9 @@
 # before, and runners run their ordinary claim. No trigger data but the id and the kind
 # (a registered workflow kind or a task's import path) ever leaves the table.
 
+from django.apps.registry import Apps
 from django.db import migrations
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 NOTIFY_FUNCTION_WITH_ID = """
 CREATE OR REPLACE FUNCTION nexus_workflows_notify_new_work() RETURNS trigger
@@ -31,7 +33,7 @@ $$
 """
 
 
-def _trigger(apps, schema_editor, *, with_id: bool) -> None:
+def _trigger(apps: Apps, schema_editor: BaseDatabaseSchemaEditor, *, with_id: bool) -> None:
     if schema_editor.connection.vendor != "postgresql":
         return
     table = schema_editor.quote_name(apps.get_model("nexus_workflows", "DeferredWork")._meta.db_table)
@@ -46,11 +48,11 @@ def _trigger(apps, schema_editor, *, with_id: bool) -> None:
     )
 
 
-def notify_with_id(apps, schema_editor) -> None:
+def notify_with_id(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     _trigger(apps, schema_editor, with_id=True)
 
 
-def notify_empty(apps, schema_editor) -> None:
+def notify_empty(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     _trigger(apps, schema_editor, with_id=False)
 
 

@@ -300,9 +300,9 @@ def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int
     # numbers) must also be written as numbers are: a group of four digits or more, or
     # five pairs — lists of lab values ("98 102 95 110") have neither.
     outer_starts, outer_ends = set(starts[:4]), set(ends[-3:])
-    windows = []
+    windows: list[tuple[int, int]] = []
     for start in starts:
-        fitting = []
+        fitting: list[tuple[int, int]] = []
         for end in ends:
             if end <= start:
                 continue

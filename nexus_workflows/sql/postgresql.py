@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
 from django.db import IntegrityError, connections, transaction
 
 from nexus_workflows.sql.returning import can_return_from_update, insert_returning_pk, update_returning
+
+if TYPE_CHECKING:
+    from django.db.backends.postgresql.operations import DatabaseOperations
 
 __all__ = [
     "EPOCH_OF_MINUTE",
@@ -141,7 +144,8 @@ def insert_returning_pk_with_constants(
     placeholders, tail = values.split(")", 1)
     if placeholders.split(", ") != ["%s"] * len(fields):
         raise ValueError("the compiled INSERT does not bind one plain placeholder per field")
-    literals = connection.ops.compose_sql(", ".join(["%s"] * len(constants)), [v for _, v in constants])
+    ops = cast("DatabaseOperations", connection.ops)  # this module runs on PostgreSQL only
+    literals = ops.compose_sql(", ".join(["%s"] * len(constants)), [v for _, v in constants])
     literals = literals.replace("%", "%%")  # the statement is still run with parameters
     bound = ", ".join(varying_sql or ["%s"] * len(varying))
     conflict = ""

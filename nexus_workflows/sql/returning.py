@@ -14,7 +14,7 @@ set conditions stay defined once, in querysets.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, transaction
 from django.db.models import QuerySet
@@ -58,7 +58,7 @@ def _update_appending_returning(
     """Django 5.2: the ORM's ``UPDATE`` with ``RETURNING`` appended, converted by hand."""
     using = queryset.db
     connection = connections[using]
-    query = queryset.query.chain(UpdateQuery)
+    query = cast(UpdateQuery, queryset.query.chain(UpdateQuery))  # the stubs return Query
     query.add_update_values(changes)
     sql, params = query.get_compiler(using).as_sql()
     quote = connection.ops.quote_name
@@ -127,7 +127,7 @@ class PrecompiledUpdate:
         connection = connections[self.using]
         model = queryset.model
         fields = [model._meta.pk if name == "pk" else model._meta.get_field(name) for name in names]
-        query = queryset.query.chain(UpdateQuery)
+        query = cast(UpdateQuery, queryset.query.chain(UpdateQuery))  # the stubs return Query
         query.add_update_values(changes)
         sql, params = query.get_compiler(self.using).as_sql()
         quote = connection.ops.quote_name

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any, cast
 
 from django.apps import apps
 from django.db import IntegrityError, connections, transaction
+from django.db.models import Field
 
 from nexus_workflows.sql.returning import can_return_from_update, insert_returning_pk, update_returning
 
@@ -40,7 +42,9 @@ def violated_constraint(error: IntegrityError) -> str | None:
         table = model._meta.db_table
         for constraint in model._meta.constraints:
             fields = getattr(constraint, "fields", ())
-            columns = {f"{table}.{model._meta.get_field(name).column}" for name in fields}
+            # A unique constraint's fields are columns, never relations' reverse sides.
+            named = [cast("Field[Any, Any]", model._meta.get_field(name)) for name in fields]
+            columns = {f"{table}.{field.column}" for field in named}
             if columns and columns == failed:
                 return constraint.name
     return None

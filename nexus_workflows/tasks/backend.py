@@ -220,7 +220,7 @@ class DeferredBackend(BaseTaskBackend):
         if work_id is None:  # its new UUID taken (PostgreSQL skips a taken key): never seen
             raise EnqueueRejected(f"task {task.module_path!r}: its new id was taken; it was not written")
         notify(using, inserted=True)
-        result = TaskResult(
+        result: TaskResult[Any] = TaskResult(
             task=task,
             id=result_id,
             status=TaskResultStatus.READY,
@@ -370,7 +370,7 @@ def result_from_row(row: dict[str, Any]) -> TaskResult:
     status = _STATUSES[row["status"]]
     finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
     trigger = row["trigger"] or {}
-    result = TaskResult(
+    result: TaskResult[Any] = TaskResult(
         task=task_as_enqueued(row["kind"], row),
         id=row["dedupe_key"],
         status=status,

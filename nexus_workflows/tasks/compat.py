@@ -8,6 +8,7 @@ The backport names two exceptions differently (``InvalidTaskError``,
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 
 class _NoEmptyExceptionInfo(logging.Filter):
@@ -22,37 +23,51 @@ class _NoEmptyExceptionInfo(logging.Filter):
         return True
 
 
-try:
-    from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
-    from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
-    from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued, task_finished, task_started
-    from django.utils.json import normalize_json
+if TYPE_CHECKING:
+    # The type check runs on the pinned set, Django 5.2 with the backport: django-stubs 5.2
+    # has no django.tasks. The names are the same either way.
+    from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+    from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
+    from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
+    from django_tasks.utils import normalize_json
 
-    SOURCE = "django.tasks"
-except ModuleNotFoundError:  # Django 5.2: the backport
-    from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends  # type: ignore[no-redef]
-    from django_tasks.backends.base import BaseTaskBackend  # type: ignore[no-redef]
-    from django_tasks.base import (  # type: ignore[no-redef]
-        TASK_MAX_PRIORITY,
-        TASK_MIN_PRIORITY,
-        Task,
-        TaskError,
-    )
-    from django_tasks.exceptions import (  # type: ignore[no-redef]
-        InvalidTaskBackendError as InvalidTaskBackend,
-    )
-    from django_tasks.exceptions import (  # type: ignore[no-redef]
-        InvalidTaskError as InvalidTask,
-    )
-    from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
-    from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
-    from django_tasks.utils import normalize_json  # type: ignore[no-redef]
+    SOURCE: str
+else:
+    try:
+        from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+        from django.tasks.backends.base import BaseTaskBackend
+        from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, TaskError
+        from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
+        from django.tasks.signals import task_enqueued, task_finished, task_started
+        from django.utils.json import normalize_json
 
-    logging.getLogger("django_tasks").addFilter(_NoEmptyExceptionInfo())
+        SOURCE = "django.tasks"
+    except ModuleNotFoundError:  # Django 5.2: the backport
+        from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+        from django_tasks.backends.base import BaseTaskBackend
+        from django_tasks.base import (
+            TASK_MAX_PRIORITY,
+            TASK_MIN_PRIORITY,
+            Task,
+            TaskError,
+        )
+        from django_tasks.exceptions import (
+            InvalidTaskBackendError as InvalidTaskBackend,
+        )
+        from django_tasks.exceptions import (
+            InvalidTaskError as InvalidTask,
+        )
+        from django_tasks.exceptions import TaskResultDoesNotExist
+        from django_tasks.signals import task_enqueued, task_finished, task_started
+        from django_tasks.utils import normalize_json
 
-    SOURCE = "django_tasks"
+        logging.getLogger("django_tasks").addFilter(_NoEmptyExceptionInfo())
+
+        SOURCE = "django_tasks"
 
 __all__ = [
     "SOURCE",

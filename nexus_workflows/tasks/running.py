@@ -67,7 +67,7 @@ class TaskWorkflow(Workflow):
         task = task_as_enqueued(self.kind, {**columns, "trigger": work.trigger})
         backend = task_backends[self.backend_alias]
         trigger = work.trigger if isinstance(work.trigger, dict) else {}
-        result = TaskResult(
+        result: TaskResult[Any] = TaskResult(
             task=task,
             id=work.dedupe_key,
             status=TaskResultStatus.RUNNING,

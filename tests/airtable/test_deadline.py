@@ -16,9 +16,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import requests
 from django.db import connection
+from urllib3.util import Timeout
 
 from nexus_workflows.airtable import AirtableNetworkError, add_record, get_records
+from nexus_workflows.airtable.deadline import DeadlineAdapter
 from nexus_workflows.models import FlowWindowSlot
 from tests.airtable.conftest import BASE
 from tests.airtable.emulator import AirtableEmulator
@@ -277,3 +280,27 @@ def test_called_from_async_code_in_a_thread_the_deadline_ends_the_call(
     assert isinstance(error, AirtableNetworkError)
     assert error.request_sent is True
     assert ticks >= 5  # the event loop ran meanwhile
+
+
+def test_a_timeout_whose_total_is_urllib3s_default_sends_without_a_deadline(
+    emulator: AirtableEmulator,
+) -> None:
+    # Timeout(total=Timeout.DEFAULT_TIMEOUT) is urllib3's "no total of its own". The adapter
+    # armed its timer with that sentinel: the timer's thread died of a TypeError (found by
+    # mypy: Timeout.total is float | the sentinel | None).
+    failed: list[type[BaseException]] = []
+    session = requests.Session()
+    session.mount("http://", DeadlineAdapter())
+    previous_hook = threading.excepthook
+    threading.excepthook = lambda args: failed.append(args.exc_type)
+    try:
+        timeout = Timeout(total=Timeout.DEFAULT_TIMEOUT)
+        response = session.get(f"{emulator.url}/v0/{BASE}/Patients", timeout=timeout)
+        for timer in [t for t in threading.enumerate() if t.name == "airtable-request-deadline"]:
+            timer.join(timeout=5)
+    finally:
+        threading.excepthook = previous_hook
+        session.close()
+
+    assert response.status_code == 401  # answered (the request has no API key)
+    assert failed == []

@@ -154,12 +154,13 @@ class JournalWriter:
         kept), the save is written on the caller's own connection, still fenced.
         """
         clean = validate_patch(patch)
-        save = _Save(work, {**work.checkpoints, **clean}, written=threading.Event())
+        written = threading.Event()
+        save = _Save(work, {**work.checkpoints, **clean}, written=written)
         if self._stopped:
             self._write([save])
         else:
             self._waiting.put(save)
-        save.written.wait()  # type: ignore[union-attr]
+        written.wait()
         if save.error is not None:
             raise save.error
         work.checkpoints = save.checkpoints

@@ -24,7 +24,7 @@ def release_claims(
     deadline: float,
     *,
     on_outage: Callable[[BaseException], None],
-    pause: Callable[[float], None],
+    pause: Callable[[float], object],  # e.g. Event.wait: what it returns is not used
     monotonic: Callable[[], float] = time.monotonic,
 ) -> int | None:
     """Give back claims of work not started (pending again, due now, attempt unchanged),
