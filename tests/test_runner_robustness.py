@@ -327,6 +327,50 @@ def test_an_attempt_whose_reserved_start_lapsed_is_released_without_counting(reg
     ]
 
 
+def test_an_attempt_starting_while_heartbeats_fail_does_not_say_they_work_again(
+    register_workflow: Any, write_blocker: Any, caplog: Any
+) -> None:
+    """An attempt that starts while heartbeats fail wakes the heartbeat thread for its
+    start marker; one that ended first leaves nothing to mark, and that turn writes
+    nothing. It is no heartbeat: it must not end the outage ("heartbeats work again"),
+    nor make the next failed beat a WARNING again."""
+    release_slow = threading.Event()
+
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        release_slow.wait(20)
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    slow = enqueue(kind, {"key": "slow"})
+    heartbeat_only = (
+        "NEW.heartbeat_at <> OLD.heartbeat_at AND NEW.updated_at = OLD.updated_at "
+        "AND NEW.claim_token = OLD.claim_token"
+    )
+
+    def failed_beats() -> int:
+        return sum(1 for r in caplog.records if r.getMessage().startswith("heartbeat failed ("))
+
+    # Beats a second apart, and no pause within the test (STALE_AFTER / 2 is 10 s).
+    settings = {**FAST, "HEARTBEAT_INTERVAL": 1.0, "STALE_AFTER": 20.0}
+    with (
+        override_settings(NEXUS_WORKFLOWS=settings),
+        caplog.at_level(logging.DEBUG, logger="nexus_workflows.deferred.runner"),
+        running(kind) as (runner, _thread),
+    ):
+        wait_for(lambda: row(slow).status == Status.PROCESSING, timeout=10, what="the slow attempt")
+        write_blocker.install(heartbeat_only)
+        wait_for(lambda: failed_beats() >= 1, timeout=10, what="a failed beat")
+        runner._heartbeat.started()  # what an attempt's start does (it ended: nothing to mark)
+        wait_for(lambda: failed_beats() >= 2, timeout=10, what="the next failed beat")
+        said = [(r.levelname, r.getMessage()) for r in caplog.records]
+        write_blocker.remove()
+        release_slow.set()
+        wait_for(lambda: row(slow).status == Status.DONE, timeout=10, what="the slow attempt done")
+    assert not [m for _, m in said if m.startswith("heartbeats work again")], said
+    assert [m for level, m in said if level == "WARNING" and m.startswith("heartbeat failed (")] == [
+        "heartbeat failed (InternalError); retrying every 1s"
+    ], said
+
+
 # --- 4. an unreachable database does not consume the schedule ------------------------------
 
 

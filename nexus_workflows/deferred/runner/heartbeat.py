@@ -80,8 +80,11 @@ class Heartbeat:
                 if self._stop.is_set():
                     return
                 try:
+                    good_before = self.last_good
                     next_beat = self._turn(next_beat)
-                    if failed_beats:
+                    # Only a beat ends an outage: a turn that had only a start marker to
+                    # write (none, when the attempt already ended) touched no database.
+                    if failed_beats and self.last_good != good_before:
                         logger.warning("heartbeats work again, after %d failed", failed_beats)
                         failed_beats = 0
                 except Exception as error:  # noqa: BLE001 - nothing may end the heartbeats
