@@ -131,3 +131,36 @@ def test_purge_expired_says_which_setting_when_even_one_row_is_cancelled(slow_de
     with pytest.raises(OperationalError, match="one row's DELETE takes longer than statement_timeout allows"):
         purge_expired()
     assert DeferredWork.objects.count() == 3
+
+
+@pytest.mark.postgresql
+def test_a_cancelled_prune_of_rate_window_rows_does_not_shrink_the_purge_batches(caplog: Any) -> None:
+    """With nothing expired, a purge batch prunes old rate-window rows instead (one
+    unbounded DELETE of another table). The database cancelling that says nothing about
+    the size of the work table's batches: they must not halve, nor be reported as a purge
+    batch cancelled."""
+    from nexus_workflows.deferred.purge_batches import PurgeBatchSize
+    from nexus_workflows.deferred.retention import purge_sized_batch
+    from nexus_workflows.models import FlowWindowSlot
+
+    FlowWindowSlot.objects.create(name="gone", slot=0, started_at=timezone.now() - timedelta(days=800))
+    table = connection.ops.quote_name(FlowWindowSlot._meta.db_table)
+    with connection.cursor() as cursor:  # the test's transaction drops both at its rollback
+        cursor.execute(
+            "CREATE FUNCTION nw_test_slow_prune() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN PERFORM pg_sleep(1); RETURN OLD; END $$"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER nw_test_slow_prune BEFORE DELETE ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION nw_test_slow_prune()"
+        )
+    statement_timeout(200)
+    sizes = PurgeBatchSize(1000)
+    with caplog.at_level(logging.WARNING, logger="nexus_workflows"):
+        purge_sized_batch(sizes)
+    assert sizes.size == 1000
+    assert [r.getMessage() for r in caplog.records] == [
+        "pruning unused rate-window rows was cancelled by the database (statement_timeout?); "
+        "trying again at the next purge"
+    ]
+    assert FlowWindowSlot.objects.count() == 1  # rolled back; the transaction is still usable

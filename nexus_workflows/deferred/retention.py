@@ -48,7 +48,11 @@ def rate_periods() -> dict[str, float]:
 
 
 def purge_batch(
-    *, now: datetime | None = None, batch_size: int | None = None, using: str | None = None
+    *,
+    now: datetime | None = None,
+    batch_size: int | None = None,
+    using: str | None = None,
+    prune: bool = True,
 ) -> int:
     """Delete at most one batch of expired rows; returns how many were deleted.
 
@@ -58,15 +62,17 @@ def purge_batch(
     left alone. It is one statement, never Django's collector: that one deletes by primary
     key only (whenever any ``pre_delete``/``post_delete`` receiver is connected), so no
     delete signals are sent for purged rows, as ``QuerySet.update()`` sends no save signals.
+    With nothing expired it prunes rate-window rows instead, unless ``prune`` is false.
     """
     using = using or router.db_for_write(DeferredWork)
     batch_size = batch_size or app_settings.PURGE_BATCH_SIZE
     expired = DeferredWork.objects.using(using).expired(expiry_cutoff(now))
     ids = list(expired.values_list("pk", flat=True)[:batch_size])
     if not ids:
-        # Nothing expired left: also drop rate-window rows unused for an hour (windows of
-        # keys that came and went) that no longer count under their window's period.
-        windows.prune(using=using, periods=rate_periods())
+        if prune:
+            # Nothing expired left: also drop rate-window rows unused for an hour (windows of
+            # keys that came and went) that no longer count under their window's period.
+            windows.prune(using=using, periods=rate_periods())
         return 0
     return purge(expired, ids)
 
@@ -85,14 +91,31 @@ def purge_sized_batch(
     started = time.monotonic()
     try:
         with transaction.atomic(using=using):
-            deleted = purge_batch(now=now, batch_size=sizes.size, using=using)
+            deleted = purge_batch(now=now, batch_size=sizes.size, using=using, prune=False)
     except OperationalError as error:
         if not is_query_canceled(error):
             raise
         sizes.cancelled(time.monotonic() - started)
         return None
     sizes.completed(deleted, time.monotonic() - started)
+    if not deleted:
+        # Outside the batch: a cancel of the prune (another table, one unbounded DELETE)
+        # says nothing about the work table's batch size.
+        _prune_rate_windows(using)
     return deleted
+
+
+def _prune_rate_windows(using: str) -> None:
+    try:
+        with transaction.atomic(using=using):
+            windows.prune(using=using, periods=rate_periods())
+    except OperationalError as error:
+        if not is_query_canceled(error):
+            raise
+        logger.warning(
+            "pruning unused rate-window rows was cancelled by the database (statement_timeout?); "
+            "trying again at the next purge"
+        )
 
 
 def purge_expired(*, now: datetime | None = None, using: str | None = None) -> int:
