@@ -111,8 +111,10 @@ def test_purge_expired_halves_a_batch_the_database_cancels(slow_deletes: Any, ca
     """A batch over statement_timeout (SQLSTATE 57014) is tried again at half the size,
     inside the caller's transaction too (each batch is a savepoint of its own)."""
     make_rows(Status.DONE, 60, age=timedelta(days=2))
-    slow_deletes.install(0.01)  # 40 rows: 0.4 s, cancelled at 0.3 s; 20 rows: 0.2 s
-    statement_timeout(300)
+    # 40 rows sleep 0.4 s at least (cancelled at 0.38 s, however loaded the machine); 20 rows
+    # take 0.21 s, 170 ms under the timeout (at 300 ms, a stall of 90 ms would halve them again).
+    slow_deletes.install(0.01)
+    statement_timeout(380)
     with caplog.at_level(logging.WARNING, logger="nexus_workflows"):
         assert purge_expired() == 60
     assert DeferredWork.objects.count() == 0  # the transaction is still usable
