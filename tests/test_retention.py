@@ -166,3 +166,38 @@ def test_a_cancelled_prune_of_rate_window_rows_does_not_shrink_the_purge_batches
         "trying again at the next purge"
     ]
     assert FlowWindowSlot.objects.count() == 1  # rolled back; the transaction is still usable
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_a_row_revived_during_a_purge_survives_under_repeatable_read() -> None:
+    """Outside a transaction the purge's read and its DELETE are two statements of their
+    own: a session whose transactions are REPEATABLE READ then sees the revive at the
+    DELETE, whose re-check keeps the row. In one transaction the DELETE would meet a row
+    changed since the read's snapshot: SerializationFailure, and nothing purged."""
+    make_rows(Status.ABANDONED, 3, age=timedelta(days=2))
+    revived_pk = DeferredWork.objects.order_by("pk").values_list("pk", flat=True).first()
+
+    def revive() -> None:
+        try:
+            DeferredWork.objects.filter(pk=revived_pk).update(
+                status=Status.PENDING, attempt=0, updated_at=timezone.now()
+            )
+        finally:
+            connection.close()
+
+    def revive_just_before_the_delete(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip().upper().startswith("DELETE"):
+            thread = threading.Thread(target=revive)
+            thread.start()
+            thread.join()
+        return execute(sql, params, many, context)
+
+    with connection.cursor() as cursor:
+        cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    try:
+        with connection.execute_wrapper(revive_just_before_the_delete):
+            assert purge_expired() == 2
+    finally:
+        connection.close()  # the session's isolation goes with it
+    assert list(DeferredWork.objects.values_list("pk", "status")) == [(revived_pk, Status.PENDING)]

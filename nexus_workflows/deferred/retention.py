@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import OperationalError, router, transaction
+from django.db import OperationalError, connections, router, transaction
 
 from nexus_workflows.clock import now_plus
 from nexus_workflows.conf import app_settings
@@ -84,13 +85,15 @@ def purge_sized_batch(
     or ``None`` when the database cancelled it (SQLSTATE 57014, ``QueryCanceled``): the
     batch took longer than the database lets one statement, and ``sizes`` shrank.
 
-    In a transaction (a savepoint inside one), so a cancel inside the caller's own
-    transaction leaves it usable; the session itself is fine after a cancel.
+    Inside the caller's transaction in a savepoint, so a cancel leaves that transaction
+    usable; otherwise in autocommit, as before: a cancel leaves the session fine, and the
+    read and the DELETE stay two transactions (one would hold the read's snapshot under
+    REPEATABLE READ, and SQLite's deferred BEGIN would upgrade to a write lock mid-way).
     """
     using = using or router.db_for_write(DeferredWork)
     started = time.monotonic()
     try:
-        with transaction.atomic(using=using):
+        with _savepoint_in_a_transaction(using):
             deleted = purge_batch(now=now, batch_size=sizes.size, using=using, prune=False)
     except OperationalError as error:
         if not is_query_canceled(error):
@@ -105,9 +108,15 @@ def purge_sized_batch(
     return deleted
 
 
+def _savepoint_in_a_transaction(using: str) -> AbstractContextManager[Any]:
+    connection = connections[using]
+    in_transaction = connection.in_atomic_block or not connection.get_autocommit()
+    return transaction.atomic(using=using) if in_transaction else nullcontext()
+
+
 def _prune_rate_windows(using: str) -> None:
     try:
-        with transaction.atomic(using=using):
+        with _savepoint_in_a_transaction(using):
             windows.prune(using=using, periods=rate_periods())
     except OperationalError as error:
         if not is_query_canceled(error):
