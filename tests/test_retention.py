@@ -57,6 +57,27 @@ def test_the_dedupe_horizon_is_the_retention(register_workflow: Any) -> None:
     assert enqueue(kind, {"key": "a"}) not in (None, work_id)  # the key is free again
 
 
+def revive_just_before_the_delete(pk: int) -> Any:
+    """An execute wrapper: just before the purge's DELETE, another connection revives row
+    ``pk`` and commits, inside the window between the purge's read and its DELETE."""
+
+    def revive() -> None:
+        try:
+            revived = {"status": Status.PENDING, "attempt": 0, "updated_at": timezone.now()}
+            DeferredWork.objects.filter(pk=pk).update(**revived)
+        finally:
+            connection.close()
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.lstrip().upper().startswith("DELETE"):
+            thread = threading.Thread(target=revive)
+            thread.start()
+            thread.join()
+        return execute(sql, params, many, context)
+
+    return wrapper
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("receiver_connected", [True, False], ids=["post-delete-receiver", "no-receiver"])
 def test_a_row_revived_between_the_purge_read_and_its_delete_survives(receiver_connected: bool) -> None:
@@ -69,28 +90,10 @@ def test_a_row_revived_between_the_purge_read_and_its_delete_survives(receiver_c
     def receiver(sender: Any, instance: DeferredWork, **kwargs: Any) -> None:
         deleted_seen.append(instance.pk)
 
-    def revive_from_another_connection() -> None:
-        def revive() -> None:
-            try:
-                DeferredWork.objects.filter(pk=revived_pk).update(
-                    status=Status.PENDING, attempt=0, updated_at=timezone.now()
-                )
-            finally:
-                connection.close()
-
-        thread = threading.Thread(target=revive)
-        thread.start()
-        thread.join()
-
-    def revive_just_before_the_delete(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if sql.lstrip().upper().startswith("DELETE"):
-            revive_from_another_connection()  # committed inside the window
-        return execute(sql, params, many, context)
-
     if receiver_connected:
         post_delete.connect(receiver, sender=DeferredWork)
     try:
-        with connection.execute_wrapper(revive_just_before_the_delete):
+        with connection.execute_wrapper(revive_just_before_the_delete(revived_pk)):
             deleted = purge_batch()
     finally:
         post_delete.disconnect(receiver, sender=DeferredWork)
@@ -120,7 +123,7 @@ def test_purge_expired_halves_a_batch_the_database_cancels(slow_deletes: Any, ca
     assert DeferredWork.objects.count() == 0  # the transaction is still usable
     assert [record.getMessage() for record in caplog.records] == [
         "a purge batch of 40 rows was cancelled by the database (statement_timeout?); "
-        "purging 20 rows at a time"
+        "purging 20 rows at a time from now on"
     ]
 
 
@@ -178,25 +181,10 @@ def test_a_row_revived_during_a_purge_survives_under_repeatable_read() -> None:
     make_rows(Status.ABANDONED, 3, age=timedelta(days=2))
     revived_pk = DeferredWork.objects.order_by("pk").values_list("pk", flat=True).first()
 
-    def revive() -> None:
-        try:
-            DeferredWork.objects.filter(pk=revived_pk).update(
-                status=Status.PENDING, attempt=0, updated_at=timezone.now()
-            )
-        finally:
-            connection.close()
-
-    def revive_just_before_the_delete(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if sql.lstrip().upper().startswith("DELETE"):
-            thread = threading.Thread(target=revive)
-            thread.start()
-            thread.join()
-        return execute(sql, params, many, context)
-
     with connection.cursor() as cursor:
         cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ")
     try:
-        with connection.execute_wrapper(revive_just_before_the_delete):
+        with connection.execute_wrapper(revive_just_before_the_delete(revived_pk)):
             assert purge_expired() == 2
     finally:
         connection.close()  # the session's isolation goes with it

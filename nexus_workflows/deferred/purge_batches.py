@@ -62,3 +62,11 @@ class PurgeBatchSize:
 def rows(count: int) -> str:
     """"1 row", "500 rows": for the log lines about batch sizes."""
     return f"{count} row" if count == 1 else f"{count} rows"
+
+
+def halved(before: int, after: int) -> str:
+    """The log line of a batch the database cancelled and the size it halved to."""
+    return (
+        f"a purge batch of {rows(before)} was cancelled by the database (statement_timeout?); "
+        f"purging {rows(after)} at a time from now on"
+    )

@@ -21,7 +21,7 @@ from django.db import OperationalError, connections, router, transaction
 from nexus_workflows.clock import now_plus
 from nexus_workflows.conf import app_settings
 from nexus_workflows.database_errors import is_query_canceled
-from nexus_workflows.deferred.purge_batches import PurgeBatchSize, rows
+from nexus_workflows.deferred.purge_batches import PurgeBatchSize, halved
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.transitions import purge
 from nexus_workflows.flow import windows
@@ -145,12 +145,7 @@ def purge_expired(*, now: datetime | None = None, using: str | None = None) -> i
                     "its statement_timeout, or pg_cancel_backend): one row's DELETE takes longer "
                     "than statement_timeout allows; raise statement_timeout for this role or session"
                 )
-            logger.warning(
-                "a purge batch of %s was cancelled by the database (statement_timeout?); "
-                "purging %s at a time",
-                rows(size),
-                rows(sizes.size),
-            )
+            logger.warning(halved(size, sizes.size))
             continue
         total += deleted
         if deleted < size:

@@ -7,7 +7,7 @@ import logging
 
 from nexus_workflows.conf import app_settings
 from nexus_workflows.deferred import retention
-from nexus_workflows.deferred.purge_batches import PurgeBatchSize, rows
+from nexus_workflows.deferred.purge_batches import PurgeBatchSize, halved, rows
 from nexus_workflows.deferred.runner.stats import RunStats
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
@@ -40,12 +40,7 @@ class Purging:
 
     def _cancelled(self, size: int) -> bool:
         if self.sizes.size < size:
-            logger.warning(
-                "a purge batch of %s was cancelled by the database (statement_timeout?); "
-                "purging %s at a time from now on",
-                rows(size),
-                rows(self.sizes.size),
-            )
+            logger.warning(halved(size, self.sizes.size))
             return True
         if not self._stuck_said:
             self._stuck_said = True
