@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import threading
 import time
@@ -441,6 +442,12 @@ def test_a_read_only_session_is_replaced_after_the_attempt_it_failed(
     (the async pool's shared ORM thread too) takes a new one, so the next attempt runs,
     rather than failing until its outage releases run out and the schedule is walked."""
     from asgiref.sync import sync_to_async
+
+    if os.environ.get("DIRECT_DATABASE_URL"):
+        # Through PgBouncer in transaction mode a client has no session of its own: the SET
+        # and the UPDATE may meet different server sessions (the UPDATE then simply works),
+        # and the SET would stay on a pooled one for other tests. Run on the direct legs.
+        pytest.skip("needs a session of its own; the PgBouncer leg pools sessions by transaction")
 
     runs: list[str] = []
 
