@@ -391,10 +391,8 @@ class DeferredWorkAdmin(
     find_logged = _("Found by its dedupe key (nothing was changed).")
     find_nothing_logged = _("Looked for by a dedupe key that no work has (nothing was changed).")
 
-    def find_objects(self, request: HttpRequest, typed: str) -> list[Any]:
-        if not typed:
-            return []
-        return list(self.get_queryset(request).filter(dedupe_key=typed).only("pk", "kind", "status")[:100])
+    def find_objects(self, typed: str, listed: QuerySet[Any]) -> list[Any]:
+        return list(listed.filter(dedupe_key=typed).only("pk", "kind", "status")[:100])
 
     def find_many_message(self, found: list[Any]) -> str:  # one per kind at most
         return gettext("%(count)d items have that dedupe key: %(items)s. This is the first.") % {

@@ -4,12 +4,16 @@ keep it), and each find is in the admin log, without the term."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.admin.options import IS_FACETS_VAR  # also in views.main, but not in its stubs
-from django.contrib.admin.views.main import SEARCH_VAR, ChangeList
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.options import (
+    IS_FACETS_VAR,  # also in views.main, but not in its stubs
+    IncorrectLookupParameters,
+)
+from django.contrib.admin.views.main import PAGE_VAR, SEARCH_VAR, ChangeList
+from django.core.exceptions import PermissionDenied, SuspiciousOperation
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect, QueryDict
 from django.urls import URLPattern, path, reverse
@@ -51,19 +55,25 @@ class SearchNotEchoedMixin:
         return urlencode({"_changelist_filters": filters.urlencode()}) if filters else ""
 
 
+#: The list's filters, POSTed beside the term by the find box (``find_box.html``).
+FILTERS_FIELD = "_changelist_filters"
+
+
 class FindByPostMixin(SearchNotEchoedMixin):
-    """The list's search box POSTs what was typed (field :attr:`find_field`) to
-    :meth:`find_view`, which goes to the page of what :meth:`find_objects` found (the
-    first, when several), or back to the list saying nothing was found. Each object found
-    gets an admin-log entry, :attr:`find_logged`; a term that finds nothing gets one on the
-    model, :attr:`find_nothing_logged`. A typed ``?q=`` finds nothing."""
+    """The list's search box POSTs what was typed (field :attr:`find_field`) and the list's
+    filters to :meth:`find_view`, which goes to the page of what :meth:`find_objects` found
+    among the rows those filters show, as Django's own search looks only within them (the
+    first, when several), or back to the filtered list saying nothing was found. Each object
+    found gets an admin-log entry, :attr:`find_logged`; a term that finds nothing gets one on
+    the model, :attr:`find_nothing_logged`. A typed ``?q=`` finds nothing."""
 
     find_field: str
     find_not_found: str | Promise
     find_logged: str | Promise
     find_nothing_logged: str | Promise = _("Looked for by a term that found nothing (nothing was changed).")
 
-    def find_objects(self, request: HttpRequest, typed: str) -> list[Model]:
+    def find_objects(self, typed: str, listed: QuerySet[Any]) -> list[Model]:
+        """What ``typed`` finds among ``listed``, the rows the list's filters show."""
         raise NotImplementedError
 
     def find_many_message(self, found: list[Model]) -> str | None:
@@ -83,19 +93,46 @@ class FindByPostMixin(SearchNotEchoedMixin):
         if not self.has_view_or_change_permission(request):  # type: ignore[attr-defined]
             raise PermissionDenied
         typed = request.POST.get(self.find_field, "")
-        found = self.find_objects(request, typed)
+        filters = self._list_filters(request)
+        found = self.find_objects(typed, self._listed(request, filters)) if typed else []
         site, opts = self.admin_site.name, self.opts  # type: ignore[attr-defined]
         if not found:
             if typed:  # a probe is audited too: who looked for which patients is the record
                 self._log_find_of_nothing(request)
-            self.message_user(request, str(self.find_not_found), messages.WARNING)  # type: ignore[attr-defined]
-            return HttpResponseRedirect(reverse(f"{site}:{opts.app_label}_{opts.model_name}_changelist"))
+            self.message_user(request, self._not_found_message(filters), messages.WARNING)  # type: ignore[attr-defined]
+            changelist = reverse(f"{site}:{opts.app_label}_{opts.model_name}_changelist")
+            return HttpResponseRedirect(f"{changelist}?{filters.urlencode()}" if filters else changelist)
         for obj in found:  # that something exists for the term (a patient) is patient data
             self.log_change(request, obj, str(self.find_logged))  # type: ignore[attr-defined]
         if len(found) > 1 and (many := self.find_many_message(found)):
             self.message_user(request, many, messages.INFO)  # type: ignore[attr-defined]
         change = reverse(f"{site}:{opts.app_label}_{opts.model_name}_change", args=[found[0].pk])
+        if filters:  # the page's way back leads to the list as it was filtered
+            change = f"{change}?{urlencode({FILTERS_FIELD: filters.urlencode()})}"
         return HttpResponseRedirect(change)
+
+    def _list_filters(self, request: HttpRequest) -> QueryDict:
+        """The list's filters the box was sent from, without a search term or a page."""
+        filters = QueryDict(request.POST.get(FILTERS_FIELD, ""), mutable=True)
+        for name in (SEARCH_VAR, PAGE_VAR):
+            filters.pop(name, None)
+        return filters
+
+    def _listed(self, request: HttpRequest, filters: QueryDict) -> QuerySet[Any]:
+        """The rows the list shows with ``filters``, through the list's own filtering (so a
+        filter the list refuses is refused here too: Django's 400)."""
+        listing = copy.copy(request)
+        listing.GET = QueryDict(filters.urlencode())  # immutable, as a request's own
+        try:
+            changelist = self.get_changelist_instance(listing)  # type: ignore[attr-defined]
+        except IncorrectLookupParameters as refused:
+            raise SuspiciousOperation("The list's filters were refused.") from refused
+        return changelist.queryset
+
+    def _not_found_message(self, filters: QueryDict) -> str:
+        if not filters:
+            return str(self.find_not_found)
+        return f"{self.find_not_found} {_('Only what the list shows with its filters was looked at.')}"
 
     def _log_find_of_nothing(self, request: HttpRequest) -> None:
         """An admin-log entry on the list's model, with no object (none was found) and never

@@ -67,14 +67,14 @@ class TokenMapAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, FindByPostMixin,
     find_logged = _("Found by its conversation code (nothing was changed).")
     find_nothing_logged = _("Looked for by a conversation code that no map has (nothing was changed).")
 
-    def find_objects(self, request: HttpRequest, typed: str) -> list[Any]:
+    def find_objects(self, typed: str, listed: QuerySet[Any]) -> list[Any]:
         """The map of exactly this code, by its keyed hash: only hashes are stored, so part
         of a code finds nothing."""
         try:
             hashed = code_hash(check_code(typed))
         except PhiError:  # not a possible code, or the keys are not configured
             return []
-        return list(self.get_queryset(request).filter(code_hash=hashed)[:1])
+        return list(listed.filter(code_hash=hashed)[:1])
 
     @admin.display(description=_("token map"), ordering="pk")
     def map_column(self, token_map: TokenMap) -> str:

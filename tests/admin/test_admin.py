@@ -149,6 +149,51 @@ def test_a_key_in_several_kinds_leads_to_the_first_and_names_the_others_by_kind_
     assert LogEntry.objects.count() == 2
 
 
+def test_the_find_box_looks_only_at_what_the_filtered_list_shows(viewer, make_work, register_workflow):
+    # Django's own search looks within the list's filters; so does the find box: with the
+    # list filtered to one kind, a key two kinds share leads to that kind's item.
+    first = make_work(Status.DONE, dedupe_key="visit-9")
+    other_kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    second = make_work(Status.PENDING, dedupe_key="visit-9", kind=other_kind)
+    client = client_for(viewer)
+    find = reverse("admin:nexus_workflows_deferredwork_find")
+    listed = client.get(reverse(CHANGELIST), {"kind": other_kind}).content.decode()
+    assert f'name="_changelist_filters" value="kind={other_kind}"' in listed
+
+    filters = f"kind={other_kind}&p=2"  # the page it was on does not hide the find
+    found = client.post(find, {"key": "visit-9", "_changelist_filters": filters}, follow=True)
+
+    # Its page's way back leads to the filtered list; no "2 items" (the other is not listed).
+    assert found.redirect_chain == [(f"{change_url(second)}?_changelist_filters=kind%3D{other_kind}", 302)]
+    assert message_texts(found) == []
+    assert [e.object_id for e in LogEntry.objects.all()] == [str(second.pk)]
+
+    missed = client.post(
+        find, {"key": "visit-9", "_changelist_filters": f"kind={first.kind}&status=abandoned"}, follow=True
+    )
+    assert missed.redirect_chain == [(f"{reverse(CHANGELIST)}?kind={first.kind}&status=abandoned", 302)]
+    assert message_texts(missed) == [
+        (
+            "warning",
+            "No deferred work has that dedupe key. Only what the list shows with its filters was looked at.",
+        )
+    ]
+    assert LogEntry.objects.filter(object_id=None).count() == 1  # the miss, audited as before
+    assert "visit-9" not in missed.content.decode()
+
+
+def test_the_find_box_refuses_filters_the_list_does_not_offer(viewer, make_work):
+    # The filters travel in the POST now: one the list refuses in its URL (a guess at a
+    # trigger, letter by letter) must not pass through the find box either.
+    make_work(Status.DONE, dedupe_key="visit-5", trigger={"patient": SECRET})
+    response = client_for(viewer).post(
+        reverse("admin:nexus_workflows_deferredwork_find"),
+        {"key": "visit-5", "_changelist_filters": "trigger__patient__icontains=Maria"},
+    )
+    assert response.status_code == 400
+    assert not LogEntry.objects.exists()
+
+
 def test_a_key_typed_into_the_url_finds_nothing_and_is_never_echoed(superuser, make_work):
     # A key in a URL reaches access logs and browser history; on the page it would be a
     # dedupe key shown on a list page (and in every sort, filter and page link).
