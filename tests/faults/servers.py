@@ -123,11 +123,13 @@ class PrivatePostgres:
     def url(self, database: str = "postgres") -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
 
-    def create_database(self, name: str) -> None:
+    def create_database(self, name: str, *, template: str | None = None) -> None:
+        """``CREATE DATABASE``; from ``template``, a copy of it (no session may be on it)."""
         import psycopg
 
+        copy = f' TEMPLATE "{template}"' if template else ""
         with psycopg.connect(self.url(), autocommit=True) as connection:
-            connection.execute(f'CREATE DATABASE "{name}"')
+            connection.execute(f'CREATE DATABASE "{name}"{copy}')
 
     def cleanup(self) -> None:
         with contextlib.suppress(subprocess.SubprocessError, OSError):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import OperationalError
 
@@ -173,6 +174,56 @@ async def blocking_async(trigger: dict[str, Any], checkpoints: dict[str, Any], s
     ``started_file``."""
     Path(trigger["started_file"]).touch()
     await asyncio.to_thread(threading.Event().wait, trigger["seconds"])
+
+
+# --- a prepare's own ORM use, on sessions the server ends (tests/faults/test_prepare_sessions.py)
+
+
+@workflow("test-orm-sync", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def orm_sync(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Queries through the ORM on its worker thread's connection (kept between attempts)."""
+    record("test-orm-sync", trigger)
+
+
+@workflow("test-orm-sync-to-async", dedupe_key=by_key, retry_schedule=SCHEDULE)
+async def orm_sync_to_async(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Queries through ``sync_to_async`` (the one thread, and connection, every async
+    attempt of the runner shares)."""
+    await sync_to_async(record)("test-orm-sync-to-async", trigger)
+
+
+@workflow("test-orm-async", dedupe_key=by_key, retry_schedule=SCHEDULE)
+async def orm_async(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Queries through Django's async ORM methods (on that same thread and connection)."""
+    key = str(trigger["key"])
+    if not await Ledger.objects.filter(kind="test-orm-async", key=key).aexists():
+        await Ledger.objects.acreate(kind="test-orm-async", key=key, step="done", pid=os.getpid())
+
+
+@workflow("test-orm-sync-session-ends", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def orm_sync_session_ends(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Queries (``before``); on its first run, touches ``waiting_file`` and waits until
+    ``until_file`` exists (the test ends that connection's session meanwhile); then
+    queries again (``after``)."""
+    record("test-orm-sync-session-ends", trigger, "before")
+    if not checkpoints.get("waited"):
+        save({"waited": True})
+        Path(trigger["waiting_file"]).touch()
+        while not Path(trigger["until_file"]).exists():
+            pause(0.01)
+    record("test-orm-sync-session-ends", trigger, "after")
+
+
+@workflow("test-orm-async-session-ends", dedupe_key=by_key, retry_schedule=SCHEDULE)
+async def orm_async_session_ends(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """``test-orm-sync-session-ends`` as an ``async def`` prepare, through ``sync_to_async``."""
+    await sync_to_async(record)("test-orm-async-session-ends", trigger, "before")
+    if not checkpoints.get("waited"):
+        await save({"waited": True})
+        Path(trigger["waiting_file"]).touch()
+        while not Path(trigger["until_file"]).exists():
+            await asyncio.sleep(0.01)
+    await sync_to_async(record)("test-orm-async-session-ends", trigger, "after")
 
 
 # --- fire-and-forget (no retry schedule): run by RQ workers --------------------------------

@@ -16,6 +16,7 @@ from nexus_workflows.deferred.execution import AsyncSavePatch, Outcome, Result, 
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import ASYNC, Ledger
 from nexus_workflows.deferred.runner.pool import (
+    IDLE_CHECK_AFTER,
     check_connections,
     close_idle_connections,
     failed_for_an_outage,
@@ -62,6 +63,12 @@ class AsyncPool:
     own). :meth:`stop` lets attempts still running go on, as sync ones do (the runner's
     grace is over: they keep their claims, which go stale), and ends the loop once they
     are done.
+
+    A prepare's own queries (``sync_to_async``, Django's async ORM methods) run on the one
+    thread asgiref keeps for thread-sensitive calls, on its connection; before attempts
+    start, :meth:`_check_orm_thread` checks that connection when a second has passed
+    since its last check, or an outage since (``outage_epoch``), as the sync workers
+    check theirs.
     """
 
     def __init__(
@@ -72,6 +79,7 @@ class AsyncPool:
         using: str,
         started: Callable[[ClaimedWork], None],
         finished: Callable[[Outcome], None],
+        outage_epoch: Callable[[], int],
         save_patch: AsyncSavePatch,
         run_db: RunDb,
     ) -> None:
@@ -82,6 +90,12 @@ class AsyncPool:
         self._finished = finished
         self._save_patch = save_patch
         self._run_db = run_db
+        self._outage_epoch = outage_epoch
+        # The last check of the ORM thread's connections: when it was queued, the outage
+        # epoch then, and the check itself while it is queued or runs.
+        self._orm_checked_at = -IDLE_CHECK_AFTER
+        self._orm_checked_epoch = outage_epoch()
+        self._orm_check: asyncio.Task[None] | None = None
         self._loop = asyncio.new_event_loop()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -157,6 +171,11 @@ class AsyncPool:
                     continue
                 return  # stopped: no attempt runs any more
         finally:
+            # A check still queued ends first: left pending, the task would be destroyed
+            # with the loop.
+            with contextlib.suppress(Exception):
+                if self._orm_check is not None and not self._orm_check.done():
+                    self._loop.run_until_complete(self._orm_check)
             # The ORM thread the attempts shared keeps its sessions until they are closed
             # (the sync workers' close as their threads end).
             with contextlib.suppress(Exception):
@@ -165,10 +184,38 @@ class AsyncPool:
 
     def _fill(self) -> None:
         free = self.size - len(self._tasks)
-        for work in self.ledger.take_now(ASYNC, free) if free > 0 else ():
+        taken = self.ledger.take_now(ASYNC, free) if free > 0 else []
+        if taken:
+            self._check_orm_thread()
+        for work in taken:
             task = self._loop.create_task(self._attempt(work))
             self._tasks.add(task)
             task.add_done_callback(self._done)
+
+    def _check_orm_thread(self) -> None:
+        """Before attempts start: check the connections of the thread every async
+        attempt's queries share, if a second has passed since the last check or an outage
+        happened since (the server may have ended a session that sat idle:
+        ``idle_session_timeout``, ``pg_terminate_backend``, a pooler's idle timeout); one
+        that no longer answers is closed, and the next query opens a new one.
+
+        The check is queued on that thread before any query of the attempts started after
+        it: the task is created first, so its first step, which hands the check to the
+        thread's executor, runs before theirs, and that executor runs calls in order. No
+        attempt waits for it: one that makes no query starts even while another attempt
+        holds the thread."""
+        epoch = self._outage_epoch()
+        now = time.monotonic()
+        if now - self._orm_checked_at < IDLE_CHECK_AFTER and epoch == self._orm_checked_epoch:
+            return
+        if self._orm_check is not None and not self._orm_check.done():
+            return  # still queued: the attempts' queries queue behind it anyway
+        self._orm_checked_at, self._orm_checked_epoch = now, epoch
+        self._orm_check = self._loop.create_task(self._check_orm_connections())
+
+    async def _check_orm_connections(self) -> None:
+        with contextlib.suppress(Exception):  # check_connections closes what fails
+            await sync_to_async(check_connections, thread_sensitive=True)(self.using, False, idle=True)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

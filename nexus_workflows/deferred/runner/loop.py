@@ -174,6 +174,7 @@ class Runner:
             using=self.using,
             started=self._attempt_started,
             finished=self._attempt_finished,
+            outage_epoch=lambda: self._backoff.epoch,
             save_patch=self._journal.save_async,
             run_db=self._journal.call_async,
         )
