@@ -53,6 +53,11 @@ DEFAULTS: dict[str, Any] = {
     # its work so a large backlog never stalls it. A batch the database cancels
     # (statement_timeout) halves the runner's batches for a while (purge_batches.py).
     "PURGE_BATCH_SIZE": 1000,
+    # Seconds one purge batch should take at most: the runner purges between its claims,
+    # so due work waits while a batch runs. Batches are sized to it (never more than
+    # PURGE_BATCH_SIZE rows): slow deletes (big journals, a delete trigger, slow storage)
+    # make them smaller, not longer. Plain rows are far quicker: 1,000 take 20-30 ms.
+    "PURGE_BATCH_SECONDS": 0.5,
     # Seconds in-flight attempts may finish after SIGTERM/SIGINT before their claims
     # are released for another runner.
     "SHUTDOWN_GRACE": 30,

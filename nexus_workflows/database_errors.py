@@ -26,6 +26,16 @@ IDLE_IN_TRANSACTION_SQLSTATE = "25P03"
 #: someone called ``pg_cancel_backend`` (the two differ only in the message's text). The
 #: session is fine; the statement took longer than the database lets it.
 QUERY_CANCELED_SQLSTATE = "57014"
+#: SQLSTATEs of a statement that met another transaction, by what each means: it waited
+#: longer than its ``lock_timeout`` for a lock (``lock_not_available``), the server ended
+#: it to break a deadlock, or under REPEATABLE READ or SERIALIZABLE it met a row changed
+#: since its snapshot. DB-API files all three under OperationalError, but the database is
+#: fine: the same statement may pass a moment later.
+TRANSACTION_CONFLICTS = {
+    "55P03": "it waited longer than lock_timeout for a lock",
+    "40P01": "the database ended it to break a deadlock",
+    "40001": "it met a concurrent update: serialization failure",
+}
 
 
 def sqlstate(error: BaseException) -> str | None:
@@ -48,6 +58,14 @@ def session_ended_idle(error: BaseException) -> bool:
 
 def is_query_canceled(error: BaseException) -> bool:
     return sqlstate(error) == QUERY_CANCELED_SQLSTATE
+
+
+def transaction_conflict(error: BaseException) -> str | None:
+    """What ``error`` says when it is a statement meeting another transaction (see
+    :data:`TRANSACTION_CONFLICTS`): "it waited longer than lock_timeout for a lock", …;
+    None for any other error."""
+    code = sqlstate(error)
+    return TRANSACTION_CONFLICTS.get(code) if code is not None else None
 
 
 def is_database_unavailable(error: BaseException) -> bool:

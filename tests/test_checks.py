@@ -132,6 +132,7 @@ def test_invalid_values_are_errors(settings: dict[str, Any], check_id: str, text
         ("POLL_INTERVAL", MAX_SECONDS, 1e300, "at most 315,619,200"),
         ("WAKEUP_FALLBACK_POLL_INTERVAL", MAX_SECONDS, 1e300, "at most 315,619,200"),
         ("SWEEP_INTERVAL", MAX_SECONDS, MAX_SECONDS + 0.5, "at most 315,619,200"),
+        ("PURGE_BATCH_SECONDS", MAX_SECONDS, 1e300, "at most 315,619,200"),
         ("SHUTDOWN_GRACE", MAX_SECONDS, 1e300, "seconds 0 or more and at most 315,619,200 (ten years)"),
         ("CONCURRENCY", 1024, 10**9, "a whole number of at least 1 and at most 1,024"),
         ("DB_CONNECTIONS", 1024, 1025, "a whole number of at least 4 and at most 1,024"),

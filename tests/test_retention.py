@@ -12,8 +12,11 @@ from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import enqueue
+from nexus_workflows.database_errors import sqlstate
 from nexus_workflows.deferred.retention import purge_batch, purge_expired
 from nexus_workflows.models import DeferredWork, Status
+from tests.processes import wait_for
+from tests.raw_connections import raw_connection
 
 pytestmark = pytest.mark.django_db
 
@@ -109,13 +112,15 @@ def statement_timeout(milliseconds: int) -> None:
 
 
 @pytest.mark.postgresql
-@override_settings(NEXUS_WORKFLOWS={"PURGE_BATCH_SIZE": 40})
+@override_settings(NEXUS_WORKFLOWS={"PURGE_BATCH_SIZE": 40, "PURGE_BATCH_SECONDS": 60})
 def test_purge_expired_halves_a_batch_the_database_cancels(slow_deletes: Any, caplog: Any) -> None:
     """A batch over statement_timeout (SQLSTATE 57014) is tried again at half the size,
     inside the caller's transaction too (each batch is a savepoint of its own)."""
     make_rows(Status.DONE, 60, age=timedelta(days=2))
-    # 40 rows sleep 0.4 s at least (cancelled at 0.38 s, however loaded the machine); 20 rows
-    # take 0.21 s, 170 ms under the timeout (at 300 ms, a stall of 90 ms would halve them again).
+    # PURGE_BATCH_SECONDS 60: only the timeout limits the batches; the first (10 rows, 0.1 s)
+    # ramps straight up to 40. 40 rows sleep 0.4 s at least (cancelled at 0.38 s, however
+    # loaded the machine); 20 rows take 0.21 s, 170 ms under the timeout (at 300 ms, a stall
+    # of 90 ms would halve them again); then, over half the timeout, smaller ones.
     slow_deletes.install(0.01)
     statement_timeout(380)
     with caplog.at_level(logging.WARNING, logger="nexus_workflows"):
@@ -144,7 +149,7 @@ def test_a_cancelled_prune_of_rate_window_rows_does_not_shrink_the_purge_batches
     unbounded DELETE of another table). The database cancelling that says nothing about
     the size of the work table's batches: they must not halve, nor be reported as a purge
     batch cancelled."""
-    from nexus_workflows.deferred.purge_batches import PurgeBatchSize
+    from nexus_workflows.deferred.purge_batches import FIRST_SIZE, PurgeBatchSize
     from nexus_workflows.deferred.retention import purge_sized_batch
     from nexus_workflows.models import FlowWindowSlot
 
@@ -160,10 +165,10 @@ def test_a_cancelled_prune_of_rate_window_rows_does_not_shrink_the_purge_batches
             "FOR EACH ROW EXECUTE FUNCTION nw_test_slow_prune()"
         )
     statement_timeout(200)
-    sizes = PurgeBatchSize(1000)
+    sizes = PurgeBatchSize(1000, 0.5)
     with caplog.at_level(logging.WARNING, logger="nexus_workflows"):
         purge_sized_batch(sizes)
-    assert sizes.size == 1000
+    assert (sizes.size, sizes.was_cancelled) == (FIRST_SIZE, False)
     assert [r.getMessage() for r in caplog.records] == [
         "pruning unused rate-window rows was cancelled by the database (statement_timeout?); "
         "trying again at the next purge"
@@ -189,3 +194,95 @@ def test_a_row_revived_during_a_purge_survives_under_repeatable_read() -> None:
     finally:
         connection.close()  # the session's isolation goes with it
     assert list(DeferredWork.objects.values_list("pk", "status")) == [(revived_pk, Status.PENDING)]
+
+
+@pytest.mark.postgresql
+@override_settings(NEXUS_WORKFLOWS={"PURGE_BATCH_SIZE": 10})
+def test_a_cancelled_batch_tells_the_sizes_the_sessions_real_statement_timeout(slow_deletes: Any) -> None:
+    """Not how long the cancelled batch ran (0.38 s), which a pg_cancel_backend would make
+    as short as it came early: the session's statement_timeout, read after the cancel."""
+    from nexus_workflows.deferred.purge_batches import PurgeBatchSize
+    from nexus_workflows.deferred.retention import purge_sized_batch
+
+    make_rows(Status.DONE, 10, age=timedelta(days=2))
+    slow_deletes.install(0.05)  # 10 rows: 0.5 s
+    statement_timeout(380)
+    sizes = PurgeBatchSize(10, 60.0)
+    assert purge_sized_batch(sizes) is None
+    assert (sizes.size, sizes.statement_limit, sizes.budget) == (5, 0.38, 0.19)
+
+
+def cancel_the_delete_of(pid: int) -> threading.Thread:
+    """A thread that cancels session ``pid``'s first DELETE (pg_cancel_backend), from a
+    connection of its own, as someone might by hand."""
+
+    def cancel() -> None:
+        with raw_connection() as other:
+
+            def deleting() -> bool:
+                row = other.execute(
+                    "SELECT query LIKE 'DELETE%%' FROM pg_stat_activity WHERE pid = %s AND state = 'active'",
+                    [pid],
+                ).fetchone()
+                return bool(row and row[0])
+
+            wait_for(deleting, timeout=30, interval=0.01, what="the purge's DELETE")
+            other.execute("SELECT pg_cancel_backend(%s)", [pid])
+
+    thread = threading.Thread(target=cancel)
+    thread.start()
+    return thread
+
+
+@pytest.mark.postgresql
+def test_a_batch_cancelled_by_hand_without_a_statement_timeout_leaves_the_budget_to_the_target(
+    slow_deletes: Any,
+) -> None:
+    """statement_timeout 0: a cancel says nothing of what one statement may take. The size
+    halves (the runner cannot tell a cancel by hand from a timeout), the budget stays."""
+    from nexus_workflows.deferred.purge_batches import PurgeBatchSize
+    from nexus_workflows.deferred.retention import purge_sized_batch
+
+    make_rows(Status.DONE, 10, age=timedelta(days=2))
+    slow_deletes.install(0.05)  # 10 rows: 0.5 s, time to see the DELETE and cancel it
+    statement_timeout(0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    sizes = PurgeBatchSize(10, 0.5)
+    thread = cancel_the_delete_of(pid)
+    try:
+        assert purge_sized_batch(sizes) is None
+    finally:
+        thread.join()
+    assert (sizes.size, sizes.statement_limit, sizes.budget) == (5, None, 0.5)
+    assert DeferredWork.objects.count() == 10
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+@override_settings(NEXUS_WORKFLOWS={"PURGE_BATCH_SIZE": 10})
+def test_purge_expired_tries_a_batch_that_met_a_lock_once_more_then_raises(caplog: Any) -> None:
+    """Another session holds a row lock past this session's lock_timeout (SQLSTATE 55P03):
+    no outage and no smaller batch, the same batch once more; then the error, and nothing
+    purged (each DELETE is one statement, undone whole)."""
+    make_rows(Status.DONE, 5, age=timedelta(days=2))
+    table = connection.ops.quote_name(DeferredWork._meta.db_table)
+    with raw_connection() as other:
+        other.execute("BEGIN")
+        other.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [DeferredWork.objects.first().pk])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = 100")
+        try:
+            with (
+                caplog.at_level(logging.WARNING, logger="nexus_workflows"),
+                pytest.raises(OperationalError) as raised,
+            ):
+                purge_expired()
+        finally:
+            connection.close()  # the session's lock_timeout goes with it
+    assert sqlstate(raised.value) == "55P03"
+    assert [record.getMessage() for record in caplog.records] == [
+        "a purge batch did not pass (it waited longer than lock_timeout for a lock); trying it once more"
+    ]
+    assert DeferredWork.objects.count() == 5

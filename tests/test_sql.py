@@ -268,3 +268,21 @@ def test_a_local_lock_timeout_holds_for_its_transaction_only() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SHOW lock_timeout")
         assert cursor.fetchone()[0] != "250ms"
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize(
+    ("setting", "seconds"), [("0", 0.0), ("380", 0.38), ("'5s'", 5.0), ("'2min'", 120.0), ("'1h'", 3600.0)]
+)
+def test_the_sessions_statement_timeout_in_seconds(setting: str, seconds: float) -> None:
+    from nexus_workflows.sql import postgresql
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL statement_timeout = {setting}")
+        assert postgresql.statement_timeout("default") == seconds
+
+
+def test_the_statement_timeout_is_unknown_elsewhere() -> None:
+    if connection.vendor != "postgresql":
+        assert sql.for_connection("default").statement_timeout("default") is None
+    assert portable.statement_timeout("default") is None

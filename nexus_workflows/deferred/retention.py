@@ -5,7 +5,8 @@ pending and processing rows are never purged, however long an outage lasts. The 
 horizon is therefore the retention: until a finished row is purged, enqueueing its key
 again does nothing (done) or revives it (abandoned). So a purge that cannot progress
 stretches the horizon too: a batch the database cancels (``statement_timeout``) is tried
-again smaller (:class:`.purge_batches.PurgeBatchSize`), never as an outage.
+again smaller (:class:`.purge_batches.PurgeBatchSize`), never as an outage, and so is
+one that meets another transaction (``lock_timeout``, a deadlock, a serialization failure).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any
 
 from django.db import OperationalError, connections, router, transaction
 
+from nexus_workflows import sql
 from nexus_workflows.clock import now_plus
 from nexus_workflows.conf import app_settings
-from nexus_workflows.database_errors import is_query_canceled
+from nexus_workflows.database_errors import is_query_canceled, transaction_conflict
 from nexus_workflows.deferred.purge_batches import PurgeBatchSize, halved
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.transitions import purge
@@ -83,7 +85,10 @@ def purge_sized_batch(
 ) -> int | None:
     """One batch of ``sizes.size`` rows, reported to ``sizes``; how many rows it deleted,
     or ``None`` when the database cancelled it (SQLSTATE 57014, ``QueryCanceled``): the
-    batch took longer than the database lets one statement, and ``sizes`` shrank.
+    batch took longer than the database lets one statement, and ``sizes`` shrank, told the
+    session's real ``statement_timeout`` where the database has one. A batch that meets
+    another transaction raises its ``OperationalError`` (:func:`.database_errors.transaction_conflict`
+    names it) and leaves ``sizes`` alone: its size did not cause it.
 
     Inside the caller's transaction in a savepoint, so a cancel leaves that transaction
     usable; otherwise in autocommit, as before: a cancel leaves the session fine, and the
@@ -98,7 +103,7 @@ def purge_sized_batch(
     except OperationalError as error:
         if not is_query_canceled(error):
             raise
-        sizes.cancelled(time.monotonic() - started)
+        sizes.cancelled(time.monotonic() - started, sql.for_connection(using).statement_timeout(using))
         return None
     sizes.completed(deleted, time.monotonic() - started)
     if not deleted:
@@ -130,14 +135,28 @@ def _prune_rate_windows(using: str) -> None:
 def purge_expired(*, now: datetime | None = None, using: str | None = None) -> int:
     """Delete every expired row, batch by batch; returns how many were deleted.
 
-    A batch the database cancels is tried again at half the size; when even one row's
-    is cancelled, raises ``OperationalError`` naming ``statement_timeout``.
+    Batches are sized as the runner's are (:class:`.purge_batches.PurgeBatchSize`): about
+    ``PURGE_BATCH_SECONDS`` each, at most ``PURGE_BATCH_SIZE`` rows. A batch the database
+    cancels is tried again at half the size; when even one row's is cancelled, raises
+    ``OperationalError`` naming ``statement_timeout``. A batch that meets another
+    transaction (``lock_timeout``, a deadlock, a serialization failure) is tried once more
+    at once; when that fails too, its ``OperationalError`` is raised.
     """
-    sizes = PurgeBatchSize(app_settings.PURGE_BATCH_SIZE)
+    sizes = PurgeBatchSize(app_settings.PURGE_BATCH_SIZE, float(app_settings.PURGE_BATCH_SECONDS))
     total = 0
+    retried = False
     while True:
         size = sizes.size
-        deleted = purge_sized_batch(sizes, now=now, using=using)
+        try:
+            deleted = purge_sized_batch(sizes, now=now, using=using)
+        except OperationalError as error:
+            conflict = transaction_conflict(error)
+            if conflict is None or retried:
+                raise
+            retried = True
+            logger.warning("a purge batch did not pass (%s); trying it once more", conflict)
+            continue
+        retried = False
         if deleted is None:
             if sizes.size == size:
                 raise OperationalError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.apps import apps
 from django.db import IntegrityError
 
-__all__ = ["notify", "violated_constraint"]
+__all__ = ["notify", "statement_timeout", "violated_constraint"]
 
 
 def violated_constraint(error: IntegrityError) -> str | None:
@@ -23,3 +23,9 @@ def violated_constraint(error: IntegrityError) -> str | None:
 
 def notify(cursor: object, channel: str, payload: str = "") -> None:
     """No ``NOTIFY`` here: runners find new work by polling."""
+
+
+def statement_timeout(using: str) -> None:
+    """Not known here (None): the purge takes the longest a cancelled batch ran instead
+    (:mod:`nexus_workflows.deferred.purge_batches`)."""
+    return None

@@ -36,6 +36,7 @@ __all__ = [
     "release_waiting_lock",
     "save_journals",
     "set_local_lock_timeout",
+    "statement_timeout",
     "update_returning",
     "violated_constraint",
 ]
@@ -75,6 +76,15 @@ def idle_session_timeout(connection: Any) -> float | None:
         "SELECT setting::float / 1000 FROM pg_settings WHERE name = 'idle_session_timeout'"
     ).fetchone()
     return row[0] if row is not None and row[0] > 0 else None
+
+
+def statement_timeout(using: str) -> float:
+    """Seconds after which the server cancels a statement of this Django connection's
+    session (``statement_timeout``, from the server, the database, the role or the
+    session); 0 when it never does."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT EXTRACT(EPOCH FROM current_setting('statement_timeout')::interval)::float")
+        return float(cursor.fetchone()[0])
 
 
 def keep_alive(connection: Any) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "can_return_from_update",
     "insert_returning_pk",
     "notify",
+    "statement_timeout",
     "update_returning",
     "violated_constraint",
 ]
@@ -52,6 +53,12 @@ def violated_constraint(error: IntegrityError) -> str | None:
 
 def notify(cursor: object, channel: str, payload: str = "") -> None:
     """No ``NOTIFY`` on SQLite: nothing to send (in-process runners are woken directly)."""
+
+
+def statement_timeout(using: str) -> None:
+    """SQLite has no ``statement_timeout`` (and never cancels a statement by time): None,
+    unknown, as on other databases."""
+    return None
 
 
 def add_outcome_counts(using: str, token: str, items: Sequence[tuple[str, str, int]]) -> bool:

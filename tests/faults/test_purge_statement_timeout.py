@@ -14,15 +14,22 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.utils import timezone
+from django.db import connection
 
 from nexus_workflows import enqueue
-from nexus_workflows.models import DeferredWork, Status
-from tests.processes import ManagePy, url_of_test_database, wait_for
+from tests.faults.purges import (
+    expired_count,
+    is_done,
+    make_expired,
+    purge_delete_pid,
+    wait_for_runner,
+    warnings_of,
+    with_statement_timeout,
+)
+from tests.processes import ManagePy, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
 
@@ -35,40 +42,8 @@ ROW_DELETE_SECONDS = 0.005
 EXPIRED = 2000
 # Polls often; the sweep comes round once a minute (the default), longer than the test:
 # a purge that waited for the next sweep after a cancel would not finish within it.
-SETTINGS = {"POLL_INTERVAL": 0.2, "SWEEP_INTERVAL": 60, "PURGE_BATCH_SIZE": 1000}
+SETTINGS = {"POLL_INTERVAL": 0.2, "SWEEP_INTERVAL": 60, "PURGE_BATCH_SIZE": 1000, "PURGE_BATCH_SECONDS": 10}
 PURGE_DEADLINE = 40.0
-
-
-def expired_count() -> int:
-    return DeferredWork.objects.filter(kind="test-ledger", dedupe_key__startswith="expired-").count()
-
-
-def is_done(work_id: str) -> bool:
-    return DeferredWork.objects.filter(pk=work_id, status=Status.DONE).exists()
-
-
-def make_expired(count: int) -> None:
-    then = timezone.now() - timedelta(days=2)  # past RETENTION (a day)
-    DeferredWork.objects.bulk_create(
-        DeferredWork(
-            kind="test-ledger", dedupe_key=f"expired-{n}", trigger={}, status=Status.DONE, updated_at=then
-        )
-        for n in range(count)
-    )
-
-
-def with_statement_timeout(milliseconds: int) -> str:
-    """DATABASE_URL of the test database, its sessions cancelling statements after
-    ``milliseconds`` (django-environ puts ``options`` into the connection's OPTIONS)."""
-    return f"{url_of_test_database()}?options=-c%20statement_timeout%3D{milliseconds}"
-
-
-def wait_for_runner(runner: ManagePy, predicate: Callable[[], Any], *, timeout: float, what: str) -> None:
-    """``wait_for``, failing with the runner's output."""
-    try:
-        wait_for(predicate, timeout=timeout, what=what)
-    except AssertionError as error:
-        raise AssertionError(f"{error}; the runner's output:\n{runner.output()}") from None
 
 
 def test_a_purge_batch_over_statement_timeout_shrinks_and_the_runner_keeps_claiming(
@@ -112,7 +87,7 @@ def test_a_purge_batch_over_statement_timeout_shrinks_and_the_runner_keeps_claim
     assert "database unavailable" not in output, output
     # Only halvings, the first of 1000 rows. Nominally that one is all (500 rows take 2.6 s),
     # but a loaded machine may stretch the sleeps past the timeout and halve once more.
-    warnings = [line for line in output.splitlines() if "WARNING" in line]
+    warnings = warnings_of(output)
     shrank = r"a purge batch of (\d+) rows was cancelled .*; purging (\d+) rows at a time from now on$"
     halvings = [re.search(shrank, line) for line in warnings]
     assert warnings, output
@@ -151,7 +126,7 @@ def test_a_purge_of_one_row_cancelled_waits_for_the_next_sweep_and_wedges_nothin
         output = runner.output()
     finally:
         runner.close()
-    warnings = [line for line in output.splitlines() if "WARNING" in line]
+    warnings = warnings_of(output)
     assert len(warnings) == 2, output
     assert warnings[0].endswith(
         "a purge batch of 2 rows was cancelled by the database (statement_timeout?); "
@@ -163,5 +138,34 @@ def test_a_purge_of_one_row_cancelled_waits_for_the_next_sweep_and_wedges_nothin
     ), output
     # Three quick batches of one row (a cancel took a second; these, milliseconds): two.
     assert "purge batches completed quickly; purging 2 rows at a time again" in output, output
+    for noise in ("database unavailable", "ERROR", "Traceback"):
+        assert noise not in output, output
+
+
+def test_an_early_pg_cancel_backend_does_not_stop_the_batches_growing_back(slow_deletes: Any) -> None:
+    """Someone cancels a purge batch by hand a moment after it began (``pg_cancel_backend``:
+    57014 too). The size halves, as for a timeout, but what limits a batch is the session's
+    real ``statement_timeout`` (20 s here), not how long the cancelled batch happened to run:
+    quick batches grow back. Were that run (a few hundredths of a second) the yardstick, a
+    batch of 4 rows (0.2 s) would never count as quick and the size would stay halved."""
+    make_expired(40)
+    slow_deletes.install(0.05)  # 8 rows take 0.4 s: time to find the DELETE and cancel it
+    # PURGE_BATCH_SECONDS: 5 s, so only the timeout can hold the size down (batches are 0.2-0.4 s).
+    settings = {"POLL_INTERVAL": 0.2, "SWEEP_INTERVAL": 60, "PURGE_BATCH_SIZE": 8, "PURGE_BATCH_SECONDS": 5}
+    runner = ManagePy("runworkflows", settings=settings, database_url=with_statement_timeout(20_000))
+    try:
+        pid = wait_for(purge_delete_pid, timeout=60, interval=0.01, what="the runner's first purge DELETE")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_cancel_backend(%s)", [pid])
+        halved = "a purge batch of 8 rows was cancelled by the database (statement_timeout?); purging 4 rows"
+        wait_for_runner(runner, lambda: halved in runner.output(), timeout=15, what="the halving")
+        grew = "purge batches completed quickly; purging 8 rows at a time again"
+        wait_for_runner(runner, lambda: grew in runner.output(), timeout=20, what="the size growing back")
+        wait_for_runner(runner, lambda: expired_count() == 0, timeout=20, what="the expired rows purged")
+        assert runner.terminate() == 0, runner.output()
+        output = runner.output()
+    finally:
+        runner.close()
+    assert len(warnings_of(output)) == 1, output  # the halving, and nothing else
     for noise in ("database unavailable", "ERROR", "Traceback"):
         assert noise not in output, output

@@ -1,11 +1,15 @@
-"""The runner's purge of expired rows: one batch per loop turn while rows remain, sized to
-what the database lets one statement take (:class:`.purge_batches.PurgeBatchSize`)."""
+"""The runner's purge of expired rows: one batch per loop turn while rows remain, each
+sized to take about ``PURGE_BATCH_SECONDS`` and no more than the database lets one
+statement take (:class:`.purge_batches.PurgeBatchSize`): claims wait while a batch runs."""
 
 from __future__ import annotations
 
 import logging
 
+from django.db import OperationalError
+
 from nexus_workflows.conf import app_settings
+from nexus_workflows.database_errors import transaction_conflict
 from nexus_workflows.deferred import retention
 from nexus_workflows.deferred.purge_batches import PurgeBatchSize, halved, rows
 from nexus_workflows.deferred.runner.stats import RunStats
@@ -14,29 +18,58 @@ logger = logging.getLogger("nexus_workflows.deferred.runner")
 
 
 class Purging:
-    """Purges batch by batch. A batch the database cancels (``statement_timeout``) is no
-    outage: the size halves, the runner says so once, and the smaller batch goes at the
-    next turn. One row cancelled waits for the next sweep."""
+    """Purges batch by batch. Neither a batch the database cancels (``statement_timeout``)
+    nor one that meets another transaction (``lock_timeout``, a deadlock, a serialization
+    failure) is an outage: the runner says so once and carries on claiming. A cancelled
+    batch halves the size and the smaller one goes at the next turn; one row cancelled
+    waits for the next sweep. A conflict is tried again at the next turn, then at each
+    sweep while it keeps failing (a lock held for long must not hold up every turn)."""
 
     def __init__(self, using: str, stats: RunStats) -> None:
         self.using = using
         self.stats = stats
-        self.sizes = PurgeBatchSize(int(app_settings.PURGE_BATCH_SIZE))
+        self.sizes = PurgeBatchSize(
+            int(app_settings.PURGE_BATCH_SIZE), float(app_settings.PURGE_BATCH_SECONDS)
+        )
         # A batch of one row was cancelled and the runner said so: quiet until one passes.
         self._stuck_said = False
+        # Batches in a row that met another transaction: said once, quiet until one passes.
+        self._conflicts = 0
 
     def batch(self) -> bool:
         """Purge one batch; whether another is due at once (it was full, or it was
-        cancelled and a smaller one may pass)."""
+        cancelled and a smaller one may pass, or it met another transaction the first time)."""
         size = self.sizes.size
-        deleted = retention.purge_sized_batch(self.sizes, using=self.using)
+        try:
+            deleted = retention.purge_sized_batch(self.sizes, using=self.using)
+        except OperationalError as error:
+            conflict = transaction_conflict(error)
+            if conflict is None:
+                raise  # the database is unavailable: the runner's outage path
+            return self._met_another_transaction(conflict)
         if deleted is None:
             return self._cancelled(size)
-        self._stuck_said = False
+        self._passed()
         self.stats.purged += deleted
-        if self.sizes.size > size:
-            logger.info("purge batches completed quickly; purging %s at a time again", rows(self.sizes.size))
+        self._log_resize(size, deleted)
         return deleted >= size
+
+    def _passed(self) -> None:
+        self._stuck_said = False
+        self._conflicts = 0
+
+    def _log_resize(self, size: int, deleted: int) -> None:
+        now = self.sizes.size
+        if now > size and self.sizes.was_cancelled:
+            logger.info("purge batches completed quickly; purging %s at a time again", rows(now))
+        elif now != size:
+            logger.debug(
+                "a purge batch of %s took %s %gs; purging %s at a time",
+                rows(deleted),
+                "over" if now < size else "well under",
+                self.sizes.budget,
+                rows(now),
+            )
 
     def _cancelled(self, size: int) -> bool:
         if self.sizes.size < size:
@@ -51,4 +84,16 @@ class Purging:
             )
         else:
             logger.debug("a purge batch of 1 row was cancelled again; trying at the next sweep")
+        return False
+
+    def _met_another_transaction(self, conflict: str) -> bool:
+        self._conflicts += 1
+        if self._conflicts == 1:
+            logger.warning(
+                "a purge batch did not pass (%s); not an outage: trying again at the next turn, "
+                "then at each sweep (SWEEP_INTERVAL) while it fails",
+                conflict,
+            )
+            return True
+        logger.debug("a purge batch did not pass again (%s); trying at the next sweep", conflict)
         return False

@@ -27,6 +27,6 @@ class LoopSchedule:
         return True
 
     def purge_next_turn(self) -> None:
-        """More to purge (a full batch, or a smaller one after a cancel): next turn, not
-        a sweep interval later."""
+        """More to purge (a full batch, a smaller one after a cancel, or the retry of one
+        that met another transaction): next turn, not a sweep interval later."""
         self.next_purge = 0.0
