@@ -21,6 +21,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -44,8 +45,11 @@ class PgBouncer:
         user: str = "postgres",
         pool_mode: str = "transaction",
         pool_size: int = 20,
+        settings: Mapping[str, object] | None = None,
     ) -> None:
         self.upstream_host = upstream_host
+        # More lines of its [pgbouncer] section (name = value).
+        self.settings = dict(settings or {})
         self.upstream_port = upstream_port
         self.user = user
         self.pool_mode = pool_mode
@@ -117,6 +121,7 @@ class PgBouncer:
                     f"default_pool_size = {self.pool_size}",
                     "ignore_startup_parameters = extra_float_digits,options",
                     f"logfile = {self.directory / 'pgbouncer.log'}",
+                    *(f"{name} = {value}" for name, value in self.settings.items()),
                     "",
                 ]
             )

@@ -362,3 +362,25 @@ def test_new_work_is_due_by_the_databases_clock_whatever_the_enqueuing_hosts(
     expected = timedelta(seconds=delay or 0)
     assert before + expected <= work.next_attempt_at <= after + expected
     assert abs(work.created_at - before) > timedelta(minutes=9)  # the host's clock was skewed
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", "dead connections: dropped within 40s (TCP keepalives, tcp_user_timeout)"),
+        ("?tcp_user_timeout=0", "dead connections: the database OPTIONS' TCP settings"),  # opted out
+    ],
+)
+def test_runworkflows_says_in_its_start_line_how_it_notices_a_silent_network(
+    query: str, expected: str
+) -> None:
+    process = ManagePy("runworkflows", "--once", database_url=url_of_test_database() + query)
+    try:
+        assert process.wait(60) == 0, process.output()
+        start = [line for line in process.output().splitlines() if "runner started:" in line]
+    finally:
+        process.close()
+    assert len(start) == 1
+    assert expected in start[0]

@@ -70,6 +70,7 @@ def start_line(
     metrics: str = "",
     queues: Sequence[str] | None = (),
     worker_id: str = "",
+    dead_connections: str = "",
 ) -> str:
     parts = [
         f"nexus_workflows {version}",
@@ -86,4 +87,6 @@ def start_line(
         parts.append(f"task queues {'(all)' if queues is None else ', '.join(queues)}")
     if worker_id:
         parts.append(f"worker id {worker_id}")
+    if dead_connections:
+        parts.append(f"dead connections: {dead_connections}")
     return "; ".join(parts)

@@ -3,9 +3,12 @@ it at given points of the drain, and read back what happened."""
 
 from __future__ import annotations
 
+import re
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tests.faults.servers import PrivatePostgres
@@ -32,6 +35,35 @@ def run_to_end(*args: str, url: str, timeout: float = 180) -> None:
         assert process.wait(timeout) == 0, process.output()
     finally:
         process.close()
+
+
+def midway_in(ledger: Path, pid: int) -> set[str]:
+    """Keys whose attempt by process ``pid`` has saved a step and not ended (so its start
+    is on record: a save writes it too), by the ledger's whole lines."""
+    text = ledger.read_text() if ledger.exists() else ""
+    midway: set[str] = set()
+    for line in text.splitlines(keepends=True):
+        if not line.endswith("\n"):
+            break  # a line still being written
+        line_pid, key, event, _ = line.split(" ")
+        if int(line_pid) != pid:
+            continue
+        if event.startswith("step"):
+            midway.add(key)
+        elif event == "end":
+            midway.discard(key)
+    return midway
+
+
+def ids_logged(output: str, kind: str, outcome: str) -> Counter[int]:
+    """How often a runner's log says ``<kind> #<id> attempt n of m: <outcome>``, by id."""
+    line = re.compile(rf"{re.escape(kind)} #(\d+) attempt \d+ of \d+: {re.escape(outcome)}")
+    return Counter(int(match.group(1)) for text in output.splitlines() if (match := line.search(text)))
+
+
+def outage_seconds(output: str) -> list[float]:
+    """The lengths of the outages a runner's log reports ("database reachable again after Ns")."""
+    return [float(seconds) for seconds in re.findall(r"database reachable again after ([\d.]+)s", output)]
 
 
 def done_count(url: str) -> int:

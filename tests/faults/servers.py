@@ -14,11 +14,14 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.conftest import IN_CI
+
+if TYPE_CHECKING:
+    from tests.faults.partitions import Partitions
 
 
 def free_port() -> int:
@@ -63,10 +66,18 @@ def under_faketime(offset: str) -> dict[str, Any]:
 class PrivatePostgres:
     """``initdb`` as the ``postgres`` user into a temporary directory, its own port; or,
     ``standby_of`` a running one, a hot standby of it: a base backup that streams its WAL
-    (``pg_basebackup -R``; initdb's pg_hba trusts replication from 127.0.0.1)."""
+    (``pg_basebackup -R``; initdb's pg_hba trusts replication from 127.0.0.1).
 
-    def __init__(self, *, standby_of: PrivatePostgres | None = None) -> None:
+    ``inside`` a network namespace (:class:`tests.faults.partitions.Partitions`), it runs
+    there, listening on all of the namespace's addresses, and trusts the host's paths to
+    it; :meth:`url` then names the namespace's virtual IP unless told another host."""
+
+    def __init__(
+        self, *, standby_of: PrivatePostgres | None = None, inside: Partitions | None = None
+    ) -> None:
         self.bin = _postgres_bin()
+        self.inside = inside
+        self.host = inside.virtual_ip if inside else "127.0.0.1"
         self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="nw-faults-pg-"))
         self.data = self.directory / "data"
@@ -89,25 +100,33 @@ class PrivatePostgres:
                 "-c", "fast",
                 "--no-sync",
             )  # fmt: skip
+        listen = "127.0.0.1"
+        if inside is not None:
+            listen = "*"  # the namespace's own addresses only: nothing else can reach them
+            with (self.data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {inside.subnet} trust\n")
         options = (
-            f"-c port={self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.directory} "
+            f"-c port={self.port} -c listen_addresses={listen} -c unix_socket_directories={self.directory} "
             "-c fsync=off -c max_connections=100"
         )
         (self.data / "nw-options").write_text(options)
         self._options = options
 
-    def _as_postgres(self, *command: str, timeout: float = 120) -> None:
+    def _as_postgres(self, *command: str, timeout: float = 120, inside: bool = False) -> None:
         if os.geteuid() == 0:
             command = ("runuser", "-u", "postgres", "--", *command)
+        if inside and self.inside is not None:
+            command = tuple(self.inside.inner_command(*command))
         subprocess.run(command, check=True, capture_output=True, timeout=timeout)
 
     def start(self) -> None:
-        self._pg_ctl("start", "-w", "-l", str(self.log), "-o", self._options)
+        # pg_ctl forks the server: started inside the namespace, it stays there.
+        self._pg_ctl("start", "-w", "-l", str(self.log), "-o", self._options, inside=True)
 
     def restart(self, mode: str) -> float:
         """``pg_ctl restart -m mode``; returns how long the server was away (seconds)."""
         began = time.monotonic()
-        self._pg_ctl("restart", "-w", "-m", mode, "-l", str(self.log), "-o", self._options)
+        self._pg_ctl("restart", "-w", "-m", mode, "-l", str(self.log), "-o", self._options, inside=True)
         return time.monotonic() - began
 
     def stop(self) -> None:
@@ -117,11 +136,11 @@ class PrivatePostgres:
         """A standby ends recovery and takes writes (``pg_ctl promote``, waiting until it does)."""
         self._pg_ctl("promote", "-w")
 
-    def _pg_ctl(self, *args: str) -> None:
-        self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), *args)
+    def _pg_ctl(self, *args: str, inside: bool = False) -> None:
+        self._as_postgres(str(self.bin / "pg_ctl"), "-D", str(self.data), *args, inside=inside)
 
-    def url(self, database: str = "postgres") -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str = "postgres", *, host: str | None = None) -> str:
+        return f"postgres://postgres@{host or self.host}:{self.port}/{database}"
 
     def create_database(self, name: str, *, template: str | None = None) -> None:
         """``CREATE DATABASE``; from ``template``, a copy of it (no session may be on it)."""
@@ -134,7 +153,16 @@ class PrivatePostgres:
     def cleanup(self) -> None:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             self.stop()
+        self._kill_postmaster()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _kill_postmaster(self) -> None:
+        """If ``pg_ctl stop`` failed, ``kill -9`` the server by the PID in its pid file,
+        once its command line shows it is this cluster's (a PID may have been reused)."""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid = int((self.data / "postmaster.pid").read_text().split()[0])
+            if str(self.data).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
 
 
 class PrivateRedis:

@@ -28,7 +28,9 @@ claim), :mod:`.pool` (the sync worker threads), :mod:`.async_pool` (the event lo
 ``async def`` prepares), :mod:`.journal` (every ``save()``, batched and fenced, over
 ``DB_CONNECTIONS``), :mod:`.heartbeat`, :mod:`.outcomes` (the outcome writer and its
 batching), :mod:`.reclaim` (the crash-loop guard), :mod:`.backoff` (outages),
-:mod:`.stop_signals`, :mod:`.schedule` and :mod:`.shutdown` (the order of a stop).
+:mod:`.dead_connections` (the TCP settings ``runworkflows`` gives its connections, so a
+silent network drops them within a bound), :mod:`.stop_signals`, :mod:`.schedule` and
+:mod:`.shutdown` (the order of a stop).
 """
 
 from nexus_workflows.deferred.runner.loop import Runner

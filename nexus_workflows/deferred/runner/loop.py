@@ -22,6 +22,7 @@ from nexus_workflows.deferred import wakeup
 from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.execution import Outcome
 from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.runner import dead_connections
 from nexus_workflows.deferred.runner.async_pool import AsyncPool
 from nexus_workflows.deferred.runner.backoff import Backoff
 from nexus_workflows.deferred.runner.capacity import Capacity
@@ -205,6 +206,7 @@ class Runner:
                 once=self.once,
                 metrics=metrics,
                 worker_id=self.worker_id,
+                dead_connections=self._describe_dead_connections(),
             ),
         )
         try:
@@ -216,6 +218,14 @@ class Runner:
                 signals.restore()
         logger.info("runner stopped: %s", self.stats.summary())
         return self.stats
+
+    def _describe_dead_connections(self) -> str:
+        """How its connections notice a silent network (PostgreSQL: libpq's TCP options)."""
+        connection = connections[self.using]
+        if connection.vendor != "postgresql":
+            return ""
+        options = connection.settings_dict.get("OPTIONS") or {}
+        return dead_connections.describe(options, self.stale_after.total_seconds())
 
     @property
     def wakeup_mode(self) -> wakeup.WakeupMode:

@@ -7,8 +7,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
 
+from nexus_workflows.conf import app_settings
 from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.deferred.runner.dead_connections import detect_dead_connections
 from nexus_workflows.deferred.runner.shutdown import end_process
+from nexus_workflows.deferred.wakeup import wakeup_alias
 from nexus_workflows.exceptions import UnknownQueue, UnknownWorkflow
 from nexus_workflows.limits import MAX_THREADS
 from nexus_workflows.management.commands._arguments import seconds, whole_number
@@ -87,8 +90,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         # Without the project's own logging for nexus_workflows, print to stderr.
         handler = install_default_handler()
+        using = router.db_for_write(DeferredWork)
         try:
-            self._run(options)
+            # A silent network (packets dropped, no RST) must not block the runner for the
+            # kernel's ~15 minutes: TCP keepalives and a user timeout on its own
+            # connections, unless the project set its own (dead_connections.py).
+            with detect_dead_connections((using, wakeup_alias(using)), float(app_settings.STALE_AFTER)):
+                self._run(options)
         finally:
             remove_default_handler(handler)
 
