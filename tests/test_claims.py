@@ -329,17 +329,20 @@ def test_release_returns_work_to_pending_due_now_with_attempt_unchanged(kind: st
     assert work.next_attempt_at <= timezone.now()
 
 
-@pytest.mark.parametrize("path", ["due", "by-id", "workflow-ids", "flow-limited"])
+@pytest.mark.parametrize("path", ["due", "by-id", "workflow-ids", "many-workflow-ids", "flow-limited"])
 def test_rows_keeping_a_limit_their_kind_no_longer_has_are_still_claimed_together(
     register_workflow: Any, path: str
 ) -> None:
     """Rows enqueued while a kind had a serial key, and rescheduled while it had a cap,
     keep their key hash and slot after a deploy drops those limits; claimed together,
-    they would collide in the unique indexes that guard them, on every claim."""
+    they would collide in the unique indexes that guard them, on every claim.
+    "many-workflow-ids": more ids than the wake-up's precompiled claim takes (and every
+    claim by id where the database has no UPDATE … RETURNING): the ORM's claim."""
     before = register_workflow(
         lambda t, c, s: None, retry_schedule=[1], serial_key=lambda t: "one conversation", concurrency=2
     )
-    ids = [int(enqueue(before.kind, {"key": key})) for key in ("a", "b", "c")]
+    keys = "abcdef" if path == "many-workflow-ids" else "abc"
+    ids = [int(enqueue(before.kind, {"key": key})) for key in keys]
     DeferredWork.objects.filter(pk__in=ids).update(flow_slot=0)  # as a reschedule leaves them
     assert len(set(DeferredWork.objects.filter(pk__in=ids).values_list("serial_key_hash", flat=True))) == 1
     registry.unregister(before.kind)
@@ -350,7 +353,7 @@ def test_rows_keeping_a_limit_their_kind_no_longer_has_are_still_claimed_togethe
     claiming = Claimer(kinds=[before.kind], using="default")
     if path == "by-id":
         claimed = claiming.claim_due_ids(ids)
-    elif path == "workflow-ids":
+    elif path in ("workflow-ids", "many-workflow-ids"):
         claimed = claiming.claim_workflow_ids(ids)
     else:
         claimed = claiming.claim_due(10)

@@ -321,7 +321,7 @@ class Claimer:
         if len(ids) > _PRECOMPILED_IDS or not can_return_from_update(self.using):
             due = DeferredWork.objects.using(self.using).due(DatabaseNow())
             workflows = due.filter(kind__in=self.plain_kinds, queue_name="")
-            return self.claim_rows(workflows, ids, reclaimed=False, tasks=set())
+            return self.claim_rows(workflows, ids, reclaimed=False, tasks=set(), **NO_FLOW_LIMITS)
         statement = self._by_id.get(len(ids))
         if statement is None:
             statement = self._by_id[len(ids)] = self._claim_by_id_statement(len(ids))
