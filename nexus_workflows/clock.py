@@ -6,6 +6,11 @@
 ``Now()`` would never equal the very value read back from it, and a compare-and-set on a
 timestamp (the admin's revive) would never match. ``DatabaseNow`` writes what
 ``str(datetime)`` writes: six fractional digits, none when they are all zero.
+
+On MySQL and MariaDB Django's ``Now()`` is ``CURRENT_TIMESTAMP(6)``, the time in the
+session's time zone (the server's, ``SYSTEM``, unless set), while Django stores and reads
+datetimes as UTC there: on a server whose zone is not UTC every time the database wrote
+would be off by its offset. ``DatabaseNow`` is ``UTC_TIMESTAMP(6)`` there.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ class DatabaseNow(Now):
         # 'NOW' is the same instant for every call within one statement step.
         return self.as_sql(compiler, connection, template=_SQLITE_NOW, **extra_context)
 
+    def as_mysql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra_context)
+
 
 def database_now(using: str) -> datetime:
     """The database's current time (aware, UTC), in one query: for a cut-off that must
@@ -45,6 +53,9 @@ def database_now(using: str) -> datetime:
         elif connection.vendor == "sqlite":
             cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
             value = parse_datetime(cursor.fetchone()[0])
+        elif connection.vendor == "mysql":
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")  # naive, UTC: see DatabaseNow
+            value = cursor.fetchone()[0]
         else:
             return timezone.now()
     if timezone.is_naive(value):

@@ -33,3 +33,29 @@ def test_database_now_is_the_database_time_and_aware() -> None:
     assert now.tzinfo is not None
     assert abs(now - timezone.now()) < timedelta(seconds=5)
     assert now.utcoffset() == UTC.utcoffset(None)
+
+
+@pytest.mark.django_db(transaction=True)  # the session is closed at the end
+def test_the_database_clock_is_utc_whatever_the_sessions_time_zone(register_workflow: Any) -> None:
+    """Django stores and reads MySQL's and MariaDB's datetimes as UTC, but its ``Now()``
+    there is ``CURRENT_TIMESTAMP``, the session's local time, and Django leaves the session
+    in the server's zone: on a server not in UTC, every time the database wrote (claims,
+    heartbeats, due times) was off by the offset. A session at +05:00 stands for one.
+    (PostgreSQL's sessions are in UTC, which Django sets on every connection; SQLite has no
+    zone.) The margin, a minute, is far below the offset and far above a loaded machine's
+    delays."""
+    from django.db import connection
+
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    rows = DeferredWork.objects.filter(pk=int(enqueue(kind, {"key": "zone"})))
+    try:
+        if connection.vendor == "mysql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET time_zone = '+05:00'")
+        rows.update(updated_at=DatabaseNow())
+        stamped = rows.values_list("updated_at", flat=True).get()
+        now = database_now("default")
+    finally:
+        connection.close()  # the next session is in the server's own zone again
+    assert abs(stamped - timezone.now()) < timedelta(minutes=1)
+    assert abs(now - timezone.now()) < timedelta(minutes=1)
