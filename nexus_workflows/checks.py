@@ -247,12 +247,14 @@ def check_flow_limits_guarded(app_configs: Sequence[Any] | None = None, **kwargs
     from nexus_workflows.models import DeferredWork
 
     connection = connections[router.db_for_write(DeferredWork)]
-    return flow_limit_errors(connection.vendor, connection.features.supports_partial_indexes)
+    # By vendor, with no query: the check runs before a runner waits for its database.
+    database = {"mysql": "MySQL/MariaDB"}.get(connection.vendor, connection.vendor)
+    return flow_limit_errors(database, connection.features.supports_partial_indexes)
 
 
-def flow_limit_errors(vendor: str, supports_partial_indexes: bool) -> list[CheckMessage]:
-    """:func:`check_flow_limits_guarded` for a database of ``vendor`` (apart from the
-    connection, so that its rule is tested on every backend)."""
+def flow_limit_errors(database: str, supports_partial_indexes: bool) -> list[CheckMessage]:
+    """:func:`check_flow_limits_guarded` for a ``database`` (its name, for the message)
+    apart from the connection, so that its rule is tested on every backend."""
     from nexus_workflows.deferred.registry import registry
 
     if supports_partial_indexes:
@@ -264,7 +266,7 @@ def flow_limit_errors(vendor: str, supports_partial_indexes: bool) -> list[Check
     ]
     return [
         Error(
-            f"workflow {kind!r} has a concurrency cap or a serial_key, which the {vendor} "
+            f"workflow {kind!r} has a concurrency cap or a serial_key, which the {database} "
             "database cannot enforce: it has no partial unique indexes.",
             hint="Use PostgreSQL (or SQLite) for the deferred work's database, or drop the "
             "limit; rate_limit needs no partial index.",

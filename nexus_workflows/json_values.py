@@ -15,7 +15,8 @@ the same types*; anything else is refused before anything is written. The rules:
 - finite floats of magnitude below ``1e16``, except ``-0.0``: ``jsonb`` stores numbers as
   ``numeric``, which has no negative zero and prints ``1e16`` (and every larger float) as
   an integer, so those would come back as ``0.0`` or as an ``int``;
-- at most :data:`MAX_DEPTH` nested containers, and no container inside itself.
+- at most :data:`MAX_DEPTH` nested containers (fewer where the database stores fewer:
+  ``sql.json_depth``, 31 on MariaDB), and no container inside itself.
 
 The value is walked once, with an explicit stack (no recursion, so no ``RecursionError``).
 Messages name the rule that was broken, never the value, which may carry patient data.
@@ -34,11 +35,20 @@ INT_MAX = 2**63 - 1
 #: Floats must be smaller than this in magnitude: jsonb gives larger ones back as ints.
 FLOAT_LIMIT = 1e16
 
-ALLOWED = (
-    "allowed: dicts with string keys, lists, strings, booleans, None (not as the whole value), "
-    f"integers from -2**63 to 2**63-1 and finite floats below 1e16 in magnitude (not -0.0), "
-    f"nested at most {MAX_DEPTH} deep"
-)
+
+def allowed(max_depth: int = MAX_DEPTH) -> str:
+    """What a value may be, for a message; ``max_depth`` below :data:`MAX_DEPTH` is the
+    database's own limit and is said to be."""
+    depth = f"nested at most {max_depth} deep"
+    if max_depth < MAX_DEPTH:
+        depth += " (this database's limit for JSON documents)"
+    return (
+        "allowed: dicts with string keys, lists, strings, booleans, None (not as the whole value), "
+        f"integers from -2**63 to 2**63-1 and finite floats below 1e16 in magnitude (not -0.0), {depth}"
+    )
+
+
+ALLOWED = allowed()
 
 _SCALARS = (str, bool, int, float, type(None))
 _EXIT = object()
@@ -94,8 +104,9 @@ def _scalar_problem(value: Any) -> str | None:
     return None  # bool or None
 
 
-def check(value: Any, *, allow_none: bool = False) -> None:
-    """Raise :class:`Rejected` unless ``value`` round-trips exactly (see the module doc)."""
+def check(value: Any, *, allow_none: bool = False, max_depth: int = MAX_DEPTH) -> None:
+    """Raise :class:`Rejected` unless ``value`` round-trips exactly (see the module doc)
+    and nests at most ``max_depth`` containers."""
     if value is None and not allow_none:
         raise Rejected("is None (JSON null), which the JSON column would store as SQL NULL")
     on_path: set[int] = set()
@@ -116,8 +127,8 @@ def check(value: Any, *, allow_none: bool = False) -> None:
             raise Rejected(_type_problem(current))
         if id(current) in on_path:
             raise Rejected("contains a circular reference")
-        if depth > MAX_DEPTH:
-            raise Rejected(f"is nested more than {MAX_DEPTH} containers deep")
+        if depth > max_depth:
+            raise Rejected(f"is nested more than {max_depth} containers deep")
         on_path.add(id(current))
         stack.append((_EXIT, id(current)))
         if kind is dict:
@@ -133,6 +144,22 @@ def check(value: Any, *, allow_none: bool = False) -> None:
                 stack.append((child, depth + 1))
         else:
             stack.extend((child, depth + 1) for child in current)
+
+
+def nested_deeper(value: Any, max_depth: int) -> bool:
+    """Whether ``value``, JSON that ``json.dumps`` took (so no cycle), nests more than
+    ``max_depth`` containers: the one rule of :func:`check` for a value whose other rules
+    are looser (a task's return value)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if type(current) not in (dict, list):
+            continue
+        if depth > max_depth:
+            return True
+        children = current.values() if type(current) is dict else current
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def dumps(value: Any) -> str:

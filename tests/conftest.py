@@ -1,4 +1,4 @@
-"""Shared fixtures. Tests talk to the real database (SQLite or PostgreSQL, by
+"""Shared fixtures. Tests talk to the real database (SQLite, PostgreSQL or MariaDB, by
 DATABASE_URL) and, where marked, the real Redis; nothing is mocked."""
 
 from __future__ import annotations
@@ -23,15 +23,40 @@ from tests.processes import ManagePy, database_url
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``postgresql`` are deselected (not skipped) on the SQLite leg."""
-    from django.conf import settings
+#: What a database lacks that some tests are about (``@pytest.mark.needs(feature)``), by
+#: Django's vendor name. MySQL and MariaDB: partial indexes (so no concurrency caps or
+#: serial keys: system check E009) and ``UPDATE … RETURNING`` (claims and done-writes
+#: read their rows back by claim token instead).
+FEATURES = ("partial_indexes", "update_returning")
+LACKING: dict[str, set[str]] = {"mysql": {"partial_indexes", "update_returning"}}
+# How many tests each reason deselected, for the end of the run.
+DESELECTED: dict[str, int] = {}
 
-    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        return
+
+def _deselected_because(item: pytest.Item, vendor: str) -> str | None:
+    if item.get_closest_marker("postgresql") and vendor != "postgresql":
+        return "marked postgresql"
+    for marker in item.iter_markers("needs"):
+        (feature,) = marker.args
+        if feature not in FEATURES:
+            raise pytest.UsageError(f"{item.nodeid}: needs({feature!r}): known features are {FEATURES}")
+        if feature in LACKING.get(vendor, set()):
+            return f"needs {feature}, which {vendor} lacks"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``postgresql`` are deselected (not skipped) on the other databases,
+    and tests marked ``needs(feature)`` on a database that lacks the feature."""
+    vendor = connection.vendor
     selected, deselected = [], []
     for item in items:
-        (deselected if item.get_closest_marker("postgresql") else selected).append(item)
+        reason = _deselected_because(item, vendor)
+        if reason is None:
+            selected.append(item)
+        else:
+            deselected.append(item)
+            DESELECTED[reason] = DESELECTED.get(reason, 0) + 1
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
@@ -167,7 +192,9 @@ PYTHON = sys.executable
 class WriteBlocker:
     """A real trigger that makes matching ``UPDATE``\\s of the work table fail, as a
     constraint, a read-only primary or a bad value would: ``InternalError`` on
-    PostgreSQL, ``IntegrityError`` on SQLite. ``condition`` is SQL over ``NEW``/``OLD``."""
+    PostgreSQL, ``IntegrityError`` on SQLite and MariaDB (there the trigger signals the
+    error number of a failed CHECK, 4025, which Django raises as ``IntegrityError``).
+    ``condition`` is SQL over ``NEW``/``OLD``."""
 
     def __init__(self) -> None:
         self.installed = False
@@ -185,6 +212,11 @@ class WriteBlocker:
                 cursor.execute(
                     f"CREATE TRIGGER nw_test_block BEFORE UPDATE ON {table} FOR EACH ROW "
                     f"WHEN ({condition}) EXECUTE FUNCTION nw_test_block()"
+                )
+            elif connection.vendor == "mysql":
+                cursor.execute(
+                    f"CREATE TRIGGER nw_test_block BEFORE UPDATE ON {table} FOR EACH ROW "
+                    f"BEGIN IF ({condition}) THEN {MARIADB_REFUSAL}; END IF; END"
                 )
             else:
                 cursor.execute(
@@ -207,11 +239,69 @@ class WriteBlocker:
         self.installed = False
 
 
+#: What a MariaDB trigger raises to refuse a row: the error of a failed CHECK (4025),
+#: which Django raises as ``IntegrityError``, as on SQLite (a plain ``SIGNAL SQLSTATE
+#: '45000'`` arrives as ``OperationalError``, which the runner takes for an outage).
+MARIADB_REFUSAL = "SIGNAL SQLSTATE '23000' SET MYSQL_ERRNO = 4025, MESSAGE_TEXT = 'refused by the test'"
+
+
 @pytest.fixture
 def write_blocker() -> Iterator[WriteBlocker]:
     blocker = WriteBlocker()
     yield blocker
     blocker.remove()
+
+
+class ProjectRefusal:
+    """A constraint the app does not know about, added to the work table the way a
+    project might: it refuses new rows whose ``column`` holds ``value``. A CHECK constraint
+    named ``nw_test_refused`` (PostgreSQL, MariaDB), or a trigger (SQLite, which cannot
+    add one to a table). Removed at the end of the test, which must be transactional
+    (``django_db(transaction=True)``): on MariaDB DDL commits at once, so a test's
+    rollback would not take it away, and the test's savepoints would be gone."""
+
+    def __init__(self) -> None:
+        self.installed = False
+
+    def install(self, column: str, value: str) -> None:
+        from nexus_workflows.models import DeferredWork
+
+        assert not connection.in_atomic_block, "a ProjectRefusal needs django_db(transaction=True)"
+
+        table = connection.ops.quote_name(DeferredWork._meta.db_table)
+        quoted = connection.ops.quote_name(column)
+        with connection.cursor() as cursor:
+            if connection.vendor == "sqlite":
+                literal = "'" + value.replace("'", "''") + "'"  # a trigger takes no parameters
+                cursor.execute(
+                    f"CREATE TRIGGER nw_test_refused BEFORE INSERT ON {table} WHEN NEW.{quoted} = {literal} "
+                    "BEGIN SELECT RAISE(ABORT, 'refused by a project trigger'); END"
+                )
+            else:
+                cursor.execute(
+                    f"ALTER TABLE {table} ADD CONSTRAINT nw_test_refused CHECK ({quoted} <> %s)", [value]
+                )
+        self.installed = True
+
+    def remove(self) -> None:
+        if not self.installed:
+            return
+        from nexus_workflows.models import DeferredWork
+
+        table = connection.ops.quote_name(DeferredWork._meta.db_table)
+        with connection.cursor() as cursor:
+            if connection.vendor == "sqlite":
+                cursor.execute("DROP TRIGGER IF EXISTS nw_test_refused")
+            else:
+                cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS nw_test_refused")
+        self.installed = False
+
+
+@pytest.fixture
+def project_refusal() -> Iterator[ProjectRefusal]:
+    refusal = ProjectRefusal()
+    yield refusal
+    refusal.remove()
 
 
 class SlowDeletes:
@@ -277,6 +367,10 @@ def report_figures() -> Callable[[str], None]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if DESELECTED:
+        terminalreporter.section(f"deselected on {connection.vendor}")
+        for reason, count in sorted(DESELECTED.items()):
+            terminalreporter.write_line(f"{count} test(s): {reason}")
     if FAULT_FIGURES:
         terminalreporter.section("fault figures")
         for line in FAULT_FIGURES:

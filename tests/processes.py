@@ -31,8 +31,9 @@ def database_url(settings_dict: dict[str, Any], *, port: int | None = None) -> s
     password = quote(settings_dict.get("PASSWORD") or "", safe="")
     credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
     host = settings_dict.get("HOST") or "127.0.0.1"
-    port = port or settings_dict.get("PORT") or 5432
-    return f"postgres://{credentials}{host}:{port}/{quote(settings_dict['NAME'], safe='')}"
+    scheme, default_port = ("mysql", 3306) if "mysql" in settings_dict["ENGINE"] else ("postgres", 5432)
+    port = port or settings_dict.get("PORT") or default_port
+    return f"{scheme}://{credentials}{host}:{port}/{quote(settings_dict['NAME'], safe='')}"
 
 
 def url_of_test_database(*, port: int | None = None) -> str:

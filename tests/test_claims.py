@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from nexus_workflows import ClaimLost, InvalidCheckpoint, enqueue
+from nexus_workflows import ClaimLost, InvalidCheckpoint, enqueue, sql
 from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.transitions import (
@@ -125,6 +125,19 @@ def test_bad_patches_are_rejected_before_writing(kind: str, patch: Any, rule: st
     with pytest.raises(InvalidCheckpoint, match=rule):
         save_checkpoints(work, patch)
     assert DeferredWork.objects.get(pk=work_id).checkpoints == {}
+
+
+def test_a_patch_as_deep_as_the_database_keeps_is_saved_and_a_deeper_one_refused(kind: str) -> None:
+    """64 containers, or 31 on MariaDB, the most its JSON documents nest: a deeper journal
+    was refused by the database's CHECK (an IntegrityError out of save())."""
+    depth = sql.json_depth("default")
+    work_id = enqueue(kind, {"key": "a"})
+    (work,) = claimer(kind).claim_due(1)
+    save_checkpoints(work, {"x": nested(depth - 1)})
+    assert DeferredWork.objects.get(pk=work_id).checkpoints == {"x": nested(depth - 1)}
+    with pytest.raises(InvalidCheckpoint, match=f"nested more than {depth} containers deep"):
+        save_checkpoints(work, {"y": nested(depth)})
+    assert DeferredWork.objects.get(pk=work_id).checkpoints == {"x": nested(depth - 1)}
 
 
 def test_a_stale_workers_late_writes_change_nothing(kind: str) -> None:

@@ -12,6 +12,7 @@ import enum
 import itertools
 import traceback
 from collections import OrderedDict
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -28,12 +29,14 @@ from nexus_workflows import (
     WorkflowError,
     enqueue,
     enqueue_many,
+    sql,
 )
 from nexus_workflows.fire_and_forget import get_queue
 from nexus_workflows.fire_and_forget.sealing import open_trigger
 from nexus_workflows.json_values import MAX_DEPTH
 from nexus_workflows.limits import MAX_DELAY
 from nexus_workflows.models import DeferredWork
+from nexus_workflows.sql.mysql import MARIADB_JSON_DEPTH
 from tests.json_like import json_like, nested, same, valid_json
 
 pytestmark = pytest.mark.django_db
@@ -83,9 +86,11 @@ STORED = [
     "\U0001f600 \uffff \u2028 é",
     [],
     {},
-    nested(MAX_DEPTH),
     {"shared": [[1], [1]]},
 ]
+#: The deepest trigger the app takes when the database takes it too (on MariaDB, whose JSON
+#: documents nest at most 31 deep, see test_a_trigger_as_deep_as_the_database_stores…).
+DEEPEST = nested(MAX_DEPTH)
 
 REFUSED = [
     (None, "is None"),
@@ -108,8 +113,9 @@ REFUSED = [
     (2**63, "outside -2\\*\\*63"),
     (-(2**63) - 1, "outside -2\\*\\*63"),
     (10**5000, "outside -2\\*\\*63"),
-    (nested(MAX_DEPTH + 1), f"nested more than {MAX_DEPTH}"),
-    (nested(10_000), f"nested more than {MAX_DEPTH}"),
+    # The number: the app's limit, or the database's where lower (the test after the next).
+    (nested(MAX_DEPTH + 1), "nested more than [0-9]+ containers deep"),
+    (nested(10_000), "nested more than [0-9]+ containers deep"),
     (cyclic(), "circular reference"),
     ((1, 2), "type tuple; use a list"),
     (OrderedDict(a=1), "type OrderedDict, a subclass"),
@@ -142,6 +148,25 @@ def test_refused_triggers_raise_invalid_trigger_and_write_nothing(
     assert not DeferredWork.objects.exists()
     # The test's transaction (a caller's, for enqueue) is still usable.
     assert enqueue(deferred, {"fine": 1}) is not None
+
+
+def test_a_trigger_as_deep_as_the_database_stores_is_accepted_and_one_deeper_refused(deferred: str) -> None:
+    """The app's limit (64 containers), or the database's own where lower: MariaDB's
+    JSON_VALID, the CHECK of its JSON columns, refuses 32. One deeper is the app's
+    InvalidTrigger, saying the limit, never a database refusal ("a constraint or trigger
+    added to the table") after the INSERT."""
+    depth = sql.json_depth("default")
+    assert depth == (MARIADB_JSON_DEPTH if connection.vendor == "mysql" else MAX_DEPTH)
+    work_id = enqueue(deferred, nested(depth))
+    assert same(DeferredWork.objects.get(pk=work_id).trigger, nested(depth))
+    (many_id,) = enqueue_many(deferred, [{"a": nested(depth - 1)}])
+    assert same(DeferredWork.objects.get(pk=many_id).trigger, {"a": nested(depth - 1)})
+    too_deep = (lambda: enqueue(deferred, nested(depth + 1)), lambda: enqueue_many(deferred, [[DEEPEST]]))
+    for attempt in too_deep:
+        with pytest.raises(InvalidTrigger, match=f"nested more than {depth} containers deep") as raised:
+            attempt()
+        assert f"nested at most {depth} deep" in str(raised.value)
+    assert DeferredWork.objects.count() == 2
 
 
 def test_refusals_never_echo_the_value(deferred: str) -> None:
@@ -201,26 +226,38 @@ def test_the_longest_delay_is_accepted(deferred: str) -> None:
 # --- database refusals that are not the dedupe race -----------------------------------------
 
 
-def _refuse_key_in_the_database(key: str) -> None:
-    """A constraint the app does not know about, added the way a project might."""
-    table = DeferredWork._meta.db_table
+@pytest.fixture
+def one_visit_per_row() -> Iterator[None]:
+    """A project's own unique index on the trigger's ``visit``. MariaDB indexes no
+    expression: a virtual column of it, indexed. Removed afterwards (the tests using it are
+    transactional: on MariaDB DDL commits at once)."""
+    table = connection.ops.quote_name(DeferredWork._meta.db_table)
+    trigger = connection.ops.quote_name("trigger")  # a reserved word in MySQL
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+        if connection.vendor == "mysql":
             cursor.execute(
-                f"ALTER TABLE {table} ADD CONSTRAINT nw_test_refused CHECK (dedupe_key <> %s)", [key]
+                f"ALTER TABLE {table} ADD COLUMN nw_test_visit VARCHAR(32) "
+                f"AS (JSON_VALUE({trigger}, '$.visit')) VIRTUAL, "
+                "ADD UNIQUE INDEX nw_test_one_visit (nw_test_visit)"
             )
         else:
-            cursor.execute(
-                f"CREATE TRIGGER nw_test_refused BEFORE INSERT ON {table} WHEN NEW.dedupe_key = '{key}' "
-                "BEGIN SELECT RAISE(ABORT, 'refused by a project trigger'); END"
-            )
+            postgres = connection.vendor == "postgresql"
+            visit = f"({trigger} ->> 'visit')" if postgres else f"json_extract({trigger}, '$.visit')"
+            cursor.execute(f"CREATE UNIQUE INDEX nw_test_one_visit ON {table} (({visit}))")
+    yield
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(f"ALTER TABLE {table} DROP COLUMN nw_test_visit")
+        else:
+            cursor.execute("DROP INDEX IF EXISTS nw_test_one_visit")
 
 
+@pytest.mark.django_db(transaction=True)
 def test_an_integrity_error_that_is_not_the_dedupe_constraint_is_the_apps_error(
-    register_workflow: Any,
+    register_workflow: Any, project_refusal: Any
 ) -> None:
     kind = register_workflow(noop, dedupe_key=lambda trigger: trigger["key"], retry_schedule=[1]).kind
-    _refuse_key_in_the_database("forbidden-key")
+    project_refusal.install("dedupe_key", "forbidden-key")
     with transaction.atomic():  # the caller's transaction
         with pytest.raises(EnqueueRejected, match="the database refused the new work") as raised:
             enqueue(kind, {"key": "forbidden-key"})
@@ -231,19 +268,16 @@ def test_an_integrity_error_that_is_not_the_dedupe_constraint_is_the_apps_error(
     with pytest.raises(EnqueueRejected):
         enqueue_many(kind, [{"key": "also-fine"}, {"key": "forbidden-key"}])
     assert list(DeferredWork.objects.values_list("dedupe_key", flat=True)) == ["fine"]
-    if connection.vendor == "postgresql":
+    if connection.vendor != "sqlite":  # SQLite's message names no trigger
         assert "nw_test_refused" in str(raised.value)
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("one_visit_per_row")
 def test_another_unique_constraint_is_a_refusal_not_a_dedupe_race(register_workflow: Any) -> None:
     """On PostgreSQL enqueue skips only a taken dedupe key (ON CONFLICT ON CONSTRAINT): a
     project's own unique index still refuses the row, with the app's error."""
     kind = register_workflow(noop, dedupe_key=lambda trigger: trigger["key"], retry_schedule=[1]).kind
-    table = DeferredWork._meta.db_table
-    postgres = connection.vendor == "postgresql"
-    visit = "(trigger ->> 'visit')" if postgres else "json_extract(trigger, '$.visit')"
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE UNIQUE INDEX nw_test_one_visit ON {table} (({visit}))")
     first = enqueue(kind, {"key": "first", "visit": "v-7"})
     with transaction.atomic():  # the caller's transaction
         with pytest.raises(EnqueueRejected, match="the database refused the new work") as raised:
@@ -253,8 +287,9 @@ def test_another_unique_constraint_is_a_refusal_not_a_dedupe_race(register_workf
         assert "second" not in str(raised.value)
         assert enqueue(kind, {"key": "third", "visit": "v-8"}) is not None  # still usable
     assert enqueue(kind, {"key": "first", "visit": "v-9"}) == first  # the dedupe key: no refusal
-    if connection.vendor == "postgresql":
+    if connection.vendor != "sqlite":  # SQLite names the columns, not the index
         assert "nw_test_one_visit" in str(raised.value)
+    if connection.vendor == "postgresql":
         # Both taken: the dedupe key is checked first (ON CONFLICT's arbiter), so a repeat
         # of the very trigger is the dedupe case. (SQLite reports whichever index it checks
         # first, here the project's.)
@@ -262,6 +297,8 @@ def test_another_unique_constraint_is_a_refusal_not_a_dedupe_race(register_workf
     assert sorted(DeferredWork.objects.values_list("dedupe_key", flat=True)) == ["first", "third"]
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("one_visit_per_row")
 def test_enqueue_many_refuses_a_row_another_unique_constraint_refuses(register_workflow: Any) -> None:
     """enqueue_many skips only taken dedupe keys (PostgreSQL: ON CONFLICT ON CONSTRAINT;
     SQLite: what INSERT OR IGNORE skipped is inserted again one by one): a row that a
@@ -269,13 +306,8 @@ def test_enqueue_many_refuses_a_row_another_unique_constraint_refuses(register_w
     written, as with enqueue (it was skipped as if its key were taken, looked for, and
     ended in "could not settle … after 5 rounds")."""
     kind = register_workflow(noop, dedupe_key=lambda trigger: trigger["key"], retry_schedule=[1]).kind
-    postgres = connection.vendor == "postgresql"
-    visit = "(trigger ->> 'visit')" if postgres else "json_extract(trigger, '$.visit')"
-    with connection.cursor() as cursor:
-        table = DeferredWork._meta.db_table
-        cursor.execute(f"CREATE UNIQUE INDEX nw_test_one_visit ON {table} (({visit}))")
     enqueue(kind, {"key": "first", "visit": "v-7"})
-    refused = "nw_test_one_visit" if postgres else "the database refused the new work"
+    refused = "the database refused the new work" if connection.vendor == "sqlite" else "nw_test_one_visit"
     with pytest.raises(EnqueueRejected, match=refused) as raised:
         enqueue_many(kind, [{"key": "second", "visit": "v-8"}, {"key": "third", "visit": "v-7"}])
     assert "v-7" not in str(raised.value)
@@ -316,7 +348,7 @@ def test_fire_and_forget_refuses_the_same_triggers(
 def test_fire_and_forget_stores_accepted_triggers_exactly(register_workflow: Any, rq_redis: Any) -> None:
     kind = register_workflow(noop, dedupe_key=lambda trigger: f"k{next(_keys)}").kind
     queue = get_queue("default")
-    for trigger in STORED:
+    for trigger in [*STORED, DEEPEST]:  # no database: the app's own limit
         job_id = enqueue(kind, trigger)
         assert job_id is not None
         job = queue.fetch_job(job_id)

@@ -106,6 +106,7 @@ def test_the_insert_with_constants_binds_only_the_varying_values() -> None:
     )
 
 
+@pytest.mark.needs("update_returning")
 def test_update_returning_returns_the_rows_it_wrote_converted() -> None:
     first, second = new_row("a"), new_row("b")
     rows = returning.update_returning(
@@ -122,6 +123,7 @@ def test_update_returning_returns_the_rows_it_wrote_converted() -> None:
     assert returning.update_returning(DeferredWork.objects.filter(pk=-1), {"attempt": 1}, ("pk",)) == []
 
 
+@pytest.mark.needs("update_returning")
 def test_a_precompiled_update_binds_its_slots_anew_on_each_run() -> None:
     first, second = new_row("a"), new_row("b")
     slot_id, slot_checkpoints = -(2**62), "slot"

@@ -22,9 +22,12 @@ from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from nexus_workflows import EnqueueRejected, WorkflowError
+from nexus_workflows import EnqueueRejected, WorkflowError, sql
+from nexus_workflows.json_values import MAX_DEPTH
 from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.sql.mysql import MARIADB_JSON_DEPTH
 from tests.clock import database_resolution_now
+from tests.json_like import nested
 from tests.processes import ManagePy, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Ledger
@@ -499,6 +502,26 @@ def test_a_return_value_jsonb_cannot_store_fails_the_task_naming_the_task_only(w
     assert (row.return_value, "María" in row.last_error) == (None, False)
 
 
+def test_a_return_value_as_deep_as_the_database_keeps_is_kept_and_a_deeper_one_fails_the_task() -> None:
+    """MariaDB keeps JSON documents nested at most 31 deep: a deeper return value failed
+    the done-write of every row written with it, on every try. PostgreSQL and SQLite
+    keep far deeper ones (100 here), so there no value is refused for its depth."""
+    depth = sql.database_json_depth("default")
+    kept = tasks.returns_nested.enqueue(depth or 100)
+    assert "1 done" in run_once()
+    kept.refresh()
+    assert (kept.status, kept.return_value) == (TaskResultStatus.SUCCESSFUL, nested(depth or 100))
+    if depth is None:
+        return
+    deeper = tasks.returns_nested.enqueue(depth + 1)
+    assert "1 abandoned" in run_once()
+    deeper.refresh()
+    assert deeper.status == TaskResultStatus.FAILED
+    (error,) = deeper.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert f"returned a value nested more than {depth} containers deep" in error.traceback
+
+
 def test_a_return_value_with_an_escaped_nul_is_text_and_is_kept() -> None:
     result = tasks.returns_text.enqueue("escaped nul")
     assert "1 done" in run_once()
@@ -613,22 +636,25 @@ def test_arguments_that_would_not_come_back_are_refused_and_the_transaction_goes
     assert list(DeferredWork.objects.values_list("dedupe_key", flat=True)) == [fine.id]
 
 
-@pytest.mark.django_db  # not transactional: the constraint below is rolled back with the test
-def test_a_database_refusal_of_a_task_is_the_apps_error_without_the_arguments() -> None:
+def test_arguments_as_deep_as_the_database_keeps_are_taken_and_deeper_ones_refused() -> None:
+    """The arguments' list nests at most 64 containers; on MariaDB, whose JSON documents
+    nest at most 31 deep, 30: the stored trigger holds it one level down. Deeper was
+    refused by the database, as "a constraint or trigger added to the table"."""
+    from nexus_workflows.tasks import InvalidTaskArguments
+
+    depth = MARIADB_JSON_DEPTH - 1 if connection.vendor == "mysql" else MAX_DEPTH
+    kept = tasks.record.enqueue(nested(depth - 1))  # the list of arguments is one more
+    assert DeferredWork.objects.get(dedupe_key=kept.id).trigger["args"] == [nested(depth - 1)]
+    with pytest.raises(InvalidTaskArguments, match=f"arguments is nested more than {depth} containers"):
+        tasks.record.enqueue(nested(depth))
+    assert DeferredWork.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the constraint is DDL: MariaDB commits it at once
+def test_a_database_refusal_of_a_task_is_the_apps_error_without_the_arguments(project_refusal: Any) -> None:
     from nexus_workflows.exceptions import EnqueueRejected
 
-    # A constraint the app does not know about, added the way a project might.
-    table = DeferredWork._meta.db_table
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                f"ALTER TABLE {table} ADD CONSTRAINT nw_test_refused CHECK (queue_name <> 'emails')"
-            )
-        else:
-            cursor.execute(
-                f"CREATE TRIGGER nw_test_refused BEFORE INSERT ON {table} WHEN NEW.queue_name = 'emails' "
-                "BEGIN SELECT RAISE(ABORT, 'refused by a project trigger'); END"
-            )
+    project_refusal.install("queue_name", "emails")
     with (
         pytest.raises(EnqueueRejected, match="the database refused the new task") as raised,
         transaction.atomic(),
@@ -638,7 +664,7 @@ def test_a_database_refusal_of_a_task_is_the_apps_error_without_the_arguments() 
     assert raised.value.__cause__ is None  # the driver's message quotes the row
     assert "María" not in str(raised.value)
     assert "tests.testapp.tasks.record" in str(raised.value)
-    if connection.vendor == "postgresql":
+    if connection.vendor != "sqlite":  # SQLite's message names no trigger
         assert "nw_test_refused" in str(raised.value)
     assert not DeferredWork.objects.exists()
 

@@ -60,7 +60,7 @@ def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
     workflow = registry.get(kind)
     dedupe_key = compute_dedupe_key(workflow, trigger)
     if workflow.is_deferred:
-        check_trigger(workflow, trigger)
+        check_trigger(workflow, trigger, max_depth=stored_json_depth())
         delay = _deferred_options(workflow, options)
         flow_hashes = flow_key_hashes(workflow.kind, workflow.flow, trigger)
         return _enqueue_deferred(workflow, trigger, dedupe_key, delay, flow_hashes)
@@ -102,9 +102,10 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
     by_key: dict[str, str] = {}  # dedupe key -> the trigger's JSON text
     hashes: dict[str, tuple[str | None, str | None]] = {}  # dedupe key -> flow key hashes
     order: list[str] = []
+    max_depth = stored_json_depth()
     for trigger in triggers:
         key = compute_dedupe_key(workflow, trigger)
-        text = json_text(workflow, trigger)
+        text = json_text(workflow, trigger, max_depth=max_depth)
         if key not in by_key:  # the first trigger of a key wins, as with enqueue
             by_key[key] = text
             if workflow.flow is not None:
@@ -327,24 +328,32 @@ def compute_dedupe_key(workflow: Workflow, trigger: Any) -> str:
     return key
 
 
-def check_trigger(workflow: Workflow, trigger: Any) -> None:
-    """Refuse a trigger that would not come back equal and of the same types.
+def check_trigger(workflow: Workflow, trigger: Any, *, max_depth: int = json_values.MAX_DEPTH) -> None:
+    """Refuse a trigger that would not come back equal and of the same types, or nests
+    more than ``max_depth`` containers (a deferred trigger: :func:`stored_json_depth`).
 
     The one check of every enqueue path (deferred, many, fire-and-forget); the rules are
     in :mod:`nexus_workflows.json_values`. The message names the kind and the rule, never
     the trigger.
     """
     try:
-        json_values.check(trigger)
+        json_values.check(trigger, max_depth=max_depth)
     except json_values.Rejected as problem:
         raise InvalidTrigger(
-            f"workflow {workflow.kind!r}: the trigger {problem}; {json_values.ALLOWED}"
+            f"workflow {workflow.kind!r}: the trigger {problem}; {json_values.allowed(max_depth)}"
         ) from None
 
 
-def json_text(workflow: Workflow, trigger: Any) -> str:
+def stored_json_depth() -> int:
+    """How deep a trigger stored in the work's database may nest (``sql.json_depth``)."""
+    from nexus_workflows.models import DeferredWork
+
+    return sql.json_depth(router.db_for_write(DeferredWork))
+
+
+def json_text(workflow: Workflow, trigger: Any, *, max_depth: int = json_values.MAX_DEPTH) -> str:
     """The trigger as JSON text, after checking that it can be stored."""
-    check_trigger(workflow, trigger)
+    check_trigger(workflow, trigger, max_depth=max_depth)
     return json_values.dumps(trigger)
 
 

@@ -192,7 +192,9 @@ def purge(expired: QuerySet[DeferredWork], ids: list[int]) -> int:
 # --- An attempt's fenced writes: save, done, reschedule, release, abandon ----------------
 
 
-def validate_patch(patch: Any) -> dict[str, Any]:
+def validate_patch(patch: Any, using: str) -> dict[str, Any]:
+    """The patch as it will be journalled on the database ``using``, or
+    :class:`InvalidCheckpoint` saying which rule it broke (never its values)."""
     if not isinstance(patch, dict):
         raise InvalidCheckpoint(
             f"save() takes a dict of checkpoint names to JSON values; got {type(patch).__name__}"
@@ -201,19 +203,21 @@ def validate_patch(patch: Any) -> dict[str, Any]:
         if not isinstance(key, str):
             raise InvalidCheckpoint(f"save() takes string checkpoint names; got a {type(key).__name__} key")
     # The same rules as triggers: what is journalled comes back exactly, or is refused.
+    # The journal nests as deep as the patch (it is merged at the top level).
+    max_depth = sql.json_depth(using)
     try:
-        json_values.check(patch)
+        json_values.check(patch, max_depth=max_depth)
     except json_values.Rejected as problem:
         raise InvalidCheckpoint(
             f"save() takes JSON values only, ones that come back exactly: the patch {problem}; "
-            f"{json_values.ALLOWED}"
+            f"{json_values.allowed(max_depth)}"
         ) from None
     return json.loads(json_values.dumps(patch))
 
 
 def save_checkpoints(work: ClaimedWork, patch: Any) -> dict[str, Any]:
     """Merge ``patch`` into the journal durably; raises :class:`ClaimLost`."""
-    clean = validate_patch(patch)
+    clean = validate_patch(patch, work.using)
     merged = {**work.checkpoints, **clean}
     matched = work.fenced().update(
         checkpoints=merged,

@@ -93,10 +93,13 @@ def bucket_start(now: datetime) -> datetime:
 
 def _bucketed(using: str, start: datetime) -> list[tuple[str, str, int, int]]:
     """``(kind, outcome, bucket index, attempts)`` since ``start``, summed per 5 minutes by
-    the database on PostgreSQL and SQLite (a day of ten kinds is 43,200 minute rows)."""
+    the database on PostgreSQL, SQLite and MySQL/MariaDB (a day of ten kinds is 43,200
+    minute rows)."""
     connection = connections[using]
     table = connection.ops.quote_name(OutcomeCount._meta.db_table)
-    epoch = getattr(sql.for_connection(using), "EPOCH_OF_MINUTE", None)
+    statements = sql.for_connection(using)
+    epoch = getattr(statements, "EPOCH_OF_MINUTE", None)
+    divide = getattr(statements, "INTEGER_DIVIDE", "/")  # of two integers: an integer
     if epoch is None:
         rows = (
             OutcomeCount.objects.using(using)
@@ -106,7 +109,7 @@ def _bucketed(using: str, start: datetime) -> list[tuple[str, str, int, int]]:
         return [(kind, outcome, int((minute - start) / BUCKET), n) for kind, outcome, minute, n in rows]
     placeholders = ", ".join(["%s"] * len(SHOWN))
     statement = (
-        f"SELECT kind, outcome, ({epoch} - %s) / {int(BUCKET.total_seconds())} AS bucket, SUM(count) "
+        f"SELECT kind, outcome, ({epoch} - %s) {divide} {int(BUCKET.total_seconds())} AS bucket, SUM(count) "
         f"FROM {table} WHERE minute >= %s AND outcome IN ({placeholders}) GROUP BY kind, outcome, bucket"
     )
     params = [int(start.timestamp()), connection.ops.adapt_datetimefield_value(start), *SHOWN]

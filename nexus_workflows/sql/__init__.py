@@ -8,6 +8,9 @@
   violation's constraint name.
 - :mod:`.sqlite`: the outcome counts' upsert, a minute as epoch seconds, and reading a
   unique violation's constraint from SQLite's message.
+- :mod:`.mysql`: MySQL and MariaDB (tested on MariaDB): the outcome counts' upsert, a
+  minute as epoch seconds, reading a refusal's constraint from the server's message, and
+  MariaDB's nesting limit of JSON documents.
 - :mod:`.portable`: what every other backend does instead, through the plain ORM.
 
 Two kinds of backend-specific SQL stay where Django expects them, as expressions the ORM
@@ -37,6 +40,10 @@ def for_connection(using: str) -> ModuleType:
         from nexus_workflows.sql import sqlite
 
         return sqlite
+    if vendor == "mysql":
+        from nexus_workflows.sql import mysql
+
+        return mysql
     from nexus_workflows.sql import portable
 
     return portable
@@ -44,8 +51,30 @@ def for_connection(using: str) -> ModuleType:
 
 def refused_by(error: Exception) -> str:
     """What refused a row, for the app's own message: the constraint's name when the
-    driver reports it, else the error's type. Never the driver's message, which quotes
-    the row (a trigger, a task's arguments)."""
+    driver reports it (psycopg), or the server's message names it (MySQL/MariaDB), else
+    the error's type. Never the driver's message, which quotes the row (a trigger, a
+    task's arguments)."""
+    from nexus_workflows.sql import mysql
+
     diag = getattr(error.__cause__, "diag", None)
-    name = getattr(diag, "constraint_name", None)
+    name = getattr(diag, "constraint_name", None) or mysql.constraint_name(error)
     return f"constraint {name!r}" if name else type(error).__name__
+
+
+def database_json_depth(using: str) -> int | None:
+    """Most containers the database ``using`` accepts nested in one stored JSON document,
+    where that is below the app's own limit (:data:`json_values.MAX_DEPTH`): MariaDB's
+    (``mysql.JSON_DEPTH_LIMIT``). None elsewhere."""
+    limit: int | None = getattr(for_connection(using), "JSON_DEPTH_LIMIT", None)
+    return limit
+
+
+def json_depth(using: str, *, nested_in: int = 0) -> int:
+    """Most containers a value stored on ``using`` may nest (a trigger, a journal; with
+    ``nested_in``, one that sits that many containers down in the stored document, as a
+    task's arguments do): the app's limit, or less where the database's is lower. Deeper is
+    refused before any write, with the app's error, instead of by the database's CHECK."""
+    from nexus_workflows.json_values import MAX_DEPTH
+
+    database = database_json_depth(using)
+    return MAX_DEPTH if database is None else min(MAX_DEPTH, database - nested_in)

@@ -197,9 +197,9 @@ class DeferredBackend(BaseTaskBackend):
         from nexus_workflows.models import DeferredWork
 
         self.validate_task(task)
-        trigger = _trigger(task, args, kwargs)
-        result_id = str(uuid.uuid4())
         using = router.db_for_write(DeferredWork)
+        trigger = _trigger(task, args, kwargs, max_depth=sql.json_depth(using, nested_in=1))
+        result_id = str(uuid.uuid4())
         now = timezone.now()
         # Inside the caller's atomic() this is one more statement of its transaction:
         # no dedupe race to lose (the key is new), so no savepoint either.
@@ -257,12 +257,15 @@ class DeferredBackend(BaseTaskBackend):
         return result_from_row(row)
 
 
-def _trigger(task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _trigger(
+    task: Task, args: Sequence[Any], kwargs: dict[str, Any], *, max_depth: int = json_values.MAX_DEPTH
+) -> dict[str, Any]:
     """``{"args": …, "kwargs": …}`` (and ``run_after``) as stored, after checking that it
     comes back exactly as given, by the rules of a workflow's trigger (``json_values``):
     what jsonb cannot store (a NUL, a lone surrogate) must never reach the INSERT, whose
-    error would quote the arguments and abort the caller's transaction. Messages name the
-    task and the rule, never the values."""
+    error would quote the arguments and abort the caller's transaction. The lists of
+    arguments nest at most ``max_depth`` containers. Messages name the task and the rule,
+    never the values."""
     try:
         # Django's own normalisation first (tuples to lists, bytes to text), as its
         # backends do; what it cannot convert is named by type.
@@ -279,10 +282,10 @@ def _trigger(task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[st
         ) from None
     for name, what in (("args", "arguments"), ("kwargs", "keyword arguments")):
         try:
-            json_values.check(data[name])
+            json_values.check(data[name], max_depth=max_depth)
         except json_values.Rejected as problem:
             raise InvalidTaskArguments(
-                f"task {task.module_path!r}: the {what} {problem}; {json_values.ALLOWED}"
+                f"task {task.module_path!r}: the {what} {problem}; {json_values.allowed(max_depth)}"
             ) from None
     if task.run_after is not None:
         data["run_after"] = task.run_after.isoformat()

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from traceback import format_exception
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from nexus_workflows import sql
 from nexus_workflows.deferred.history import storable_text, truncate
 from nexus_workflows.deferred.registry import Workflow
-from nexus_workflows.json_values import text_problem
+from nexus_workflows.json_values import nested_deeper, text_problem
 from nexus_workflows.limits import TRACEBACK_MAX_LENGTH
 from nexus_workflows.signals import send_quietly
 
@@ -88,14 +89,16 @@ class TaskWorkflow(Workflow):
             value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
         else:
             value = task.call(*result.args, **result.kwargs)
-        work.return_value = stored_return_value(self.kind, value)
+        depth = sql.database_json_depth(work.using)
+        work.return_value = stored_return_value(self.kind, value, database_depth=depth)
 
 
-def stored_return_value(path: str, value: Any) -> Any:
+def stored_return_value(path: str, value: Any, *, database_depth: int | None = None) -> Any:
     """The return value as the database will keep it; a value it cannot keep fails the
     attempt (as in django-tasks-db), so the error is recorded instead of breaking the write
-    (on PostgreSQL a value jsonb refuses would leave the row processing for good). The
-    messages name the task, never the value."""
+    (on PostgreSQL a value jsonb refuses would leave the row processing for good; on
+    MariaDB one nested deeper than ``database_depth`` would fail the done-write of every
+    row written with it). The messages name the task, never the value."""
     from nexus_workflows.tasks.compat import normalize_json
 
     try:
@@ -114,6 +117,11 @@ def stored_return_value(path: str, value: Any) -> Any:
     problem = _text_problem(value)
     if problem:
         raise ValueError(f"task {path!r} returned text that {problem}; return valid text without NUL")
+    if database_depth is not None and nested_deeper(value, database_depth):
+        raise ValueError(
+            f"task {path!r} returned a value nested more than {database_depth} containers deep, "
+            "the most this database keeps in one JSON document"
+        )
     return value
 
 

@@ -23,7 +23,8 @@ def test_adding_twice_in_one_minute_adds_up_in_one_statement_each() -> None:
     with CaptureQueriesContext(connection) as queries:
         batch = {("k", "done"): 3, ("k", "abandoned"): 1, ("other", "done"): 2}
         counts.add(batch, token="a", using="default")
-    # PostgreSQL: one statement (the token by a CTE); SQLite: the token, then the counts.
+    # PostgreSQL: one statement (the token by a CTE); SQLite and MariaDB: the token, then
+    # the counts.
     writes = [q for q in queries if q["sql"].startswith(("INSERT", "WITH"))]
     assert len(writes) == (1 if connection.vendor == "postgresql" else 2)
     counts.add({("k", "done"): 4, ("k", "rescheduled"): 0}, token="b", using="default")
@@ -59,7 +60,7 @@ def test_a_drain_writes_counts_that_match_the_outcomes_with_one_upsert_per_batch
     totals = dict(OutcomeCount.objects.filter(kind=kind).values_list("outcome").annotate(n=Sum("count")))
     assert totals == {"done": 200, "abandoned": 7, "rescheduled": 7}
     assert DeferredWork.objects.filter(kind=kind, status=Status.DONE).count() == totals["done"]
-    upserts = [q for q in queries if f'INSERT INTO "{table}"' in q["sql"]]
+    upserts = [q for q in queries if f"INSERT INTO {connection.ops.quote_name(table)}" in q["sql"]]
     done_writes = [q for q in queries if q["sql"].startswith("UPDATE") and "'done'" in q["sql"]]
     # One upsert per batch of outcomes written, never one per item.
     assert 1 <= len(upserts) <= len(done_writes) + 14

@@ -225,6 +225,7 @@ def test_an_outage_is_counted_once_and_no_outcome_count_is_lost_or_doubled() -> 
 
 
 @pytest.mark.slow
+@pytest.mark.needs("partial_indexes")  # its kind has a cap and a serial key: refused on MariaDB
 def test_flow_limits_are_exported_per_kind_over_http_with_no_key(live_server: Any, tmp_path: Any) -> None:
     """Slots in use and items waiting per limit, for a kind with every limit
     (``test-flow-faults``: concurrency=2, a serial key, 10 starts a second), from a

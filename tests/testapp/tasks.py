@@ -102,6 +102,15 @@ UNSTORABLE = {
 
 
 @task()
+def returns_nested(depth: int) -> Any:
+    """A list nested ``depth`` lists deep."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@task()
 def returns_text(which: str) -> Any:
     return UNSTORABLE[which]
 

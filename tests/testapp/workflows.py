@@ -19,7 +19,7 @@ from typing import Any
 import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import OperationalError
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connections
 
 from nexus_workflows import PermanentError, workflow
 from nexus_workflows.signals import attempt_started
@@ -291,17 +291,32 @@ def span(kind: str, trigger: dict[str, Any], body: Any = None) -> None:
         raise RuntimeError("failing the first attempt on purpose")
 
 
-@workflow("test-flow-capped", dedupe_key=by_key, retry_schedule=SCHEDULE, concurrency=2)
+# Concurrency caps and serial keys need partial unique indexes; on a database without them
+# (MySQL, MariaDB) the app refuses such kinds (system check E009, which would stop every
+# runner process of the tests), so they are registered only where they can run. Their
+# tests are about those databases (marked postgresql or needs("partial_indexes")).
+CAPS_AND_SERIAL_KEYS = connections[DEFAULT_DB_ALIAS].features.supports_partial_indexes
+
+
+def capped_or_keyed(kind: str, **options: Any) -> Any:
+    """``@workflow(kind, …)`` where the database enforces caps and serial keys; elsewhere
+    the function is left unregistered."""
+    return workflow(kind, **options) if CAPS_AND_SERIAL_KEYS else lambda function: function
+
+
+@capped_or_keyed("test-flow-capped", dedupe_key=by_key, retry_schedule=SCHEDULE, concurrency=2)
 def flow_capped(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
     span("test-flow-capped", trigger)
 
 
-@workflow("test-flow-serial", dedupe_key=by_key, retry_schedule=SCHEDULE, serial_key=lambda t: t.get("to"))
+@capped_or_keyed(
+    "test-flow-serial", dedupe_key=by_key, retry_schedule=SCHEDULE, serial_key=lambda t: t.get("to")
+)
 def flow_serial(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
     span("test-flow-serial", trigger)
 
 
-@workflow(
+@capped_or_keyed(
     "test-flow-ordered",
     dedupe_key=by_key,
     retry_schedule=SCHEDULE,
@@ -337,7 +352,7 @@ if os.environ.get("NW_TEST_SLOW_HANDOFF"):
     attempt_started.connect(slow_handoff, dispatch_uid="tests.testapp.slow_handoff")
 
 
-@workflow(
+@capped_or_keyed(
     "test-flow-faults",
     dedupe_key=by_key,
     retry_schedule=SCHEDULE,

@@ -153,7 +153,7 @@ class JournalWriter:
         After :meth:`stop` (an attempt that outlived the shutdown grace: its claim is
         kept), the save is written on the caller's own connection, still fenced.
         """
-        clean = validate_patch(patch)
+        clean = validate_patch(patch, work.using)
         written = threading.Event()
         save = _Save(work, {**work.checkpoints, **clean}, written=written)
         if self._stopped:
@@ -174,7 +174,7 @@ class JournalWriter:
             # An attempt that outlived the grace: written as a sync one's is (a thread
             # for this rare case only; the writers are gone).
             return asyncio.ensure_future(asyncio.to_thread(self.save, work, patch))
-        clean = validate_patch(patch)
+        clean = validate_patch(patch, work.using)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._waiting.put(_Save(work, {**work.checkpoints, **clean}, clean, future=future, loop=loop))

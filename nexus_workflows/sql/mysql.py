@@ -1,0 +1,124 @@
+"""MySQL's and MariaDB's statements beyond the portable ORM, each run by ``tests/test_sql.py``
+(on MariaDB 10.11: ``bin/test``'s MariaDB leg; MySQL itself is not tested).
+
+What MariaDB lacks, and what the app does instead: ``UPDATE … RETURNING`` (claims and
+done-writes read their rows back by claim token, as on every backend without it),
+``NOTIFY`` (runners poll), data-modifying CTEs and ``ON CONFLICT``, and partial indexes
+(concurrency caps and serial keys are refused by the system check
+``nexus_workflows.E009``). ``INSERT … RETURNING`` it has (10.5+): Django's ``create()``
+uses it by itself.
+
+What this module adds over :mod:`.portable`:
+
+- the outcome counts' upsert in two statements (``INSERT IGNORE`` of the batch's token,
+  then one ``INSERT … ON DUPLICATE KEY UPDATE`` of every count), in the database's minute;
+- a minute as epoch seconds and the integer division of the dashboard's buckets, both
+  independent of the session's time zone;
+- which constraint refused a row, read from the server's message (its key's name only);
+- MariaDB's nesting limit of JSON documents, which the app's own checks apply here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from django.db import IntegrityError, connections, transaction
+
+__all__ = [
+    "EPOCH_OF_MINUTE",
+    "INTEGER_DIVIDE",
+    "JSON_DEPTH_LIMIT",
+    "MARIADB_JSON_DEPTH",
+    "add_outcome_counts",
+    "constraint_name",
+    "notify",
+    "violated_constraint",
+]
+
+#: Most containers MariaDB's ``JSON_VALID`` (the CHECK of every JSON column there) accepts
+#: nested in one document: measured on 10.11.19, 31 pass and 32 are refused, whether
+#: lists or objects. MySQL's own JSON type takes 100; it gets MariaDB's limit too (it is
+#: not tested, and telling the two apart would cost a query).
+MARIADB_JSON_DEPTH = 31
+#: The limit the app's checks apply to JSON stored here (``sql.database_json_depth``).
+JSON_DEPTH_LIMIT = MARIADB_JSON_DEPTH
+
+#: The server's error numbers whose message names a constraint: a duplicate key (the
+#: unique index's name, after the row's values) and a CHECK constraint (MariaDB's 4025).
+_DUPLICATE_KEY = 1062
+_CHECK_FAILED = 4025
+# Anchored at the end: the values quoted before the key's name may hold anything.
+_KEY_NAME = re.compile(r" for key '(?:[^'.]+\.)?(?P<name>[^']+)'\Z")
+_CHECK_NAME = re.compile(r"\ACONSTRAINT `(?P<name>[^`]+)` failed for ")
+
+
+def _error_number_and_text(error: Exception) -> tuple[int, str] | None:
+    args = error.args
+    if len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
+        return args[0], args[1]
+    return None
+
+
+def constraint_name(error: Exception) -> str | None:
+    """The name of the unique index or CHECK constraint a MySQL/MariaDB error (Django's,
+    which keeps the driver's ``(number, message)``) reports, or None. Only the name is
+    read: the message also quotes the refused row's values."""
+    found = _error_number_and_text(error)
+    if found is None:
+        return None
+    number, text = found
+    pattern = {_DUPLICATE_KEY: _KEY_NAME, _CHECK_FAILED: _CHECK_NAME}.get(number)
+    match = pattern.search(text) if pattern is not None else None
+    return match["name"] if match else None
+
+
+def violated_constraint(error: IntegrityError) -> str | None:
+    """The name of the unique index a duplicate-key error reports, or None (any other
+    refusal, a CHECK included, is never a dedupe race)."""
+    found = _error_number_and_text(error)
+    if found is None or found[0] != _DUPLICATE_KEY:
+        return None
+    return constraint_name(error)
+
+
+def notify(cursor: object, channel: str, payload: str = "") -> None:
+    """No ``NOTIFY`` here: runners find new work by polling."""
+
+
+#: The database's minute (UTC, whatever the session's time zone) as a DATETIME literal.
+_MINUTE = "DATE_FORMAT(UTC_TIMESTAMP(), '%%Y-%%m-%%d %%H:%%i:00')"
+
+
+def add_outcome_counts(using: str, token: str, items: Sequence[tuple[str, str, int]]) -> bool:
+    """Add ``(kind, outcome, n)`` counts to the database clock's current minute, once per
+    ``token``: the token's row (``INSERT IGNORE``: a taken token inserts nothing) and, only
+    if it was new, every count in one ``INSERT … ON DUPLICATE KEY UPDATE`` that adds to
+    the minute's rows; one transaction. Returns whether they were added.
+
+    ``INSERT IGNORE`` would turn any refusal of the token's row into a warning; its only
+    values are a 32-character token and the server's clock, so the one it meets is the
+    duplicate token."""
+    from nexus_workflows.observability.models import OutcomeCount, OutcomeFlush
+
+    connection = connections[using]
+    table = connection.ops.quote_name(OutcomeCount._meta.db_table)
+    flushes = connection.ops.quote_name(OutcomeFlush._meta.db_table)
+    values = ", ".join(f"({_MINUTE}, %s, %s, %s)" for _ in items)
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.execute(f"INSERT IGNORE INTO {flushes} (token, at) VALUES (%s, UTC_TIMESTAMP(6))", [token])
+        if cursor.rowcount != 1:
+            return False
+        cursor.execute(
+            f"INSERT INTO {table} (minute, kind, outcome, count) VALUES {values} "
+            "ON DUPLICATE KEY UPDATE count = count + VALUES(count)",
+            [value for item in items for value in item],
+        )
+    return True
+
+
+#: A minute column as seconds since the epoch (the dashboard's 5-minute buckets), read as
+#: the UTC time it is stored as: ``UNIX_TIMESTAMP`` would read it in the session's zone.
+EPOCH_OF_MINUTE = "TIMESTAMPDIFF(SECOND, '1970-01-01 00:00:00', minute)"
+#: Integer division (``/`` gives a decimal here, so minutes of one bucket would not group).
+INTEGER_DIVIDE = "DIV"
