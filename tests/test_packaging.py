@@ -171,3 +171,20 @@ def test_the_django6_requirements_pin_the_same_set_but_django(requirements: str,
     aside = backport | type_check
     assert django6.pop("django").startswith(line)
     assert {k: v for k, v in pinned.items() if k != "django" and k not in aside} == django6
+
+
+def test_the_mariadb_driver_is_pinned_apart_within_the_mysql_extras_range() -> None:
+    """bin/test's MariaDB leg tests the driver requirements-mysql.txt pins, which must lie
+    in the range the ``mysql`` extra declares; requirements.txt (bin/setup, the quickstart)
+    must not need it: building it needs the MariaDB client headers."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (declared,) = (Requirement(line) for line in extras["mysql"])
+    pinned = _pins("requirements-mysql.txt")
+    assert list(pinned) == [declared.name]
+    assert declared.specifier.contains(pinned[declared.name])
+    assert declared.name not in _pins("requirements.txt")
+    assert "requirements-mysql.txt" in (PROJECT_ROOT / "bin" / "mariadb-deps").read_text()
