@@ -16,7 +16,7 @@ from django.db.migrations.recorder import MigrationRecorder
 from nexus_workflows.management.commands._database import MigrationsMissing, require_migrated
 from tests.processes import ManagePy
 
-LATEST = "0012_no_notify_for_no_rows"
+LATEST = "0013_mysql_exact_text"
 KIND = "test-command-database"
 
 

@@ -17,6 +17,7 @@ from nexus_workflows import (
     UnknownWorkflow,
     WorkflowError,
     enqueue,
+    enqueue_many,
 )
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.claims import Claimer
@@ -34,6 +35,41 @@ def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
 @pytest.fixture
 def deferred(register_workflow: Any) -> str:
     return register_workflow(noop, retry_schedule=[1, 5]).kind
+
+
+def test_dedupe_keys_that_differ_only_in_case_accents_or_trailing_spaces_are_different_work(
+    deferred: str,
+) -> None:
+    """Keys are compared exactly, as PostgreSQL and SQLite compare text. MariaDB's default
+    collation (utf8mb4_general_ci) took "maria", "María", "MARIA" and "maria " for one key:
+    each later patient's work was deduplicated into the first's, and never ran."""
+    keys = ["maria", "María", "MARIA", "maria "]
+    ids = [enqueue(deferred, {"key": key}) for key in keys]
+    assert len({*ids}) == len(keys)
+    stored = [DeferredWork.objects.get(kind=deferred, dedupe_key=key).pk for key in keys]
+    assert stored == [int(work_id) for work_id in ids]
+    many = enqueue_many(deferred, [{"key": key} for key in ("MARIA", "MARÍA", "maria  ")])
+    assert many[0] == ids[2]  # taken: that very key
+    assert len({*many, *ids}) == len(keys) + 2
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="PostgreSQL and SQLite compare text exactly")
+def test_every_text_column_of_the_app_compares_exactly() -> None:
+    """On MySQL and MariaDB every table of the app has a binary, NO PAD collation (migration
+    0013); one that a later migration creates must get it too."""
+    from django.apps import apps
+
+    tables = [model._meta.db_table for model in apps.get_app_config("nexus_workflows").get_models()]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT table_name, collation_name FROM information_schema.columns "
+            f"WHERE table_schema = DATABASE() AND collation_name IS NOT NULL "
+            f"AND table_name IN ({', '.join(['%s'] * len(tables))})",
+            tables,
+        )
+        found = cursor.fetchall()
+    assert {table for table, _ in found} == set(tables)
+    assert {collation for _, collation in found} == {"utf8mb4_nopad_bin"}
 
 
 def test_new_work_is_pending_and_due_now(deferred: str) -> None:
