@@ -356,6 +356,39 @@ def test_once_drains_more_than_one_batch(register_workflow: Any) -> None:
     assert DeferredWork.objects.filter(status=Status.DONE).count() == 250
 
 
+def test_once_runs_what_was_due_when_an_attempt_ends_just_after_a_claim_without_room(
+    register_workflow: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every thread busy, a turn claims nothing; an attempt that ended right then (its
+    outcome handed over: nothing held) made --once stop with due work never run. Seen on
+    MariaDB: runworkflows --once left the second of two tasks pending in 12 runs of 40.
+    Here the turn's "no room" itself lets the attempt end, so the order is certain."""
+    release = threading.Event()
+    ran: list[str] = []
+
+    def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        if trigger["key"] == "first":
+            release.wait(10)
+        ran.append(trigger["key"])
+
+    kind = register_workflow(prepare, retry_schedule=[1]).kind
+    for key in ("first", "second"):
+        enqueue(kind, {"key": key})
+    turn = Runner._turn
+
+    def no_room_then_the_attempt_ends(self: Any, *args: Any) -> Any:
+        claimed, more_due, purging = turn(self, *args)
+        if not claimed and self._ledger.held_count() and not release.is_set():
+            release.set()
+            wait_for(lambda: self._ledger.held_count() == 0, timeout=10, what="the attempt to end")
+        return claimed, more_due, purging
+
+    monkeypatch.setattr(Runner, "_turn", no_room_then_the_attempt_ends)
+    stats = run_once(kind, concurrency=1)
+    assert release.is_set()  # the interleaving happened
+    assert (ran, stats.done) == (["first", "second"], 2)
+
+
 def test_logs_name_kind_id_attempt_and_outcome_but_no_contents(register_workflow: Any, caplog: Any) -> None:
     def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
         save({"phone": "+52 55 1234 5678"})

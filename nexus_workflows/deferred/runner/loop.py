@@ -319,6 +319,10 @@ class Runner:
         )
         while not self._stop_requested.is_set():
             self._wake.clear()
+            # --once is done after a claim that had room for everything found nothing: one
+            # made while an attempt was still held may have had none, and that attempt may
+            # have ended (and been written) by the time the claim returned.
+            idle = self._ledger.held_count() == 0
             try:
                 if self.once and cutoff is None:
                     cutoff = database_now(self.using)
@@ -328,7 +332,7 @@ class Runner:
                 self._loop_failed(error)
                 self._stop_requested.wait(self._backoff.delay)
                 continue
-            if self.once and not claimed and not purging and self._ledger.held_count() == 0:
+            if self.once and idle and not claimed and not purging and self._ledger.held_count() == 0:
                 return
             if self._listener is not None:
                 # With a backlog it claims again by itself: enqueues may skip their NOTIFY.
