@@ -36,6 +36,8 @@ DESELECTED: dict[str, int] = {}
 def _deselected_because(item: pytest.Item, vendor: str) -> str | None:
     if item.get_closest_marker("postgresql") and vendor != "postgresql":
         return "marked postgresql"
+    if item.get_closest_marker("mysql") and vendor != "mysql":
+        return "marked mysql"
     for marker in item.iter_markers("needs"):
         (feature,) = marker.args
         if feature not in FEATURES:
@@ -46,8 +48,8 @@ def _deselected_because(item: pytest.Item, vendor: str) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``postgresql`` are deselected (not skipped) on the other databases,
-    and tests marked ``needs(feature)`` on a database that lacks the feature."""
+    """Tests marked ``postgresql`` (or ``mysql``) are deselected (not skipped) on the other
+    databases, and tests marked ``needs(feature)`` on a database that lacks the feature."""
     vendor = connection.vendor
     selected, deselected = [], []
     for item in items:

@@ -53,7 +53,7 @@ def test_dedupe_keys_that_differ_only_in_case_accents_or_trailing_spaces_are_dif
     assert len({*many, *ids}) == len(keys) + 2
 
 
-@pytest.mark.skipif(connection.vendor != "mysql", reason="PostgreSQL and SQLite compare text exactly")
+@pytest.mark.mysql  # PostgreSQL and SQLite compare text exactly by themselves
 def test_every_text_column_of_the_app_compares_exactly() -> None:
     """On MySQL and MariaDB every table of the app has a binary, NO PAD collation (migration
     0013); one that a later migration creates must get it too."""
