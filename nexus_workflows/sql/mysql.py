@@ -33,6 +33,7 @@ __all__ = [
     "add_outcome_counts",
     "constraint_name",
     "notify",
+    "statement_timeout",
     "violated_constraint",
 ]
 
@@ -84,6 +85,12 @@ def violated_constraint(error: IntegrityError) -> str | None:
 
 def notify(cursor: object, channel: str, payload: str = "") -> None:
     """No ``NOTIFY`` here: runners find new work by polling."""
+
+
+def statement_timeout(using: str) -> None:
+    """Not known here (None), as on other databases: MariaDB's ``max_statement_time`` is
+    not read, and a batch it cancels (error 1969) is not told from an outage."""
+    return None
 
 
 #: The database's minute (UTC, whatever the session's time zone) as a DATETIME literal.
