@@ -36,7 +36,7 @@ from nexus_workflows.fire_and_forget.sealing import open_trigger
 from nexus_workflows.json_values import MAX_DEPTH
 from nexus_workflows.limits import MAX_DELAY
 from nexus_workflows.models import DeferredWork
-from nexus_workflows.sql.mysql import MARIADB_JSON_DEPTH
+from nexus_workflows.sql.mysql import JSON_DEPTH_LIMIT
 from tests.json_like import json_like, nested, same, valid_json
 
 pytestmark = pytest.mark.django_db
@@ -156,7 +156,7 @@ def test_a_trigger_as_deep_as_the_database_stores_is_accepted_and_one_deeper_ref
     InvalidTrigger, saying the limit, never a database refusal ("a constraint or trigger
     added to the table") after the INSERT."""
     depth = sql.json_depth("default")
-    assert depth == (MARIADB_JSON_DEPTH if connection.vendor == "mysql" else MAX_DEPTH)
+    assert depth == (JSON_DEPTH_LIMIT if connection.vendor == "mysql" else MAX_DEPTH)
     work_id = enqueue(deferred, nested(depth))
     assert same(DeferredWork.objects.get(pk=work_id).trigger, nested(depth))
     (many_id,) = enqueue_many(deferred, [{"a": nested(depth - 1)}])

@@ -163,6 +163,27 @@ def test_another_refusal_is_not_a_dedupe_clash() -> None:
     assert sql.for_connection("default").violated_constraint(refusal.value) != DEDUPE_CONSTRAINT
 
 
+def test_a_refusal_is_named_by_its_constraint_where_the_backend_reads_it() -> None:
+    new_row("a")
+    with pytest.raises(IntegrityError) as clash, transaction.atomic():
+        DeferredWork.objects.create(kind="k", dedupe_key="a", trigger={"key": "a"})
+    named = connection.vendor in ("postgresql", "mysql")
+    expected = f"constraint {DEDUPE_CONSTRAINT!r}" if named else "IntegrityError"
+    assert sql.refused_by(clash.value, "default") == expected
+    assert "'a'" not in sql.refused_by(clash.value, "default")  # never the row's values
+
+
+def test_every_backend_module_answers_the_same_questions() -> None:
+    """Callers ask ``for_connection(using)`` and never test the vendor: each module has
+    every function the others have that callers use on any backend."""
+    from nexus_workflows.sql import mysql, postgresql, sqlite
+
+    shared = {"constraint_name", "notify", "statement_timeout", "violated_constraint"}
+    for module in (postgresql, sqlite, mysql, portable):
+        assert shared <= set(module.__all__), module.__name__
+        assert all(callable(getattr(module, name)) for name in shared)
+
+
 @pytest.mark.postgresql
 def test_the_jsonb_bulk_insert_skips_taken_keys() -> None:
     taken = new_row("a")

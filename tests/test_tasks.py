@@ -25,7 +25,7 @@ from django.utils import timezone
 from nexus_workflows import EnqueueRejected, WorkflowError, sql
 from nexus_workflows.json_values import MAX_DEPTH
 from nexus_workflows.models import DeferredWork, Status
-from nexus_workflows.sql.mysql import MARIADB_JSON_DEPTH
+from nexus_workflows.sql.mysql import JSON_DEPTH_LIMIT
 from tests.clock import database_resolution_now
 from tests.json_like import nested
 from tests.processes import ManagePy, wait_for
@@ -642,7 +642,7 @@ def test_arguments_as_deep_as_the_database_keeps_are_taken_and_deeper_ones_refus
     refused by the database, as "a constraint or trigger added to the table"."""
     from nexus_workflows.tasks import InvalidTaskArguments
 
-    depth = MARIADB_JSON_DEPTH - 1 if connection.vendor == "mysql" else MAX_DEPTH
+    depth = JSON_DEPTH_LIMIT - 1 if connection.vendor == "mysql" else MAX_DEPTH
     kept = tasks.record.enqueue(nested(depth - 1))  # the list of arguments is one more
     assert DeferredWork.objects.get(dedupe_key=kept.id).trigger["args"] == [nested(depth - 1)]
     with pytest.raises(InvalidTaskArguments, match=f"arguments is nested more than {depth} containers"):

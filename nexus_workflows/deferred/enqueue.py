@@ -60,10 +60,11 @@ def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
     workflow = registry.get(kind)
     dedupe_key = compute_dedupe_key(workflow, trigger)
     if workflow.is_deferred:
-        check_trigger(workflow, trigger, max_depth=stored_json_depth())
+        using = _work_database()
+        check_trigger(workflow, trigger, max_depth=sql.json_depth(using))
         delay = _deferred_options(workflow, options)
         flow_hashes = flow_key_hashes(workflow.kind, workflow.flow, trigger)
-        return _enqueue_deferred(workflow, trigger, dedupe_key, delay, flow_hashes)
+        return _enqueue_deferred(workflow, trigger, dedupe_key, delay, using, flow_hashes)
 
     from nexus_workflows.fire_and_forget import enqueue_job
 
@@ -102,7 +103,8 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
     by_key: dict[str, str] = {}  # dedupe key -> the trigger's JSON text
     hashes: dict[str, tuple[str | None, str | None]] = {}  # dedupe key -> flow key hashes
     order: list[str] = []
-    max_depth = stored_json_depth()
+    using = _work_database()
+    max_depth = sql.json_depth(using)
     for trigger in triggers:
         key = compute_dedupe_key(workflow, trigger)
         text = json_text(workflow, trigger, max_depth=max_depth)
@@ -111,7 +113,7 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
             if workflow.flow is not None:
                 hashes[key] = flow_key_hashes(workflow.kind, workflow.flow, trigger)
         order.append(key)
-    results = _enqueue_many_deferred(workflow, by_key, delay, hashes)
+    results = _enqueue_many_deferred(workflow, by_key, delay, hashes, using)
     return [results[key] for key in order]
 
 
@@ -120,11 +122,10 @@ def _enqueue_many_deferred(
     by_key: dict[str, str],
     delay: timedelta,
     hashes: dict[str, tuple[str | None, str | None]],
+    using: str,
 ) -> dict[str, str | None]:
     from nexus_workflows.deferred.wakeup import notify
-    from nexus_workflows.models import DeferredWork
 
-    using = router.db_for_write(DeferredWork)
     results: dict[str, str | None] = {}
     keys = list(by_key)
     try:
@@ -143,7 +144,7 @@ def _enqueue_many_deferred(
                     )
             notify(using, inserted=True)
     except (IntegrityError, DataError) as error:  # never the dedupe race: ON CONFLICT skips it
-        raise _rejected(workflow, error) from None
+        raise _rejected(workflow, error, using) from None
     return results
 
 
@@ -330,7 +331,7 @@ def compute_dedupe_key(workflow: Workflow, trigger: Any) -> str:
 
 def check_trigger(workflow: Workflow, trigger: Any, *, max_depth: int = json_values.MAX_DEPTH) -> None:
     """Refuse a trigger that would not come back equal and of the same types, or nests
-    more than ``max_depth`` containers (a deferred trigger: :func:`stored_json_depth`).
+    more than ``max_depth`` containers (a deferred trigger: ``sql.json_depth`` of the work's database).
 
     The one check of every enqueue path (deferred, many, fire-and-forget); the rules are
     in :mod:`nexus_workflows.json_values`. The message names the kind and the rule, never
@@ -344,11 +345,11 @@ def check_trigger(workflow: Workflow, trigger: Any, *, max_depth: int = json_val
         ) from None
 
 
-def stored_json_depth() -> int:
-    """How deep a trigger stored in the work's database may nest (``sql.json_depth``)."""
+def _work_database() -> str:
+    """The database deferred work is written to (the project's routers decide)."""
     from nexus_workflows.models import DeferredWork
 
-    return sql.json_depth(router.db_for_write(DeferredWork))
+    return router.db_for_write(DeferredWork)
 
 
 def json_text(workflow: Workflow, trigger: Any, *, max_depth: int = json_values.MAX_DEPTH) -> str:
@@ -372,6 +373,7 @@ def _enqueue_deferred(
     trigger: Any,
     dedupe_key: str,
     delay: timedelta,
+    using: str,
     flow_hashes: tuple[str | None, str | None] = (None, None),
 ) -> str | None:
     # Long function: the dedupe rounds of one enqueue in one loop.
@@ -379,7 +381,6 @@ def _enqueue_deferred(
     from nexus_workflows.deferred.wakeup import notify
     from nexus_workflows.models import DeferredWork, Status
 
-    using = router.db_for_write(DeferredWork)
     connection = connections[using]
     in_transaction = connection.in_atomic_block or not connection.get_autocommit()
     serial_key = flow_hashes[0]  # keys take ids in their enqueues' commit order (flow.ordering)
@@ -405,10 +406,10 @@ def _enqueue_deferred(
                 )
         except IntegrityError as error:  # SQLite and other backends: the dedupe race raises
             if not is_dedupe_conflict(error, connection):
-                raise _rejected(workflow, error) from None
+                raise _rejected(workflow, error, using) from None
             work_id = None
         except DataError as error:
-            raise _rejected(workflow, error) from None
+            raise _rejected(workflow, error, using) from None
         if work_id is not None:
             notify(using, inserted=True)
             logger.debug("%s #%s enqueued", workflow.kind, work_id)
@@ -451,10 +452,10 @@ def is_dedupe_conflict(error: IntegrityError, connection: Any) -> bool:
     return sql.for_connection(connection.alias).violated_constraint(error) == DEDUPE_CONSTRAINT
 
 
-def _rejected(workflow: Workflow, error: DatabaseError) -> EnqueueRejected:
+def _rejected(workflow: Workflow, error: DatabaseError, using: str) -> EnqueueRejected:
     """The app's error for a database refusal: the constraint's name, never the row."""
     return EnqueueRejected(
-        f"workflow {workflow.kind!r}: the database refused the new work ({sql.refused_by(error)}); "
+        f"workflow {workflow.kind!r}: the database refused the new work ({sql.refused_by(error, using)}); "
         "nothing was written. Every documented input rule was met, so this is a constraint or "
         "trigger added to the table outside nexus_workflows"
     )

@@ -24,6 +24,7 @@ test ``connection.vendor`` themselves. Each statement has a test that runs it
 
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 
 from django.db import connections
@@ -31,7 +32,10 @@ from django.db import connections
 
 def for_connection(using: str) -> ModuleType:
     """The statements module of the database ``using``: its backend's, or the portable one."""
-    vendor = connections[using].vendor
+    return _module_of(connections[using].vendor)
+
+
+def _module_of(vendor: str) -> ModuleType:
     if vendor == "postgresql":
         from nexus_workflows.sql import postgresql
 
@@ -49,15 +53,12 @@ def for_connection(using: str) -> ModuleType:
     return portable
 
 
-def refused_by(error: Exception) -> str:
-    """What refused a row, for the app's own message: the constraint's name when the
-    driver reports it (psycopg), or the server's message names it (MySQL/MariaDB), else
-    the error's type. Never the driver's message, which quotes the row (a trigger, a
-    task's arguments)."""
-    from nexus_workflows.sql import mysql
-
-    diag = getattr(error.__cause__, "diag", None)
-    name = getattr(diag, "constraint_name", None) or mysql.constraint_name(error)
+def refused_by(error: Exception, using: str) -> str:
+    """What refused a row on ``using``, for the app's own message: the constraint's name
+    where the backend's module can read it (psycopg's diagnostics; MySQL/MariaDB's
+    message), else the error's type. Never the driver's message, which quotes the row (a
+    trigger, a task's arguments)."""
+    name = for_connection(using).constraint_name(error)
     return f"constraint {name!r}" if name else type(error).__name__
 
 
@@ -65,8 +66,7 @@ def database_json_depth(using: str) -> int | None:
     """Most containers the database ``using`` accepts nested in one stored JSON document,
     where that is below the app's own limit (:data:`json_values.MAX_DEPTH`): MariaDB's
     (``mysql.JSON_DEPTH_LIMIT``). None elsewhere."""
-    limit: int | None = getattr(for_connection(using), "JSON_DEPTH_LIMIT", None)
-    return limit
+    return _database_json_depth(connections[using].vendor)
 
 
 def json_depth(using: str, *, nested_in: int = 0) -> int:
@@ -74,7 +74,19 @@ def json_depth(using: str, *, nested_in: int = 0) -> int:
     ``nested_in``, one that sits that many containers down in the stored document, as a
     task's arguments do): the app's limit, or less where the database's is lower. Deeper is
     refused before any write, with the app's error, instead of by the database's CHECK."""
+    return _json_depth(connections[using].vendor, nested_in)
+
+
+# Per vendor, once: every enqueue and save asks (a vendor's limit never changes).
+@functools.cache
+def _database_json_depth(vendor: str) -> int | None:
+    limit: int | None = getattr(_module_of(vendor), "JSON_DEPTH_LIMIT", None)
+    return limit
+
+
+@functools.cache
+def _json_depth(vendor: str, nested_in: int) -> int:
     from nexus_workflows.json_values import MAX_DEPTH
 
-    database = database_json_depth(using)
+    database = _database_json_depth(vendor)
     return MAX_DEPTH if database is None else min(MAX_DEPTH, database - nested_in)

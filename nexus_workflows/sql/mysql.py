@@ -29,7 +29,6 @@ __all__ = [
     "EPOCH_OF_MINUTE",
     "INTEGER_DIVIDE",
     "JSON_DEPTH_LIMIT",
-    "MARIADB_JSON_DEPTH",
     "add_outcome_counts",
     "constraint_name",
     "notify",
@@ -40,10 +39,9 @@ __all__ = [
 #: Most containers MariaDB's ``JSON_VALID`` (the CHECK of every JSON column there) accepts
 #: nested in one document: measured on 10.11.19, 31 pass and 32 are refused, whether
 #: lists or objects. MySQL's own JSON type takes 100; it gets MariaDB's limit too (it is
-#: not tested, and telling the two apart would cost a query).
-MARIADB_JSON_DEPTH = 31
-#: The limit the app's checks apply to JSON stored here (``sql.database_json_depth``).
-JSON_DEPTH_LIMIT = MARIADB_JSON_DEPTH
+#: not tested, and telling the two apart would cost a query). The app's own checks apply
+#: it to JSON stored here (``sql.database_json_depth``).
+JSON_DEPTH_LIMIT = 31
 
 #: The server's error numbers whose message names a constraint: a duplicate key (the
 #: unique index's name, after the row's values) and a CHECK constraint (MariaDB's 4025).

@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.apps import apps
 from django.db import IntegrityError
 
-__all__ = ["notify", "statement_timeout", "violated_constraint"]
+__all__ = ["constraint_name", "notify", "statement_timeout", "violated_constraint"]
 
 
 def violated_constraint(error: IntegrityError) -> str | None:
@@ -18,6 +18,11 @@ def violated_constraint(error: IntegrityError) -> str | None:
         for constraint in model._meta.constraints:
             if constraint.name in text:
                 return constraint.name
+    return None
+
+
+def constraint_name(error: Exception) -> None:
+    """Not read (None): an unknown driver's message may quote the refused row."""
     return None
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "add_outcome_counts",
     "allocate_token_sql",
     "can_return_from_update",
+    "constraint_name",
     "hold_waiting_lock",
     "insert_many_from_json_sql",
     "insert_returning_pk",
@@ -46,10 +47,15 @@ __all__ = [
 MANY_ROWS_ITEM = ("dedupe_key", "trigger", "serial_key_hash", "rate_key_hash")
 
 
-def violated_constraint(error: IntegrityError) -> str | None:
-    """The name of the constraint an ``IntegrityError`` reports (psycopg's diagnostics)."""
+def constraint_name(error: Exception) -> str | None:
+    """The name of the constraint a refusal reports (psycopg's diagnostics), or None."""
     diag = getattr(error.__cause__, "diag", None)
     return getattr(diag, "constraint_name", None)
+
+
+def violated_constraint(error: IntegrityError) -> str | None:
+    """The name of the constraint an ``IntegrityError`` reports."""
+    return constraint_name(error)
 
 
 def notify(cursor: Any, channel: str, payload: str = "") -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "EPOCH_OF_MINUTE",
     "add_outcome_counts",
     "can_return_from_update",
+    "constraint_name",
     "insert_returning_pk",
     "notify",
     "statement_timeout",
@@ -48,6 +49,12 @@ def violated_constraint(error: IntegrityError) -> str | None:
             columns = {f"{table}.{field.column}" for field in named}
             if columns and columns == failed:
                 return constraint.name
+    return None
+
+
+def constraint_name(error: Exception) -> None:
+    """Not read (None): for an unnamed CHECK, SQLite's message quotes its expression, which
+    may hold values."""
     return None
 
 

@@ -216,7 +216,7 @@ class DeferredBackend(BaseTaskBackend):
                 backend_name=self.alias,
             )
         except (IntegrityError, DataError) as error:  # the key is a new UUID: never a dedupe race
-            raise _refused(task, error) from None
+            raise _refused(task, error, using) from None
         if work_id is None:  # its new UUID taken (PostgreSQL skips a taken key): never seen
             raise EnqueueRejected(f"task {task.module_path!r}: its new id was taken; it was not written")
         notify(using, inserted=True)
@@ -292,11 +292,11 @@ def _trigger(
     return data
 
 
-def _refused(task: Task, error: DatabaseError) -> EnqueueRejected:
+def _refused(task: Task, error: DatabaseError, using: str) -> EnqueueRejected:
     """The app's error for a database refusal of a valid row: the constraint's name,
     never the driver's message, which quotes the row (the arguments)."""
     return EnqueueRejected(
-        f"task {task.module_path!r}: the database refused the new task ({sql.refused_by(error)}); "
+        f"task {task.module_path!r}: the database refused the new task ({sql.refused_by(error, using)}); "
         "it was not written (on PostgreSQL an enclosing transaction is aborted: roll it back). Every "
         "documented input rule was met, so this is a constraint or trigger added to the table "
         "outside nexus_workflows"
