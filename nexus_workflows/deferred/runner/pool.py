@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from django.db import close_old_connections, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from nexus_workflows.deferred.execution import Outcome, Result, SavePatch, execute
 from nexus_workflows.deferred.registry import registry
@@ -29,15 +30,19 @@ def run_attempt(work: ClaimedWork, save_patch: SavePatch) -> Outcome:
 
 
 def check_connections(using: str, outage: bool, idle: bool = False) -> None:
-    """Before an attempt: replace this thread's connections that saw errors, after an
-    outage the runner's database connection, and after the thread sat ``idle`` (a server
-    may end idle sessions: ``idle_session_timeout``) any of them, if it no longer answers.
-    Costs no query unless one of those happened (``close_old_connections`` would also close
-    a healthy connection on every attempt when ``CONN_MAX_AGE`` is 0)."""
+    """Before an attempt: close this thread's connections older than their alias's
+    ``CONN_MAX_AGE`` (when positive: as Django does at a request's start), and replace
+    those that saw errors, after an outage the runner's database connection, and after the
+    thread sat ``idle`` (a server may end idle sessions: ``idle_session_timeout``) any of
+    them, if it no longer answers. Costs no query unless one of those happened
+    (``close_old_connections`` would also close a healthy connection on every attempt when
+    ``CONN_MAX_AGE`` is 0)."""
     for connection in connections.all(initialized_only=True):
         if connection.connection is None or connection.in_atomic_block:
             continue
-        if connection.errors_occurred or idle or (outage and connection.alias == using):
+        if past_max_age(connection):
+            _close(connection)
+        elif connection.errors_occurred or idle or (outage and connection.alias == using):
             try:
                 if connection.is_usable():
                     connection.errors_occurred = False
@@ -45,6 +50,21 @@ def check_connections(using: str, outage: bool, idle: bool = False) -> None:
                     connection.close()
             except Exception:  # noqa: BLE001 - a broken connection fails to close, too
                 close_connection(connection.alias)
+
+
+def past_max_age(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the connection has outlived a positive ``CONN_MAX_AGE`` of its alias (None
+    keeps it for ever; 0, which in a web process means "one request", keeps it for the
+    thread's life here: a new connection per attempt would cost more than the attempt)."""
+    max_age = connection.settings_dict.get("CONN_MAX_AGE")
+    return bool(max_age) and connection.close_at is not None and time.monotonic() >= connection.close_at
+
+
+def _close(connection: BaseDatabaseWrapper) -> None:
+    try:
+        connection.close()
+    except Exception:  # noqa: BLE001 - a broken connection fails to close, too
+        close_connection(connection.alias)
 
 
 def failed_for_an_outage(outcome: Outcome) -> bool:
