@@ -191,20 +191,39 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
-class WriteBlocker:
+def work_table() -> str:
+    """The work table's name, quoted for the test database."""
+    from nexus_workflows.models import DeferredWork
+
+    return connection.ops.quote_name(DeferredWork._meta.db_table)
+
+
+class WorkTableChange:
+    """Something a test adds to the work table and takes away at its end (``remove``)."""
+
+    def __init__(self) -> None:
+        self.installed = False
+
+    def remove(self) -> None:
+        if not self.installed:
+            return
+        with connection.cursor() as cursor:
+            self.drop(cursor, work_table())
+        self.installed = False
+
+    def drop(self, cursor: Any, table: str) -> None:
+        raise NotImplementedError
+
+
+class WriteBlocker(WorkTableChange):
     """A real trigger that makes matching ``UPDATE``\\s of the work table fail, as a
     constraint, a read-only primary or a bad value would: ``InternalError`` on
     PostgreSQL, ``IntegrityError`` on SQLite and MariaDB (there the trigger signals the
     error number of a failed CHECK, 4025, which Django raises as ``IntegrityError``).
     ``condition`` is SQL over ``NEW``/``OLD``."""
 
-    def __init__(self) -> None:
-        self.installed = False
-
     def install(self, condition: str) -> None:
-        from nexus_workflows.models import DeferredWork
-
-        table = connection.ops.quote_name(DeferredWork._meta.db_table)
+        table = work_table()
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 cursor.execute(
@@ -227,18 +246,11 @@ class WriteBlocker:
                 )
         self.installed = True
 
-    def remove(self) -> None:
-        if not self.installed:
-            return
-        from nexus_workflows.models import DeferredWork
-
-        table = connection.ops.quote_name(DeferredWork._meta.db_table)
-        with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_block ON {table}")
-            else:
-                cursor.execute("DROP TRIGGER IF EXISTS nw_test_block")
-        self.installed = False
+    def drop(self, cursor: Any, table: str) -> None:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_block ON {table}")
+        else:
+            cursor.execute("DROP TRIGGER IF EXISTS nw_test_block")
 
 
 #: What a MariaDB trigger raises to refuse a row: the error of a failed CHECK (4025),
@@ -254,7 +266,7 @@ def write_blocker() -> Iterator[WriteBlocker]:
     blocker.remove()
 
 
-class ProjectRefusal:
+class ProjectRefusal(WorkTableChange):
     """A constraint the app does not know about, added to the work table the way a
     project might: it refuses new rows whose ``column`` holds ``value``. A CHECK constraint
     named ``nw_test_refused`` (PostgreSQL, MariaDB), or a trigger (SQLite, which cannot
@@ -262,15 +274,10 @@ class ProjectRefusal:
     (``django_db(transaction=True)``): on MariaDB DDL commits at once, so a test's
     rollback would not take it away, and the test's savepoints would be gone."""
 
-    def __init__(self) -> None:
-        self.installed = False
-
     def install(self, column: str, value: str) -> None:
-        from nexus_workflows.models import DeferredWork
-
         assert not connection.in_atomic_block, "a ProjectRefusal needs django_db(transaction=True)"
 
-        table = connection.ops.quote_name(DeferredWork._meta.db_table)
+        table = work_table()
         quoted = connection.ops.quote_name(column)
         with connection.cursor() as cursor:
             if connection.vendor == "sqlite":
@@ -285,18 +292,11 @@ class ProjectRefusal:
                 )
         self.installed = True
 
-    def remove(self) -> None:
-        if not self.installed:
-            return
-        from nexus_workflows.models import DeferredWork
-
-        table = connection.ops.quote_name(DeferredWork._meta.db_table)
-        with connection.cursor() as cursor:
-            if connection.vendor == "sqlite":
-                cursor.execute("DROP TRIGGER IF EXISTS nw_test_refused")
-            else:
-                cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS nw_test_refused")
-        self.installed = False
+    def drop(self, cursor: Any, table: str) -> None:
+        if connection.vendor == "sqlite":
+            cursor.execute("DROP TRIGGER IF EXISTS nw_test_refused")
+        else:
+            cursor.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS nw_test_refused")
 
 
 @pytest.fixture
