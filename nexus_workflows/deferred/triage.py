@@ -92,18 +92,25 @@ def is_stale(work: DeferredWork, now: datetime | None = None) -> bool:
 
 
 def _rows(queryset: QuerySet[DeferredWork]) -> Iterator[dict]:
-    """The rows of ``queryset`` in id order, read in chunks.
+    """The rows of ``queryset`` in id order, read in chunks from where they are changed.
 
     The ids are collected first, so that the updates made while walking them cannot move
     rows in or out of an open cursor (SQLite gives no isolation within a connection).
     Only what the compare-and-set needs is read: the trigger and checkpoints stay put.
     """
     pks = sorted(queryset.order_by().values_list("pk", flat=True))
+    using = _database(queryset)
     for start in range(0, len(pks), _CHUNK):
         chunk = pks[start : start + _CHUNK]
-        yield from (
-            DeferredWork.objects.using(queryset.db).filter(pk__in=chunk).order_by("pk").values(*_FIELDS)
-        )
+        yield from DeferredWork.objects.using(using).filter(pk__in=chunk).order_by("pk").values(*_FIELDS)
+
+
+def _database(queryset: QuerySet[DeferredWork]) -> str:
+    """Where the rows of ``queryset`` are read for the compare-and-set and changed: the
+    database it was given (``using()``), else the router's choice for writes, as Django's
+    own ``update()`` picks. ``queryset.db`` alone is the router's choice for reads (a read
+    replica, say: the admin's querysets are), where the writes would fail."""
+    return queryset.select_for_update().db  # a QuerySet for writing; nothing runs here
 
 
 def _reread(using: str, pk: int) -> dict | None:
@@ -121,7 +128,7 @@ def revive(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> Tria
     Rows in any other status are skipped. ``by`` says where the revive came from
     ("admin", "command line") and ``user`` who did it; both go into the history entry.
     """
-    using = queryset.db
+    using = _database(queryset)
     result = TriageResult()
     who = {"by": by, **({"user": user} if user else {})}
     for row in _rows(queryset):
@@ -156,7 +163,7 @@ def run_now(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> Tri
 
     The attempt count and the history are left as they are: this only moves the wait.
     """
-    using = queryset.db
+    using = _database(queryset)
     result = TriageResult()
     for row in _rows(queryset):
         if row["status"] != Status.PENDING:

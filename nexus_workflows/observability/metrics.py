@@ -6,7 +6,8 @@
   ``nexus_workflows_runners{state}`` and, for kinds with flow limits (issue 19),
   ``nexus_workflows_flow_slots_in_use{kind}`` and
   ``nexus_workflows_flow_waiting{kind,limit}`` (limit: key, slot or rate).
-* :class:`RunnerMetrics` counts what one runner does and serves both on
+* :class:`RunnerMetrics` counts what one runner does (in its own memory, whatever
+  ``PROMETHEUS_MULTIPROC_DIR`` says) and serves both on
   ``runworkflows --metrics-port``: ``nexus_workflows_attempts_total{kind,outcome}``,
   ``nexus_workflows_attempt_duration_seconds{kind}``, ``nexus_workflows_in_flight``,
   ``nexus_workflows_claims_total``, ``nexus_workflows_database_outages_total``.
@@ -17,17 +18,20 @@ or rate key, a trigger or an error.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django.db import Error as DatabaseError  # InterfaceError included
 from django.db import connections
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from nexus_workflows.observability.figures import COUNTED_STATUSES, work_figures
 from nexus_workflows.observability.runners import count_alive
@@ -136,61 +140,94 @@ def database_registry(using: str = "default") -> CollectorRegistry:
     return registry
 
 
+class _Count:
+    """A number that only goes up, in this process's memory (see :class:`RunnerMetrics`)."""
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.created = time.time()
+        self._lock = threading.Lock()
+
+    def inc(self, amount: float = 1) -> None:
+        with self._lock:
+            self.value += amount
+
+
+class _Durations:
+    """One kind's histogram of attempt durations, in this process's memory."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(DURATION_BUCKETS)  # per bucket, not cumulative
+        self.sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, seconds: float) -> None:
+        index = bisect.bisect_left(DURATION_BUCKETS, seconds)  # the first bound >= seconds
+        with self._lock:
+            self.counts[min(index, len(DURATION_BUCKETS) - 1)] += 1
+            self.sum += seconds
+
+    def cumulative(self) -> tuple[list[tuple[str, float]], float]:
+        with self._lock:
+            counts, total = list(self.counts), self.sum
+        running, buckets = 0, []
+        for bound, n in zip(DURATION_BUCKETS, counts, strict=True):
+            running += n
+            buckets.append((floatToGoString(bound), float(running)))
+        return buckets, total
+
+
 class RunnerMetrics:
-    """One runner's counters, plus the database's figures, on a registry of their own."""
+    """One runner's counters, plus the database's figures, on a registry of their own.
+
+    The counters are plain numbers in this process, served by a collector of their own,
+    not prometheus-client's ``Counter``/``Histogram``: those write to
+    ``PROMETHEUS_MULTIPROC_DIR`` when that is set (as for a web server's workers), where a
+    web process's ``MultiProcessCollector`` would serve them a second time, summed with
+    every earlier runner's (never reset), and where a directory not made yet would stop the
+    runner at start. The runner serves its own counters on its own endpoint.
+    """
 
     def __init__(self, *, kinds: Iterable[str], using: str, in_flight: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
-        self.attempts = Counter(
-            "nexus_workflows_attempts",
-            "Attempts ended, by kind and outcome (done, rescheduled, abandoned, lost, released).",
-            ["kind", "outcome"],
-            registry=self.registry,
-        )
-        self.duration = Histogram(
-            "nexus_workflows_attempt_duration_seconds",
-            "Seconds prepare ran, per attempt.",
-            ["kind"],
-            buckets=DURATION_BUCKETS,
-            registry=self.registry,
-        )
-        self.in_flight = Gauge(
-            "nexus_workflows_in_flight", "Attempts whose prepare is running now.", registry=self.registry
-        )
-        self.in_flight.set_function(in_flight)
-        self.claims = Counter(
-            "nexus_workflows_claims", "Rows this runner claimed (due and reclaimed).", registry=self.registry
-        )
-        self.outages = Counter(
-            "nexus_workflows_database_outages",
-            "Times this runner lost the database (each outage once).",
-            registry=self.registry,
-        )
-        self.registry.register(DatabaseCollector(using=using, close_connection=True))
+        self.in_flight = in_flight
+        self.claims = _Count()
+        self.outages = _Count()
+        self._attempts: dict[tuple[str, str], _Count] = {}
+        self._durations: dict[str, _Durations] = {}
+        self._lock = threading.Lock()  # new kinds come from worker threads
         # Every series exists from the start at 0, so rate() and absent() work at once.
-        self._attempts: dict[tuple[str, str], Any] = {}
-        self._durations: dict[str, Any] = {}
         for kind in kinds:
             for outcome in OUTCOMES:
                 self.attempt_ended(kind, outcome, count_only=True)
             self._duration(kind)
+        self.registry.register(_RunnerCollector(self))
+        self.registry.register(DatabaseCollector(using=using, close_connection=True))
         self._server: Any = None
 
-    def _duration(self, kind: str) -> Any:
+    def _duration(self, kind: str) -> _Durations:
         child = self._durations.get(kind)
         if child is None:
-            child = self._durations[kind] = self.duration.labels(kind)
+            with self._lock:
+                child = self._durations.setdefault(kind, _Durations())
         return child
 
     def attempt_ended(self, kind: str, outcome: str, *, count_only: bool = False) -> None:
         child = self._attempts.get((kind, outcome))
         if child is None:
-            child = self._attempts[(kind, outcome)] = self.attempts.labels(kind, outcome)
+            with self._lock:
+                child = self._attempts.setdefault((kind, outcome), _Count())
         if not count_only:
             child.inc()
 
     def observe_duration(self, kind: str, seconds: float) -> None:
         self._duration(kind).observe(seconds)
+
+    def series(self) -> tuple[list[tuple[tuple[str, str], _Count]], list[tuple[str, _Durations]]]:
+        """The attempts' and the durations' series, sorted (a scrape's thread reads them
+        while worker threads may add a kind)."""
+        with self._lock:
+            return sorted(self._attempts.items()), sorted(self._durations.items())
 
     def serve(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` in a daemon thread; returns the port (0 picks one)."""
@@ -202,3 +239,43 @@ class RunnerMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _RunnerCollector(Collector):
+    """:class:`RunnerMetrics`' own counters, as prometheus-client's would show them."""
+
+    def __init__(self, metrics: RunnerMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Any]:
+        metrics = self.metrics
+        attempt_series, duration_series = metrics.series()
+        attempts = CounterMetricFamily(
+            "nexus_workflows_attempts",
+            "Attempts ended, by kind and outcome (done, rescheduled, abandoned, lost, released).",
+            labels=["kind", "outcome"],
+        )
+        for (kind, outcome), count in attempt_series:
+            attempts.add_metric([kind, outcome], count.value, created=count.created)
+        duration = HistogramMetricFamily(
+            "nexus_workflows_attempt_duration_seconds", "Seconds prepare ran, per attempt.", labels=["kind"]
+        )
+        for kind, durations in duration_series:
+            buckets, total = durations.cumulative()
+            duration.add_metric([kind], buckets, total)
+        in_flight = GaugeMetricFamily(
+            "nexus_workflows_in_flight", "Attempts whose prepare is running now.", value=metrics.in_flight()
+        )
+        claims = CounterMetricFamily(
+            "nexus_workflows_claims",
+            "Rows this runner claimed (due and reclaimed).",
+            value=metrics.claims.value,
+            created=metrics.claims.created,
+        )
+        outages = CounterMetricFamily(
+            "nexus_workflows_database_outages",
+            "Times this runner lost the database (each outage once).",
+            value=metrics.outages.value,
+            created=metrics.outages.created,
+        )
+        return [attempts, duration, in_flight, claims, outages]

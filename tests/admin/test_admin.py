@@ -736,3 +736,39 @@ def test_a_reveal_page_denies_framing_without_the_projects_middleware(revealer, 
         client = client_for(revealer)
         assert client.get(url)["X-Frame-Options"] == "DENY"
         assert client.post(url)["X-Frame-Options"] == "DENY"
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True, databases=["default", "direct"])
+@pytest.mark.parametrize("how", ["action", "button"])
+def test_revive_and_run_now_write_where_the_router_sends_writes_not_to_the_read_replica(
+    triager, make_work, settings, how
+):
+    """With a router that reads deferred work from a replica (here: the ``direct`` alias,
+    its session read-only as a hot standby's) and writes it to the primary, the admin's
+    list and its querysets read the replica; reviving and running now must still change
+    the rows on the primary, as Django's own update() and delete() would."""
+    from django.db import connections
+
+    settings.DATABASE_ROUTERS = ["tests.testapp.routers.WorkReadFromDirect"]
+    abandoned = make_work(Status.ABANDONED)
+    waiting = make_work(Status.PENDING, next_attempt_at=timezone.now() + timedelta(hours=1))
+    replica = connections["direct"]
+    with replica.cursor() as cursor:
+        cursor.execute("SET SESSION default_transaction_read_only = on")
+    try:
+        client = client_for(triager)
+        if how == "action":
+            revived = action(client, "revive_selected", [abandoned])
+            made_due = action(client, "run_selected_now", [waiting])
+        else:
+            url = "admin:nexus_workflows_deferredwork_{}"
+            revived = client.post(reverse(url.format("revive"), args=[abandoned.pk]), follow=True)
+            made_due = client.post(reverse(url.format("run_now"), args=[waiting.pk]), follow=True)
+    finally:
+        replica.close()  # its read-only session ends with it
+    assert ("success", "Revived 1 item; skipped none.") in message_texts(revived)
+    assert ("success", "Made due now 1 item; skipped none.") in message_texts(made_due)
+    rows = DeferredWork.objects.using("default")
+    assert rows.get(pk=abandoned.pk).status == Status.PENDING
+    assert rows.get(pk=waiting.pk).next_attempt_at <= timezone.now()

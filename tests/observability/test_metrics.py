@@ -315,3 +315,46 @@ def test_scrapes_while_the_database_stalls_hold_one_connection_and_still_serve_t
     stalled.join(10)
     metrics.stop()
     assert ("nexus_workflows_runners", (("state", "alive"),)) in samples(first[0])  # once the lock went
+
+
+def test_a_runners_counters_stay_in_its_process_when_prometheus_multiproc_dir_is_set(tmp_path: Any) -> None:
+    """A web server's workers share their counters through ``PROMETHEUS_MULTIPROC_DIR``, and
+    the same environment often starts the runner. Its counters must not go there: the web
+    process's ``MultiProcessCollector`` would serve them a second time (summed over every
+    runner that ever wrote there, never reset), doubling every sum across targets."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    shared = tmp_path / "prometheus"
+    shared.mkdir()
+    for number in range(3):
+        enqueue("test-outcomes", {"key": f"done-{number}", "outcome": "done"})
+    process = ManagePy(
+        "runworkflows",
+        "--kind",
+        "test-outcomes",
+        "--metrics-port",
+        "0",
+        settings=FAST,
+        env={"PROMETHEUS_MULTIPROC_DIR": str(shared)},
+    )
+    try:
+        process.wait_for_output("/metrics")
+        port = int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", process.output()).group(1))
+        key = ("nexus_workflows_attempts_total", (("kind", "test-outcomes"), ("outcome", "done")))
+        wait_for(lambda: samples(scrape(port)).get(key) == 3, timeout=30, what="3 done attempts")
+        found = samples(scrape(port))
+        assert process.terminate() == 0, process.output()
+    finally:
+        process.close()
+    # The runner's own endpoint serves its counters as before.
+    assert found[("nexus_workflows_attempt_duration_seconds_count", (("kind", "test-outcomes"),))] == 3
+    every = ("nexus_workflows_attempt_duration_seconds_bucket", (("kind", "test-outcomes"), ("le", "+Inf")))
+    assert found[every] == 3
+    assert found[("nexus_workflows_claims_total", ())] == 3
+    assert found[("nexus_workflows_in_flight", ())] == 0
+    assert found[("nexus_workflows_database_outages_total", ())] == 0
+    # What a web process of the same environment serves: none of them.
+    web = CollectorRegistry()
+    MultiProcessCollector(web, path=str(shared))
+    assert "nexus_workflows" not in generate_latest(web).decode()

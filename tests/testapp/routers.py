@@ -12,3 +12,14 @@ class WorkToPrepared:
         return "prepared" if model._meta.app_label == "nexus_workflows" else None
 
     db_for_write = db_for_read
+
+
+class WorkReadFromDirect:
+    """A read replica's router: the app's reads go to the ``direct`` alias (tests/settings.py),
+    its writes to ``default``."""
+
+    def db_for_read(self, model: type[Any], **hints: Any) -> str | None:
+        return "direct" if model._meta.app_label == "nexus_workflows" else None
+
+    def db_for_write(self, model: type[Any], **hints: Any) -> str | None:
+        return "default" if model._meta.app_label == "nexus_workflows" else None
