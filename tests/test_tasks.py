@@ -745,6 +745,33 @@ def test_a_failed_task_is_on_the_triage_desk_and_revived_there(admin_client: Any
     assert len(result.errors) == 2
 
 
+def test_a_tasks_attempts_count_against_its_schedule_on_the_triage_desk(admin_client: Any) -> None:
+    """A task's row shows "2 of 3" (the ``retrying`` backend's schedule), not "2 of ?" and
+    "not registered in this project"; a task that cannot be loaded here says that instead."""
+    from nexus_workflows.deferred.attempts import describe_attempt
+
+    result = tasks.flaky_by_options.enqueue(key="a", failures=5)
+    run_once()  # fails: a retry is due in 0.6 s
+    row = DeferredWork.objects.get(dedupe_key=result.id)
+    assert (row.status, row.attempt) == (Status.PENDING, 1)
+    gone = DeferredWork.objects.create(
+        kind="tests.testapp.tasks.gone",
+        dedupe_key="gone",
+        trigger={"args": [], "kwargs": {}},
+        backend_name="default",
+        status=Status.ABANDONED,
+        attempt=4,
+    )
+    listing = admin_client.get("/admin/nexus_workflows/deferredwork/").content.decode()
+    assert '<span class="nw-attempts">2 of 3</span>' in listing
+    assert "This task cannot be loaded in this process" in listing
+    assert "5 of" in listing  # the gone task: its number, no cap without a schedule
+    detail = admin_client.get(f"/admin/nexus_workflows/deferredwork/{row.pk}/change/").content.decode()
+    assert "2 of 3" in detail
+    assert describe_attempt(row.kind, row.attempt, row.backend_name) == "attempt 2 of 3"
+    assert describe_attempt(gone.kind, gone.attempt, gone.backend_name) == "attempt 5"
+
+
 # --- real runner processes ----------------------------------------------------------------
 
 

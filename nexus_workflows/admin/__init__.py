@@ -64,7 +64,6 @@ from nexus_workflows.admin.reveal import (
     staff_user_pk,
 )
 from nexus_workflows.deferred import triage
-from nexus_workflows.deferred.attempts import max_attempts
 from nexus_workflows.fire_and_forget.job import REVEAL_URL_NAME
 from nexus_workflows.flow.report import waiting_reason
 from nexus_workflows.models import DeferredWork, Status
@@ -452,7 +451,7 @@ class DeferredWorkAdmin(
             "work": work,
             "stale": triage.is_stale(work, now),
             "attempt_number": display.attempt_number(work),
-            "max_attempts": max_attempts(work.kind),
+            "max_attempts": display.allowed_attempts(work),
             "may_revive": may_revive,
             "permission_hint": actionable and not may_revive,
             "revive_url": reverse(f"admin:{info[0]}_{info[1]}_revive", args=[work.pk]),

@@ -96,7 +96,9 @@ class TriageChangeList(SearchNotEchoedChangeList):
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[DeferredWork]:
         queryset = super().get_queryset(request, exclude_parameters)
-        return queryset.defer("trigger", "checkpoints", "history")
+        # What no column shows stays in the database: the PHI-bearing JSON, and a task's
+        # tracebacks and return value (up to 20,000 characters an attempt).
+        return queryset.defer("trigger", "checkpoints", "history", "errors", "return_value")
 
     @cached_property
     def status_summary(self) -> list[SummaryItem]:

@@ -71,17 +71,23 @@ def status_badge(work: DeferredWork, *, now: datetime | None = None) -> SafeStri
 
 def attempt_number(work: DeferredWork) -> int:
     """The number of the attempt that runs next, runs now, or ran last (from 1)."""
-    return attempts_module.attempt_number(work.kind, work.attempt)
+    return attempts_module.attempt_number(work.kind, work.attempt, work.backend_name)
+
+
+def allowed_attempts(work: DeferredWork) -> int | None:
+    """Runs the row's kind (or Django task) is allowed, None where that is unknown here."""
+    return max_attempts(work.kind, work.backend_name)
 
 
 def attempts(work: DeferredWork) -> SafeString:
-    allowed = max_attempts(work.kind)
+    allowed = allowed_attempts(work)
     if allowed is None:
-        return format_html(
-            '{} of <span class="nw-muted" title="{}">?</span>',
-            attempt_number(work),
-            "This kind is not registered in this project, so its retry schedule is unknown",
+        unknown = (
+            "This task cannot be loaded in this process, so its retry schedule is unknown"
+            if work.backend_name
+            else "This kind is not registered in this project, so its retry schedule is unknown"
         )
+        return format_html('{} of <span class="nw-muted" title="{}">?</span>', attempt_number(work), unknown)
     css = " nw-attempts--last" if attempt_number(work) >= allowed and work.status != Status.DONE else ""
     return format_html('<span class="nw-attempts{}">{} of {}</span>', css, attempt_number(work), allowed)
 
@@ -176,7 +182,7 @@ def history_rows(work: DeferredWork, *, reveal: bool = False) -> list[HistoryRow
     """The row's history entries, oldest first, in words. Unknown entry shapes are
     shown as they are rather than dropped — with ``reveal`` only: without it, errors are
     reduced to their type and only the runner's own reasons are shown."""
-    allowed = max_attempts(work.kind)
+    allowed = allowed_attempts(work)
     rows = []
     for entry in work.history or []:
         if not isinstance(entry, dict):

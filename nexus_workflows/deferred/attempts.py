@@ -9,26 +9,30 @@ from __future__ import annotations
 from nexus_workflows.deferred.registry import registry
 
 
-def max_attempts(kind: str) -> int | None:
-    """Runs allowed for a kind, or ``None`` when this project does not register it."""
+def max_attempts(kind: str, backend_name: str = "") -> int | None:
+    """Runs allowed for a kind, or ``None`` when this project does not register it. A
+    Django task's row (``backend_name`` set, the kind an import path) is allowed what its
+    task's schedule says, where the task can be loaded."""
+    if backend_name and "." in kind:
+        return registry.task_max_attempts(kind, backend_name)
     if kind not in registry:
         return None
     return registry.get(kind).max_attempts
 
 
-def attempt_number(kind: str, attempt: int) -> int:
+def attempt_number(kind: str, attempt: int, backend_name: str = "") -> int:
     """The number (from 1) of the attempt that runs next, runs now, or ran last.
 
     Work abandoned because its runners kept dying has ``attempt`` equal to the runs
     allowed, all of them lost, hence the cap.
     """
-    allowed = max_attempts(kind)
+    allowed = max_attempts(kind, backend_name)
     number = attempt + 1
     return min(number, allowed) if allowed else number
 
 
-def describe_attempt(kind: str, attempt: int) -> str:
+def describe_attempt(kind: str, attempt: int, backend_name: str = "") -> str:
     """``"attempt 2 of 3"`` (``"attempt 2"`` for a kind this project does not register)."""
-    allowed = max_attempts(kind)
-    number = attempt_number(kind, attempt)
+    allowed = max_attempts(kind, backend_name)
+    number = attempt_number(kind, attempt, backend_name)
     return f"attempt {number} of {allowed}" if allowed else f"attempt {number}"

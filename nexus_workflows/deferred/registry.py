@@ -260,6 +260,14 @@ class WorkflowRegistry:
                 f"registered kinds: {', '.join(sorted(self._workflows)) or 'none'}"
             ) from None
 
+    def task_max_attempts(self, path: str, backend_alias: str) -> int | None:
+        """Runs a Django task enqueued on ``backend_alias`` is allowed (its own
+        ``retry_schedule`` or its backend's), or None where it cannot be loaded."""
+        if self.task_adapter is None:
+            return None
+        workflow = self.task_adapter(path, backend_alias)
+        return workflow.max_attempts if getattr(workflow, "loaded", True) else None
+
     def __contains__(self, kind: object) -> bool:
         return kind in self._workflows
 

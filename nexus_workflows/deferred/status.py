@@ -46,15 +46,14 @@ def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
     report.oldest_due = (
         DeferredWork.objects.due(report.generated_at)
         .order_by("next_attempt_at")
-        .only("pk", "kind", "dedupe_key", "next_attempt_at", "attempt")
+        .only("pk", "kind", "dedupe_key", "next_attempt_at", "attempt", "backend_name")
         .first()
     )
     abandoned = DeferredWork.objects.filter(status=Status.ABANDONED).order_by("-updated_at")
     report.flow = flow_report()
     report.abandoned_total = abandoned.count()
-    report.abandoned = list(
-        abandoned.only("pk", "kind", "dedupe_key", "attempt", "last_error", "updated_at")[:abandoned_limit]
-    )
+    listed = ("pk", "kind", "dedupe_key", "attempt", "backend_name", "last_error", "updated_at")
+    report.abandoned = list(abandoned.only(*listed)[:abandoned_limit])
     # Rows of runners that stopped without removing theirs are left out after STALE_AFTER,
     # on the database's clock like the rows' own times.
     report.runners = list(Runner.objects.filter(live_runners.alive_q()).order_by("host", "pid"))
@@ -83,8 +82,9 @@ def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
     if report.oldest_due is not None:
         due = report.oldest_due
         late = (report.generated_at - due.next_attempt_at).total_seconds()
+        attempt = describe_attempt(due.kind, due.attempt, due.backend_name)
         lines.append(
-            f"Oldest due: {due.kind} #{due.pk} ({describe_attempt(due.kind, due.attempt)}), due since "
+            f"Oldest due: {due.kind} #{due.pk} ({attempt}), due since "
             f"{due.next_attempt_at:%Y-%m-%d %H:%M:%S %Z} ({late:.0f}s ago)"
         )
     else:
@@ -95,7 +95,7 @@ def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
         key = f" key={work.dedupe_key}" if reveal else ""
         error = first_line(work.last_error) if reveal else error_type(work.last_error)
         lines.append(
-            f"  #{work.pk} {work.kind}{key} {describe_attempt(work.kind, work.attempt)} "
+            f"  #{work.pk} {work.kind}{key} {describe_attempt(work.kind, work.attempt, work.backend_name)} "
             f"updated {work.updated_at:%Y-%m-%d %H:%M:%S %Z}: {error}"
         )
     if report.abandoned_total > len(report.abandoned):

@@ -40,9 +40,11 @@ def _run_through_run_task(*args: Any) -> None:
 
 @dataclass(frozen=True)
 class TaskWorkflow(Workflow):
-    """The workflow face of one task path on one backend alias."""
+    """The workflow face of one task path on one backend alias (``loaded`` False: the task
+    or its backend could not be loaded here, so its retry schedule is unknown)."""
 
     backend_alias: str = ""
+    loaded: bool = True
     runs_task: ClassVar[bool] = True
 
     def run_task(self, work: ClaimedWork) -> None:
@@ -175,7 +177,9 @@ def task_workflow(path: str, backend_alias: str) -> TaskWorkflow:
             backend.retry_schedule_for(load_task(path)) if isinstance(backend, DeferredBackend) else ()
         )
     except Exception:  # noqa: BLE001 - the attempt reports it: run_task raises it again
-        return TaskWorkflow(path, _not_enqueued_here, _run_through_run_task, (), backend_alias=backend_alias)
+        return TaskWorkflow(
+            path, _not_enqueued_here, _run_through_run_task, (), backend_alias=backend_alias, loaded=False
+        )
     workflow = TaskWorkflow(
         path, _not_enqueued_here, _run_through_run_task, schedule, backend_alias=backend_alias
     )
