@@ -438,22 +438,22 @@ def _validated_email(address: str) -> str | None:
 
 
 def _trim_to_tld(candidate: str, spelled: bool) -> str | None:
-    """Drop trailing labels until the address ends in an acceptable top-level domain."""
-    while True:
-        pieces = list(re.finditer(_DOT, candidate))
-        at = re.search(_AT, candidate)
-        if at is None:
-            return None
-        last_dot = None
-        for piece in pieces:
-            if piece.start() > at.end():
-                last_dot = piece
-        if last_dot is None:
-            return None
-        tld = candidate[last_dot.end() :].lower()
+    """Drop trailing labels until the address ends in an acceptable top-level domain.
+
+    One pass over the dots, last first: re-scanning the candidate after each dropped
+    label took time growing with the square of its length (seconds for a few thousand
+    labels after an "@", which anyone can send)."""
+    at = re.search(_AT, candidate)
+    if at is None:
+        return None
+    end = len(candidate)
+    dots = [piece for piece in re.finditer(_DOT, candidate) if piece.start() > at.end()]
+    for dot in reversed(dots):
+        tld = candidate[dot.end() : end].lower()
         if (tld in _KNOWN_TLDS) or (not spelled and tld.isalpha() and len(tld) >= 2):
-            return candidate
-        candidate = candidate[: last_dot.start()]
+            return candidate[:end]
+        end = dot.start()
+    return None
 
 
 def _anchors(lowered: str, needles: tuple[str, ...]) -> list[int]:

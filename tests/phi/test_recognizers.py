@@ -403,6 +403,29 @@ def test_resolving_many_detections_is_not_quadratic() -> None:
     assert chosen[:2] == [(5, 10, "PERSONA"), (20, 35, "EMAIL")]
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "escribe a a@" + "b." * 10_000 + " gracias",  # written: no label is a top-level domain
+        "a arroba " + "b punto " * 4_000 + "gracias",  # spelled: none is a known one
+    ],
+)
+def test_an_address_of_thousands_of_labels_is_not_quadratic(text: str) -> None:
+    # Dropping trailing labels one at a time re-scanned the whole candidate each time: a
+    # 20,000-character message took about half a minute (7 s at 10,000), and any patient
+    # (or anyone) can send one.
+    started = time.perf_counter()
+    assert found(text) == []
+    assert time.perf_counter() - started < 3
+
+
+def test_an_address_of_many_labels_still_stops_at_its_top_level_domain() -> None:
+    address = "maria@" + "b." * 40 + "com"
+    assert found(f"correo {address}.x.y listo") == [(address, "EMAIL")]
+    spelled = "maria arroba " + "b punto " * 40 + "com"
+    assert found(f"correo {spelled} punto y aparte") == [(spelled, "EMAIL")]
+
+
 def test_digits_inside_an_address_are_not_a_phone() -> None:
     assert found("escriba a a5512345678@x.com") == [("a5512345678@x.com", "EMAIL")]
     assert found("escriba a 5512345678@x.com") == [("5512345678@x.com", "EMAIL")]
