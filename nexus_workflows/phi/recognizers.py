@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import datetime
+import itertools
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
@@ -301,12 +302,15 @@ def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int
     # five pairs — lists of lab values ("98 102 95 110") have neither.
     outer_starts, outer_ends = set(starts[:4]), set(ends[-3:])
     windows: list[tuple[int, int]] = []
+    # Digits before each position, so that a window's count is one subtraction.
+    digits_before = list(itertools.accumulate((char.isdigit() for char in run), initial=0))
     for start in starts:
         fitting: list[tuple[int, int]] = []
-        for end in ends:
-            if end <= start:
-                continue
-            digits = sum(char.isdigit() for char in run[start:end])
+        # From the first end after this start (ends are in order): walking every earlier
+        # end for every start took time in the square of the run's groups.
+        for index in range(bisect.bisect_right(ends, start), len(ends)):
+            end = ends[index]
+            digits = digits_before[end] - digits_before[start]
             if digits > _MAX_WINDOW_DIGITS:
                 break  # longer windows only add digits; a run of lab values stays linear
             if digits < _MIN_PHONE_DIGITS:
