@@ -346,11 +346,18 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
             continue  # part of a code such as "A5512345678"
         # An amount, a percentage or the end of a fraction before; units ("mg"), a
         # fraction or a time ("2024-05-12 10:30") after: that group is not the phone's.
+        # Unless a slash stands next to a group that alone has a phone number's digits:
+        # no fraction or date has those, "5512345678/5587654321" is two numbers and
+        # "wa.me/5215512345678" a link to one.
+        groups = _digit_groups(raw)
         skip_first = shade[max(0, start - 2) : start].strip().endswith("$") or (
-            before != "" and before in "%/"
+            before == "%" or (before == "/" and groups[0] < _MIN_PHONE_DIGITS)
         )
         skip_last = (
-            after.isalpha() or (after != "" and after in "%/") or _TIME_AFTER.match(shade, end) is not None
+            after.isalpha()
+            or after == "%"
+            or (after == "/" and groups[-1] < _MIN_PHONE_DIGITS)
+            or _TIME_AFTER.match(shade, end) is not None
         )
         taken_to = start
         for window_start, window_end in _windows(raw, skip_first, skip_last):

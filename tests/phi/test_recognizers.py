@@ -149,6 +149,14 @@ def test_two_numbers_in_one_line() -> None:
         ("cel 55 12 34 56 78 33 36 16 12 34", ["55 12 34 56 78", "33 36 16 12 34"]),
         # After a list of values, more than three groups into the run.
         ("glucosas 98 102 95 110 55 1234 5678", ["55 1234 5678"]),
+        # A slash between them, or a link to one: the slash rule is for fractions and
+        # dates, whose groups are short. Both numbers went to the LLM in clear before.
+        ("tel 5512345678/5587654321", ["5512345678", "5587654321"]),
+        ("escríbeme https://wa.me/5215512345678?text=hola", ["5215512345678"]),
+        ("wa.me/+525512345678", ["+525512345678"]),
+        # The short group next to a slash is still the date's: the number is found alone.
+        ("cita 12/05/2024 5512345678", ["5512345678"]),
+        ("1/2 tableta, tel 1/5512345678", ["5512345678"]),
     ],
 )
 def test_numbers_written_one_after_another_are_each_found(text: str, phones: list[str]) -> None:
