@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import datetime
+import itertools
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
@@ -301,12 +302,15 @@ def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int
     # five pairs — lists of lab values ("98 102 95 110") have neither.
     outer_starts, outer_ends = set(starts[:4]), set(ends[-3:])
     windows: list[tuple[int, int]] = []
+    # Digits before each position, so that a window's count is one subtraction.
+    digits_before = list(itertools.accumulate((char.isdigit() for char in run), initial=0))
     for start in starts:
         fitting: list[tuple[int, int]] = []
-        for end in ends:
-            if end <= start:
-                continue
-            digits = sum(char.isdigit() for char in run[start:end])
+        # From the first end after this start (ends are in order): walking every earlier
+        # end for every start took time in the square of the run's groups.
+        for index in range(bisect.bisect_right(ends, start), len(ends)):
+            end = ends[index]
+            digits = digits_before[end] - digits_before[start]
             if digits > _MAX_WINDOW_DIGITS:
                 break  # longer windows only add digits; a run of lab values stays linear
             if digits < _MIN_PHONE_DIGITS:
@@ -342,11 +346,18 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
             continue  # part of a code such as "A5512345678"
         # An amount, a percentage or the end of a fraction before; units ("mg"), a
         # fraction or a time ("2024-05-12 10:30") after: that group is not the phone's.
+        # Unless a slash stands next to a group that alone has a phone number's digits:
+        # no fraction or date has those, "5512345678/5587654321" is two numbers and
+        # "wa.me/5215512345678" a link to one.
+        groups = _digit_groups(raw)
         skip_first = shade[max(0, start - 2) : start].strip().endswith("$") or (
-            before != "" and before in "%/"
+            before == "%" or (before == "/" and groups[0] < _MIN_PHONE_DIGITS)
         )
         skip_last = (
-            after.isalpha() or (after != "" and after in "%/") or _TIME_AFTER.match(shade, end) is not None
+            after.isalpha()
+            or after == "%"
+            or (after == "/" and groups[-1] < _MIN_PHONE_DIGITS)
+            or _TIME_AFTER.match(shade, end) is not None
         )
         taken_to = start
         for window_start, window_end in _windows(raw, skip_first, skip_last):
@@ -438,22 +449,22 @@ def _validated_email(address: str) -> str | None:
 
 
 def _trim_to_tld(candidate: str, spelled: bool) -> str | None:
-    """Drop trailing labels until the address ends in an acceptable top-level domain."""
-    while True:
-        pieces = list(re.finditer(_DOT, candidate))
-        at = re.search(_AT, candidate)
-        if at is None:
-            return None
-        last_dot = None
-        for piece in pieces:
-            if piece.start() > at.end():
-                last_dot = piece
-        if last_dot is None:
-            return None
-        tld = candidate[last_dot.end() :].lower()
+    """Drop trailing labels until the address ends in an acceptable top-level domain.
+
+    One pass over the dots, last first: re-scanning the candidate after each dropped
+    label took time growing with the square of its length (seconds for a few thousand
+    labels after an "@", which anyone can send)."""
+    at = re.search(_AT, candidate)
+    if at is None:
+        return None
+    end = len(candidate)
+    dots = [piece for piece in re.finditer(_DOT, candidate) if piece.start() > at.end()]
+    for dot in reversed(dots):
+        tld = candidate[dot.end() : end].lower()
         if (tld in _KNOWN_TLDS) or (not spelled and tld.isalpha() and len(tld) >= 2):
-            return candidate
-        candidate = candidate[: last_dot.start()]
+            return candidate[:end]
+        end = dot.start()
+    return None
 
 
 def _anchors(lowered: str, needles: tuple[str, ...]) -> list[int]:

@@ -133,6 +133,13 @@ def _pending_publications(connection: BaseDatabaseWrapper, key: tuple[str, str])
     ]
 
 
+def _in_manual_transaction(connection: BaseDatabaseWrapper) -> bool:
+    """Autocommit turned off (``transaction.set_autocommit(False)``) outside any atomic
+    block: writes wait for the caller's commit or rollback, which Django's on_commit
+    cannot follow there."""
+    return not connection.in_atomic_block and not connection.get_autocommit()
+
+
 def _map_state(connection: BaseDatabaseWrapper, code: str) -> MapState:
     """What this call may rely on about ``code``'s map.
 
@@ -143,6 +150,10 @@ def _map_state(connection: BaseDatabaseWrapper, code: str) -> MapState:
     """
     alias = connection.alias
     key = (alias, code)
+    if _in_manual_transaction(connection):
+        # Its own uncommitted writes are in what it loads, and on_commit cannot say
+        # whether they will be committed: a private view, never shared.
+        return _load(alias, code)
     if not connection.in_atomic_block:
         return token_cache.get(key, lambda: _load(alias, code))
     pending = _pending_publications(connection, key)
@@ -191,6 +202,11 @@ class _Writer:
         )
         if self.connection.in_atomic_block:
             self.connection.on_commit(publication)
+        elif _in_manual_transaction(self.connection):
+            # A rollback would leave the cache with rows no one else has: another process
+            # could give their token to another value. Not published; the cache reads
+            # what was committed at its next load.
+            return
         else:
             publication()  # autocommit: the write is already committed
 

@@ -149,6 +149,14 @@ def test_two_numbers_in_one_line() -> None:
         ("cel 55 12 34 56 78 33 36 16 12 34", ["55 12 34 56 78", "33 36 16 12 34"]),
         # After a list of values, more than three groups into the run.
         ("glucosas 98 102 95 110 55 1234 5678", ["55 1234 5678"]),
+        # A slash between them, or a link to one: the slash rule is for fractions and
+        # dates, whose groups are short. Both numbers went to the LLM in clear before.
+        ("tel 5512345678/5587654321", ["5512345678", "5587654321"]),
+        ("escríbeme https://wa.me/5215512345678?text=hola", ["5215512345678"]),
+        ("wa.me/+525512345678", ["+525512345678"]),
+        # The short group next to a slash is still the date's: the number is found alone.
+        ("cita 12/05/2024 5512345678", ["5512345678"]),
+        ("1/2 tableta, tel 1/5512345678", ["5512345678"]),
     ],
 )
 def test_numbers_written_one_after_another_are_each_found(text: str, phones: list[str]) -> None:
@@ -401,6 +409,43 @@ def test_resolving_many_detections_is_not_quadratic() -> None:
     assert time.perf_counter() - started < 5
     assert len(chosen) == 60_000
     assert chosen[:2] == [(5, 10, "PERSONA"), (20, 35, "EMAIL")]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "escribe a a@" + "b." * 10_000 + " gracias",  # written: no label is a top-level domain
+        "a arroba " + "b punto " * 4_000 + "gracias",  # spelled: none is a known one
+    ],
+)
+def test_an_address_of_thousands_of_labels_is_not_quadratic(text: str) -> None:
+    # Dropping trailing labels one at a time re-scanned the whole candidate each time: a
+    # 20,000-character message took about half a minute (7 s at 10,000), and any patient
+    # (or anyone) can send one.
+    started = time.perf_counter()
+    assert found(text) == []
+    assert time.perf_counter() - started < 3
+
+
+def test_a_long_run_of_numbers_is_not_quadratic() -> None:
+    # Pasted lab values make one run of digits and spaces. Every group's windows walked
+    # every earlier group of the run first: 168,000 characters took about 16 s, growing
+    # with the square of the length.
+    text = "98 102 95 110 " * 12_000
+    started = time.perf_counter()
+    assert found(text) == []
+    assert time.perf_counter() - started < 5
+    # Numbers in such a run are still found, near its start, middle and end.
+    labs = "98 102 95 110 " * 1_000
+    spans = found(f"{labs}55 1234 5678 {labs}33 3616 1234 {labs}")
+    assert spans == [("55 1234 5678", "TELEFONO"), ("33 3616 1234", "TELEFONO")]
+
+
+def test_an_address_of_many_labels_still_stops_at_its_top_level_domain() -> None:
+    address = "maria@" + "b." * 40 + "com"
+    assert found(f"correo {address}.x.y listo") == [(address, "EMAIL")]
+    spelled = "maria arroba " + "b punto " * 40 + "com"
+    assert found(f"correo {spelled} punto y aparte") == [(spelled, "EMAIL")]
 
 
 def test_digits_inside_an_address_are_not_a_phone() -> None:

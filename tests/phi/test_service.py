@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,9 +25,12 @@ from nexus_workflows.phi import (
 )
 from nexus_workflows.phi.cache import token_cache
 from nexus_workflows.phi.models import PhiToken, TokenMap
+from tests.processes import url_of_test_database
 from tests.threads import run_together
 
 pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def stored_surface(code: str, token: str) -> str:
@@ -206,6 +213,51 @@ def test_a_rolled_back_encode_leaves_nothing_behind(code: str) -> None:
     assert again == rolled_back  # the sequence rolled back too, so no gap
     assert PhiToken.objects.filter(token_map__in=TokenMap.objects.for_code(code), token=again).exists()
     assert decode(code, f"{kept} {again}") == "Ana Ruiz Beto Ruiz"
+
+
+def encode_in_another_process(code: str, value: str) -> str:
+    script = "import django; django.setup(); import sys; from nexus_workflows.phi import encode; "
+    script += "print(encode(sys.argv[1], sys.argv[2], 'PERSONA'))"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "DATABASE_URL": url_of_test_database(),
+        "PYTHONPATH": str(ROOT),
+    }
+    command = [sys.executable, "-c", script, code, value]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_encode_under_manual_transaction_management_is_not_cached(code: str) -> None:
+    if connection.vendor == "sqlite":
+        # Django's documentation: with autocommit off, sqlite3 commits before a savepoint,
+        # so atomic() (which every write uses) cannot be used there at all.
+        pytest.skip("SQLite cannot roll back writes made with autocommit off")
+    # transaction.set_autocommit(False): no atomic block, so no on_commit says whether
+    # the token will be committed. The cache kept it, and after the rollback this process
+    # still decoded <<PERSONA_1>> as Ana once another process had given it to Beto.
+    transaction.set_autocommit(False)
+    try:
+        assert encode(code, "Ana Ruiz", "PERSONA") == "<<PERSONA_1>>"
+        assert encode(code, "ana ruiz", "PERSONA") == "<<PERSONA_1>>"  # its transaction sees it
+        assert decode(code, "<<PERSONA_1>>") == "Ana Ruiz"
+        transaction.rollback()
+    finally:
+        transaction.set_autocommit(True)
+    assert encode_in_another_process(code, "Beto Ruiz") == "<<PERSONA_1>>"
+    assert decode(code, "<<PERSONA_1>>") == "Beto Ruiz"
+    assert encode(code, "Ana Ruiz", "PERSONA") == "<<PERSONA_2>>"
+    # Committed, the tokens are cached as usual.
+    transaction.set_autocommit(False)
+    try:
+        assert encode(code, "Cris Ruiz", "PERSONA") == "<<PERSONA_3>>"
+        transaction.commit()
+    finally:
+        transaction.set_autocommit(True)
+    assert decode(code, "<<PERSONA_1>> <<PERSONA_2>> <<PERSONA_3>>") == "Beto Ruiz Ana Ruiz Cris Ruiz"
 
 
 def test_encode_inside_a_committed_transaction(code: str) -> None:
