@@ -18,20 +18,29 @@ from django.core.exceptions import ImproperlyConfigured
 class AirtableError(Exception):
     """A call to Airtable failed after the retries it was allowed."""
 
-    #: Retrying later cannot help (HTTP 4xx other than 429).
+    #: Retrying later cannot help (HTTP 4xx other than 408 and 429).
     permanent: bool = False
-    #: The failure was of a kind that is retried (429, 5xx, network), even if this
+    #: The failure was of a kind that is retried (408, 429, 5xx, network), even if this
     #: call ran out of attempts.
     transient: bool = False
     #: The HTTP status of Airtable's answer, if there was one.
     status: int | None = None
     #: Airtable's error type (such as ``INVALID_VALUE_FOR_COLUMN``), if it sent one.
     error_type: str | None = None
+    #: Whether Airtable may have carried the request out although the call failed (its
+    #: answer lost): an operation that must not run twice is then not repeated.
+    request_sent: bool = False
 
     def __init__(self, message: str, *, label: str, attempts: int) -> None:
         super().__init__(message)
         self.label = label
         self.attempts = attempts
+
+
+#: HTTP statuses after which a request may have been carried out (see
+#: ``AirtableHTTPError.request_sent``); every other status says it was not (429, 503 and
+#: 408 refuse it before any work; a 4xx refuses it).
+MAY_HAVE_BEEN_CARRIED_OUT = frozenset({500, 502, 504})
 
 
 class AirtableHTTPError(AirtableError):
@@ -53,6 +62,9 @@ class AirtableHTTPError(AirtableError):
         self.retry_after = retry_after
         self.transient = transient
         self.permanent = permanent
+        #: Whether Airtable may have carried the request out: an internal error (500) or a
+        #: gateway's (502, 504) can come after the write, and only its answer was lost.
+        self.request_sent = status in MAY_HAVE_BEEN_CARRIED_OUT
         nature = "permanent" if permanent else "transient" if transient else "not retried"
         super().__init__(
             f"{label}: Airtable answered HTTP {status} {error_type or '(no error type)'} "

@@ -4,14 +4,16 @@ pyairtable's own ``retry_strategy`` is switched off (see :mod:`.client`), so the
 are the only ones:
 
 * at most ``AIRTABLE_MAX_ATTEMPTS`` requests (default 3);
-* transient: HTTP 429, 500, 502, 503, 504 and network failures. After 429 the wait is
-  ``Retry-After`` when Airtable sends it, else its 30-second penalty
-  (``AIRTABLE_RATE_LIMIT_DELAY``); other transient failures back off exponentially from
-  ``AIRTABLE_RETRY_BASE_DELAY`` with jitter;
-* a network failure after the request may have reached Airtable (connection reset, read
-  timeout, the request's ``AIRTABLE_TIMEOUT`` passed: see :mod:`.deadline`) is retried
-  only when the operation is safe to repeat
-  (``retry_network_errors=True``); a failure to connect is always retried;
+* transient: HTTP 408, 429, 500, 502, 503, 504 and network failures. After 429 (and a 503
+  that sends one) the wait is ``Retry-After`` when given, else after 429 its 30-second
+  penalty (``AIRTABLE_RATE_LIMIT_DELAY``); other transient failures back off exponentially
+  from ``AIRTABLE_RETRY_BASE_DELAY`` with jitter;
+* a failure after which the request may have been carried out — a network failure once it
+  may have reached Airtable (connection reset, read timeout, the request's
+  ``AIRTABLE_TIMEOUT`` passed: see :mod:`.deadline`), or HTTP 500, 502, 504 (an internal
+  or a gateway's error can come after the write) — is retried only when the operation is
+  safe to repeat (``retry_network_errors=True``); a failure to connect, 408, 429 and 503
+  are always retried;
 * an operation that is not safe to repeat is not repeated either once one of its
   requests was answered (a batch over 10 records whose second chunk failed: the first
   chunk is done);
@@ -56,7 +58,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RATE_LIMITED = 429
-TRANSIENT_STATUSES = frozenset({RATE_LIMITED, 500, 502, 503, 504})
+TRANSIENT_STATUSES = frozenset({408, RATE_LIMITED, 500, 502, 503, 504})
+#: Statuses whose ``Retry-After`` is waited (Airtable's rate limit; an overloaded service).
+WAITS_RETRY_AFTER = frozenset({RATE_LIMITED, 503})
 
 # Airtable's error types are upper-case identifiers. Anything else in that slot (an
 # HTML page from a proxy, a message) is not repeated, since it could echo request data.
@@ -64,12 +68,13 @@ _ERROR_TYPE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 
 
 def is_permanent_airtable_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is an Airtable answer that retrying cannot fix: HTTP 4xx except 429.
+    """Whether ``exc`` is an Airtable answer that retrying cannot fix: HTTP 4xx except 408
+    and 429.
 
     Accepts the helpers' :class:`AirtableHTTPError` and a raw ``requests.HTTPError``.
     """
     status = _status_of(exc)
-    return status is not None and 400 <= status < 500 and status != RATE_LIMITED
+    return status is not None and 400 <= status < 500 and status not in TRANSIENT_STATUSES
 
 
 def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network_errors: bool = True) -> T:
@@ -105,8 +110,7 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
             # (a batch over 10 records) has carried out part of its writes.
             partly_done = answers_received() != answers
         retryable = error.transient and (
-            retry_network_errors
-            or (not partly_done and (not isinstance(error, AirtableNetworkError) or not error.request_sent))
+            retry_network_errors or (not partly_done and not error.request_sent)
         )
         delay = _delay(error, attempt) if retryable and attempt < max_attempts else None
         if delay is None:
@@ -158,7 +162,7 @@ def _classify(exc: requests.RequestException, label: str, attempt: int) -> Airta
             status=status,
             error_type=_error_type(response),
             attempts=attempt,
-            retry_after=_retry_after(response) if status == RATE_LIMITED else None,
+            retry_after=_retry_after(response) if status in WAITS_RETRY_AFTER else None,
             transient=transient,
             permanent=not transient and 400 <= status < 500,
         )
@@ -274,10 +278,10 @@ def _retry_after(response: requests.Response) -> float | None:
 def _delay(error: AirtableError, attempt: int) -> float | None:
     """Seconds to wait before the next attempt, or ``None`` to stop retrying now."""
     base = float(app_settings.AIRTABLE_RETRY_BASE_DELAY)
+    retry_after = getattr(error, "retry_after", None)
+    if retry_after is not None:
+        return retry_after if retry_after <= app_settings.AIRTABLE_MAX_RETRY_AFTER else None
     if error.status == RATE_LIMITED:
-        retry_after = getattr(error, "retry_after", None)
-        if retry_after is not None:
-            return retry_after if retry_after <= app_settings.AIRTABLE_MAX_RETRY_AFTER else None
         # A little jitter on top of the penalty, so waiting workers do not return together.
         return float(app_settings.AIRTABLE_RATE_LIMIT_DELAY) + random.uniform(0, base)
     backoff = base * 2 ** (attempt - 1)
@@ -294,7 +298,7 @@ def _log_failure(
     elif error.transient and partly_done:
         reason = "part of the operation was carried out and it is not safe to repeat"
     elif error.transient:
-        reason = "the request may have reached Airtable and is not safe to repeat"
+        reason = "the request may have been carried out by Airtable and is not safe to repeat"
     else:
         reason = "not retryable"
     logger.warning(

@@ -300,9 +300,12 @@ class AirtableEmulator:
         retry_after: str | int | None = None,
         location: str | None = None,
         after: int = 0,
+        after_processing: bool = False,
     ) -> None:
         """Answer ``status`` (with ``Location`` when given: a redirect), after letting
-        ``after`` matching requests through: ``after=1`` fails the second chunk of a batch."""
+        ``after`` matching requests through: ``after=1`` fails the second chunk of a batch.
+        With ``after_processing`` the request is carried out first, as behind a gateway
+        that timed out on Airtable's answer (a 504) or lost it (a 502)."""
         self._add_fault(
             Fault(
                 "status",
@@ -315,6 +318,7 @@ class AirtableEmulator:
                 retry_after=None if retry_after is None else str(retry_after),
                 location=location,
                 after=after,
+                after_processing=after_processing,
             )
         )
 
@@ -462,6 +466,8 @@ class AirtableEmulator:
                 )
                 return
             if fault is not None and fault.kind == "status":
+                if fault.after_processing:
+                    self._route(method, base, table, record_id, request.query, body)
                 self._send_fault(handler, fault)
                 return
             if fault is not None and fault.kind == "answer":

@@ -105,6 +105,60 @@ def test_other_transient_statuses_are_retried(airtable: AirtableEmulator, status
     assert [r.fault for r in airtable.requests_for("GET")] == ["status", None]
 
 
+@pytest.mark.parametrize("status", [500, 502, 504])
+def test_a_create_answered_with_an_error_that_may_follow_the_write_is_not_sent_again(
+    airtable: AirtableEmulator, status: int
+) -> None:
+    """A gateway that timed out on Airtable's answer (504) or lost it (502), or an internal
+    error after the write (500): the record may exist, so a create is not repeated in-process
+    (that would make a second record); its workflow's own retry looks first."""
+    airtable.fail(status, method="POST", after_processing=True)
+
+    with pytest.raises(AirtableHTTPError) as caught:
+        add_record(BASE, "Patients", {"Name": PATIENT})
+
+    error = caught.value
+    assert len(airtable.requests_for("POST")) == 1
+    assert len(airtable.records(BASE, "Patients")) == 1
+    assert (error.status, error.request_sent, error.transient, error.permanent) == (status, True, True, False)
+    assert error.attempts == 1
+
+
+@pytest.mark.parametrize("status", [408, 429, 503])
+def test_a_create_refused_before_any_work_is_sent_again(airtable: AirtableEmulator, status: int) -> None:
+    airtable.fail(status, method="POST", retry_after=0 if status == 429 else None)
+
+    record = add_record(BASE, "Patients", {"Name": PATIENT})
+
+    assert [r.fault for r in airtable.requests_for("POST")] == ["status", None]
+    assert [r["id"] for r in airtable.records(BASE, "Patients")] == [record["id"]]
+
+
+def test_a_408_is_transient_not_permanent(airtable: AirtableEmulator) -> None:
+    """Request Timeout: the server gave up waiting for the request (a slow client or
+    proxy); sent again it goes through. Abandoning the work for it would be wrong."""
+    airtable.fail(408, method="GET", times=3)
+
+    with pytest.raises(AirtableHTTPError) as caught:
+        get_records(BASE, "Patients")
+
+    assert len(airtable.requests_for("GET")) == 3
+    assert (caught.value.transient, caught.value.permanent) == (True, False)
+    assert not is_permanent(caught.value)
+    assert not is_permanent_airtable_error(caught.value)
+
+
+def test_a_503s_retry_after_is_waited(
+    airtable: AirtableEmulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    airtable.fail(503, method="GET", retry_after="0.2")
+
+    with caplog.at_level(logging.WARNING, logger="nexus_workflows.airtable"):
+        assert get_records(BASE, "Patients") == []
+
+    assert [r.retry_delay for r in retry_records(caplog)] == [0.2]  # not the 0.01 s back-off
+
+
 def test_backoff_doubles_from_the_base_delay_with_jitter(
     airtable: AirtableEmulator, caplog: pytest.LogCaptureFixture
 ) -> None:
