@@ -178,6 +178,14 @@ _GLUED_CUE = re.compile(
     r"(?:tel|cel|whatsapp|wa|numero|número|num|movil|móvil|fijo|celular|telefono|teléfono)$"
 )
 _TIME_AFTER = re.compile(r":[0-5][0-9]")
+# A unit glued to a number ("110mg", "5ml", "72lpm", "3x"): that group is a quantity. Any
+# other word glued to it ("5512345678hola", "55 1234 5678gracias") leaves the number whole.
+_UNIT_AFTER = re.compile(
+    r"(?:mg|mgs|mcg|µg|ug|g|gr|grs|kg|ml|cc|l|lt|lts|dl|ui|u|mu|mui|mmol|meq|mmhg|cm|mm|m|mts|km|"
+    r"h|hr|hrs|hs|min|mins|seg|s|lpm|bpm|rpm|x|pz|pzs|tab|tabs|caps|cap|gts|gotas|am|pm|"
+    r"años|anos|año|ano|d|dias|días|sem|semanas|meses|mes|kcal|cal|k|mil|pesos|mxn|usd|"
+    r"ra|er|ro|vo|mo|to|°|º|ª)(?![^\W\d_])"
+)
 _MIN_PHONE_DIGITS = 7
 # Longest window handed to the matcher: "+52 1 (55) 1234-5678 ext" and a little more.
 _MAX_WINDOW_DIGITS = 20
@@ -344,7 +352,7 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
             lowered = _lower(text)
         if before.isalpha() and not _GLUED_CUE.search(lowered[max(0, start - 12) : start]):
             continue  # part of a code such as "A5512345678"
-        # An amount, a percentage or the end of a fraction before; units ("mg"), a
+        # An amount, a percentage or the end of a fraction before; a unit ("mg"), a
         # fraction or a time ("2024-05-12 10:30") after: that group is not the phone's.
         # Unless a slash stands next to a group that alone has a phone number's digits:
         # no fraction or date has those, "5512345678/5587654321" is two numbers and
@@ -354,7 +362,7 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
             before == "%" or (before == "/" and groups[0] < _MIN_PHONE_DIGITS)
         )
         skip_last = (
-            after.isalpha()
+            (after.isalpha() and _UNIT_AFTER.match(lowered, end) is not None)
             or after == "%"
             or (after == "/" and groups[-1] < _MIN_PHONE_DIGITS)
             or _TIME_AFTER.match(shade, end) is not None

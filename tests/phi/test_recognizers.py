@@ -157,6 +157,14 @@ def test_two_numbers_in_one_line() -> None:
         # The short group next to a slash is still the date's: the number is found alone.
         ("cita 12/05/2024 5512345678", ["5512345678"]),
         ("1/2 tableta, tel 1/5512345678", ["5512345678"]),
+        # A word glued to its end that is no unit: the number is whole. Before, any letter
+        # after it dropped the last group as if it were "110mg", and the number went in clear.
+        ("tel 5512345678hola", ["5512345678"]),
+        ("mi cel 55 1234 5678gracias", ["55 1234 5678"]),
+        ("5512345678ext12", ["5512345678"]),
+        ("55-1234-5678Ana", ["55-1234-5678"]),
+        # A unit glued to the value after it is still the value's.
+        ("55 1234 5678 glucosas 98 102 95 110mg", ["55 1234 5678"]),
     ],
 )
 def test_numbers_written_one_after_another_are_each_found(text: str, phones: list[str]) -> None:
@@ -175,7 +183,7 @@ NOT_IDENTIFIERS = [
     "500 mg cada 8 horas", "1 tableta cada 12 hrs por 7 días", "10 UI", "0.5 ml", "20 gotas", "1/2 tableta",
     "120/80", "presión 135/90 mmHg", "glucosa 110 mg/dl", "HbA1c 7.2%", "plaquetas 250 000",
     "leucocitos 11 500", "glucosas 98 102 95 110", "glucosas 105 110 98 120 130", "glucosas 133 154 115 99",
-    "peso 72.5 kg",
+    "peso 72.5 kg", "glucosas 98 102 95 110mg", "dosis 1 500 250mg", "tomar 2 250 500mgs",
     "talla 1.65 m", "temperatura 38.5", "saturación 94%", "semana 32 de embarazo",
     # places, years, folios
     "C.P. 06600", "CP 44100", "habitación 305", "cama 12", "consultorio 4B", "ext. 2345", "extensión 112",
