@@ -309,3 +309,85 @@ def test_the_statement_timeout_is_unknown_elsewhere() -> None:
     if connection.vendor != "postgresql":
         assert sql.for_connection("default").statement_timeout("default") is None
     assert portable.statement_timeout("default") is None
+
+
+def test_a_block_of_bounded_lock_waits_runs_and_commits_on_every_backend() -> None:
+    """Every backend's module has it; on PostgreSQL it says the bound in effect, elsewhere
+    None (SQLite has no row locks; MariaDB's lock wait timeout is not told from an outage)."""
+    kept, gone = new_row("kept"), new_row("gone")
+    with sql.for_connection("default").lock_waits_at_most("default", 0.5) as seconds:
+        DeferredWork.objects.filter(pk=gone).delete()
+    assert seconds == (0.5 if connection.vendor == "postgresql" else None)
+    assert list(DeferredWork.objects.values_list("pk", flat=True)) == [kept]
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize(
+    ("session", "in_effect"),
+    [
+        ([], "500ms"),  # no lock_timeout: the bound
+        (["SET lock_timeout = 100"], "100ms"),  # a lower one of the session's stays
+        (["SET lock_timeout = '5s'"], "500ms"),  # a higher one does not
+        (["SET statement_timeout = 300"], "150ms"),  # half the statement_timeout: a conflict first
+        (["SET lock_timeout = 100", "SET statement_timeout = 300"], "100ms"),
+    ],
+)
+def test_bounded_lock_waits_take_the_least_and_last_for_the_block_only(
+    session: list[str], in_effect: str
+) -> None:
+    from nexus_workflows.sql import postgresql
+
+    try:
+        with connection.cursor() as cursor:
+            for statement in session:
+                cursor.execute(statement)
+            cursor.execute("SHOW lock_timeout")
+            before = cursor.fetchone()[0]
+            with postgresql.lock_waits_at_most("default", 0.5) as seconds:
+                assert connection.in_atomic_block  # SET LOCAL needs a transaction
+                cursor.execute("SHOW lock_timeout")
+                assert cursor.fetchone()[0] == in_effect
+            cursor.execute("SHOW lock_timeout")
+            assert cursor.fetchone()[0] == before
+        assert seconds == int(in_effect.removesuffix("ms")) / 1000
+    finally:
+        connection.close()  # the session's settings go with it
+
+
+@pytest.mark.postgresql
+def test_a_bounded_lock_wait_raises_lock_not_available_and_undoes_its_block() -> None:
+    from django.db import OperationalError
+
+    from nexus_workflows.database_errors import sqlstate
+    from nexus_workflows.sql import postgresql
+
+    kept, locked = new_row("kept"), new_row("locked")
+    table = connection.ops.quote_name(DeferredWork._meta.db_table)
+    with raw_connection() as other:
+        other.execute("BEGIN")
+        other.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [locked])
+
+        def delete_both() -> None:
+            with postgresql.lock_waits_at_most("default", 0.1):
+                DeferredWork.objects.filter(pk=kept).delete()
+                DeferredWork.objects.filter(pk=locked).delete()
+
+        with pytest.raises(OperationalError) as raised:
+            delete_both()
+    assert sqlstate(raised.value) == "55P03"
+    assert DeferredWork.objects.count() == 2  # the block was one transaction, rolled back
+    assert connection.get_autocommit()
+
+
+@pytest.mark.postgresql
+def test_bounded_lock_waits_leave_a_callers_transaction_as_it_is() -> None:
+    """In a transaction already, a local lock_timeout would outlast the block: none is set."""
+    from nexus_workflows.sql import postgresql
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        before = cursor.fetchone()[0]
+        with postgresql.lock_waits_at_most("default", 0.25) as seconds:
+            cursor.execute("SHOW lock_timeout")
+            assert cursor.fetchone()[0] == before
+    assert seconds is None

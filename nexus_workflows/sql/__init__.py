@@ -4,7 +4,8 @@
   RETURNING`` (PostgreSQL and SQLite ≥ 3.35 alike).
 - :mod:`.postgresql`: the ``jsonb`` bulk insert, the journal writer's batch of saves, the
   PHI token allocation CTE, LISTEN and NOTIFY, the outcome counts' once-per-token upsert,
-  a minute as epoch seconds, the session's ``statement_timeout``, and reading a unique
+  a minute as epoch seconds, the session's ``statement_timeout``, a transaction whose lock
+  waits are bounded (``lock_waits_at_most``: the runner's purge), and reading a unique
   violation's constraint name.
 - :mod:`.sqlite`: the outcome counts' upsert, a minute as epoch seconds, and reading a
   unique violation's constraint from SQLite's message.

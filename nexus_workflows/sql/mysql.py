@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from django.db import IntegrityError, connections, transaction
 
@@ -31,6 +32,7 @@ __all__ = [
     "JSON_DEPTH_LIMIT",
     "add_outcome_counts",
     "constraint_name",
+    "lock_waits_at_most",
     "notify",
     "statement_timeout",
     "violated_constraint",
@@ -79,6 +81,15 @@ def violated_constraint(error: IntegrityError) -> str | None:
     if found is None or found[0] != _DUPLICATE_KEY:
         return None
     return constraint_name(error)
+
+
+def lock_waits_at_most(using: str, seconds: float) -> AbstractContextManager[None]:
+    """As it is (None): statements wait ``innodb_lock_wait_timeout`` (50 s by default).
+    Not bounded here on purpose: MariaDB's lock wait timeout (error 1205) carries no
+    SQLSTATE the app reads (:func:`nexus_workflows.database_errors.transaction_conflict`),
+    so a batch that gave up on a lock would be taken for an outage (back-off, claims
+    skipped) at every sweep, which is worse than the wait."""
+    return nullcontext()
 
 
 def notify(cursor: object, channel: str, payload: str = "") -> None:

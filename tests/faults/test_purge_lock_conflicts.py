@@ -150,7 +150,8 @@ def test_a_purge_batch_waits_for_a_lock_at_most_purge_batch_seconds_without_lock
     lock_row(other_session, expired_ids()[2])
     runner = start_runner(lock_timeout=0)
     try:
-        wait_for(
+        wait_for_runner(
+            runner,
             lambda: purge_delete_pid(waiting_for_a_lock=True),
             timeout=60,
             what="the purge waiting for the lock",
