@@ -5,18 +5,13 @@ chosen to break a deadlock (40P01), or meets a concurrent update under REPEATABL
 again at the next turn (then at each sweep while it keeps failing), and never takes the
 outage path ("database unavailable", claims skipped, back-off).
 
-With no ``lock_timeout`` at all (the server's default), the runner's batch waits at most
-``PURGE_BATCH_SECONDS`` for a lock all the same: the runner bounds its own purge batches.
-
 The test database; each runner's sessions get their settings through ``DATABASE_URL``
 (``options=-c …``), and a psycopg connection of the test's own holds the locks.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,7 +29,6 @@ from tests.faults.purges import (
 )
 from tests.processes import ManagePy, wait_for
 from tests.raw_connections import raw_connection
-from tests.testapp.models import Ledger
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
 
@@ -127,69 +121,6 @@ def test_a_purge_batch_over_lock_timeout_is_tried_again_not_an_outage(other_sess
         runner.close()
     # The retry at the next turn, then one each sweep (2 s apart): not a retry each turn.
     assert output.count(again) < 15, output
-
-
-# New work enqueued while a lock on an expired row is held must start within this: the
-# batch waits PURGE_BATCH_SECONDS (0.5 s) for the lock, twice at most in a row (the retry
-# at the next turn), and the runner's own turn takes the rest.
-START_WITHIN = 2.0
-# How long the lock is held while new work comes in: three sweeps (SWEEP_INTERVAL 2 s),
-# so items are enqueued during the purge's waits, not only between them.
-HOLD_FOR = 6.0
-
-
-def seconds_to_start(work_id: str, key: str) -> float:
-    """From the enqueue (the row's ``created_at``) to its body running (the ledger row it
-    writes first thing), both by this machine's clock."""
-    ran = Ledger.objects.get(kind="test-ledger", key=key).created_at
-    return (ran - DeferredWork.objects.get(pk=work_id).created_at).total_seconds()
-
-
-def test_a_purge_batch_waits_for_a_lock_at_most_purge_batch_seconds_without_lock_timeout(
-    other_session: Any, report_figures: Callable[[str], None]
-) -> None:
-    """The runner's sessions have no lock_timeout (0: wait for ever), and another session
-    holds a row lock on an expired row (an admin's ``select_for_update()``, an export left
-    idle in its transaction). The runner's batch waits for it at most PURGE_BATCH_SECONDS,
-    then it is a conflict as under a lock_timeout of the role's: new work enqueued while
-    the lock is held starts within START_WITHIN, every time; the expired rows are purged
-    once the lock is gone."""
-    make_expired(5)
-    lock_row(other_session, expired_ids()[2])
-    runner = start_runner(lock_timeout=0)
-    try:
-        wait_for_runner(
-            runner,
-            lambda: purge_delete_pid(waiting_for_a_lock=True),
-            timeout=60,
-            what="the purge waiting for the lock",
-        )
-        started = time.monotonic()
-        waits: list[float] = []
-        while time.monotonic() - started < HOLD_FOR:
-            key = f"new-{len(waits)}"
-            work_id = enqueue("test-ledger", {"key": key})
-            assert work_id is not None
-            wait_for_runner(
-                runner, lambda work_id=work_id: is_done(work_id), timeout=START_WITHIN * 5, what=f"{key} done"
-            )
-            waits.append(seconds_to_start(work_id, key))
-        assert expired_count() == 5  # the lock held the whole batch back, as it should
-        assert "a purge batch did not pass again" in runner.output()  # retried at a sweep
-        other_session.execute("ROLLBACK")
-        wait_for_runner(runner, lambda: expired_count() == 0, timeout=15, what="the expired rows purged")
-        stop_and_check(
-            runner,
-            "a purge batch did not pass (it waited longer than lock_timeout for a lock); not an outage: "
-            "trying again at the next turn, then at each sweep (SWEEP_INTERVAL) while it fails",
-        )
-    finally:
-        runner.close()
-    report_figures(
-        f"a row lock held {HOLD_FOR:g}s on an expired row, no lock_timeout: {len(waits)} new items, "
-        f"enqueue to start median {statistics.median(waits):.3f}s, longest {max(waits):.3f}s"
-    )
-    assert max(waits) < START_WITHIN, waits
 
 
 def test_a_purge_batch_in_a_deadlock_is_tried_again_not_an_outage(other_session: Any) -> None:
