@@ -7,8 +7,8 @@ again does nothing (done) or revives it (abandoned). So a purge that cannot prog
 stretches the horizon too: a batch the database cancels (``statement_timeout``) is tried
 again smaller (:class:`.purge_batches.PurgeBatchSize`), never as an outage, and so is
 one that meets another transaction (``lock_timeout``, a deadlock, a serialization failure).
-The runner's batches wait for a lock at most ``lock_wait`` seconds on PostgreSQL whatever
-the role's ``lock_timeout`` (:func:`nexus_workflows.sql.postgresql.lock_waits_at_most`):
+The runner's batches wait for a lock at most ``lock_wait`` seconds on PostgreSQL and
+MariaDB whatever the role's settings (``lock_waits_at_most`` of the backend's module):
 a row lock held for long by another session would otherwise hold up its claims as long.
 """
 

@@ -10,8 +10,8 @@
 - :mod:`.sqlite`: the outcome counts' upsert, a minute as epoch seconds, and reading a
   unique violation's constraint from SQLite's message.
 - :mod:`.mysql`: MySQL and MariaDB (tested on MariaDB): the outcome counts' upsert, a
-  minute as epoch seconds, reading a refusal's constraint from the server's message, and
-  MariaDB's nesting limit of JSON documents.
+  minute as epoch seconds, reading a refusal's constraint from the server's message,
+  MariaDB's nesting limit of JSON documents, and bounded lock waits (the runner's purge).
 - :mod:`.portable`: what every other backend does instead, through the plain ORM.
 
 Two kinds of backend-specific SQL stay where Django expects them, as expressions the ORM
