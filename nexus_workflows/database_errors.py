@@ -38,6 +38,15 @@ TRANSACTION_CONFLICTS = {
 }
 
 
+#: The same on MySQL and MariaDB, by the server's error number (mysqlclient gives no
+#: SQLSTATE): a lock waited for longer than ``innodb_lock_wait_timeout`` (1205; only the
+#: statement is undone, and in autocommit that is the transaction), and a deadlock (1213).
+MYSQL_TRANSACTION_CONFLICTS = {
+    1205: "it waited longer than innodb_lock_wait_timeout for a lock",
+    1213: "the database ended it to break a deadlock",
+}
+
+
 def sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of a database error (psycopg's ``sqlstate``, psycopg2's ``pgcode``),
     looked up on Django's wrapper and on the driver's error it wraps."""
@@ -62,10 +71,23 @@ def is_query_canceled(error: BaseException) -> bool:
 
 def transaction_conflict(error: BaseException) -> str | None:
     """What ``error`` says when it is a statement meeting another transaction (see
-    :data:`TRANSACTION_CONFLICTS`): "it waited longer than lock_timeout for a lock", …;
-    None for any other error."""
+    :data:`TRANSACTION_CONFLICTS` and :data:`MYSQL_TRANSACTION_CONFLICTS`): "it waited
+    longer than lock_timeout for a lock", …; None for any other error."""
     code = sqlstate(error)
-    return TRANSACTION_CONFLICTS.get(code) if code is not None else None
+    if code is not None:
+        return TRANSACTION_CONFLICTS.get(code)
+    number = mysql_error_number(error)
+    return MYSQL_TRANSACTION_CONFLICTS.get(number) if number is not None else None
+
+
+def mysql_error_number(error: BaseException) -> int | None:
+    """The server's error number of a MySQL/MariaDB error (mysqlclient's, which Django's
+    wrapper keeps as ``args[0]``); None for any other driver's."""
+    driver = error.__cause__ if error.__cause__ is not None else error
+    if type(driver).__module__.partition(".")[0] != "MySQLdb":
+        return None
+    number = error.args[0] if error.args else None
+    return number if isinstance(number, int) else None
 
 
 def is_database_unavailable(error: BaseException) -> bool:

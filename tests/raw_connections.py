@@ -1,8 +1,11 @@
 """psycopg connections of the test database's own, outside Django's: for a LISTEN, or to
-watch sessions and locks while the code under test uses Django's connections."""
+watch sessions and locks while the code under test uses Django's connections; and a
+session of the test database's own (PostgreSQL or MariaDB) that holds a row lock."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import connection
@@ -17,3 +20,33 @@ def raw_connection(**options: Any) -> Any:
     for django_only in ("cursor_factory", "context"):
         params.pop(django_only, None)
     return psycopg.connect(**{**params, **options}, autocommit=True)
+
+
+@contextlib.contextmanager
+def row_locked(model: Any, pk: Any) -> Iterator[Callable[[], None]]:
+    """Another session of the test database, outside Django's, locks the row ``pk`` of
+    ``model`` (``SELECT … FOR UPDATE`` in a transaction it keeps open) until the block
+    ends or it calls the ``release`` it yields (a rollback). PostgreSQL (psycopg) or
+    MySQL/MariaDB (mysqlclient)."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    if connection.vendor == "mysql":
+        import MySQLdb
+
+        session = MySQLdb.connect(**connection.get_connection_params())
+        session.autocommit(True)
+        cursor = session.cursor()
+        cursor.execute("START TRANSACTION")
+        cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [pk])
+        release: Callable[[], None] = session.rollback
+    else:
+        session = raw_connection()
+        session.execute("BEGIN")
+        session.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [pk])
+
+        def release() -> None:
+            session.execute("ROLLBACK")
+
+    try:
+        yield release
+    finally:
+        session.close()

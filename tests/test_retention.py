@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -286,3 +287,116 @@ def test_purge_expired_tries_a_batch_that_met_a_lock_once_more_then_raises(caplo
         "a purge batch did not pass (it waited longer than lock_timeout for a lock); trying it once more"
     ]
     assert DeferredWork.objects.count() == 5
+
+
+def hold_row_lock(other: Any, model: Any, pk: int) -> None:
+    """``other`` (a raw session) locks one row of ``model`` in a transaction it keeps open."""
+    other.execute("BEGIN")
+    other.execute(
+        f"SELECT 1 FROM {connection.ops.quote_name(model._meta.db_table)} WHERE id = %s FOR UPDATE", [pk]
+    )
+
+
+def session_lock_timeout() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        return str(cursor.fetchone()[0])
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("session_setting", "waits_under"),
+    [(None, 0.45), ("statement_timeout = 300", 0.3)],
+    ids=["no lock_timeout", "statement_timeout under twice the bound"],
+)
+def test_a_runner_batch_waits_for_a_lock_at_most_its_bound(
+    session_setting: str | None, waits_under: float
+) -> None:
+    """The session has no lock_timeout (waits for ever) and another holds a row lock: with
+    ``lock_wait`` (the runner's), the batch gives up after 0.2 s as a conflict (55P03), its
+    size untouched, and the session's own lock_timeout is as it was. Under a statement_timeout
+    of 300 ms the bound is 0.5 s, yet the wait ends at half that timeout as a conflict, not a
+    cancel (57014), which would halve the batches for what their size did not cause."""
+    from nexus_workflows.deferred.purge_batches import FIRST_SIZE, PurgeBatchSize
+    from nexus_workflows.deferred.retention import purge_sized_batch
+
+    make_rows(Status.DONE, 5, age=timedelta(days=2))
+    sizes = PurgeBatchSize(1000, 0.5)
+    with raw_connection() as other:
+        hold_row_lock(other, DeferredWork, DeferredWork.objects.order_by("pk")[2].pk)
+        try:
+            if session_setting is not None:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SET {session_setting}")
+            started = time.monotonic()
+            with pytest.raises(OperationalError) as raised:
+                purge_sized_batch(sizes, lock_wait=0.2 if session_setting is None else 0.5)
+            waited = time.monotonic() - started
+            assert session_lock_timeout() == "0"
+        finally:
+            connection.close()  # the session's settings go with it
+    assert sqlstate(raised.value) == "55P03"
+    assert waited < waits_under
+    assert (sizes.size, sizes.was_cancelled) == (FIRST_SIZE, False)
+    assert DeferredWork.objects.count() == 5  # the DELETE is undone whole
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_purge_expired_waits_for_a_lock_as_the_session_says_not_the_runners_bound() -> None:
+    """``purge_expired()`` holds up no claims, only its caller, who asked for every expired
+    row gone: with no lock_timeout it waits for the lock (here 1.5 s, three times
+    PURGE_BATCH_SECONDS) and then purges every row."""
+    make_rows(Status.DONE, 5, age=timedelta(days=2))
+    table = connection.ops.quote_name(DeferredWork._meta.db_table)
+    with raw_connection() as other, raw_connection() as watcher:
+        hold_row_lock(other, DeferredWork, DeferredWork.objects.order_by("pk")[2].pk)
+
+        def release_once_waited_for() -> None:
+            wait_for(
+                lambda: watcher.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                    [f"DELETE FROM {table}%"],
+                ).fetchone(),
+                timeout=10,
+                what="the purge waiting for the lock",
+            )
+            time.sleep(1.5)  # the lock is held on: this is what is measured
+            other.execute("ROLLBACK")
+
+        releaser = threading.Thread(target=release_once_waited_for)
+        releaser.start()
+        started = time.monotonic()
+        try:
+            assert purge_expired() == 5
+        finally:
+            releaser.join()
+    assert time.monotonic() - started >= 1.5
+    assert DeferredWork.objects.count() == 0
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_a_prune_of_rate_window_rows_meeting_a_lock_waits_at_most_the_bound(caplog: Any) -> None:
+    """A slot row is locked for long (a project's transaction that called ``rate_limited()``
+    on a key unused for its period, and stays open): the prune gives up after the bound,
+    says so, and the next purge prunes the row once the lock is gone."""
+    from nexus_workflows.deferred.purge_batches import PurgeBatchSize
+    from nexus_workflows.deferred.retention import purge_sized_batch
+    from nexus_workflows.models import FlowWindowSlot
+
+    slot = FlowWindowSlot.objects.create(name="gone", slot=0, started_at=timezone.now() - timedelta(days=800))
+    sizes = PurgeBatchSize(1000, 0.5)
+    with raw_connection() as other:
+        hold_row_lock(other, FlowWindowSlot, slot.pk)
+        with caplog.at_level(logging.WARNING, logger="nexus_workflows"):
+            assert purge_sized_batch(sizes, lock_wait=0.2) == 0
+        assert FlowWindowSlot.objects.count() == 1
+        other.execute("ROLLBACK")
+    assert [record.getMessage() for record in caplog.records] == [
+        "pruning unused rate-window rows did not pass (it waited longer than lock_timeout for a lock); "
+        "trying again at the next purge"
+    ]
+    assert purge_sized_batch(sizes, lock_wait=0.2) == 0
+    assert FlowWindowSlot.objects.count() == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import select
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -309,3 +310,122 @@ def test_the_statement_timeout_is_unknown_elsewhere() -> None:
     if connection.vendor != "postgresql":
         assert sql.for_connection("default").statement_timeout("default") is None
     assert portable.statement_timeout("default") is None
+
+
+def test_a_block_of_bounded_lock_waits_runs_and_commits_on_every_backend() -> None:
+    """Every backend's module has it; on PostgreSQL and MariaDB it says the bound in
+    effect, on SQLite (no row locks) None."""
+    kept, gone = new_row("kept"), new_row("gone")
+    with sql.for_connection("default").lock_waits_at_most("default", 0.5) as seconds:
+        DeferredWork.objects.filter(pk=gone).delete()
+    # MariaDB's innodb_lock_wait_timeout is whole seconds (its server default: 50).
+    assert seconds == {"postgresql": 0.5, "mysql": 1.0}.get(connection.vendor)
+    assert list(DeferredWork.objects.values_list("pk", flat=True)) == [kept]
+
+
+@pytest.mark.postgresql
+@pytest.mark.parametrize(
+    ("session", "in_effect"),
+    [
+        ([], "500ms"),  # no lock_timeout: the bound
+        (["SET lock_timeout = 100"], "100ms"),  # a lower one of the session's stays
+        (["SET lock_timeout = '5s'"], "500ms"),  # a higher one does not
+        (["SET statement_timeout = 300"], "150ms"),  # half the statement_timeout: a conflict first
+        (["SET lock_timeout = 100", "SET statement_timeout = 300"], "100ms"),
+    ],
+)
+def test_bounded_lock_waits_take_the_least_and_last_for_the_block_only(
+    session: list[str], in_effect: str
+) -> None:
+    from nexus_workflows.sql import postgresql
+
+    try:
+        with connection.cursor() as cursor:
+            for statement in session:
+                cursor.execute(statement)
+            cursor.execute("SHOW lock_timeout")
+            before = cursor.fetchone()[0]
+            with postgresql.lock_waits_at_most("default", 0.5) as seconds:
+                assert connection.in_atomic_block  # SET LOCAL needs a transaction
+                cursor.execute("SHOW lock_timeout")
+                assert cursor.fetchone()[0] == in_effect
+            cursor.execute("SHOW lock_timeout")
+            assert cursor.fetchone()[0] == before
+        assert seconds == int(in_effect.removesuffix("ms")) / 1000
+    finally:
+        connection.close()  # the session's settings go with it
+
+
+@pytest.mark.needs("row_locks")
+def test_a_bounded_lock_wait_is_a_transaction_conflict_and_undoes_the_statement() -> None:
+    """A row another session locked: the DELETE gives up after the bound (PostgreSQL 0.1 s;
+    MariaDB 1 s, its least) with the error the purge takes for meeting another transaction,
+    and deletes nothing; the session's own setting is as it was."""
+    from django.db import OperationalError
+
+    from nexus_workflows.database_errors import transaction_conflict
+    from tests.raw_connections import row_locked
+
+    kept, locked = new_row("kept"), new_row("locked")
+    setting = {"postgresql": "lock_timeout", "mysql": "innodb_lock_wait_timeout"}[connection.vendor]
+
+    def delete_both() -> None:
+        with sql.for_connection("default").lock_waits_at_most("default", 0.1):
+            DeferredWork.objects.filter(pk__in=[kept, locked])._raw_delete("default")
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT @@SESSION.{setting}" if connection.vendor == "mysql" else f"SHOW {setting}")
+        before = cursor.fetchone()[0]
+        with row_locked(DeferredWork, locked):
+            started = time.monotonic()
+            with pytest.raises(OperationalError) as raised:
+                delete_both()
+            waited = time.monotonic() - started
+        cursor.execute(f"SELECT @@SESSION.{setting}" if connection.vendor == "mysql" else f"SHOW {setting}")
+        assert cursor.fetchone()[0] == before
+    assert transaction_conflict(raised.value) == f"it waited longer than {setting} for a lock"
+    assert waited < (1.9 if connection.vendor == "mysql" else 0.9)
+    assert DeferredWork.objects.count() == 2
+    assert connection.get_autocommit()
+
+
+@pytest.mark.mysql
+@pytest.mark.parametrize(
+    ("session", "bound", "in_effect"),
+    [
+        (50, 0.5, 1),  # the server's default: the bound, in whole seconds, at least 1
+        (50, 2.5, 3),
+        (1, 2.5, 1),  # a lower one of the session's stays
+        (0, 0.5, 0),  # 0 is no wait at all here, the lowest
+    ],
+)
+def test_bounded_lock_waits_on_mariadb_take_the_least_and_put_the_session_back(
+    session: int, bound: float, in_effect: int
+) -> None:
+    from nexus_workflows.sql import mysql
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [session])
+            with mysql.lock_waits_at_most("default", bound) as seconds:
+                cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+                assert cursor.fetchone()[0] == in_effect
+            cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+            assert cursor.fetchone()[0] == session
+        assert seconds == in_effect
+    finally:
+        connection.close()  # the session's settings go with it
+
+
+@pytest.mark.postgresql
+def test_bounded_lock_waits_leave_a_callers_transaction_as_it_is() -> None:
+    """In a transaction already, a local lock_timeout would outlast the block: none is set."""
+    from nexus_workflows.sql import postgresql
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        before = cursor.fetchone()[0]
+        with postgresql.lock_waits_at_most("default", 0.25) as seconds:
+            cursor.execute("SHOW lock_timeout")
+            assert cursor.fetchone()[0] == before
+    assert seconds is None

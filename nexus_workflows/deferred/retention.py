@@ -7,6 +7,9 @@ again does nothing (done) or revives it (abandoned). So a purge that cannot prog
 stretches the horizon too: a batch the database cancels (``statement_timeout``) is tried
 again smaller (:class:`.purge_batches.PurgeBatchSize`), never as an outage, and so is
 one that meets another transaction (``lock_timeout``, a deadlock, a serialization failure).
+The runner's batches wait for a lock at most ``lock_wait`` seconds on PostgreSQL and
+MariaDB whatever the role's settings (``lock_waits_at_most`` of the backend's module):
+a row lock held for long by another session would otherwise hold up its claims as long.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def purge_batch(
     batch_size: int | None = None,
     using: str | None = None,
     prune: bool = True,
+    lock_wait: float | None = None,
 ) -> int:
     """Delete at most one batch of expired rows; returns how many were deleted.
 
@@ -66,6 +70,8 @@ def purge_batch(
     key only (whenever any ``pre_delete``/``post_delete`` receiver is connected), so no
     delete signals are sent for purged rows, as ``QuerySet.update()`` sends no save signals.
     With nothing expired it prunes rate-window rows instead, unless ``prune`` is false.
+    With ``lock_wait``, the ``DELETE`` waits at most that many seconds for a row lock
+    another session holds (:func:`_lock_waits_at_most`); the read of the ids takes none.
     """
     using = using or router.db_for_write(DeferredWork)
     batch_size = batch_size or app_settings.PURGE_BATCH_SIZE
@@ -75,20 +81,35 @@ def purge_batch(
         if prune:
             # Nothing expired left: also drop rate-window rows unused for an hour (windows of
             # keys that came and went) that no longer count under their window's period.
-            windows.prune(using=using, periods=rate_periods())
+            with _lock_waits_at_most(using, lock_wait):
+                windows.prune(using=using, periods=rate_periods())
         return 0
-    return purge(expired, ids)
+    with _lock_waits_at_most(using, lock_wait):
+        return purge(expired, ids)
+
+
+def _lock_waits_at_most(using: str, seconds: float | None) -> AbstractContextManager[Any]:
+    """Statements that wait at most ``seconds`` for a lock where the database can say so
+    (PostgreSQL: one short transaction with its own ``lock_timeout``); as they are with
+    None, or in the caller's transaction."""
+    return nullcontext() if seconds is None else sql.for_connection(using).lock_waits_at_most(using, seconds)
 
 
 def purge_sized_batch(
-    sizes: PurgeBatchSize, *, now: datetime | None = None, using: str | None = None
+    sizes: PurgeBatchSize,
+    *,
+    now: datetime | None = None,
+    using: str | None = None,
+    lock_wait: float | None = None,
 ) -> int | None:
     """One batch of ``sizes.size`` rows, reported to ``sizes``; how many rows it deleted,
     or ``None`` when the database cancelled it (SQLSTATE 57014, ``QueryCanceled``): the
     batch took longer than the database lets one statement, and ``sizes`` shrank, told the
     session's real ``statement_timeout`` where the database has one. A batch that meets
     another transaction raises its ``OperationalError`` (:func:`.database_errors.transaction_conflict`
-    names it) and leaves ``sizes`` alone: its size did not cause it.
+    names it) and leaves ``sizes`` alone: its size did not cause it. With ``lock_wait``,
+    its ``DELETE`` (and the prune's) waits at most that long for a lock (the runner's: see
+    :func:`purge_batch`), so a lock held for long is such a conflict, not a stall.
 
     Inside the caller's transaction in a savepoint, so a cancel leaves that transaction
     usable; otherwise in autocommit, as before: a cancel leaves the session fine, and the
@@ -99,7 +120,9 @@ def purge_sized_batch(
     started = time.monotonic()
     try:
         with _savepoint_in_a_transaction(using):
-            deleted = purge_batch(now=now, batch_size=sizes.size, using=using, prune=False)
+            deleted = purge_batch(
+                now=now, batch_size=sizes.size, using=using, prune=False, lock_wait=lock_wait
+            )
     except OperationalError as error:
         if not is_query_canceled(error):
             raise
@@ -109,7 +132,7 @@ def purge_sized_batch(
     if not deleted:
         # Outside the batch: a cancel of the prune (another table, one unbounded DELETE)
         # says nothing about the work table's batch size.
-        _prune_rate_windows(using)
+        _prune_rate_windows(using, lock_wait)
     return deleted
 
 
@@ -119,11 +142,20 @@ def _savepoint_in_a_transaction(using: str) -> AbstractContextManager[Any]:
     return transaction.atomic(using=using) if in_transaction else nullcontext()
 
 
-def _prune_rate_windows(using: str) -> None:
+def _prune_rate_windows(using: str, lock_wait: float | None) -> None:
+    # A slot row can be locked for long too: a project's transaction that called
+    # rate_limited() on a key unused for its period, and stays open.
     try:
-        with _savepoint_in_a_transaction(using):
+        with _savepoint_in_a_transaction(using), _lock_waits_at_most(using, lock_wait):
             windows.prune(using=using, periods=rate_periods())
     except OperationalError as error:
+        conflict = transaction_conflict(error)
+        if conflict is not None:
+            logger.warning(
+                "pruning unused rate-window rows did not pass (%s); trying again at the next purge",
+                conflict,
+            )
+            return
         if not is_query_canceled(error):
             raise
         logger.warning(
@@ -141,6 +173,10 @@ def purge_expired(*, now: datetime | None = None, using: str | None = None) -> i
     ``OperationalError`` naming ``statement_timeout``. A batch that meets another
     transaction (``lock_timeout``, a deadlock, a serialization failure) is tried once more
     at once; when that fails too, its ``OperationalError`` is raised.
+
+    Its batches wait for a lock as the session's own settings say (the role's
+    ``lock_timeout``; none: as long as the lock is held), not at most the runner's bound:
+    they hold up no claims, only their caller, which asked for every expired row gone.
     """
     sizes = PurgeBatchSize(app_settings.PURGE_BATCH_SIZE, float(app_settings.PURGE_BATCH_SECONDS))
     total = 0

@@ -15,15 +15,18 @@ What this module adds over :mod:`.portable`:
 - a minute as epoch seconds and the integer division of the dashboard's buckets, both
   independent of the session's time zone;
 - which constraint refused a row, read from the server's message (its key's name only);
-- MariaDB's nesting limit of JSON documents, which the app's own checks apply here.
+- MariaDB's nesting limit of JSON documents, which the app's own checks apply here;
+- a block whose statements wait at most so long for a row lock (the runner's purge).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 
 __all__ = [
     "EPOCH_OF_MINUTE",
@@ -31,6 +34,7 @@ __all__ = [
     "JSON_DEPTH_LIMIT",
     "add_outcome_counts",
     "constraint_name",
+    "lock_waits_at_most",
     "notify",
     "statement_timeout",
     "violated_constraint",
@@ -79,6 +83,42 @@ def violated_constraint(error: IntegrityError) -> str | None:
     if found is None or found[0] != _DUPLICATE_KEY:
         return None
     return constraint_name(error)
+
+
+@contextlib.contextmanager
+def lock_waits_at_most(using: str, seconds: float) -> Iterator[float | None]:
+    """Statements in the block wait at most ``seconds`` for a row lock, in whole seconds
+    (``innodb_lock_wait_timeout``, at least 1; a lower one of the session's stays), then
+    raise ``OperationalError`` 1205, which :func:`nexus_workflows.database_errors.transaction_conflict`
+    names. The session's value is set before the block and put back after it: the setting
+    is not transactional here, and the block runs in autocommit. Yields the seconds in
+    effect.
+
+    Already in a transaction, the block runs in it as it is (yields None), as on PostgreSQL."""
+    connection = connections[using]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        yield None
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+        before = int(cursor.fetchone()[0])
+        in_effect = min(before, max(1, math.ceil(seconds)))
+        if in_effect != before:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [in_effect])
+    try:
+        yield float(in_effect)
+    finally:
+        if in_effect != before:
+            _put_back_lock_wait(using, before)
+
+
+def _put_back_lock_wait(using: str, seconds: int) -> None:
+    try:
+        with connections[using].cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = %s", [seconds])
+    except DatabaseError:
+        # The session is in doubt (an outage): a new one starts with the server's value.
+        connections[using].close()
 
 
 def notify(cursor: object, channel: str, payload: str = "") -> None:

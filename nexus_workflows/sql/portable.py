@@ -5,10 +5,12 @@ by the constraint's name appearing in the database's message."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 from django.apps import apps
 from django.db import IntegrityError
 
-__all__ = ["constraint_name", "notify", "statement_timeout", "violated_constraint"]
+__all__ = ["constraint_name", "lock_waits_at_most", "notify", "statement_timeout", "violated_constraint"]
 
 
 def violated_constraint(error: IntegrityError) -> str | None:
@@ -24,6 +26,11 @@ def violated_constraint(error: IntegrityError) -> str | None:
 def constraint_name(error: Exception) -> None:
     """Not read (None): an unknown driver's message may quote the refused row."""
     return None
+
+
+def lock_waits_at_most(using: str, seconds: float) -> AbstractContextManager[None]:
+    """As it is (None): how another database bounds a lock wait is not known here."""
+    return nullcontext()
 
 
 def notify(cursor: object, channel: str, payload: str = "") -> None:

@@ -9,8 +9,9 @@ thread and pooled; a ``LISTEN`` needs a session that stays).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
@@ -33,6 +34,7 @@ __all__ = [
     "insert_returning_pk",
     "insert_returning_pk_with_constants",
     "listen",
+    "lock_waits_at_most",
     "notify",
     "release_waiting_lock",
     "save_journals",
@@ -115,6 +117,40 @@ def hold_waiting_lock(connection: Any) -> None:
 def set_local_lock_timeout(cursor: Any, seconds: float) -> None:
     """Within the current transaction only: wait at most ``seconds`` for any lock."""
     cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(seconds * 1000))}ms"])
+
+
+# The least of the bound (seconds, the parameter), the session's own lock_timeout (kept
+# when lower) and half its statement_timeout (so a lock wait ends as a conflict, 55P03,
+# never as a cancel, 57014, which would halve a purge's batches); 0 counts as none. Whole
+# milliseconds, at least 1 (0 would mean no limit). Returns the value set, in ms.
+_BOUNDED_LOCK_TIMEOUT = (
+    "SELECT ms, set_config('lock_timeout', ms::text, true) FROM (SELECT GREATEST(1, CEIL(1000 * "
+    "LEAST(%s::float8, "
+    "NULLIF(EXTRACT(EPOCH FROM current_setting('lock_timeout')::interval), 0)::float8, "
+    "NULLIF(EXTRACT(EPOCH FROM current_setting('statement_timeout')::interval), 0)::float8 / 2"
+    ")))::bigint AS ms) AS bound"
+)
+
+
+@contextlib.contextmanager
+def lock_waits_at_most(using: str, seconds: float) -> Iterator[float | None]:
+    """Statements in the block wait at most ``seconds`` for a lock (then raise
+    ``OperationalError``, SQLSTATE 55P03), or less where the session's ``lock_timeout``
+    is lower or half its ``statement_timeout`` is: one transaction around the block, its
+    ``lock_timeout`` set for that transaction only (``set_config(…, true)``, as ``SET
+    LOCAL``). Yields the seconds in effect.
+
+    Already in a transaction, the block runs in it as it is (yields None): a local setting
+    would last to the end of the caller's transaction, past the block."""
+    connection = connections[using]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        yield None
+        return
+    with transaction.atomic(using=using):
+        with connection.cursor() as cursor:
+            cursor.execute(_BOUNDED_LOCK_TIMEOUT, [seconds])
+            milliseconds = cursor.fetchone()[0]
+        yield milliseconds / 1000
 
 
 def release_waiting_lock(connection: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
 from django.apps import apps
@@ -24,6 +25,7 @@ __all__ = [
     "can_return_from_update",
     "constraint_name",
     "insert_returning_pk",
+    "lock_waits_at_most",
     "notify",
     "statement_timeout",
     "update_returning",
@@ -56,6 +58,12 @@ def constraint_name(error: Exception) -> None:
     """Not read (None): for an unnamed CHECK, SQLite's message quotes its expression, which
     may hold values."""
     return None
+
+
+def lock_waits_at_most(using: str, seconds: float) -> AbstractContextManager[None]:
+    """As it is (None): SQLite has no row locks, only the database's write lock, which its
+    ``busy_timeout`` (Django's ``timeout`` option) already bounds."""
+    return nullcontext()
 
 
 def notify(cursor: object, channel: str, payload: str = "") -> None:

@@ -73,3 +73,22 @@ def purge_delete_pid(*, waiting_for_a_lock: bool = False) -> int | None:
         )
         row = cursor.fetchone()
     return row[0] if row is not None else None
+
+
+def purge_waits_for_a_lock() -> bool:
+    """Whether another session's DELETE of the work table (the runner's purge) waits for a
+    row lock now: PostgreSQL (``pg_stat_activity``), or MariaDB, where a DELETE running
+    over 100 ms stands for it (``PROCESSLIST``; a few rows take well under a millisecond,
+    and ``INNODB_TRX`` did not list the runner's waiting statement on 10.11)."""
+    from django.db import connection
+
+    if connection.vendor != "mysql":
+        return purge_delete_pid(waiting_for_a_lock=True) is not None
+    table = connection.ops.quote_name(DeferredWork._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() "
+            "AND COMMAND = 'Query' AND TIME_MS > 100 AND INFO LIKE %s",
+            [f"DELETE FROM {table}%"],
+        )
+        return cursor.fetchone() is not None

@@ -35,6 +35,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgresql, pytest.mark.django_db(tr
 # The purge comes round every 2 s after a failed retry; the runner's -v 2 shows its quiet
 # (DEBUG) retries.
 SETTINGS = {"POLL_INTERVAL": 0.2, "SWEEP_INTERVAL": 2}
+# A batch waits for a lock at most PURGE_BATCH_SECONDS: long enough here for the test to
+# close a deadlock (the runner's deadlock_timeout is 1 s) or commit an update while the
+# runner's DELETE waits, so that it meets those and not its own bound first.
+WAITS_LONG = {**SETTINGS, "PURGE_BATCH_SECONDS": 5}
 TABLE = DeferredWork._meta.db_table
 
 
@@ -62,10 +66,14 @@ def lock_row(session: Any, pk: int) -> None:
     session.execute(f'SELECT 1 FROM "{TABLE}" WHERE id = %s FOR UPDATE', [pk])
 
 
-def start_runner(**session_settings: str | int) -> ManagePy:
+def start_runner(settings: dict[str, Any] | None = None, **session_settings: str | int) -> ManagePy:
     # -v 2: the quiet retries are DEBUG lines.
     return ManagePy(
-        "runworkflows", "-v", "2", settings=SETTINGS, database_url=with_session_settings(**session_settings)
+        "runworkflows",
+        "-v",
+        "2",
+        settings=settings or SETTINGS,
+        database_url=with_session_settings(**session_settings),
     )
 
 
@@ -122,7 +130,7 @@ def test_a_purge_batch_in_a_deadlock_is_tried_again_not_an_outage(other_session:
     make_expired(2)
     first, second = expired_ids()
     lock_row(other_session, second)
-    runner = start_runner()
+    runner = start_runner(WAITS_LONG)
     try:
         wait_for(
             lambda: purge_delete_pid(waiting_for_a_lock=True),
@@ -150,7 +158,7 @@ def test_a_purge_batch_meeting_a_concurrent_update_under_repeatable_read_is_trie
     The next turn's batch, on a new snapshot, deletes every row."""
     make_expired(5)
     other_session.execute(f'UPDATE "{TABLE}" SET updated_at = updated_at WHERE id = %s', [expired_ids()[2]])
-    runner = start_runner(default_transaction_isolation="repeatable\\ read")
+    runner = start_runner(WAITS_LONG, default_transaction_isolation="repeatable\\ read")
     try:
         wait_for(
             lambda: purge_delete_pid(waiting_for_a_lock=True),

@@ -23,7 +23,12 @@ class Purging:
     failure) is an outage: the runner says so once and carries on claiming. A cancelled
     batch halves the size and the smaller one goes at the next turn; one row cancelled
     waits for the next sweep. A conflict is tried again at the next turn, then at each
-    sweep while it keeps failing (a lock held for long must not hold up every turn)."""
+    sweep while it keeps failing (a lock held for long must not hold up every turn).
+
+    Each batch waits for a lock at most ``PURGE_BATCH_SECONDS`` (the time the claims may
+    wait for one batch), or less where the session's ``lock_timeout`` is lower: without a
+    bound of its own, a lock held for long (an admin's ``select_for_update()``, a session
+    idle in its transaction) would hold up the claims as long, on a role with none."""
 
     def __init__(self, using: str, stats: RunStats) -> None:
         self.using = using
@@ -41,7 +46,7 @@ class Purging:
         cancelled and a smaller one may pass, or it met another transaction the first time)."""
         size = self.sizes.size
         try:
-            deleted = retention.purge_sized_batch(self.sizes, using=self.using)
+            deleted = retention.purge_sized_batch(self.sizes, using=self.using, lock_wait=self.sizes.target)
         except OperationalError as error:
             conflict = transaction_conflict(error)
             if conflict is None:
