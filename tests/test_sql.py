@@ -179,7 +179,7 @@ def test_every_backend_module_answers_the_same_questions() -> None:
     every function the others have that callers use on any backend."""
     from nexus_workflows.sql import mysql, postgresql, sqlite
 
-    shared = {"constraint_name", "notify", "statement_timeout", "violated_constraint"}
+    shared = {"constraint_name", "lock_waits_at_most", "notify", "statement_timeout", "violated_constraint"}
     for module in (postgresql, sqlite, mysql, portable):
         assert shared <= set(module.__all__), module.__name__
         assert all(callable(getattr(module, name)) for name in shared)
