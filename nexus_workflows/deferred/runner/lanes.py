@@ -10,7 +10,7 @@ from datetime import datetime
 from django.db import connections
 
 from nexus_workflows.conf import app_settings
-from nexus_workflows.deferred.claims import Claimer
+from nexus_workflows.deferred.claims import Claimer, ClaimInterrupted
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.capacity import Capacity
 from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
@@ -115,7 +115,11 @@ class LaneClaims:
                 continue
             limit = self.capacity[lane].claim_limit(self.ledger.held_count(lane))
             startable = self.ledger.free_slots(self.capacity[lane].concurrency, lane)
-            due = claimer.claim_due(limit, now=cutoff, startable=startable) if limit > 0 else []
+            try:
+                due = claimer.claim_due(limit, now=cutoff, startable=startable) if limit > 0 else []
+            except ClaimInterrupted as interrupted:
+                self.claimed(interrupted.works)  # claimed before the error: they run
+                raise interrupted.error from interrupted.error.__cause__  # as it was raised
             self.claimed(due)
             full = 0 < limit <= len(due) or bool(due and claimer.contended)
             if limit > 0:
