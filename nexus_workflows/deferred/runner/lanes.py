@@ -101,9 +101,11 @@ class LaneClaims:
             # task's the ORM's (it re-checks the queue). --once (a cutoff) has no listener.
             workflows = [work_id for work_id, kind in named if "." not in kind and cutoff is None]
             others = [work_id for work_id, kind in named if work_id not in workflows]
-            for due in (claimer.claim_workflow_ids(workflows), claimer.claim_due_ids(others, now=cutoff)):
-                self.claimed(due)
-                claimed += len(due)
+            by_id = claimer.claim_workflow_ids(workflows)
+            self.claimed(by_id)  # before the next claim, which may raise
+            tasks = claimer.claim_due_ids(others, now=cutoff)
+            self.claimed(tasks)
+            claimed += len(by_id) + len(tasks)
         return claimed
 
     def claim_due(self, cutoff: datetime | None) -> tuple[int, bool, int]:
