@@ -13,8 +13,11 @@ from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import enqueue
+from nexus_workflows.checks import MAX_SECONDS, check_settings
 from nexus_workflows.database_errors import sqlstate
 from nexus_workflows.deferred.retention import purge_batch, purge_expired
+from nexus_workflows.deferred.runner.purging import Purging
+from nexus_workflows.deferred.runner.stats import RunStats
 from nexus_workflows.models import DeferredWork, Status
 from tests.processes import wait_for
 from tests.raw_connections import raw_connection
@@ -400,3 +403,21 @@ def test_a_prune_of_rate_window_rows_meeting_a_lock_waits_at_most_the_bound(capl
     ]
     assert purge_sized_batch(sizes, lock_wait=0.2) == 0
     assert FlowWindowSlot.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(NEXUS_WORKFLOWS={"PURGE_BATCH_SECONDS": MAX_SECONDS})
+def test_a_runner_purges_with_the_longest_batch_budget_the_checks_accept() -> None:
+    """PURGE_BATCH_SECONDS is also the most a runner's batch waits for a lock. Ten years
+    passes the system check, and is more than PostgreSQL's lock_timeout holds (2,147,483,647
+    ms, 24.8 days): the wait is that at most, instead of every purge failing (DataError)
+    and expired rows staying for ever."""
+    assert not [message for message in check_settings() if "PURGE_BATCH_SECONDS" in message.msg]
+    make_rows(Status.DONE, 3, age=timedelta(days=2))
+    make_rows(Status.DONE, 1, age=timedelta(hours=1))
+    try:
+        more = Purging("default", RunStats()).batch()
+    finally:
+        connection.close()  # the session's settings go with it
+    assert more is False
+    assert DeferredWork.objects.count() == 1

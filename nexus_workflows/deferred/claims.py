@@ -9,6 +9,8 @@ Every time written comes from the database (``DatabaseNow()``), never from the r
 host: runners on hosts whose clocks disagree still agree on what is due and what is stale.
 """
 
+# Long module: the Claimer: its due, stale and by-id claims, and the columns each writes.
+
 from __future__ import annotations
 
 import random
@@ -94,6 +96,18 @@ def _claim_changes(token: str) -> dict[str, Any]:
 #: claimed together would collide in the unique indexes that guard them
 #: (``nw_flow_slot_held_once``, ``nw_serial_key_running_once``) on every claim.
 NO_FLOW_LIMITS: dict[str, Any] = {"flow_slot": None, "serial_key_hash": None}
+
+
+class ClaimInterrupted(Exception):
+    """A claim raised ``error`` (a lock wait cut short, an outage) after some of its
+    statements had committed: ``works`` are claimed all the same. The runner hands them
+    out before it handles ``error``: dropped, they would sit processing, holding their
+    slots, serial keys and reserved starts, until they went stale."""
+
+    def __init__(self, works: list[ClaimedWork], error: Exception) -> None:
+        super().__init__(f"{len(works)} item(s) claimed before the claim failed ({type(error).__name__})")
+        self.works = works
+        self.error = error
 
 
 class Claimer:
@@ -279,18 +293,24 @@ class Claimer:
         """Claim up to ``limit`` pending rows whose time has come (by the database's clock,
         or ``now``): highest priority first (Django tasks; workflows are all 0), then the
         longest due (the order of ``nw_due_idx``); of kinds with flow limits, at most
-        ``startable`` (the runner's free threads)."""
+        ``startable`` (the runner's free threads). Raises :class:`ClaimInterrupted` when
+        it fails after claiming some."""
         if limit <= 0 or self._idle():
             return []
         works: list[ClaimedWork] = []
-        if self.flow is not None:
-            # Limited kinds: only what their limits let start now.
-            startable = limit if startable is None else min(limit, startable)
-            works = self.flow.claim_due(self, limit, now, startable)
-            limit -= len(works)
-        if limit > 0 and self._has_plain():
-            due = DeferredWork.objects.using(self.using).due(now or DatabaseNow())
-            works += self._claim(due, limit, ("-priority", "next_attempt_at"), reclaimed=False)
+        try:
+            if self.flow is not None:
+                # Limited kinds: only what their limits let start now.
+                startable = limit if startable is None else min(limit, startable)
+                self.flow.claim_due(self, limit, now, startable, works)
+            if limit > len(works) and self._has_plain():
+                due = DeferredWork.objects.using(self.using).due(now or DatabaseNow())
+                order = ("-priority", "next_attempt_at")
+                works += self._claim(due, limit - len(works), order, reclaimed=False)
+        except Exception as error:
+            if works:
+                raise ClaimInterrupted(works, error) from error
+            raise
         return works
 
     def takes_by_id(self, kind: str) -> bool:
@@ -360,7 +380,8 @@ class Claimer:
         started; a claim lost before that raises ``lost_unstarted`` instead
         (``STALE_VARIANTS``). The ``UPDATE`` itself tells the two apart, so a late start
         marker cannot slip between a read and the write. Each lost attempt gets a history
-        entry (in memory: the runner writes it before the work runs again).
+        entry (in memory: the runner writes it before the work runs again). Raises
+        :class:`ClaimInterrupted` when it fails after reclaiming some.
         """
         if limit <= 0 or self._idle():
             return []
@@ -372,22 +393,33 @@ class Claimer:
         # (_task_changes writes worker_ids of task rows only.)
         replaced = JSONAppend(JSONDropLast("worker_ids"), self.worker_id)
         variants = ((started, counted), (unstarted, {**uncounted, "worker_ids": replaced}))
-        if self.flow is not None:
-            flow_limit = limit if startable is None else min(limit, startable)
-            works = self.flow.claim_stale(self, flow_limit, cutoff=cutoff, variants=variants)
-        if len(works) < limit and self._has_plain():
-            stale = DeferredWork.objects.using(self.using).stale(cutoff)
-            works += self._claim(
-                stale, limit - len(works), ("heartbeat_at",), reclaimed=True, variants=variants
-            )
-        for work in works:
-            work.lost_started = work.claim_variant == 0
-            if work.lost_started:
-                entry = {"attempt": work.attempt - 1, "started": True}
-                error = "the runner stopped heart-beating"
-            else:
-                entry = {"attempt": work.attempt, "started": False}
-                error = "the runner stopped heart-beating before this attempt started; not counted"
-            work.history = append_entry(work.history, outcome="lost", error=error, **entry)
-            work.history_changed = True
-        return works
+        try:
+            if self.flow is not None:
+                flow_limit = limit if startable is None else min(limit, startable)
+                self.flow.claim_stale(self, flow_limit, cutoff=cutoff, variants=variants, works=works)
+            if len(works) < limit and self._has_plain():
+                stale = DeferredWork.objects.using(self.using).stale(cutoff)
+                works += self._claim(
+                    stale, limit - len(works), ("heartbeat_at",), reclaimed=True, variants=variants
+                )
+        except Exception as error:
+            if works:
+                raise ClaimInterrupted(_with_losses(works), error) from error
+            raise
+        return _with_losses(works)
+
+
+def _with_losses(works: list[ClaimedWork]) -> list[ClaimedWork]:
+    """Reclaimed ``works``, each with its lost attempt in its history (see
+    :meth:`Claimer.claim_stale`)."""
+    for work in works:
+        work.lost_started = work.claim_variant == 0
+        if work.lost_started:
+            entry = {"attempt": work.attempt - 1, "started": True}
+            error = "the runner stopped heart-beating"
+        else:
+            entry = {"attempt": work.attempt, "started": False}
+            error = "the runner stopped heart-beating before this attempt started; not counted"
+        work.history = append_entry(work.history, outcome="lost", error=error, **entry)
+        work.history_changed = True
+    return works

@@ -166,13 +166,14 @@ class FlowClaimer:
     # --- due work -----------------------------------------------------------------------
 
     def claim_due(
-        self, claimer: Claimer, limit: int, now: datetime | None, startable: int
-    ) -> list[ClaimedWork]:
-        """Claim due rows of the limited kinds: kinds with a slot or a rate window only as
-        many as the runner can start now (``startable``), so a claimed row never holds a
-        slot or a counted start while it waits for a thread; serial-key-only kinds as
-        many as ``limit`` (one per key), like plain kinds."""
-        works: list[ClaimedWork] = []
+        self, claimer: Claimer, limit: int, now: datetime | None, startable: int, works: list[ClaimedWork]
+    ) -> None:
+        """Claim due rows of the limited kinds into ``works``: kinds with a slot or a rate
+        window only as many as the runner can start now (``startable``), so a claimed row
+        never holds a slot or a counted start while it waits for a thread; serial-key-only
+        kinds as many as ``limit`` (one per key), like plain kinds. Each claim's rows are
+        added once it committed, so a later claim that raises leaves them there for the
+        caller to hand out (``claims.ClaimInterrupted``)."""
         self.retry_in = None
         clock = time.monotonic()
         for workflow in self._in_turn():
@@ -187,43 +188,42 @@ class FlowClaimer:
             budget -= len(works)
             if budget > 0:
                 self._found_nothing = False
-                works += self._claim_kind(claimer, workflow, budget, now)
+                self._claim_kind(claimer, workflow, budget, now, works)
                 if self._found_nothing:
                     # Nothing of this kind can start: a busy runner claims its other kinds
                     # many times a second, and need not ask again for a moment.
                     self._rest_until[workflow.kind] = clock + _REST
-        return works
 
     def _retry_within(self, seconds: float) -> None:
         self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
 
     def _claim_kind(
-        self, claimer: Claimer, workflow: Workflow, limit: int, now: datetime | None
-    ) -> list[ClaimedWork]:
-        """Claim up to ``limit`` rows of one kind, reading again (a few rounds) when another
-        runner took a slot number, a key, a start or a row first: a runner that gives up
-        here sleeps until its next poll while a slot may stand free."""
-        works: list[ClaimedWork] = []
+        self, claimer: Claimer, workflow: Workflow, limit: int, now: datetime | None, works: list[ClaimedWork]
+    ) -> None:
+        """Claim up to ``limit`` rows of one kind into ``works``, reading again (a few
+        rounds) when another runner took a slot number, a key, a start or a row first: a
+        runner that gives up here sleeps until its next poll while a slot may stand free."""
+        claimed = 0
         self._spread = False
         for _ in range(_ROUNDS):
-            wanted = limit - len(works)
+            wanted = limit - claimed
             if wanted <= 0:
                 break
             try:
                 got, asked = self._claim_kind_once(claimer, workflow, wanted, now)
             except _Shortfall as shortfall:
                 claimer.contended = self._spread = True
-                limit = len(works) + shortfall.granted
+                limit = claimed + shortfall.granted
                 continue
             except IntegrityError:
                 # Another runner took one of our slot numbers or keys at the same instant.
                 claimer.contended = self._spread = True
                 continue
-            works += got
+            works.extend(got)  # committed: ours even if a later round raises
+            claimed += len(got)
             if len(got) == asked:
                 break
             claimer.contended = self._spread = True  # rows lost to another runner
-        return works
 
     def _claim_kind_once(
         self, claimer: Claimer, workflow: Workflow, limit: int, now: datetime | None
@@ -398,11 +398,13 @@ class FlowClaimer:
 
     # --- stale work ---------------------------------------------------------------------
 
-    def claim_stale(self, claimer: Claimer, limit: int, *, cutoff: Any, variants: Any) -> list[ClaimedWork]:
-        """Reclaim stale rows of limited kinds. A reclaimed row keeps its slot and its key
-        (it never stopped being processing); a reclaim is a start, so it needs a start of
-        its rate window, and waits stale until one is free."""
-        works: list[ClaimedWork] = []
+    def claim_stale(
+        self, claimer: Claimer, limit: int, *, cutoff: Any, variants: Any, works: list[ClaimedWork]
+    ) -> None:
+        """Reclaim stale rows of limited kinds into ``works`` (as :meth:`claim_due` does).
+        A reclaimed row keeps its slot and its key (it never stopped being processing); a
+        reclaim is a start, so it needs a start of its rate window, and waits stale until
+        one is free."""
         for workflow in self._in_turn():
             if len(works) >= limit:
                 break
@@ -417,17 +419,18 @@ class FlowClaimer:
                 if not ids:  # nothing stale, or no start free in the window
                     break
                 try:
-                    works += self._claim_and_start(
-                        claimer,
-                        workflow.kind,
-                        flow,
-                        stale,
-                        ids,
-                        reclaimed=True,
-                        variants=variants,
+                    works.extend(
+                        self._claim_and_start(
+                            claimer,
+                            workflow.kind,
+                            flow,
+                            stale,
+                            ids,
+                            reclaimed=True,
+                            variants=variants,
+                        )
                     )
                     break
                 except _Shortfall as shortfall:
                     claimer.contended = True
                     budget = shortfall.granted
-        return works

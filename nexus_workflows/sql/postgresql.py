@@ -123,6 +123,9 @@ def set_local_lock_timeout(cursor: Any, seconds: float) -> None:
 # when lower) and half its statement_timeout (so a lock wait ends as a conflict, 55P03,
 # never as a cancel, 57014, which would halve a purge's batches); 0 counts as none. Whole
 # milliseconds, at least 1 (0 would mean no limit). Returns the value set, in ms.
+#: The longest lock_timeout PostgreSQL takes: an int of milliseconds (24.8 days). The
+#: settings allow a bound of up to ten years (PURGE_BATCH_SECONDS), which is no limit less.
+LOCK_TIMEOUT_MAX = 2_147_483.647
 _BOUNDED_LOCK_TIMEOUT = (
     "SELECT ms, set_config('lock_timeout', ms::text, true) FROM (SELECT GREATEST(1, CEIL(1000 * "
     "LEAST(%s::float8, "
@@ -134,9 +137,9 @@ _BOUNDED_LOCK_TIMEOUT = (
 
 @contextlib.contextmanager
 def lock_waits_at_most(using: str, seconds: float) -> Iterator[float | None]:
-    """Statements in the block wait at most ``seconds`` for a lock (then raise
-    ``OperationalError``, SQLSTATE 55P03), or less where the session's ``lock_timeout``
-    is lower or half its ``statement_timeout`` is: one transaction around the block, its
+    """Statements in the block wait at most ``seconds`` (and :data:`LOCK_TIMEOUT_MAX`) for
+    a lock (then raise ``OperationalError``, SQLSTATE 55P03), or less where the session's
+    ``lock_timeout`` is lower or half its ``statement_timeout`` is: one transaction around the block, its
     ``lock_timeout`` set for that transaction only (``set_config(…, true)``, as ``SET
     LOCAL``). Yields the seconds in effect.
 
@@ -148,7 +151,7 @@ def lock_waits_at_most(using: str, seconds: float) -> Iterator[float | None]:
         return
     with transaction.atomic(using=using):
         with connection.cursor() as cursor:
-            cursor.execute(_BOUNDED_LOCK_TIMEOUT, [seconds])
+            cursor.execute(_BOUNDED_LOCK_TIMEOUT, [min(seconds, LOCK_TIMEOUT_MAX)])
             milliseconds = cursor.fetchone()[0]
         yield milliseconds / 1000
 

@@ -10,7 +10,7 @@ from datetime import datetime
 from django.db import connections
 
 from nexus_workflows.conf import app_settings
-from nexus_workflows.deferred.claims import Claimer
+from nexus_workflows.deferred.claims import Claimer, ClaimInterrupted
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.capacity import Capacity
 from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
@@ -101,9 +101,11 @@ class LaneClaims:
             # task's the ORM's (it re-checks the queue). --once (a cutoff) has no listener.
             workflows = [work_id for work_id, kind in named if "." not in kind and cutoff is None]
             others = [work_id for work_id, kind in named if work_id not in workflows]
-            for due in (claimer.claim_workflow_ids(workflows), claimer.claim_due_ids(others, now=cutoff)):
-                self.claimed(due)
-                claimed += len(due)
+            by_id = claimer.claim_workflow_ids(workflows)
+            self.claimed(by_id)  # before the next claim, which may raise
+            tasks = claimer.claim_due_ids(others, now=cutoff)
+            self.claimed(tasks)
+            claimed += len(by_id) + len(tasks)
         return claimed
 
     def claim_due(self, cutoff: datetime | None) -> tuple[int, bool, int]:
@@ -115,7 +117,11 @@ class LaneClaims:
                 continue
             limit = self.capacity[lane].claim_limit(self.ledger.held_count(lane))
             startable = self.ledger.free_slots(self.capacity[lane].concurrency, lane)
-            due = claimer.claim_due(limit, now=cutoff, startable=startable) if limit > 0 else []
+            try:
+                due = claimer.claim_due(limit, now=cutoff, startable=startable) if limit > 0 else []
+            except ClaimInterrupted as interrupted:
+                self.claimed(interrupted.works)  # claimed before the error: they run
+                raise interrupted.error from interrupted.error.__cause__  # as it was raised
             self.claimed(due)
             full = 0 < limit <= len(due) or bool(due and claimer.contended)
             if limit > 0:

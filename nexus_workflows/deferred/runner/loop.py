@@ -19,7 +19,7 @@ from nexus_workflows import __version__
 from nexus_workflows.clock import database_now
 from nexus_workflows.conf import app_settings
 from nexus_workflows.deferred import wakeup
-from nexus_workflows.deferred.claims import Claimer
+from nexus_workflows.deferred.claims import Claimer, ClaimInterrupted
 from nexus_workflows.deferred.execution import Outcome
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner import dead_connections
@@ -431,15 +431,23 @@ class Runner:
         if check_stale:
             stale_limit = max(room, self.concurrency)
             free = sum(self._ledger.free_slots(cap.concurrency, lane) for lane, cap in self._capacity.items())
-            stale = self._claimer.claim_stale(
-                stale_limit, stale_after=self.stale_after, now=cutoff, startable=max(free, 0)
-            )
+            try:
+                stale = self._claimer.claim_stale(
+                    stale_limit, stale_after=self.stale_after, now=cutoff, startable=max(free, 0)
+                )
+            except ClaimInterrupted as interrupted:
+                # Reclaimed before the error: held (heart-beaten), guarded next turn.
+                self._reclaimed(interrupted.works)
+                raise interrupted.error from interrupted.error.__cause__  # as it was raised
             more = more or len(stale) >= stale_limit
-            self.stats.reclaimed += len(stale)
-            self._observer.claimed(stale)
-            self._ledger.add_unguarded(stale)
+            self._reclaimed(stale)
             claimed += guard_unguarded(self._ledger, self._tally, self._dispatch)
         return claimed, more
+
+    def _reclaimed(self, works: list[ClaimedWork]) -> None:
+        self.stats.reclaimed += len(works)
+        self._observer.claimed(works)
+        self._ledger.add_unguarded(works)
 
     # --- database outages -------------------------------------------------------------
 

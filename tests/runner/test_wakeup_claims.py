@@ -1,0 +1,66 @@
+"""The wake-up path's claims (rows a NOTIFY named, claimed by id): what one claim took is
+handed out even when the next claim of the same wake-up fails.
+
+Real PostgreSQL: another session holds a row lock on a Django task's row, and the
+runner's connection waits at most 200 ms for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import OperationalError, connection
+from django.utils import timezone
+
+from nexus_workflows import enqueue
+from nexus_workflows.database_errors import sqlstate
+from nexus_workflows.deferred.inserts import insert_pending
+from nexus_workflows.deferred.runner.capacity import Capacity
+from nexus_workflows.deferred.runner.lanes import LaneClaims, lane_of
+from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
+from nexus_workflows.deferred.transitions import ClaimedWork
+from nexus_workflows.models import DeferredWork, Status
+from tests.raw_connections import row_locked
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
+
+
+def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
+    pass
+
+
+def test_a_workflow_row_claimed_by_id_is_handed_out_when_the_tasks_claim_fails(
+    register_workflow: Any,
+) -> None:
+    kind = register_workflow(noop, retry_schedule=[1]).kind
+    workflow_id = int(enqueue(kind, {"key": "a"}) or 0)
+    task_id = insert_pending(
+        "default", kind="tasks.send", dedupe_key="t", trigger={}, now=timezone.now(), queue_name="default"
+    )
+    handed_out: list[ClaimedWork] = []
+    lanes = LaneClaims(
+        kinds=[kind],
+        queues=None,
+        using="default",
+        worker_id="w",
+        ledger=Ledger(lane_of),
+        capacity={SYNC: Capacity(4, 10), ASYNC: Capacity(4, 10)},
+        claimed=handed_out.extend,
+    )
+    lanes.new_work(workflow_id, kind)
+    lanes.new_work(task_id, "tasks.send")
+    try:
+        with row_locked(DeferredWork, task_id):
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = 200")
+            with pytest.raises(OperationalError) as raised:
+                lanes.claim_notified(None)
+    finally:
+        connection.close()  # the session's lock_timeout goes with it
+    assert sqlstate(raised.value) == "55P03"
+    # The workflow's row was claimed before the task's claim waited too long: it is handed
+    # out, not left processing unheld until STALE_AFTER.
+    assert [work.id for work in handed_out] == [workflow_id]
+    assert DeferredWork.objects.get(pk=workflow_id).status == Status.PROCESSING
+    assert DeferredWork.objects.get(pk=task_id).status == Status.PENDING
