@@ -119,13 +119,15 @@ def set_local_lock_timeout(cursor: Any, seconds: float) -> None:
     cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(seconds * 1000))}ms"])
 
 
+#: The longest lock_timeout PostgreSQL takes, in seconds: an int of milliseconds (24.8
+#: days). The settings allow PURGE_BATCH_SECONDS up to ten years; a longer bound than this
+#: is refused by the server (DataError), and would bound nothing anyway.
+LOCK_TIMEOUT_MAX = 2_147_483.647
+
 # The least of the bound (seconds, the parameter), the session's own lock_timeout (kept
 # when lower) and half its statement_timeout (so a lock wait ends as a conflict, 55P03,
 # never as a cancel, 57014, which would halve a purge's batches); 0 counts as none. Whole
 # milliseconds, at least 1 (0 would mean no limit). Returns the value set, in ms.
-#: The longest lock_timeout PostgreSQL takes: an int of milliseconds (24.8 days). The
-#: settings allow a bound of up to ten years (PURGE_BATCH_SECONDS), which is no limit less.
-LOCK_TIMEOUT_MAX = 2_147_483.647
 _BOUNDED_LOCK_TIMEOUT = (
     "SELECT ms, set_config('lock_timeout', ms::text, true) FROM (SELECT GREATEST(1, CEIL(1000 * "
     "LEAST(%s::float8, "
@@ -139,8 +141,8 @@ _BOUNDED_LOCK_TIMEOUT = (
 def lock_waits_at_most(using: str, seconds: float) -> Iterator[float | None]:
     """Statements in the block wait at most ``seconds`` (and :data:`LOCK_TIMEOUT_MAX`) for
     a lock (then raise ``OperationalError``, SQLSTATE 55P03), or less where the session's
-    ``lock_timeout`` is lower or half its ``statement_timeout`` is: one transaction around the block, its
-    ``lock_timeout`` set for that transaction only (``set_config(…, true)``, as ``SET
+    ``lock_timeout`` is lower or half its ``statement_timeout`` is: one transaction around
+    the block, its ``lock_timeout`` set for that transaction only (``set_config(…, true)``, as ``SET
     LOCAL``). Yields the seconds in effect.
 
     Already in a transaction, the block runs in it as it is (yields None): a local setting
