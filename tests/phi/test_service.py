@@ -230,12 +230,11 @@ def encode_in_another_process(code: str, value: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+# Django's documentation: with autocommit off, sqlite3 commits before a savepoint, so
+# atomic() (which every write uses) cannot roll anything back there.
+@pytest.mark.needs("autocommit_off_rollback")
 @pytest.mark.django_db(transaction=True)
 def test_a_rolled_back_encode_under_manual_transaction_management_is_not_cached(code: str) -> None:
-    if connection.vendor == "sqlite":
-        # Django's documentation: with autocommit off, sqlite3 commits before a savepoint,
-        # so atomic() (which every write uses) cannot be used there at all.
-        pytest.skip("SQLite cannot roll back writes made with autocommit off")
     # transaction.set_autocommit(False): no atomic block, so no on_commit says whether
     # the token will be committed. The cache kept it, and after the rollback this process
     # still decoded <<PERSONA_1>> as Ana once another process had given it to Beto.
