@@ -334,8 +334,11 @@ class DeferredWorkAdmin(
     def _log(self, request: HttpRequest, result: triage.TriageResult, message: str) -> None:
         if not result.changed:
             return
-        changed = DeferredWork.objects.filter(pk__in=[ref.pk for ref in result.changed]).only(
-            "pk", "kind", "status"
+        # Read back where they were changed: a lagging replica would still show the old status.
+        changed = (
+            DeferredWork.objects.using(result.using)
+            .filter(pk__in=[ref.pk for ref in result.changed])
+            .only("pk", "kind", "status")
         )
         LogEntry.objects.log_actions(staff_user_pk(request), changed, CHANGE, change_message=message)
 

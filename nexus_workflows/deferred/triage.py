@@ -53,6 +53,8 @@ class WorkRef:
 class TriageResult:
     changed: list[WorkRef] = field(default_factory=list)
     skipped: list[WorkRef] = field(default_factory=list)
+    #: The database the rows were changed on (the router's for writes; see ``_database``).
+    using: str = "default"
 
     @property
     def unregistered_kinds(self) -> list[str]:
@@ -129,7 +131,7 @@ def revive(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> Tria
     ("admin", "command line") and ``user`` who did it; both go into the history entry.
     """
     using = _database(queryset)
-    result = TriageResult()
+    result = TriageResult(using=using)
     who = {"by": by, **({"user": user} if user else {})}
     for row in _rows(queryset):
         for _ in range(_ROUNDS):
@@ -164,7 +166,7 @@ def run_now(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> Tri
     The attempt count and the history are left as they are: this only moves the wait.
     """
     using = _database(queryset)
-    result = TriageResult()
+    result = TriageResult(using=using)
     for row in _rows(queryset):
         if row["status"] != Status.PENDING:
             result.skipped.append(_ref(row))

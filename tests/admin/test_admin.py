@@ -741,6 +741,38 @@ def test_a_reveal_page_denies_framing_without_the_projects_middleware(revealer, 
 @pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True, databases=["default", "direct"])
 @pytest.mark.parametrize("how", ["action", "button"])
+def test_the_log_entry_of_a_revive_names_the_status_written_not_a_lagging_replicas(
+    triager, make_work, settings, how
+):
+    """The replica (``direct``) lags: its session reads from a snapshot taken before the
+    revive. The admin log entry names the row as revived ("pending"), read back from where
+    it was written; read from the replica it said "abandoned"."""
+    from django.contrib.admin.models import LogEntry
+    from django.db import connections
+
+    settings.DATABASE_ROUTERS = ["tests.testapp.routers.WorkReadFromDirect"]
+    abandoned = make_work(Status.ABANDONED)
+    replica = connections["direct"]
+    with replica.cursor() as cursor:  # a snapshot from now on, as a replica behind the primary
+        cursor.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        cursor.execute(f"SELECT count(*) FROM {DeferredWork._meta.db_table}")
+    try:
+        client = client_for(triager)
+        if how == "action":
+            action(client, "revive_selected", [abandoned])
+        else:
+            url = reverse("admin:nexus_workflows_deferredwork_revive", args=[abandoned.pk])
+            client.post(url, follow=True)
+    finally:
+        replica.close()  # its snapshot ends with it
+    assert DeferredWork.objects.using("default").get(pk=abandoned.pk).status == Status.PENDING
+    (entry,) = LogEntry.objects.filter(object_id=str(abandoned.pk))
+    assert entry.object_repr == f"{abandoned.kind} #{abandoned.pk} (pending)"
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True, databases=["default", "direct"])
+@pytest.mark.parametrize("how", ["action", "button"])
 def test_revive_and_run_now_write_where_the_router_sends_writes_not_to_the_read_replica(
     triager, make_work, settings, how
 ):
