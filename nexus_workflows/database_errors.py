@@ -82,8 +82,10 @@ def transaction_conflict(error: BaseException) -> str | None:
 
 def mysql_error_number(error: BaseException) -> int | None:
     """The server's error number of a MySQL/MariaDB error (mysqlclient's, which Django's
-    wrapper keeps as ``args[0]``); None for any other driver's."""
-    driver = error.__cause__ if error.__cause__ is not None else error
+    wrapper keeps as ``args[0]``); None for any other driver's. Django raises some (a failed
+    CHECK, 4025) as its own ``IntegrityError`` while handling the driver's: that one is its
+    context, not its cause."""
+    driver = error.__cause__ or error.__context__ or error
     if type(driver).__module__.partition(".")[0] != "MySQLdb":
         return None
     number = error.args[0] if error.args else None

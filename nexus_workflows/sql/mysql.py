@@ -28,6 +28,8 @@ from collections.abc import Iterator, Sequence
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
+from nexus_workflows.database_errors import mysql_error_number
+
 __all__ = [
     "EPOCH_OF_MINUTE",
     "INTEGER_DIVIDE",
@@ -57,10 +59,9 @@ _CHECK_NAME = re.compile(r"\ACONSTRAINT `(?P<name>[^`]+)` failed for ")
 
 
 def _error_number_and_text(error: Exception) -> tuple[int, str] | None:
-    args = error.args
-    if len(args) == 2 and isinstance(args[0], int) and isinstance(args[1], str):
-        return args[0], args[1]
-    return None
+    number = mysql_error_number(error)
+    text = error.args[1] if len(error.args) == 2 else None
+    return (number, text) if number is not None and isinstance(text, str) else None
 
 
 def constraint_name(error: Exception) -> str | None:

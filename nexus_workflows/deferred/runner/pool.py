@@ -41,7 +41,7 @@ def check_connections(using: str, outage: bool, idle: bool = False) -> None:
         if connection.connection is None or connection.in_atomic_block:
             continue
         if past_max_age(connection):
-            _close(connection)
+            close_connection(connection.alias)
         elif connection.errors_occurred or idle or (outage and connection.alias == using):
             try:
                 if connection.is_usable():
@@ -58,13 +58,6 @@ def past_max_age(connection: BaseDatabaseWrapper) -> bool:
     thread's life here: a new connection per attempt would cost more than the attempt)."""
     max_age = connection.settings_dict.get("CONN_MAX_AGE")
     return bool(max_age) and connection.close_at is not None and time.monotonic() >= connection.close_at
-
-
-def _close(connection: BaseDatabaseWrapper) -> None:
-    try:
-        connection.close()
-    except Exception:  # noqa: BLE001 - a broken connection fails to close, too
-        close_connection(connection.alias)
 
 
 def failed_for_an_outage(outcome: Outcome) -> bool:
