@@ -88,8 +88,9 @@ def attempts(work: DeferredWork) -> SafeString:
             else "This kind is not registered in this project, so its retry schedule is unknown"
         )
         return format_html('{} of <span class="nw-muted" title="{}">?</span>', attempt_number(work), unknown)
-    css = " nw-attempts--last" if attempt_number(work) >= allowed and work.status != Status.DONE else ""
-    return format_html('<span class="nw-attempts{}">{} of {}</span>', css, attempt_number(work), allowed)
+    number = attempts_module.number_of(work.attempt, allowed)  # a task's schedule: read once
+    css = " nw-attempts--last" if number >= allowed and work.status != Status.DONE else ""
+    return format_html('<span class="nw-attempts{}">{} of {}</span>', css, number, allowed)
 
 
 def next_attempt(work: DeferredWork, *, now: datetime | None = None, compact: bool = False) -> SafeString:

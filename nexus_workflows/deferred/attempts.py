@@ -26,9 +26,12 @@ def attempt_number(kind: str, attempt: int, backend_name: str = "") -> int:
     Work abandoned because its runners kept dying has ``attempt`` equal to the runs
     allowed, all of them lost, hence the cap.
     """
-    allowed = max_attempts(kind, backend_name)
-    number = attempt + 1
-    return min(number, allowed) if allowed else number
+    return number_of(attempt, max_attempts(kind, backend_name))
+
+
+def number_of(attempt: int, allowed: int | None) -> int:
+    """:func:`attempt_number` when the runs allowed are known already."""
+    return min(attempt + 1, allowed) if allowed else attempt + 1
 
 
 def describe_attempt(kind: str, attempt: int, backend_name: str = "") -> str:
