@@ -189,9 +189,9 @@ _UNIT_AFTER = re.compile(
 _MIN_PHONE_DIGITS = 7
 # What stands between two runs when they are two numbers side by side, not a fraction or a
 # date: a slash ("55-1234-5678/55-8765-4321", "…5678 / +52 55…", "…5678/(55) 8765…"), or a
-# conjunction glued to both ("5512345678ó5587654321").
+# conjunction glued to the next one ("5512345678ó5587654321", "55 1234 5678 y/o55 8765 4321").
 _SLASH_BETWEEN = re.compile(r"[ \t]*/{1,2}[ \t]*(?:\+[ \t]?)?\(?")
-_GLUED_CONJUNCTION = re.compile(r"[oOóÓyY]")
+_GLUED_CONJUNCTION = re.compile(r"[ \t]*(?:[oOóÓyY]|[yY]/[oO])")
 # A digit before a slash just before a run: "12/05/2024 …", "120/80 …" (a fraction or a
 # date), not "casa/55 1234 5678" nor "(cel)/55 1234 5678".
 _DIGIT_THEN_SLASH = re.compile(r"[0-9][ \t]{0,3}/$")
@@ -357,12 +357,35 @@ def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int
 
 def _numbers_side_by_side(shade: str, runs: list[re.Match[str]]) -> list[bool]:
     """For each pair of consecutive runs, whether what stands between them says "two numbers":
-    a slash (with spaces, the next number's "+" or "(") or a conjunction glued to both."""
+    a slash (with spaces, the next number's "+" or "(") or a conjunction glued to the next."""
     return [
         _SLASH_BETWEEN.fullmatch(shade, left.end(), right.start()) is not None
         or _GLUED_CONJUNCTION.fullmatch(shade, left.end(), right.start()) is not None
         for left, right in itertools.pairwise(runs)
     ]
+
+
+# A slash is a fraction's or a date's only with short groups on both sides: not when
+# another number stands across it ("55-1234-5678/55-8765-4321"), nor next to a group of
+# seven digits or more ("wa.me/5215512345678"), nor after a group of four or more (a
+# phone's last: "55 1234 5678/79", "55 1234 5678/cel"), nor before a run when no digit
+# stands before the slash ("(casa)/55 8765 4321").
+def _fraction_before(shade: str, start: int, first_group: int, number_before: bool) -> bool:
+    """Whether the slash just before a run starting at ``start`` ends a fraction or a date
+    ("12/05/2024 5512345678", "120/80 55 1234 5678"), so the run's first group is theirs."""
+    return (
+        first_group < _MIN_PHONE_DIGITS
+        and not number_before
+        and _DIGIT_THEN_SLASH.search(shade, max(0, start - 5), start) is not None
+    )
+
+
+def _fraction_after(shade: str, end: int, last_group: int, number_after: bool) -> bool:
+    """Whether the slash just after a run ending at ``end`` starts a fraction, a date or a
+    dose ("55 1234 5678 1/2", "… 2/día", "… 2017/3/18"), so the run's last group is theirs."""
+    if number_after:
+        return False
+    return last_group < _MIN_LAST_GROUP_BEFORE_SLASH or _MONTH_DAY_AFTER.match(shade, end) is not None
 
 
 def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[Detection]:
@@ -373,6 +396,7 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
     runs = list(_PHONE_RUN.finditer(shade))  # runs of seven digits or more
     # A run of seven digits or more on the other side is a number, not a fraction or a date.
     side_by_side = [False, *_numbers_side_by_side(shade, runs), False]
+    code_before = False  # the previous run was part of a code: "A5512345678y5587654321" is one
     for index, run in enumerate(runs):
         number_before, number_after = side_by_side[index], side_by_side[index + 1]
         start, end = run.start(), run.end()
@@ -387,37 +411,24 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
         after = shade[end] if end < len(shade) else ""
         if lowered is None:
             lowered = _lower(text)
-        if (
+        glued_to_number = number_before and not code_before  # "5512345678ó5587654321"
+        code_before = (
             before.isalpha()
-            and not number_before
+            and not glued_to_number
             and not _GLUED_CUE.search(lowered[max(0, start - 12) : start])
-        ):
+        )
+        if code_before:
             continue  # part of a code such as "A5512345678"
         # An amount, a percentage or the end of a fraction before; a unit ("mg"), a
         # fraction or a time ("2024-05-12 10:30") after: that group is not the phone's.
-        # A slash is a fraction's or a date's only with short groups on both sides: not
-        # when another number stands across it ("55-1234-5678/55-8765-4321"), nor next to a
-        # group of seven digits or more ("wa.me/5215512345678"), nor after a group of four
-        # or more (a phone's last: "55 1234 5678/79", "55 1234 5678/cel"), nor before a
-        # run when no digit stands before the slash ("(casa)/55 8765 4321").
         groups = _digit_groups(raw)
         skip_first = shade[max(0, start - 2) : start].strip().endswith("$") or (
-            before == "%"
-            or (
-                before == "/"
-                and groups[0] < _MIN_PHONE_DIGITS
-                and not number_before
-                and _DIGIT_THEN_SLASH.search(shade, max(0, start - 5), start) is not None
-            )
+            before == "%" or (before == "/" and _fraction_before(shade, start, groups[0], number_before))
         )
         skip_last = (
             (after.isalpha() and _UNIT_AFTER.match(lowered, end) is not None)
             or after == "%"
-            or (
-                after == "/"
-                and not number_after
-                and (groups[-1] < _MIN_LAST_GROUP_BEFORE_SLASH or _MONTH_DAY_AFTER.match(shade, end) is not None)
-            )
+            or (after == "/" and _fraction_after(shade, end, groups[-1], number_after))
             or _TIME_AFTER.match(shade, end) is not None
         )
         taken_to = start
