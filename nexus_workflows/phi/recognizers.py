@@ -399,13 +399,7 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
     code_before = False  # the previous run was part of a code: "A5512345678y5587654321" is one
     for index, run in enumerate(runs):
         number_before, number_after = side_by_side[index], side_by_side[index + 1]
-        start, end = run.start(), run.end()
-        if shade[start - 1 : start] == "(":
-            start -= 1
-        if shade[start - 1 : start] == "+":
-            start -= 1
-        elif shade[start - 2 : start] == "+ ":
-            start -= 2
+        start, end = _with_opening(shade, run.start()), run.end()
         raw = shade[start:end]
         before = shade[start - 1] if start else ""
         after = shade[end] if end < len(shade) else ""
@@ -431,23 +425,43 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
             or (after == "/" and _fraction_after(shade, end, groups[-1], number_after))
             or _TIME_AFTER.match(shade, end) is not None
         )
-        taken_to = start
-        for window_start, window_end in _windows(raw, skip_first, skip_last):
-            if start + window_start < taken_to:
+        found.extend(_phones_in_run(lowered, raw, start, _windows(raw, skip_first, skip_last), region))
+    return found
+
+
+def _with_opening(shade: str, start: int) -> int:
+    """Where a run starting at ``start`` starts with the "(" and "+" before it taken in."""
+    if shade[start - 1 : start] == "(":
+        start -= 1
+    if shade[start - 1 : start] == "+":
+        start -= 1
+    elif shade[start - 2 : start] == "+ ":
+        start -= 2
+    return start
+
+
+def _phones_in_run(
+    lowered: str, raw: str, start: int, windows: list[tuple[int, int]], region: str
+) -> list[Detection]:
+    """The numbers the matcher finds in a run's ``windows``, none overlapping an earlier one."""
+    found: list[Detection] = []
+    taken_to = start
+    for window_start, window_end in windows:
+        if start + window_start < taken_to:
+            continue
+        window = raw[window_start:window_end]
+        count = sum(char.isdigit() for char in window)
+        if count > _MAX_WINDOW_DIGITS:
+            continue
+        if region == "MX" and count < 10 and not window.lstrip("(").startswith("+"):
+            continue  # every Mexican number has ten digits; skip the matcher's cost
+        for rel_start, rel_end, value in _phones_in_window(window, region):
+            span_start, span_end = start + window_start + rel_start, start + window_start + rel_end
+            if span_start < taken_to:
                 continue
-            window = raw[window_start:window_end]
-            count = sum(char.isdigit() for char in window)
-            if count > _MAX_WINDOW_DIGITS:
-                continue
-            if region == "MX" and count < 10 and not window.lstrip("(").startswith("+"):
-                continue  # every Mexican number has ten digits; skip the matcher's cost
-            for rel_start, rel_end, value in _phones_in_window(window, region):
-                span_start, span_end = start + window_start + rel_start, start + window_start + rel_end
-                if span_start < taken_to:
-                    continue
-                cued = _cued(lowered, span_start, _PHONE_CUE)
-                found.append(Detection(span_start, span_end, "TELEFONO", value, cued))
-                taken_to = span_end
+            cued = _cued(lowered, span_start, _PHONE_CUE)
+            found.append(Detection(span_start, span_end, "TELEFONO", value, cued))
+            taken_to = span_end
     return found
 
 
