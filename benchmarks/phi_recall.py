@@ -164,7 +164,7 @@ def measure_speed(rows: list[dict], repeats: int) -> None:
             time_calls(lambda: encode_text(code, next(iterator)), repeats),
         )
     finally:
-        TokenMap.objects.filter(code=code).delete()
+        TokenMap.objects.for_code(code).delete()
 
 
 def main() -> None:

@@ -187,6 +187,19 @@ _UNIT_AFTER = re.compile(
     r"ra|er|ro|vo|mo|to|°|º|ª)(?![^\W\d_])"
 )
 _MIN_PHONE_DIGITS = 7
+# What stands between two runs when they are two numbers side by side, not a fraction or a
+# date: a slash ("55-1234-5678/55-8765-4321", "…5678 / +52 55…", "…5678/(55) 8765…"), or a
+# conjunction glued to the next one ("5512345678ó5587654321", "55 1234 5678 y/o55 8765 4321").
+_SLASH_BETWEEN = re.compile(r"[ \t]*/{1,2}[ \t]*(?:\+[ \t]?)?\(?")
+_GLUED_CONJUNCTION = re.compile(r"[ \t]*(?:[oOóÓyY]|[yY]/[oO])")
+# A digit before a slash just before a run: "12/05/2024 …", "120/80 …" (a fraction or a
+# date), not "casa/55 1234 5678" nor "(cel)/55 1234 5678".
+_DIGIT_THEN_SLASH = re.compile(r"[0-9][ \t]{0,3}/$")
+# A phone number ends in a group of four digits or more (55 1234 5678, 998 123 4567);
+# a fraction's numerator, a day, a month or a dose before a slash has fewer.
+_MIN_LAST_GROUP_BEFORE_SLASH = 4
+# ... unless it is the year of a date written year first ("2017/3/18", "2024/05/12").
+_MONTH_DAY_AFTER = re.compile(r"/[0-9]{1,2}/[0-9]{1,2}(?![0-9])")
 # Longest window handed to the matcher: "+52 1 (55) 1234-5678 ext" and a little more.
 _MAX_WINDOW_DIGITS = 20
 
@@ -290,6 +303,12 @@ def _phones_in_window(window: str, region: str) -> tuple[tuple[int, int, str], .
     return tuple(found)
 
 
+# Where a window may start or end: spaces before a group, or a dash or dot between two
+# groups of seven digits or more ("5512345678-5587654321"). No number is grouped so: two
+# numbers are, each written in one piece, and no window crosses that dash.
+_WINDOW_SEPARATOR = re.compile(r" +(?=[+(0-9])|(?<=[0-9]{7})(?P<between>[-.])(?=[0-9]{7})")
+
+
 def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int]]:
     """Where to try the matcher in a run: every stretch of whole space-separated groups
     holding 7 to ``_MAX_WINDOW_DIGITS`` digits, by start, the longest first. So a year or an
@@ -297,7 +316,8 @@ def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int
     another ("55 1234 5678 33 3616 1234", or after a list of lab values) are each found —
     not only the ones at the run's ends. ``skip_first``/``skip_last``: the first or last group
     belongs to what stands next to the run (a date, an amount, a time, a unit)."""
-    separators = list(re.finditer(r" +(?=[+(0-9])", run))
+    separators = list(_WINDOW_SEPARATOR.finditer(run))
+    between = [match.start() for match in separators if match.group("between")]
     starts = [0, *(match.end() for match in separators)]
     ends = [*(match.start() for match in separators), len(run)]
     if skip_first:
@@ -314,12 +334,15 @@ def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int
     digits_before = list(itertools.accumulate((char.isdigit() for char in run), initial=0))
     for start in starts:
         fitting: list[tuple[int, int]] = []
+        # The dash or dot between two numbers after this start, if any: no window crosses it.
+        at = bisect.bisect_left(between, start)
+        limit = between[at] if at < len(between) else len(run)
         # From the first end after this start (ends are in order): walking every earlier
         # end for every start took time in the square of the run's groups.
         for index in range(bisect.bisect_right(ends, start), len(ends)):
             end = ends[index]
             digits = digits_before[end] - digits_before[start]
-            if digits > _MAX_WINDOW_DIGITS:
+            if digits > _MAX_WINDOW_DIGITS or end > limit:
                 break  # longer windows only add digits; a run of lab values stays linear
             if digits < _MIN_PHONE_DIGITS:
                 continue
@@ -332,58 +355,113 @@ def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int
     return windows
 
 
+def _numbers_side_by_side(shade: str, runs: list[re.Match[str]]) -> list[bool]:
+    """For each pair of consecutive runs, whether what stands between them says "two numbers":
+    a slash (with spaces, the next number's "+" or "(") or a conjunction glued to the next."""
+    return [
+        _SLASH_BETWEEN.fullmatch(shade, left.end(), right.start()) is not None
+        or _GLUED_CONJUNCTION.fullmatch(shade, left.end(), right.start()) is not None
+        for left, right in itertools.pairwise(runs)
+    ]
+
+
+# A slash is a fraction's or a date's only with short groups on both sides: not when
+# another number stands across it ("55-1234-5678/55-8765-4321"), nor next to a group of
+# seven digits or more ("wa.me/5215512345678"), nor after a group of four or more (a
+# phone's last: "55 1234 5678/79", "55 1234 5678/cel"), nor before a run when no digit
+# stands before the slash ("(casa)/55 8765 4321").
+def _fraction_before(shade: str, start: int, first_group: int, number_before: bool) -> bool:
+    """Whether the slash just before a run starting at ``start`` ends a fraction or a date
+    ("12/05/2024 5512345678", "120/80 55 1234 5678"), so the run's first group is theirs."""
+    return (
+        first_group < _MIN_PHONE_DIGITS
+        and not number_before
+        and _DIGIT_THEN_SLASH.search(shade, max(0, start - 5), start) is not None
+    )
+
+
+def _fraction_after(shade: str, end: int, last_group: int, number_after: bool) -> bool:
+    """Whether the slash just after a run ending at ``end`` starts a fraction, a date or a
+    dose ("55 1234 5678 1/2", "… 2/día", "… 2017/3/18"), so the run's last group is theirs."""
+    if number_after:
+        return False
+    return last_group < _MIN_LAST_GROUP_BEFORE_SLASH or _MONTH_DAY_AFTER.match(shade, end) is not None
+
+
 def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[Detection]:
     """Phone numbers in ``text``; numbers without a country code are read in ``region``."""
     shade = shadow(text) if shadowed is None else shadowed
     lowered: str | None = None
     found: list[Detection] = []
-    for run in _PHONE_RUN.finditer(shade):  # runs of seven digits or more
-        start, end = run.start(), run.end()
-        if shade[start - 1 : start] == "(":
-            start -= 1
-        if shade[start - 1 : start] == "+":
-            start -= 1
-        elif shade[start - 2 : start] == "+ ":
-            start -= 2
+    runs = list(_PHONE_RUN.finditer(shade))  # runs of seven digits or more
+    # A run of seven digits or more on the other side is a number, not a fraction or a date.
+    side_by_side = [False, *_numbers_side_by_side(shade, runs), False]
+    code_before = False  # the previous run was part of a code: "A5512345678y5587654321" is one
+    for index, run in enumerate(runs):
+        number_before, number_after = side_by_side[index], side_by_side[index + 1]
+        start, end = _with_opening(shade, run.start()), run.end()
         raw = shade[start:end]
         before = shade[start - 1] if start else ""
         after = shade[end] if end < len(shade) else ""
         if lowered is None:
             lowered = _lower(text)
-        if before.isalpha() and not _GLUED_CUE.search(lowered[max(0, start - 12) : start]):
+        glued_to_number = number_before and not code_before  # "5512345678ó5587654321"
+        code_before = (
+            before.isalpha()
+            and not glued_to_number
+            and not _GLUED_CUE.search(lowered[max(0, start - 12) : start])
+        )
+        if code_before:
             continue  # part of a code such as "A5512345678"
         # An amount, a percentage or the end of a fraction before; a unit ("mg"), a
         # fraction or a time ("2024-05-12 10:30") after: that group is not the phone's.
-        # Unless a slash stands next to a group that alone has a phone number's digits:
-        # no fraction or date has those, "5512345678/5587654321" is two numbers and
-        # "wa.me/5215512345678" a link to one.
         groups = _digit_groups(raw)
         skip_first = shade[max(0, start - 2) : start].strip().endswith("$") or (
-            before == "%" or (before == "/" and groups[0] < _MIN_PHONE_DIGITS)
+            before == "%" or (before == "/" and _fraction_before(shade, start, groups[0], number_before))
         )
         skip_last = (
             (after.isalpha() and _UNIT_AFTER.match(lowered, end) is not None)
             or after == "%"
-            or (after == "/" and groups[-1] < _MIN_PHONE_DIGITS)
+            or (after == "/" and _fraction_after(shade, end, groups[-1], number_after))
             or _TIME_AFTER.match(shade, end) is not None
         )
-        taken_to = start
-        for window_start, window_end in _windows(raw, skip_first, skip_last):
-            if start + window_start < taken_to:
+        found.extend(_phones_in_run(lowered, raw, start, _windows(raw, skip_first, skip_last), region))
+    return found
+
+
+def _with_opening(shade: str, start: int) -> int:
+    """Where a run starting at ``start`` starts with the "(" and "+" before it taken in."""
+    if shade[start - 1 : start] == "(":
+        start -= 1
+    if shade[start - 1 : start] == "+":
+        start -= 1
+    elif shade[start - 2 : start] == "+ ":
+        start -= 2
+    return start
+
+
+def _phones_in_run(
+    lowered: str, raw: str, start: int, windows: list[tuple[int, int]], region: str
+) -> list[Detection]:
+    """The numbers the matcher finds in a run's ``windows``, none overlapping an earlier one."""
+    found: list[Detection] = []
+    taken_to = start
+    for window_start, window_end in windows:
+        if start + window_start < taken_to:
+            continue
+        window = raw[window_start:window_end]
+        count = sum(char.isdigit() for char in window)
+        if count > _MAX_WINDOW_DIGITS:
+            continue
+        if region == "MX" and count < 10 and not window.lstrip("(").startswith("+"):
+            continue  # every Mexican number has ten digits; skip the matcher's cost
+        for rel_start, rel_end, value in _phones_in_window(window, region):
+            span_start, span_end = start + window_start + rel_start, start + window_start + rel_end
+            if span_start < taken_to:
                 continue
-            window = raw[window_start:window_end]
-            count = sum(char.isdigit() for char in window)
-            if count > _MAX_WINDOW_DIGITS:
-                continue
-            if region == "MX" and count < 10 and not window.lstrip("(").startswith("+"):
-                continue  # every Mexican number has ten digits; skip the matcher's cost
-            for rel_start, rel_end, value in _phones_in_window(window, region):
-                span_start, span_end = start + window_start + rel_start, start + window_start + rel_end
-                if span_start < taken_to:
-                    continue
-                cued = _cued(lowered, span_start, _PHONE_CUE)
-                found.append(Detection(span_start, span_end, "TELEFONO", value, cued))
-                taken_to = span_end
+            cued = _cued(lowered, span_start, _PHONE_CUE)
+            found.append(Detection(span_start, span_end, "TELEFONO", value, cued))
+            taken_to = span_end
     return found
 
 

@@ -171,6 +171,95 @@ def test_numbers_written_one_after_another_are_each_found(text: str, phones: lis
     assert found(text) == [(phone, "TELEFONO") for phone in phones]
 
 
+@pytest.mark.parametrize(
+    ("text", "phones"),
+    [
+        # Grouped numbers around a slash: the groups next to it are short, like a fraction's
+        # or a date's, and both numbers went to the LLM in clear (one, when the other side
+        # was a single group).
+        ("55-1234-5678/55-8765-4321", ["55-1234-5678", "55-8765-4321"]),
+        ("55 1234 5678/55 8765 4321", ["55 1234 5678", "55 8765 4321"]),
+        ("(55) 1234-5678/(55) 8765-4321", ["(55) 1234-5678", "(55) 8765-4321"]),
+        ("+52 55 1234 5678/ +52 55 8765 4321", ["+52 55 1234 5678", "+52 55 8765 4321"]),
+        ("+52(55)1234-5678/+52(55)8765-4321", ["+52(55)1234-5678", "+52(55)8765-4321"]),
+        ("+52 1 55 1234 5678/+52 1 55 8765 4321", ["+52 1 55 1234 5678", "+52 1 55 8765 4321"]),
+        ("044 55 1234 5678/044 55 8765 4321", ["044 55 1234 5678", "044 55 8765 4321"]),
+        ("55.1234.5678/55.8765.4321", ["55.1234.5678", "55.8765.4321"]),
+        ("55 12 34 56 78/55 87 65 43 21", ["55 12 34 56 78", "55 87 65 43 21"]),
+        ("222 123 4567/222 765 4321", ["222 123 4567", "222 765 4321"]),
+        ("+1 (415) 555-2671/+1 (415) 555-2672", ["+1 (415) 555-2671", "+1 (415) 555-2672"]),
+        ("55 1234 5678 /55 8765 4321", ["55 1234 5678", "55 8765 4321"]),
+        ("55-1234-5678//55-8765-4321", ["55-1234-5678", "55-8765-4321"]),
+        ("5512345678/55 8765 4321", ["5512345678", "55 8765 4321"]),
+        ("tel 55 1234 5678/ cel 55 8765 4321", ["55 1234 5678", "55 8765 4321"]),
+        ("55 1234 5678 (casa)/55 8765 4321 (cel)", ["55 1234 5678", "55 8765 4321"]),
+        # Dates and a blood pressure around them keep their digits.
+        (
+            "TA 120/80, cita 12/05/2024 55-1234-5678/55-8765-4321 o el 19/05/2024",
+            ["55-1234-5678", "55-8765-4321"],
+        ),
+        # A number's last group before a slash is its own: a fraction's, a day's or a
+        # dose's group there has fewer than four digits. And after a word and a slash, the
+        # first group is the number's.
+        ("Tel./Fax: 55-1234-5678/79", ["55-1234-5678"]),
+        ("55 1234 5678/79", ["55 1234 5678"]),
+        ("55-1234-5678/cel", ["55-1234-5678"]),
+        ("55 1234 5678/ext 123", ["55 1234 5678"]),
+        ("cel/55 1234 5678", ["55 1234 5678"]),
+        ("(casa)/55-8765-4321", ["55-8765-4321"]),
+        # Glued together by a conjunction or a dash: each number, not one run of twenty
+        # digits (or a number and a "code" glued to a letter).
+        ("5512345678ó5587654321", ["5512345678", "5587654321"]),
+        ("5512345678y5587654321", ["5512345678", "5587654321"]),
+        ("55-1234-5678y55-8765-4321", ["55-1234-5678", "55-8765-4321"]),
+        ("55 1234 5678 y/o55 8765 4321", ["55 1234 5678", "55 8765 4321"]),
+        ("5512345678-5587654321", ["5512345678", "5587654321"]),
+    ],
+)
+def test_numbers_around_a_slash_or_glued_together_are_each_found(text: str, phones: list[str]) -> None:
+    assert found(f"mis teléfonos {text} gracias") == [(phone, "TELEFONO") for phone in phones]
+
+
+def test_numbers_around_a_slash_get_their_own_values() -> None:
+    assert values("55-1234-5678/55-8765-4321") == {"+525512345678", "+525587654321"}
+    assert values("(55) 1234-5678/(55) 8765-4321") == {"+525512345678", "+525587654321"}
+
+
+@pytest.mark.parametrize(
+    ("text", "phones"),
+    [
+        ("TA 120/80 55 1234 5678", ["55 1234 5678"]),
+        ("55 1234 5678 1/2 tableta", ["55 1234 5678"]),
+        ("55-1234-5678 3/4", ["55-1234-5678"]),
+        ("55 1234 5678 2/día", ["55 1234 5678"]),
+        ("55 1234 5678 1-2/día", ["55 1234 5678"]),
+        ("55 1234 5678 5/325 mg", ["55 1234 5678"]),
+        ("55 12 34 56 78 12/05/2024", ["55 12 34 56 78"]),
+        ("55 1234 5678 2024/05/12", ["55 1234 5678"]),
+        ("el 2024/05/12 55 1234 5678", ["55 1234 5678"]),
+        ("glucosa 98/102/95 55 1234 5678", ["55 1234 5678"]),
+        # A fraction between two numbers: neither number takes its digits.
+        ("55 12 34 56 78 1/2 55 87 65 43 21", ["55 12 34 56 78", "55 87 65 43 21"]),
+        ("55 1234 5678 120/80 55 8765 4321", ["55 1234 5678", "55 8765 4321"]),
+        # A slash with a word after it is no slash between two numbers: the heart rates'
+        # last group stays the "/min"'s, and the five of them are no number.
+        ("frecuencias 91 88 90 84 73/min, tel 55 1234 5678", ["55 1234 5678"]),
+        ("código A5512345678y5587654321 o 55 1234 5678", ["55 1234 5678"]),
+    ],
+)
+def test_a_fraction_or_date_next_to_a_number_keeps_its_digits(text: str, phones: list[str]) -> None:
+    # Guards: these held before the slash rules changed and must still hold.
+    assert found(text) == [(phone, "TELEFONO") for phone in phones]
+
+
+def test_two_halves_of_a_folio_joined_by_a_dash_are_not_a_number_abroad() -> None:
+    # Read as one window, "00490734-14064392" was 00 (the international prefix) and a
+    # valid German number. A dash between two groups of seven digits or more now parts
+    # them, and neither half is a number.
+    assert found("folio 00490734-14064392 ok") == []
+    assert found("folio 09492732-81504598 ok") == []
+
+
 NOT_IDENTIFIERS = [
     # dates and times
     "12/05/2024", "12-05-2024", "12.05.2024", "2024-05-12", "12 05 2024", "12 de mayo de 2024",
@@ -193,6 +282,22 @@ NOT_IDENTIFIERS = [
     # words that spell e-mails elsewhere
     "compré una arroba de naranjas", "a las 8 en punto", "desde mi punto de vista", "@clinica_salud",
     "maria@gmail", "nos vemos at home",
+    # next to a slash or glued: fractions, dates, ranges, lab values and folios, also where
+    # seven digits or more stand on both sides of the slash
+    "5/325 mg", "1-2/día", "glucosa 98/102/95", "glucosa 98/102/95/110/120/130/140", "2024/05/12",
+    "2017/3/18", "ciclo 2023/2024", "12/05/2024-19/05/2024", "2024-05-12/2024-06-12",
+    "12-05-2024 10/12-06-2024 11", "12/05/2024 10:30/13/05/2024 11:00", "20240512/20240612",
+    "plaquetas 250 000/mm3", "1 250 000/2 500 000", "glucosas 98 102 95 110/100 98 97 120",
+    "glucosas 98 102 95 110/120", "TA 120/80, 130/85, 125/80", "dosis 1500/2000 mg", "1000-2000/500-600",
+    "c/8 hrs", "1/2/3 tabletas", "ext. 2345/2346", "CP 06600/06700", "folio 483920/483921",
+    "orden 2024-000123/2024-000124", "folio 123-456/2024", "folio 20240512-20240612",
+    "lote 1234567-1234567", "guía 7123456.7891011", "código A5512345678y5587654321",
+    # a date's two-digit year before values in pairs (with it, a valid number in pairs)
+    "glucosas del 12/05/24 98 95 92 88", "TA del 12/05/24 90 85 88 92",
+    # five heart rates (valid as a number in pairs) before "/min" or a diastolic value
+    "frecuencias 91 88 90 84 73/min", "TA 91 88 90 84 73/60 mmHg",
+    # a year written first after a grouped folio: its group of four is the date's
+    "folio 395-621 2017/3/18", "exp. 222 123 2024/05/12", "folio 55 1234 2024/5/12",
 ]  # fmt: skip
 
 
@@ -447,6 +552,24 @@ def test_a_long_run_of_numbers_is_not_quadratic() -> None:
     labs = "98 102 95 110 " * 1_000
     spans = found(f"{labs}55 1234 5678 {labs}33 3616 1234 {labs}")
     assert spans == [("55 1234 5678", "TELEFONO"), ("33 3616 1234", "TELEFONO")]
+
+
+def test_many_numbers_around_slashes_are_found_in_linear_time() -> None:
+    # Each run is compared with its neighbours once: a pasted list of 10,000 numbers joined
+    # by slashes (130,000 characters) takes well under a second.
+    numbers = [f"55-{1000 + n % 9000:04d}-{(n * 7919) % 10_000:04d}" for n in range(10_000)]
+    started = time.perf_counter()
+    spans = found("/".join(numbers))
+    assert time.perf_counter() - started < 5
+    assert [surface for surface, _ in spans] == numbers
+    # Numbers in one piece joined by dashes and dots: one run of 100,000 digits, split at
+    # each joint, and no window crosses one.
+    numbers = [number.replace("-", "") for number in numbers]
+    joined = "".join(f"{number}{'-.'[n % 2]}" for n, number in enumerate(numbers))
+    started = time.perf_counter()
+    spans = found(joined)
+    assert time.perf_counter() - started < 5
+    assert [surface for surface, _ in spans] == numbers
 
 
 def test_an_address_of_many_labels_still_stops_at_its_top_level_domain() -> None:
