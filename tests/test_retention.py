@@ -433,7 +433,8 @@ def test_a_runner_says_once_that_a_held_lock_keeps_its_prune_back_as_for_a_batch
     from nexus_workflows.models import FlowWindowSlot
 
     def held_for_three_purges() -> None:
-        slot = FlowWindowSlot.objects.create(name="gone", slot=0, started_at=timezone.now() - timedelta(days=800))
+        old = timezone.now() - timedelta(days=800)
+        slot = FlowWindowSlot.objects.create(name="gone", slot=0, started_at=old)
         with row_locked(FlowWindowSlot, slot.pk):
             for _ in range(3):
                 assert purging.batch() is False

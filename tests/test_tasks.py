@@ -804,6 +804,7 @@ def test_a_task_that_cannot_be_loaded_is_looked_up_once_for_a_page_of_its_rows(
             status=Status.ABANDONED,
             attempt=number,
         )
+    key = ("tests.testapp.vanished_tasks.send_reminder", "default")
     searches = ImportSearches("tests.testapp.vanished_tasks")
     sys.meta_path.insert(0, searches)
     try:
@@ -813,7 +814,7 @@ def test_a_task_that_cannot_be_loaded_is_looked_up_once_for_a_page_of_its_rows(
         admin_client.get("/admin/nexus_workflows/deferredwork/")
         assert searches.count == 1  # within RECHECK_AFTER: remembered
         wait_for(
-            lambda: ("tests.testapp.vanished_tasks.send_reminder", "default") not in registry.unloadable_tasks,
+            lambda: key not in registry.unloadable_tasks,
             timeout=5,
             what="the failed load to be forgotten",
         )

@@ -113,7 +113,6 @@ class Purging:
         logger.debug("a purge batch did not pass again (%s); trying at the next sweep", conflict)
         return False
 
-
     def _prune(self) -> None:
         conflict = retention.prune_rate_windows(self.using, self.sizes.target)
         if conflict is None:
