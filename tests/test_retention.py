@@ -20,7 +20,7 @@ from nexus_workflows.deferred.runner.purging import Purging
 from nexus_workflows.deferred.runner.stats import RunStats
 from nexus_workflows.models import DeferredWork, Status
 from tests.processes import wait_for
-from tests.raw_connections import raw_connection
+from tests.raw_connections import raw_connection, row_locked
 
 pytestmark = pytest.mark.django_db
 
@@ -421,3 +421,34 @@ def test_a_runner_purges_with_the_longest_batch_budget_the_checks_accept() -> No
         connection.close()  # the session's settings go with it
     assert more is False
     assert DeferredWork.objects.count() == 1
+
+
+@pytest.mark.needs("row_locks")
+@pytest.mark.django_db(transaction=True)
+@override_settings(NEXUS_WORKFLOWS={"PURGE_BATCH_SECONDS": 0.2})
+def test_a_runner_says_once_that_a_held_lock_keeps_its_prune_back_as_for_a_batch(caplog: Any) -> None:
+    """A slot row locked for long holds the runner's prune back at every purge (once a
+    sweep): a WARNING when it starts, DEBUG while it lasts, nothing when it passes, as a
+    batch's conflict; a lock held again later is said again."""
+    from nexus_workflows.models import FlowWindowSlot
+
+    def held_for_three_purges() -> None:
+        old = timezone.now() - timedelta(days=800)
+        slot = FlowWindowSlot.objects.create(name="gone", slot=0, started_at=old)
+        with row_locked(FlowWindowSlot, slot.pk):
+            for _ in range(3):
+                assert purging.batch() is False
+            assert FlowWindowSlot.objects.count() == 1
+        assert purging.batch() is False  # the lock is gone: the prune passes
+        assert FlowWindowSlot.objects.count() == 0
+
+    purging = Purging("default", RunStats())
+    try:
+        with caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
+            held_for_three_purges()
+            held_for_three_purges()
+    finally:
+        connection.close()  # the session's settings go with it
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "rate-window" in r.getMessage()]
+    assert [level for level, _ in said] == ["WARNING", "DEBUG", "DEBUG"] * 2, said
+    assert all(message.startswith("pruning unused rate-window rows did not pass") for _, message in said)

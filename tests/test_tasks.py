@@ -5,6 +5,7 @@ tests run on Django 5.2 (the django-tasks backport), 6.0 and 6.1 (``django.tasks
 
 from __future__ import annotations
 
+import importlib.abc
 import io
 import logging
 import sys
@@ -770,6 +771,57 @@ def test_a_tasks_attempts_count_against_its_schedule_on_the_triage_desk(admin_cl
     assert "2 of 3" in detail
     assert describe_attempt(row.kind, row.attempt, row.backend_name) == "attempt 2 of 3"
     assert describe_attempt(gone.kind, gone.attempt, gone.backend_name) == "attempt 5"
+
+
+class ImportSearches(importlib.abc.MetaPathFinder):
+    """Counts the import system's searches for one module (each failed import searches
+    again), finding nothing itself: the real finders after it answer."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        self.count = 0
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == self.module:
+            self.count += 1
+
+
+def test_a_task_that_cannot_be_loaded_is_looked_up_once_for_a_page_of_its_rows(
+    admin_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its failed load is remembered for a while (RECHECK_AFTER), not tried for each row
+    (twice per row before: the cap, then the number), and tried again once that passed."""
+    from nexus_workflows.deferred.registry import registry
+
+    registry.unloadable_tasks.forget()
+    monkeypatch.setattr(registry.unloadable_tasks, "recheck_after", 0.5)
+    for number in range(5):
+        DeferredWork.objects.create(
+            kind="tests.testapp.vanished_tasks.send_reminder",
+            dedupe_key=f"vanished-{number}",
+            trigger={"args": [], "kwargs": {}},
+            backend_name="default",
+            status=Status.ABANDONED,
+            attempt=number,
+        )
+    key = ("tests.testapp.vanished_tasks.send_reminder", "default")
+    searches = ImportSearches("tests.testapp.vanished_tasks")
+    sys.meta_path.insert(0, searches)
+    try:
+        listing = admin_client.get("/admin/nexus_workflows/deferredwork/").content.decode()
+        assert listing.count("This task cannot be loaded in this process") == 5
+        assert searches.count == 1
+        admin_client.get("/admin/nexus_workflows/deferredwork/")
+        assert searches.count == 1  # within RECHECK_AFTER: remembered
+        wait_for(
+            lambda: key not in registry.unloadable_tasks,
+            timeout=5,
+            what="the failed load to be forgotten",
+        )
+        admin_client.get("/admin/nexus_workflows/deferredwork/")
+        assert searches.count == 2  # a deploy may have added it: tried again, once
+    finally:
+        sys.meta_path.remove(searches)
 
 
 # --- real runner processes ----------------------------------------------------------------

@@ -87,7 +87,8 @@ def attempts(work: DeferredWork) -> SafeString:
             if work.backend_name
             else "This kind is not registered in this project, so its retry schedule is unknown"
         )
-        return format_html('{} of <span class="nw-muted" title="{}">?</span>', attempt_number(work), unknown)
+        number = attempts_module.number_of(work.attempt, None)  # not looked up a second time
+        return format_html('{} of <span class="nw-muted" title="{}">?</span>', number, unknown)
     number = attempts_module.number_of(work.attempt, allowed)  # a task's schedule: read once
     css = " nw-attempts--last" if number >= allowed and work.status != Status.DONE else ""
     return format_html('<span class="nw-attempts{}">{} of {}</span>', css, number, allowed)

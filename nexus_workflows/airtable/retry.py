@@ -4,10 +4,10 @@ pyairtable's own ``retry_strategy`` is switched off (see :mod:`.client`), so the
 are the only ones:
 
 * at most ``AIRTABLE_MAX_ATTEMPTS`` requests (default 3);
-* transient: HTTP 408, 429, 500, 502, 503, 504 and network failures. After 429 (and a 503
-  that sends one) the wait is ``Retry-After`` when given, else after 429 its 30-second
-  penalty (``AIRTABLE_RATE_LIMIT_DELAY``); other transient failures back off exponentially
-  from ``AIRTABLE_RETRY_BASE_DELAY`` with jitter;
+* transient: HTTP 408, 429, 500, 502, 503, 504 and network failures. After 429 or a 5xx
+  that sends one, the wait is ``Retry-After`` (at most ``AIRTABLE_MAX_RETRY_AFTER``), else
+  after 429 its 30-second penalty (``AIRTABLE_RATE_LIMIT_DELAY``); other transient
+  failures back off exponentially from ``AIRTABLE_RETRY_BASE_DELAY`` with jitter;
 * a failure after which the request may have been carried out — a network failure once it
   may have reached Airtable (connection reset, read timeout, the request's
   ``AIRTABLE_TIMEOUT`` passed: see :mod:`.deadline`), or HTTP 500, 502, 504 (an internal
@@ -59,8 +59,9 @@ T = TypeVar("T")
 
 RATE_LIMITED = 429
 TRANSIENT_STATUSES = frozenset({408, RATE_LIMITED, 500, 502, 503, 504})
-#: Statuses whose ``Retry-After`` is waited (Airtable's rate limit; an overloaded service).
-WAITS_RETRY_AFTER = frozenset({RATE_LIMITED, 503})
+#: Statuses whose ``Retry-After`` is waited when retried (Airtable's rate limit; a server
+#: or gateway error: a service that says when to come back is asking for that much).
+WAITS_RETRY_AFTER = frozenset({RATE_LIMITED, 500, 502, 503, 504})
 
 # Airtable's error types are upper-case identifiers. Anything else in that slot (an
 # HTML page from a proxy, a message) is not repeated, since it could echo request data.

@@ -20,6 +20,7 @@ from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.utils.module_loading import autodiscover_modules
 
 from nexus_workflows.conf import app_settings
+from nexus_workflows.deferred.unloadable import RecentlyUnloadable
 from nexus_workflows.exceptions import AlreadyRegistered, RegistrationError, UnknownWorkflow
 from nexus_workflows.flow.options import OPTION_NAMES, FlowLimits, KeyFunction, build_flow_limits
 from nexus_workflows.limits import KIND_MAX_LENGTH
@@ -168,6 +169,7 @@ class WorkflowRegistry:
     def __init__(self) -> None:
         self._workflows: dict[str, Workflow] = {}
         self._lock = threading.Lock()
+        self.unloadable_tasks = RecentlyUnloadable()
 
     def register(
         self,
@@ -262,11 +264,17 @@ class WorkflowRegistry:
 
     def task_max_attempts(self, path: str, backend_alias: str) -> int | None:
         """Runs a Django task enqueued on ``backend_alias`` is allowed (its own
-        ``retry_schedule`` or its backend's), or None where it cannot be loaded."""
-        if self.task_adapter is None:
+        ``retry_schedule`` or its backend's), or None where it cannot be loaded. A task
+        that could not be loaded is not tried again for :data:`.unloadable.RECHECK_AFTER`
+        seconds (loaded ones are cached by the adapter): a page of its rows, or a log
+        line per attempt, would otherwise try to import it once per row."""
+        if self.task_adapter is None or (path, backend_alias) in self.unloadable_tasks:
             return None
         workflow = self.task_adapter(path, backend_alias)
-        return workflow.max_attempts if getattr(workflow, "loaded", True) else None
+        if getattr(workflow, "loaded", True):
+            return workflow.max_attempts
+        self.unloadable_tasks.remember((path, backend_alias))
+        return None
 
     def __contains__(self, kind: object) -> bool:
         return kind in self._workflows

@@ -101,6 +101,7 @@ def purge_sized_batch(
     now: datetime | None = None,
     using: str | None = None,
     lock_wait: float | None = None,
+    prune: bool = True,
 ) -> int | None:
     """One batch of ``sizes.size`` rows, reported to ``sizes``; how many rows it deleted,
     or ``None`` when the database cancelled it (SQLSTATE 57014, ``QueryCanceled``): the
@@ -115,6 +116,10 @@ def purge_sized_batch(
     usable; otherwise in autocommit, as before: a cancel leaves the session fine, and the
     read and the DELETE stay two transactions (one would hold the read's snapshot under
     REPEATABLE READ, and SQLite's deferred BEGIN would upgrade to a write lock mid-way).
+
+    With nothing deleted it prunes rate-window rows too, saying so when that meets another
+    transaction, unless ``prune`` is false (the runner prunes itself, to say it once:
+    :func:`prune_rate_windows`).
     """
     using = using or router.db_for_write(DeferredWork)
     started = time.monotonic()
@@ -129,7 +134,7 @@ def purge_sized_batch(
         sizes.cancelled(time.monotonic() - started, sql.for_connection(using).statement_timeout(using))
         return None
     sizes.completed(deleted, time.monotonic() - started)
-    if not deleted:
+    if not deleted and prune:
         # Outside the batch: a cancel of the prune (another table, one unbounded DELETE)
         # says nothing about the work table's batch size.
         _prune_rate_windows(using, lock_wait)
@@ -143,6 +148,19 @@ def _savepoint_in_a_transaction(using: str) -> AbstractContextManager[Any]:
 
 
 def _prune_rate_windows(using: str, lock_wait: float | None) -> None:
+    conflict = prune_rate_windows(using, lock_wait)
+    if conflict is not None:
+        logger.warning(
+            "pruning unused rate-window rows did not pass (%s); trying again at the next purge",
+            conflict,
+        )
+
+
+def prune_rate_windows(using: str, lock_wait: float | None) -> str | None:
+    """Drop rate-window rows unused for an hour that no longer count under their window's
+    period, each ``DELETE`` waiting at most ``lock_wait`` seconds for a lock; what kept it
+    from passing when it met another transaction (:func:`.database_errors.transaction_conflict`),
+    for the caller to say, else None. A cancel (``statement_timeout``) is said here."""
     # A slot row can be locked for long too: a project's transaction that called
     # rate_limited() on a key unused for its period, and stays open.
     try:
@@ -151,17 +169,14 @@ def _prune_rate_windows(using: str, lock_wait: float | None) -> None:
     except OperationalError as error:
         conflict = transaction_conflict(error)
         if conflict is not None:
-            logger.warning(
-                "pruning unused rate-window rows did not pass (%s); trying again at the next purge",
-                conflict,
-            )
-            return
+            return conflict
         if not is_query_canceled(error):
             raise
         logger.warning(
             "pruning unused rate-window rows was cancelled by the database (statement_timeout?); "
             "trying again at the next purge"
         )
+    return None
 
 
 def purge_expired(*, now: datetime | None = None, using: str | None = None) -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.urls import NoReverseMatch, reverse
 from rq import get_current_job
-from rq.job import Job
+from rq.job import Job, JobStatus
 
 from nexus_workflows.deferred.history import describe_error
 from nexus_workflows.deferred.registry import registry
@@ -84,17 +84,31 @@ def _run(kind: str, trigger: Any) -> None:
     # logs and stores the whole chain, message included.
     if failed is not None:
         raise _job_failed(kind, failed) from None
-    _forget_earlier_error()
+    _forget_earlier_error(kind)
     logger.debug("%s job finished", kind)
 
 
-def _forget_earlier_error() -> None:
+def _forget_earlier_error(kind: str) -> None:
     """A failed job requeued (from django-rq's pages) that now succeeded: the error sealed
-    by its failed run is not this run's, and its reveal page would show it as the job's."""
+    by its failed run is not this run's, and its reveal page would show it as the job's.
+
+    ``prepare`` has returned: a write that fails here (Redis gone, out of memory, a
+    timeout) must not fail the job, which RQ would then record as failed though its work
+    was done (it is not run again). It is logged, by type only; :func:`error_of` shows no
+    error for a finished job, whatever its meta still holds."""
     job = get_current_job()
-    if job is not None and SEALED_ERROR in job.meta:
-        del job.meta[SEALED_ERROR]
+    if job is None or SEALED_ERROR not in job.meta:
+        return
+    del job.meta[SEALED_ERROR]
+    try:
         job.save_meta()
+    except Exception as error:  # noqa: BLE001 - the job succeeded; only this write failed
+        logger.error(
+            "%s job finished, but its earlier run's error could not be removed from the job (%s); "
+            "the job is recorded as finished",
+            kind,
+            type(error).__name__,
+        )
 
 
 def _job_failed(kind: str, error: BaseException) -> JobFailed:
@@ -146,6 +160,9 @@ def trigger_of(job: Job) -> Any:
 
 def error_of(job: Job) -> str | None:
     """A failed ``prepare``'s message, ``None`` if the job has not failed that way;
-    :class:`SealedDataUnreadable` if no key opens it."""
+    :class:`SealedDataUnreadable` if no key opens it. A finished job has none: an error
+    still in its meta is an earlier run's, whose removal failed (:func:`_forget_earlier_error`)."""
+    if job.get_status(refresh=False) == JobStatus.FINISHED:
+        return None
     sealed = job.meta.get(SEALED_ERROR)
     return None if sealed is None else open_error(job.id, sealed)

@@ -11,6 +11,7 @@ runners' ``nexus_workflows_attempts_total{outcome="done"}`` counts them as they 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -54,3 +55,18 @@ def work_figures(using: str) -> WorkFigures:
     due = rows.due(figures.now).order_by().values_list("kind").annotate(oldest=Min("next_attempt_at"))
     figures.oldest_due = dict(due)
     return figures
+
+
+def task_paths(using: str, queues: Sequence[str] | None) -> list[str]:
+    """Django task paths (a task's kind) with rows of a counted status on ``queues`` (None:
+    every queue), which a runner of those queues may claim: the kinds of
+    ``nexus_workflows_work`` that are tasks, no more. One query per status, as above."""
+    if queues is not None and not queues:
+        return []
+    rows = DeferredWork.objects.using(using).exclude(backend_name="")
+    if queues is not None:
+        rows = rows.filter(queue_name__in=list(queues))
+    found: set[str] = set()
+    for status in COUNTED_STATUSES:
+        found.update(rows.filter(status=status).order_by().values_list("kind", flat=True).distinct())
+    return sorted(found)

@@ -10,7 +10,9 @@
   ``PROMETHEUS_MULTIPROC_DIR`` says) and serves both on
   ``runworkflows --metrics-port``: ``nexus_workflows_attempts_total{kind,outcome}``,
   ``nexus_workflows_attempt_duration_seconds{kind}``, ``nexus_workflows_in_flight``,
-  ``nexus_workflows_claims_total``, ``nexus_workflows_database_outages_total``.
+  ``nexus_workflows_claims_total``, ``nexus_workflows_database_outages_total``. Each kind's
+  series start at 0 (:meth:`RunnerMetrics.start_at_zero`): a Django task path's too, at
+  start when it has rows, or when the runner first claims it.
 
 Labels are kinds, statuses, outcomes and limit names only: never a dedupe key, a serial
 or rate key, a trigger or an error.
@@ -198,12 +200,23 @@ class RunnerMetrics:
         self._lock = threading.Lock()  # new kinds come from worker threads
         # Every series exists from the start at 0, so rate() and absent() work at once.
         for kind in kinds:
-            for outcome in OUTCOMES:
-                self.attempt_ended(kind, outcome, count_only=True)
-            self._duration(kind)
+            self.start_at_zero(kind)
         self.registry.register(_RunnerCollector(self))
         self.registry.register(DatabaseCollector(using=using, close_connection=True))
         self._server: Any = None
+
+    def start_at_zero(self, kind: str) -> None:
+        """Make ``kind``'s series (every outcome, its durations) at 0 where they are not yet.
+
+        A series that first appears at 1 is missed by ``increase()`` and ``rate()``: a
+        kind given up on for the first time would raise no alert. Registered kinds and
+        the Django task paths with rows start at 0 when the runner does; a task path
+        enqueued later, when this runner first claims it (before its attempt can end)."""
+        if (kind, OUTCOMES[0]) in self._attempts:
+            return  # the common case, on every claim: nothing to make
+        for outcome in OUTCOMES:
+            self.attempt_ended(kind, outcome, count_only=True)
+        self._duration(kind)
 
     def _duration(self, kind: str) -> _Durations:
         child = self._durations.get(kind)

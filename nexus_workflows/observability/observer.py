@@ -33,6 +33,7 @@ from nexus_workflows.database_errors import is_database_unavailable
 from nexus_workflows.deferred.attempts import attempt_number
 from nexus_workflows.observability import counts, runners
 from nexus_workflows.observability.clock import database_now
+from nexus_workflows.observability.figures import task_paths
 from nexus_workflows.observability.metrics import RunnerMetrics
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
@@ -55,8 +56,10 @@ class Observer:
         wakeup_mode: Callable[[], str] = lambda: "poll",
         metrics_host: str = "127.0.0.1",
         metrics_port: int | None = None,
+        queues: Sequence[str] | None = (),
     ) -> None:
         self.kinds = list(kinds)
+        self.queues = queues  # of Django tasks: None for every queue
         self.concurrency = concurrency
         self.using = using
         self.in_flight = in_flight
@@ -85,12 +88,28 @@ class Observer:
         the endpoint for the start line (empty without one)."""
         endpoint = ""
         if self.metrics_port is not None:
-            self.metrics = RunnerMetrics(kinds=self.kinds, using=self.using, in_flight=self.in_flight)
+            self.metrics = RunnerMetrics(
+                kinds=[*self.kinds, *self._task_paths()], using=self.using, in_flight=self.in_flight
+            )
             port = self.metrics.serve(self.metrics_host, self.metrics_port)
             host = f"[{self.metrics_host}]" if ":" in self.metrics_host else self.metrics_host
             endpoint = f"http://{host}:{port}/metrics"
         self._register()
         return endpoint
+
+    def _task_paths(self) -> list[str]:
+        """The Django task paths with rows this runner may claim, for their series to start
+        at 0; none when the database does not answer (they start at 0 when first claimed)."""
+        try:
+            return task_paths(self.using, self.queues)
+        except DatabaseError as error:
+            logger.warning(
+                "metrics: the Django task paths with rows were not read (%s); their series start "
+                "when first claimed",
+                type(error).__name__,
+            )
+            _close(self.using)
+            return []
 
     def stop(self) -> None:
         try:
@@ -131,6 +150,8 @@ class Observer:
 
     def claimed(self, works: Sequence[Any]) -> None:
         if self.metrics is not None and works:
+            for work in works:
+                self.metrics.start_at_zero(work.kind)  # before its attempt can end
             self.metrics.claims.inc(len(works))
 
     def attempt_started(self, work: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -157,6 +158,39 @@ def test_a_503s_retry_after_is_waited(
         assert get_records(BASE, "Patients") == []
 
     assert [r.retry_delay for r in retry_records(caplog)] == [0.2]  # not the 0.01 s back-off
+
+
+@pytest.mark.parametrize("status", [500, 502, 504])
+def test_a_retried_5xx_waits_its_retry_after(
+    airtable: AirtableEmulator, caplog: pytest.LogCaptureFixture, status: int
+) -> None:
+    """A read (safe to repeat) answered 500, 502 or 504 with Retry-After waits it, as
+    after 429 and 503, not the few milliseconds of back-off."""
+    airtable.add(BASE, "Patients", {"Name": "a"})
+    airtable.fail(status, method="GET", retry_after="0.2")
+
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="nexus_workflows.airtable"):
+        assert len(get_records(BASE, "Patients")) == 1
+
+    assert time.monotonic() - started >= 0.2
+    assert [r.fault for r in airtable.requests_for("GET")] == ["status", None]
+    assert [r.retry_delay for r in retry_records(caplog)] == [0.2]  # not the 0.01 s back-off
+
+
+@pytest.mark.parametrize("status", [500, 502, 504])
+def test_a_5xx_retry_after_longer_than_allowed_ends_an_update(
+    airtable: AirtableEmulator, airtable_config: Callable[..., None], status: int
+) -> None:
+    airtable_config(airtable.url, AIRTABLE_MAX_RETRY_AFTER=10)
+    airtable.add(BASE, "Patients", {"Name": "a", "Status": "new"})
+    airtable.fail(status, method="PATCH", retry_after=120)
+
+    with pytest.raises(AirtableHTTPError) as caught:
+        update_record_by_filter(BASE, "Patients", {"Name": "a"}, {"Status": "seen"})
+
+    assert len(airtable.requests_for("PATCH")) == 1
+    assert (caught.value.status, caught.value.retry_after, caught.value.transient) == (status, 120, True)
 
 
 def test_backoff_doubles_from_the_base_delay_with_jitter(

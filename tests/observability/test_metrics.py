@@ -21,6 +21,7 @@ from nexus_workflows import enqueue
 from nexus_workflows.models import DeferredWork, OutcomeCount, Status
 from tests.processes import ManagePy, url_of_test_database, wait_for
 from tests.tcp_proxy import TcpProxy
+from tests.testapp.models import Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,6 +161,47 @@ def test_a_runner_endpoint_scraped_after_a_drain_matches_the_rows() -> None:
     for _name, labels in found:
         for _, value in labels:
             assert not value.startswith(("done-", "retry once-", "permanent-"))  # no dedupe key
+
+
+@pytest.mark.slow
+def test_a_django_tasks_series_start_at_zero_before_its_first_attempt_ends(tmp_path: Any) -> None:
+    """A task path's kind is not registered, so its series cannot be made from the
+    registry: one with rows starts at 0 with the runner; one enqueued later, when the
+    runner claims it. Either is scraped at 0 before its first outcome, so increase() sees
+    the first one (a series first seen at 1 is not an increase)."""
+    from tests.testapp import tasks
+
+    later = "tests.testapp.tasks.explode"
+    held = "tests.testapp.tasks.hold_once"
+    tasks.explode.using(run_after=timezone.now() + timedelta(hours=1)).enqueue("later")
+    process = ManagePy("runworkflows", "--queue", "default", "--metrics-port", "0", settings=FAST)
+    release = tmp_path / "release"
+
+    def attempts(kind: str, outcome: str) -> float | None:
+        return samples(scrape(port)).get(
+            ("nexus_workflows_attempts_total", (("kind", kind), ("outcome", outcome)))
+        )
+
+    try:
+        process.wait_for_output("/metrics")
+        port = int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", process.output()).group(1))
+        first = samples(scrape(port))
+        assert {
+            outcome: first.get(("nexus_workflows_attempts_total", (("kind", later), ("outcome", outcome))))
+            for outcome in ("done", "rescheduled", "abandoned", "lost", "released")
+        } == dict.fromkeys(("done", "rescheduled", "abandoned", "lost", "released"), 0)
+        assert first[("nexus_workflows_attempt_duration_seconds_count", (("kind", later),))] == 0
+        assert attempts(held, "done") is None  # no row of it yet: no series
+        tasks.hold_once.enqueue("now", release_file=str(release))
+        wait_for(lambda: Ledger.objects.filter(kind="hold_once").exists(), timeout=30, what="its attempt")
+        assert (attempts(held, "done"), attempts(held, "abandoned")) == (0, 0)  # claimed, running
+        release.touch()
+        wait_for(lambda: attempts(held, "done") == 1, timeout=30, what="its attempt to be counted")
+        assert attempts(later, "abandoned") == 0  # not due: never claimed
+        assert process.terminate() == 0, process.output()
+    finally:
+        release.touch()
+        process.close()
 
 
 @pytest.mark.slow

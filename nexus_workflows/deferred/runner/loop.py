@@ -146,6 +146,7 @@ class Runner:
             wakeup_mode=lambda: self.wakeup_mode,
             metrics_host=metrics_host,
             metrics_port=metrics_port,
+            queues=self.queues,
         )
         self._tally = Tally(self.stats, self._observer)
         self._purging = Purging(self.using, self.stats)

@@ -28,7 +28,11 @@ class Purging:
     Each batch waits for a lock at most ``PURGE_BATCH_SECONDS`` (the time the claims may
     wait for one batch), or less where the session's ``lock_timeout`` is lower: without a
     bound of its own, a lock held for long (an admin's ``select_for_update()``, a session
-    idle in its transaction) would hold up the claims as long, on a role with none."""
+    idle in its transaction) would hold up the claims as long, on a role with none.
+
+    A batch that deletes nothing prunes unused rate-window rows (waiting for a lock as
+    long); a prune that meets another transaction is said once, then quietly (DEBUG) at
+    each purge while it keeps failing, as a batch's conflict is."""
 
     def __init__(self, using: str, stats: RunStats) -> None:
         self.using = using
@@ -40,13 +44,17 @@ class Purging:
         self._stuck_said = False
         # Batches in a row that met another transaction: said once, quiet until one passes.
         self._conflicts = 0
+        # Prunes in a row that met another transaction: the same.
+        self._prune_conflicts = 0
 
     def batch(self) -> bool:
         """Purge one batch; whether another is due at once (it was full, or it was
         cancelled and a smaller one may pass, or it met another transaction the first time)."""
         size = self.sizes.size
         try:
-            deleted = retention.purge_sized_batch(self.sizes, using=self.using, lock_wait=self.sizes.target)
+            deleted = retention.purge_sized_batch(
+                self.sizes, using=self.using, lock_wait=self.sizes.target, prune=False
+            )
         except OperationalError as error:
             conflict = transaction_conflict(error)
             if conflict is None:
@@ -55,6 +63,8 @@ class Purging:
         if deleted is None:
             return self._cancelled(size)
         self._passed()
+        if not deleted:
+            self._prune()
         self.stats.purged += deleted
         self._log_resize(size, deleted)
         return deleted >= size
@@ -102,3 +112,21 @@ class Purging:
             return True
         logger.debug("a purge batch did not pass again (%s); trying at the next sweep", conflict)
         return False
+
+    def _prune(self) -> None:
+        conflict = retention.prune_rate_windows(self.using, self.sizes.target)
+        if conflict is None:
+            self._prune_conflicts = 0  # passed (or cancelled, said as such): quiet, as a batch
+        else:
+            self._prune_met_another_transaction(conflict)
+
+    def _prune_met_another_transaction(self, conflict: str) -> None:
+        self._prune_conflicts += 1
+        if self._prune_conflicts == 1:
+            logger.warning(
+                "pruning unused rate-window rows did not pass (%s); not an outage: trying again "
+                "at each purge (SWEEP_INTERVAL) while it fails",
+                conflict,
+            )
+        else:
+            logger.debug("pruning unused rate-window rows did not pass again (%s)", conflict)
