@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 
 from nexus_workflows import enqueue_many
+from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.exceptions import RateLimitTimeout
 from nexus_workflows.flow.claiming import window_name
 from nexus_workflows.flow.report import flow_report
-from nexus_workflows.flow.windows import busy_count, rate_limited
+from nexus_workflows.flow.windows import _fold, busy_count, free_slots, rate_limited, take_starts
 from nexus_workflows.models import FlowWindowSlot
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -99,3 +100,26 @@ def test_a_shortened_period_frees_rows_at_the_new_period_and_never_loses_a_start
     assert claim(kind) == 5
     redeploy(register_workflow, kind, rate_limit=(5, HOUR / 2))
     assert claim(kind) == 0  # those 5 are within the new half hour too
+
+
+def test_a_fold_that_races_another_process_moves_nothing_and_the_ring_is_read_again() -> None:
+    """The fold swaps stamps by compare-and-set: when a row it read changed meanwhile (a
+    start by another process), no swap of that fold is kept, and the next read folds the
+    ring as it now is. Nothing is lost either way."""
+    name = "raced-fold"
+    assert take_starts(name, "", 100, HOUR, 30, using="default") == 30
+    rows = list(
+        FlowWindowSlot.objects.filter(name=name)
+        .annotate(db_now=DatabaseNow())
+        .values_list("slot", "started_at", "db_now")
+    )
+    def above_the_limit() -> dict[int, Any]:
+        return dict(FlowWindowSlot.objects.filter(name=name, slot__gte=10).values_list("slot", "started_at"))
+
+    above = above_the_limit()
+    # Another process starts on every row below 10 after the fold read them.
+    FlowWindowSlot.objects.filter(name=name, slot__lt=10).update(started_at=DatabaseNow())
+    assert _fold(name, "", 10, HOUR, rows, using="default")  # raced: rolled back
+    assert above_the_limit() == above
+    assert free_slots(name, "", 10, HOUR, using="default") == []
+    assert busy_count(name, "", 10, HOUR, using="default") >= 30
