@@ -24,6 +24,8 @@ its row's last start is at least ``period`` older than the reservation, and olde
 than the start that replaces it: the ring's rule holds for the starts themselves.
 """
 
+# Long module: one ring's every write (starts, reservations, the fold of a changed limit) and rate_limited.
+
 from __future__ import annotations
 
 import asyncio
