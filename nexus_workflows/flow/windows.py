@@ -22,6 +22,13 @@ database's now, the very value written to the work's ``started_at``
 (:func:`start_reserved`). A reservation is only ever made on a row that was free, so
 its row's last start is at least ``period`` older than the reservation, and older still
 than the start that replaces it: the ring's rule holds for the starts themselves.
+
+A limit changed by a deploy leaves the ring's rows as they are: a lowered limit's rows
+above it keep their starts, which :func:`free_slots` folds below the limit before it
+offers a start (see :func:`_fold`), so the starts of the current period count against
+the new limit; a raised limit adds free rows. A lengthened period cannot be checked
+against the starts made before it (each row keeps only its latest): see the README's
+deploy notes.
 """
 
 # Long module: one ring's every write (starts, reservations, the fold of a changed limit) and rate_limited.
@@ -133,7 +140,7 @@ def free_slots(name: str, key_hash: str, limit: int, period: float, *, using: st
     below ``limit`` (:func:`_fold`), so the ``limit`` rows a start may take hold the
     ``limit`` latest starts of the whole ring, and a lowered (or raised again) limit
     counts every start of the current period from the moment it is deployed."""
-    for _ in range(4):  # the ring made, a fold, and another process folding meanwhile
+    for _ in range(6):  # the ring made, a fold, and other processes folding meanwhile
         rows = list(
             _slots(name, key_hash, using)
             .annotate(db_now=DatabaseNow())
