@@ -13,12 +13,14 @@ host: runners on hosts whose clocks disagree still agree on what is due and what
 
 from __future__ import annotations
 
+import contextlib
 import random
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+from django.db import connections, transaction
 from django.db.models import Case, F, Field, Q, When
 from django.db.models.functions import Coalesce
 
@@ -208,14 +210,29 @@ class Claimer:
         some = None if tasks is None else bool(tasks)  # None: perhaps
         every = tasks is not None and len(tasks) == len(ids)
         names = _CLAIM_FIELDS if some is False else (*_CLAIM_FIELDS, *_TASK_FIELDS)
-        found = self._claim_variants(
-            candidates.filter(pk__in=ids), ids, token, variants, names, some, every, changes
-        )
+        with self._one_transaction(several=len(variants) > 1):
+            found = self._claim_variants(
+                candidates.filter(pk__in=ids), ids, token, variants, names, some, every, changes
+            )
         self.contended = len(found) < len(ids)
         # Hand them out in the claim's order (priority first): RETURNING keeps no order.
         position = {pk: index for index, pk in enumerate(ids)}
         found.sort(key=lambda item: position.get(item[0]["pk"], len(ids)))
         return [self._claimed(row, index, token, reclaimed) for row, index in found]
+
+    def _one_transaction(self, *, several: bool) -> Any:
+        """One transaction for a claim of several statements (an ``UPDATE`` per variant;
+        where there is no ``RETURNING``, the read of its rows by token after each): in
+        autocommit, a statement that fails after an earlier one committed would leave
+        the rows that one claimed processing, never handed out nor heart-beaten, holding
+        their slots and keys until ``STALE_AFTER``. In a transaction the failure rolls the
+        claim back (a session that died is rolled back by the server), and the rows stay
+        pending, or stale, for the next claim. One ``UPDATE … RETURNING`` needs none.
+        Inside a caller's transaction the claim is already one (the caller's)."""
+        connection = connections[self.using]
+        if connection.in_atomic_block or not (several or not can_return_from_update(self.using)):
+            return contextlib.nullcontext()
+        return transaction.atomic(using=self.using)
 
     def _claim_variants(
         self,

@@ -109,14 +109,15 @@ def key_conditions(kind: str, flow: FlowLimits, now: Any) -> Q:
 
 
 def busy_starts_subquery(kind: str, flow: FlowLimits) -> Any:
-    """Starts in the window of each row's rate key (or the kind's), as a subquery."""
+    """Starts in the window of each row's rate key (or the kind's), as a subquery: those
+    of rows above the limit too (a lowered limit's), which count until they leave the
+    period (``windows.free_slots`` folds them below the limit before a start)."""
     assert flow.rate_limit is not None
-    limit, period = flow.rate_limit
+    _, period = flow.rate_limit
     busy = (
         FlowWindowSlot.objects.filter(
             name=window_name(kind),
             key_hash=OuterRef("window_key"),
-            slot__lt=limit,
             started_at__gt=DatabaseNow() - windows.held_for(period),
         )
         .order_by()

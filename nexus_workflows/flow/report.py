@@ -78,7 +78,8 @@ def kind_flow(workflow: Workflow, *, using: str | None = None) -> KindFlow:
     if flow.rate_limit is not None and startable:
         limit, period = flow.rate_limit
         if flow.rate_key is None:
-            room = limit - windows.busy_count(window_name(workflow.kind), "", limit, period, using=using)
+            busy = windows.busy_count(window_name(workflow.kind), "", limit, period, using=using)
+            room = max(0, limit - busy)  # a lowered limit's starts may exceed it
             report.waiting["rate"] = max(0, startable - room)
         else:
             full = _with_busy_window(key_free, workflow.kind, flow).filter(busy__gte=limit).count()

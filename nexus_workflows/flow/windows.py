@@ -22,7 +22,16 @@ database's now, the very value written to the work's ``started_at``
 (:func:`start_reserved`). A reservation is only ever made on a row that was free, so
 its row's last start is at least ``period`` older than the reservation, and older still
 than the start that replaces it: the ring's rule holds for the starts themselves.
+
+A limit changed by a deploy leaves the ring's rows as they are: a lowered limit's rows
+above it keep their starts, which :func:`free_slots` folds below the limit before it
+offers a start (see :func:`_fold`), so the starts of the current period count against
+the new limit; a raised limit adds free rows. A lengthened period cannot be checked
+against the starts made before it (each row keeps only its latest): see the README's
+deploy notes.
 """
+
+# Long module: one ring's every write (starts, reservations, the fold of a changed limit) and rate_limited.
 
 from __future__ import annotations
 
@@ -36,8 +45,8 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, router
-from django.db.models import Case, DateTimeField, DurationField, ExpressionWrapper, Q, Value, When
+from django.db import DatabaseError, router, transaction
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, Q, Value
 
 from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.exceptions import InvalidRateLimit, RateLimitTimeout
@@ -124,17 +133,76 @@ def _ensure_ring(name: str, key_hash: str, limit: int, present: set[int], using:
 
 
 def free_slots(name: str, key_hash: str, limit: int, period: float, *, using: str) -> list[int]:
-    """The slot numbers of the window that a start could take now (database clock)."""
-    rows = _slots(name, key_hash, using).filter(slot__lt=limit)
-    states = dict(
-        rows.annotate(free=Case(When(_free_q(period), then=Value(True)), default=Value(False))).values_list(
-            "slot", "free"
+    """The slot numbers of the window that a start could take now (database clock).
+
+    Rows at or above ``limit`` are a larger ring's (the limit was lowered since): their
+    starts still count. Before anything is offered, the ring's busiest rows are moved
+    below ``limit`` (:func:`_fold`), so the ``limit`` rows a start may take hold the
+    ``limit`` latest starts of the whole ring, and a lowered (or raised again) limit
+    counts every start of the current period from the moment it is deployed."""
+    for _ in range(6):  # the ring made, a fold, and other processes folding meanwhile
+        rows = list(
+            _slots(name, key_hash, using)
+            .annotate(db_now=DatabaseNow())
+            .values_list("slot", "started_at", "db_now")
         )
+        present = {slot for slot, _, _ in rows}
+        if any(slot not in present for slot in range(limit)):
+            _ensure_ring(name, key_hash, limit, present, using)
+            continue
+        if _fold(name, key_hash, limit, period, rows, using=using):
+            continue
+        held = held_for(period)
+        return [slot for slot, started_at, now in rows if slot < limit and started_at <= now - held]
+    raise DatabaseError(f"rate window {name!r}: its rows kept changing while they were folded; try again")
+
+
+class _Raced(Exception):
+    """A row moved by :func:`_fold` changed meanwhile: roll the fold back and read again."""
+
+
+_Row = tuple[int, datetime, datetime]  # slot, started_at, the database's now
+
+
+def _fold(name: str, key_hash: str, limit: int, period: float, rows: list[_Row], *, using: str) -> bool:
+    """Swap the stamps of rows at or above ``limit`` that still count with older stamps
+    of rows below it, until the rows below ``limit`` hold the ring's latest starts;
+    returns whether anything was swapped (the caller reads the ring again).
+
+    Swapping keeps every stamp (a limit raised again later counts them all), and a start
+    only ever replaces a free row's stamp with a later one, so the rows below ``limit``
+    keep the ring's latest ``limit`` stamps from then on: "a row below ``limit`` is
+    free" then means "fewer than ``limit`` starts in the last ``period``", whatever the
+    ring's size was before. Reserved rows (stamped in the future) are never moved out:
+    their claims re-stamp them by slot. Each swap is a compare-and-set of both rows, in
+    one transaction: a row another process changed meanwhile rolls the fold back."""
+    if not rows:
+        return False
+    now = rows[0][2]
+    counting = sorted(
+        ((stamp, slot) for slot, stamp, _ in rows if slot >= limit and stamp > now - held_for(period)),
+        reverse=True,
     )
-    if len(states) < limit:
-        _ensure_ring(name, key_hash, limit, set(states), using)
-        states.update({slot: True for slot in range(limit) if slot not in states})
-    return [slot for slot, free in states.items() if free]
+    if not counting:
+        return False
+    below = sorted((stamp, slot) for slot, stamp, _ in rows if slot < limit and stamp <= now)
+    swaps = [(high, low) for high, low in zip(counting, below, strict=False) if high[0] > low[0]]
+    if not swaps:
+        return False
+    try:
+        with transaction.atomic(using=using):
+            for (high_stamp, high_slot), (low_stamp, low_slot) in swaps:
+                moved = _slots(name, key_hash, using).filter(slot=low_slot, started_at=low_stamp).update(
+                    started_at=high_stamp
+                )
+                moved += _slots(name, key_hash, using).filter(slot=high_slot, started_at=high_stamp).update(
+                    started_at=low_stamp
+                )
+                if moved != 2:
+                    raise _Raced
+    except _Raced:
+        pass
+    return True
 
 
 def take_starts(name: str, key_hash: str, limit: int, period: float, wanted: int, *, using: str) -> int:
@@ -234,9 +302,9 @@ def give_back(reservation: Reservation, *, using: str) -> int:
 
 
 def busy_count(name: str, key_hash: str, limit: int, period: float, *, using: str) -> int:
-    """Starts of the window within the last ``period`` (database clock)."""
-    rows = _slots(name, key_hash, using).filter(slot__lt=limit)
-    return rows.exclude(_free_q(period)).count()
+    """Starts of the window within the last ``period`` (database clock), those of rows
+    above ``limit`` too (a lowered limit's): it may exceed ``limit``."""
+    return _slots(name, key_hash, using).exclude(_free_q(period)).count()
 
 
 def seconds_until_free(name: str, key_hash: str, limit: int, period: float, *, using: str) -> float:
