@@ -27,11 +27,12 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 #: Django's vendor name. MySQL and MariaDB: partial indexes (so no concurrency caps or
 #: serial keys: system check E009) and ``UPDATE … RETURNING`` (claims and done-writes
 #: read their rows back by claim token instead). SQLite: row locks (one writer at a time),
-#: and rolling back writes made with autocommit off (sqlite3 commits before a savepoint).
-FEATURES = ("partial_indexes", "update_returning", "row_locks", "autocommit_off_rollback")
+#: rolling back writes made with autocommit off (sqlite3 commits before a savepoint), and a
+#: server reached over TCP (a test that puts a proxy between them).
+FEATURES = ("partial_indexes", "update_returning", "row_locks", "autocommit_off_rollback", "server")
 LACKING: dict[str, set[str]] = {
     "mysql": {"partial_indexes", "update_returning"},
-    "sqlite": {"row_locks", "autocommit_off_rollback"},
+    "sqlite": {"row_locks", "autocommit_off_rollback", "server"},
 }
 # How many tests each reason deselected, for the end of the run.
 DESELECTED: dict[str, int] = {}

@@ -306,6 +306,34 @@ def test_runner_survives_the_database_going_away() -> None:
     assert set(ledger_keys("test-ledger")) == {str(n) for n in range(400)}  # no work lost
 
 
+@pytest.mark.needs("server")
+def test_a_runner_started_while_its_database_is_down_waits_for_it() -> None:
+    """A runner started during an outage waits for its database, as one whose database goes
+    away does. Django 6.1 runs the models' database checks at every command, and on MariaDB
+    they connect (to read the server's version): a runner started while the server did not
+    answer used to end there, with a traceback, before it could wait."""
+    settings = connection.settings_dict
+    default_port = {"postgresql": 5432, "mysql": 3306}[connection.vendor]
+    proxy = TcpProxy(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or default_port))
+    # Not started yet: nothing listens on its port, so the runner's connections are refused.
+    process = ManagePy("runworkflows", settings=FAST, database_url=url_of_test_database(port=proxy.port))
+    try:
+        wait_for(lambda: "database unavailable" in process.output(), timeout=60, what="the runner to wait")
+        assert process.process.poll() is None, process.output()
+        proxy.start()
+        work_id = enqueue("test-ledger", {"key": "after-the-outage"})
+        wait_for(
+            lambda: DeferredWork.objects.get(pk=work_id).status == Status.DONE,
+            timeout=60,
+            what="the work done once the database answers",
+        )
+        assert process.terminate() == 0
+    finally:
+        proxy.cut()
+        process.close()
+    assert ledger_keys("test-ledger") == Counter({"after-the-outage": 1})
+
+
 @pytest.mark.slow
 @pytest.mark.postgresql
 @pytest.mark.parametrize("offset", ["+10m", "-10m"], ids=["ten-minutes-ahead", "ten-minutes-behind"])

@@ -87,6 +87,16 @@ class Command(BaseCommand):
             help="Address the metrics endpoint listens on. Default: 127.0.0.1.",
         )
 
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's system checks without the databases' own: Django 6.1 runs the models'
+        database checks at every command, and on MySQL/MariaDB those connect (for the
+        server's version), so a runner started during an outage would end there with a
+        traceback instead of waiting for its database as it does (``require_migrated``,
+        then the loop's outage rules). ``manage.py check --database`` still runs them."""
+        if kwargs.get("databases") is None:
+            kwargs["databases"] = []
+        super().check(*args, **kwargs)
+
     def handle(self, *args: Any, **options: Any) -> None:
         # Without the project's own logging for nexus_workflows, print to stderr.
         handler = install_default_handler()
