@@ -283,7 +283,7 @@ def check_time_zone_support(app_configs: Sequence[Any] | None = None, **kwargs: 
     from django.conf import settings
 
     if settings.USE_TZ:
-        return []
+        return _database_time_zone_errors()
     return [
         Error(
             "nexus_workflows needs USE_TZ = True.",
@@ -293,6 +293,52 @@ def check_time_zone_support(app_configs: Sequence[Any] | None = None, **kwargs: 
             id="nexus_workflows.E008",
         )
     ]
+
+
+def _database_time_zone_errors() -> list[CheckMessage]:
+    """A database that stores datetimes without a zone (SQLite, MySQL/MariaDB) and has a
+    ``TIME_ZONE`` of its own gets Django's datetimes in that zone, but the database's
+    clock (``clock.DatabaseNow``) in UTC: the two would be compared as if alike."""
+    from django.db import connections, router
+
+    from nexus_workflows.models import DeferredWork
+
+    errors: list[CheckMessage] = []
+    for alias in connections:
+        connection = connections[alias]
+        zone = connection.settings_dict.get("TIME_ZONE")
+        if zone is None or connection.features.supports_timezones:
+            continue
+        if not router.allow_migrate_model(alias, DeferredWork) or _is_utc(zone):
+            continue
+        errors.append(
+            Error(
+                f"nexus_workflows needs the database {alias!r} to store datetimes in UTC; its "
+                f"TIME_ZONE is {zone!r}.",
+                hint="The database's clock, which writes claim, heartbeat, due and finish "
+                "times, is UTC, while Django writes and reads datetimes in the database's "
+                "TIME_ZONE on a database without time zone support: delays would be lost or "
+                "stretched and live work would look stale. Remove TIME_ZONE from this "
+                "database's settings (or set it to 'UTC').",
+                id="nexus_workflows.E010",
+            )
+        )
+    return errors
+
+
+def _is_utc(zone: str) -> bool:
+    """Whether the time zone named ``zone`` is UTC all year round (an unknown name is not)."""
+    from datetime import UTC, datetime, timedelta
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        tz = ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    year = datetime.now(UTC).year
+    return all(
+        datetime(year, month, 1, tzinfo=UTC).astimezone(tz).utcoffset() == timedelta(0) for month in (1, 7)
+    )
 
 
 @register(Tags.compatibility)

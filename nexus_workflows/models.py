@@ -142,9 +142,11 @@ class DeferredWork(models.Model):
             # poll. Partial indexes keep them small however many finished rows are retained,
             # and a row that finishes leaves both.
             # Ordered as claims take due work: highest priority first, then the longest
-            # due, so the claim reads the index in order and stops at its LIMIT.
+            # due, so the claim reads the index in order and stops at its LIMIT. The status
+            # leads for databases without partial indexes (MariaDB), where the index holds
+            # every row and finished ones, due long ago, would come first.
             models.Index(
-                fields=["-priority", "next_attempt_at"],
+                fields=["status", "-priority", "next_attempt_at"],
                 name="nw_due_idx",
                 condition=models.Q(status="pending"),
             ),

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +251,48 @@ def test_use_tz_false_is_an_error() -> None:
         (message,) = check_time_zone_support()
     assert message.id == "nexus_workflows.E008"
     assert "USE_TZ = True" in message.msg
+
+
+@contextlib.contextmanager
+def database_time_zone(name: str | None) -> Iterator[None]:
+    """The default database's own ``TIME_ZONE`` (``DATABASES["default"]["TIME_ZONE"]``)."""
+    from django.db import connection
+
+    before = connection.settings_dict.get("TIME_ZONE")
+    connection.settings_dict["TIME_ZONE"] = name
+    for cached in ("timezone", "timezone_name"):
+        connection.__dict__.pop(cached, None)
+    try:
+        yield
+    finally:
+        connection.settings_dict["TIME_ZONE"] = before
+        for cached in ("timezone", "timezone_name"):
+            connection.__dict__.pop(cached, None)
+
+
+def test_a_database_time_zone_other_than_utc_is_an_error_where_datetimes_are_stored_naive() -> None:
+    """SQLite and MySQL/MariaDB store datetimes without a zone: Django writes and reads
+    them in the database's ``TIME_ZONE``, while the database's clock (every claim,
+    heartbeat, due and finish time written in SQL) is UTC. Under America/Mexico_City an
+    enqueue's delay of an hour was gone on SQLite (claimed at once), and on MariaDB every
+    time the database wrote read six hours off. PostgreSQL stores the instant."""
+    from django.db import connection
+
+    from nexus_workflows.checks import check_time_zone_support
+
+    for utc in (None, "UTC", "Etc/UTC"):
+        with database_time_zone(utc):
+            assert check_time_zone_support() == []
+    with database_time_zone("America/Mexico_City"):
+        messages = check_time_zone_support()
+    if connection.vendor == "postgresql":
+        assert messages == []
+        return
+    (message,) = messages
+    assert message.id == "nexus_workflows.E010"
+    assert "'default'" in message.msg
+    assert "America/Mexico_City" in message.msg
+    assert "UTC" in message.hint
 
 
 def test_a_wakeup_database_must_be_postgresql() -> None:

@@ -374,3 +374,53 @@ def test_rows_keeping_a_limit_their_kind_no_longer_has_are_still_claimed_togethe
     rows = DeferredWork.objects.filter(pk__in=ids)
     claimed_rows = set(rows.values_list("status", "flow_slot", "serial_key_hash"))
     assert claimed_rows == {(Status.PROCESSING, None, None)}
+
+
+@pytest.mark.mysql
+def test_a_claim_on_mariadb_reads_only_pending_entries_of_its_index(register_workflow: Any) -> None:
+    """MariaDB has no partial indexes: nw_due_idx holds every row there, and finished rows
+    (whose due times are older than any pending row's) come first in its order. Keyed by
+    status first, the claim reads the due rows it takes; keyed by priority and due time
+    alone it walked every finished row's entry (270,000 rows, 0.53 s, at 300,000)."""
+    import json
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    long_ago = timezone.now() - timedelta(days=1)
+    DeferredWork.objects.bulk_create(
+        DeferredWork(
+            kind=kind,
+            dedupe_key=f"done-{n}",
+            trigger={},
+            status=Status.DONE,
+            next_attempt_at=long_ago + timedelta(seconds=n),
+        )
+        for n in range(20_000)
+    )
+    DeferredWork.objects.bulk_create(
+        DeferredWork(kind=kind, dedupe_key=f"due-{n}", trigger={}, next_attempt_at=timezone.now())
+        for n in range(2_000)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE TABLE {DeferredWork._meta.db_table}")
+        cursor.fetchall()
+    with CaptureQueriesContext(connection) as queries:
+        assert len(Claimer(kinds=[kind], using="default").claim_due(5)) == 5
+    (read,) = [query["sql"] for query in queries.captured_queries if query["sql"].startswith("SELECT")][:1]
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE FORMAT=JSON {read}")
+        plan = json.loads(cursor.fetchone()[0])
+    examined = sum(_rows_read(plan))
+    assert examined < 100, f"the claim read {examined} rows to take 5"
+
+
+def _rows_read(plan: Any) -> list[float]:
+    """The rows each table access of a MariaDB ``ANALYZE FORMAT=JSON`` plan read."""
+    if isinstance(plan, list):
+        return [rows for item in plan for rows in _rows_read(item)]
+    if not isinstance(plan, dict):
+        return []
+    own = [plan["r_rows"]] if "table_name" in plan and "r_rows" in plan else []
+    return own + [rows for value in plan.values() for rows in _rows_read(value)]

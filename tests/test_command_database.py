@@ -16,7 +16,7 @@ from django.db.migrations.recorder import MigrationRecorder
 from nexus_workflows.management.commands._database import MigrationsMissing, require_migrated
 from tests.processes import ManagePy
 
-LATEST = "0013_mysql_exact_text"
+LATEST = "0014_due_index_status_first"
 KIND = "test-command-database"
 
 

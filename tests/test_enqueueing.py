@@ -127,6 +127,33 @@ def test_abandoned_key_is_revived_keeping_checkpoints(deferred: str) -> None:
     assert work.history[-1]["event"] == "revived"
 
 
+def test_a_revive_by_enqueue_never_overwrites_history_written_since_its_read(
+    deferred: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between enqueue's read of an abandoned row and its revive, another enqueue revives
+    it, a runner claims it and the attempt is abandoned again. The revive must not write
+    the history it read (losing that attempt's entry): it reads the row again."""
+    work_id = int(enqueue(deferred, {"key": "a"}))
+    DeferredWork.objects.filter(pk=work_id).update(status=Status.ABANDONED, updated_at=timezone.now())
+    revive = transitions.revive
+    interleaved: list[int] = []
+
+    def changed_first(queryset: Any, **options: Any) -> int:
+        if not interleaved:  # what other connections commit between the read and the revive
+            interleaved.append(revive(DeferredWork.objects.filter(pk=work_id)))
+            (work,) = Claimer(kinds=[deferred], using="default").claim_due(1)
+            assert transitions.abandon(work, error="RuntimeError: the second attempt", reason="permanent")
+        return revive(queryset, **options)
+
+    monkeypatch.setattr(transitions, "revive", changed_first)
+    assert enqueue(deferred, {"key": "a"}) == str(work_id)
+    work = DeferredWork.objects.get(pk=work_id)
+    assert interleaved == [1]
+    assert work.status == Status.PENDING
+    assert [entry.get("outcome", entry.get("event")) for entry in work.history] == ["abandoned", "revived"]
+    assert "the second attempt" in work.history[0]["error"]
+
+
 def test_unknown_kind_is_rejected_without_echoing_it(register_workflow: Any) -> None:
     """A caller may pass anything as the kind (patient data in the wrong argument): the
     message says what was given and which kinds exist, never the value."""

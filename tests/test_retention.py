@@ -452,3 +452,45 @@ def test_a_runner_says_once_that_a_held_lock_keeps_its_prune_back_as_for_a_batch
     said = [(r.levelname, r.getMessage()) for r in caplog.records if "rate-window" in r.getMessage()]
     assert [level for level, _ in said] == ["WARNING", "DEBUG", "DEBUG"] * 2, said
     assert all(message.startswith("pruning unused rate-window rows did not pass") for _, message in said)
+
+
+def _blocks_read(node: dict[str, Any]) -> int:
+    """Shared blocks one plan node and its children touched (EXPLAIN's BUFFERS)."""
+    own = node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)
+    return own if "Plans" not in node else max(own, sum(_blocks_read(child) for child in node["Plans"]))
+
+
+@pytest.mark.postgresql
+def test_the_purge_reads_only_expired_entries_of_its_index() -> None:
+    """The purge's read of expired ids must not walk every finished row's index entry:
+    ``status IN (done, abandoned)`` is implied by ``nw_expiry_idx``'s predicate, so
+    PostgreSQL drops it from the index condition and a read by ``updated_at`` alone scans
+    the whole index, on every sweep of a table with nothing expired too."""
+    from django.test.utils import CaptureQueriesContext
+
+    now = timezone.now()
+    DeferredWork.objects.bulk_create(  # finished within the retention, each at its own time
+        DeferredWork(
+            kind="k",
+            dedupe_key=f"recent-{n}",
+            trigger={},
+            status=Status.ABANDONED if n % 4 == 0 else Status.DONE,
+            updated_at=now - timedelta(seconds=n),
+        )
+        for n in range(20_000)
+    )
+    make_rows(Status.DONE, 3, age=timedelta(days=2))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {DeferredWork._meta.db_table}")
+    with CaptureQueriesContext(connection) as queries:
+        assert purge_batch(prune=False) == 3
+        assert purge_batch(prune=False) == 0
+    reads = [query["sql"] for query in queries.captured_queries if query["sql"].startswith("SELECT")]
+    assert reads
+    with connection.cursor() as cursor:
+        for read in reads:
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {read}")
+            blocks = _blocks_read(cursor.fetchone()[0][0]["Plan"])
+            # Reading the few expired entries takes a handful of index pages; the whole
+            # index of 20,000 finished rows takes well over a hundred.
+            assert blocks < 20, f"{blocks} blocks to read expired ids: {read[:200]}"

@@ -418,7 +418,7 @@ def _enqueue_deferred(
         existing = (
             DeferredWork.objects.using(using)
             .filter(kind=workflow.kind, dedupe_key=dedupe_key)
-            .values("pk", "status", "history")
+            .values("pk", "status", "history", "updated_at")
             .first()
         )
         if existing is None:
@@ -466,9 +466,11 @@ def _revive(existing: Mapping[str, Any], due: Any, using: str) -> bool:
     from nexus_workflows.deferred.transitions import revive
     from nexus_workflows.models import DeferredWork
 
+    # The updated_at match makes this a compare-and-set on the whole row, as the admin's
+    # revive is: the history written is computed from exactly the row that was read.
     return (
         revive(
-            DeferredWork.objects.using(using).filter(pk=existing["pk"]),
+            DeferredWork.objects.using(using).filter(pk=existing["pk"], updated_at=existing["updated_at"]),
             due=due,
             history=append_entry(existing["history"], event="revived", by="enqueue"),
         )

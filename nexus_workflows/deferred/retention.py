@@ -31,7 +31,7 @@ from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.transitions import purge
 from nexus_workflows.flow import windows
 from nexus_workflows.flow.claiming import window_name
-from nexus_workflows.models import DeferredWork
+from nexus_workflows.models import FINISHED_STATUSES, DeferredWork
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,15 @@ def purge_batch(
     using = using or router.db_for_write(DeferredWork)
     batch_size = batch_size or app_settings.PURGE_BATCH_SIZE
     expired = DeferredWork.objects.using(using).expired(expiry_cutoff(now))
-    ids = list(expired.values_list("pk", flat=True)[:batch_size])
+    ids: list[int] = []
+    for status in FINISHED_STATUSES:
+        # One status at a time: nw_expiry_idx's predicate implies "status IN (done,
+        # abandoned)", so PostgreSQL drops that from the index condition and a read of
+        # both would walk every finished row's entry for updated_at; an equality on its
+        # first column reads only the expired entries.
+        ids += expired.filter(status=status).values_list("pk", flat=True)[: batch_size - len(ids)]
+        if len(ids) >= batch_size:
+            break
     if not ids:
         if prune:
             # Nothing expired left: also drop rate-window rows unused for an hour (windows of
