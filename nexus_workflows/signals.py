@@ -16,7 +16,9 @@ Receivers run in the thread that sends: ``attempt_started`` in the runner's work
 just before ``prepare``, the others where the state change was written. A receiver that
 raises is logged (its exception's type only) and changes nothing else: the runner and the
 caller of ``enqueue`` carry on. With no receiver connected, sending costs one attribute
-check.
+check. ``work_enqueued`` and ``work_revived`` are sent inside the caller's transaction when
+there is one (as ``post_save`` is): receivers that reach outside the database belong in
+``transaction.on_commit``.
 """
 
 from __future__ import annotations
