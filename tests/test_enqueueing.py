@@ -371,6 +371,8 @@ def test_enqueue_many_mirrors_enqueue_one_result_per_trigger(deferred: str) -> N
     assert DeferredWork.objects.get(pk=pending).trigger["v"] == 1
     revived = DeferredWork.objects.get(pk=abandoned)
     assert (revived.status, revived.checkpoints) == (Status.PENDING, {"kept": True})
+    # Its history says so, as enqueue's revive does.
+    assert [(entry["event"], entry["by"]) for entry in revived.history] == [("revived", "enqueue")]
     assert DeferredWork.objects.get(pk=new_ids[5]).trigger == {"key": "new-5"}
 
 

@@ -205,7 +205,8 @@ def _settle_chunk(
     abandoned = [pk for _, pk, status in rows if status == Status.ABANDONED]
     revived: set[int] = set()
     if abandoned:
-        revived = revive_ids(DeferredWork.objects.using(using).filter(pk__in=abandoned), due=due)
+        candidates = DeferredWork.objects.using(using).filter(pk__in=abandoned)
+        revived = revive_ids(candidates, due=due, by="enqueue")
         if revived:
             notify(using)
         for pk in revived:

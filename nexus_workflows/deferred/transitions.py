@@ -143,14 +143,22 @@ def revive(queryset: QuerySet[DeferredWork], *, due: Any = None, history: list[A
     return queryset.filter(status=Status.ABANDONED).update(**_revived(due, history))
 
 
-def revive_ids(queryset: QuerySet[DeferredWork], *, due: Any = None) -> set[int]:
-    """:func:`revive`, saying which rows it revived (those not abandoned any more when it
-    ran, purged or revived and claimed by someone else, are not among them): one
-    ``UPDATE … RETURNING`` where the database can, else one ``UPDATE`` per row."""
-    abandoned = queryset.filter(status=Status.ABANDONED)
-    if can_return_from_update(queryset.db):
-        return {row["pk"] for row in update_returning(abandoned, _revived(due, None), ("pk",))}
-    return {pk for pk in abandoned.values_list("pk", flat=True) if revive(abandoned.filter(pk=pk), due=due)}
+def revive_ids(queryset: QuerySet[DeferredWork], *, due: Any = None, by: str) -> set[int]:
+    """:func:`revive` of each abandoned row of ``queryset``, its history saying it was
+    revived ``by`` whom; which rows it revived (those changed since they were read: purged,
+    revived and claimed by someone else, are not among them). One ``UPDATE`` per row, a
+    compare-and-set on the ``updated_at`` read, so the history written extends exactly
+    the history read (reviving abandoned work is rare; a lost entry is not)."""
+    rows = queryset.filter(status=Status.ABANDONED).values("pk", "history", "updated_at")
+    return {
+        row["pk"]
+        for row in rows
+        if revive(
+            queryset.filter(pk=row["pk"], updated_at=row["updated_at"]),
+            due=due,
+            history=append_entry(row["history"], event="revived", by=by),
+        )
+    }
 
 
 def _revived(due: Any, history: list[Any] | None) -> dict[str, Any]:
