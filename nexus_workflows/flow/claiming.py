@@ -127,6 +127,13 @@ def busy_starts_subquery(kind: str, flow: FlowLimits) -> Any:
     return Coalesce(Subquery(busy), Value(0))
 
 
+def _limited(works: list[ClaimedWork]) -> list[ClaimedWork]:
+    """Mark claimed ``works`` as holding a limit: the runner starts them first."""
+    for work in works:
+        work.limited = True
+    return works
+
+
 def window_key_of(row_hash: str | None) -> str:
     # An item whose rate_key returned None counts against the kind's own window.
     return row_hash or ""
@@ -356,7 +363,7 @@ class FlowClaimer:
         connection = connections[self.using]
         if flow.rate_limit is None and connection.get_autocommit() and not connection.in_atomic_block:
             # One statement: a claim a unique index refuses leaves nothing behind.
-            return claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **options)
+            return _limited(claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **options))
         # One transaction: a claim whose starts the window cannot grant leaves nothing
         # behind (inside a caller's transaction it is a savepoint, so a refusal by a
         # unique index does not break that transaction).
@@ -366,7 +373,7 @@ class FlowClaimer:
                 granted = self._take_starts(kind, flow, works)
                 if granted < len(works):
                     raise _Shortfall(granted)
-        return works
+        return _limited(works)
 
     def _take_starts(self, kind: str, flow: FlowLimits, works: list[ClaimedWork]) -> int:
         """Reserve a start of the window for each claimed row (counted when the attempt
