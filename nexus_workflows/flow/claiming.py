@@ -145,7 +145,10 @@ class FlowClaimer:
     def __init__(self, workflows: Sequence[Workflow], using: str) -> None:
         self.workflows = list(workflows)
         self.using = using
-        self._turn = itertools.count()
+        # Each claim, due or stale, starts with the next kind (counted apart: a runner
+        # makes both in one turn, and one count would start its stale claims with the
+        # same kind every time, behind a kind whose claim keeps failing).
+        self._turns = {"due": itertools.count(), "stale": itertools.count()}
         # Seconds until a full rate window of the last claim has a start again, if known:
         # the runner polls again then rather than after its whole poll interval.
         self.retry_in: float | None = None
@@ -165,9 +168,9 @@ class FlowClaimer:
     def kinds(self) -> list[str]:
         return [workflow.kind for workflow in self.workflows]
 
-    def _in_turn(self) -> list[Workflow]:
+    def _in_turn(self, claim: str) -> list[Workflow]:
         # Start with a different kind each claim, so no limited kind starves another.
-        start = next(self._turn) % len(self.workflows)
+        start = next(self._turns[claim]) % len(self.workflows)
         return self.workflows[start:] + self.workflows[:start]
 
     # --- due work -----------------------------------------------------------------------
@@ -183,7 +186,7 @@ class FlowClaimer:
         caller to hand out (``claims.ClaimInterrupted``)."""
         self.retry_in = None
         clock = time.monotonic()
-        for workflow in self._in_turn():
+        for workflow in self._in_turn("due"):
             flow = workflow.flow
             assert flow is not None
             resting = self._rest_until.get(workflow.kind, 0.0) - clock
@@ -412,7 +415,7 @@ class FlowClaimer:
         A reclaimed row keeps its slot and its key (it never stopped being processing); a
         reclaim is a start, so it needs a start of its rate window, and waits stale until
         one is free."""
-        for workflow in self._in_turn():
+        for workflow in self._in_turn("stale"):
             if len(works) >= limit:
                 break
             flow = workflow.flow
