@@ -129,9 +129,9 @@ class LaneClaims:
         with room got all it asked for or lost rows to another runner, room left)."""
         claimed, more, room = 0, False, 0
         for lane, claimer in self.claimers.items():
-            startable = self.limited_room(lane)
+            startable = self.limited_room(lane) if claimer.flow is not None else 0
             if not self.wants_more(lane):
-                if claimer.flow is not None and startable > 0:
+                if startable > 0:
                     claimed += len(self._claim(claimer, startable, cutoff, startable, plain=False))
                 continue
             limit = self.capacity[lane].claim_limit(self.ledger.held_count(lane))
