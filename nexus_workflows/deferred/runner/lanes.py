@@ -70,6 +70,8 @@ class LaneClaims:
         self.reclaimed = reclaimed
         # Rows a NOTIFY named, (id, kind) by lane (appended by the listener's thread).
         self._notified: dict[str, deque[tuple[int, str]]] = {SYNC: deque(), ASYNC: deque()}
+        # Whether any lane has kinds with flow limits (claimed on every turn).
+        self.limited = any(claimer.flow is not None for claimer in self.claimers.values())
         # Whether each lane's last claim got all it asked for (kept while it has no room).
         self._backlogged = dict.fromkeys(self.claimers, False)
 

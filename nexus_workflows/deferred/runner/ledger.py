@@ -53,6 +53,9 @@ class LaneQueue:
     def __len__(self) -> int:
         return len(self.first) + len(self.rest)
 
+    def __bool__(self) -> bool:
+        return bool(self.rest) or bool(self.first)
+
     def __iter__(self) -> Iterator[ClaimedWork]:
         return itertools.chain(self.first, self.rest)
 

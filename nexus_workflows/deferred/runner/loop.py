@@ -378,7 +378,8 @@ class Runner:
         if self._may_claim():
             # A lane without room still claims limited work it can start at once.
             wants_more = self._lanes.wants_more()
-            claimed, more_due = self._claim(cutoff, check_stale=wants_more and schedule.stale_check_due())
+            if wants_more or self._lanes.limited:
+                claimed, more_due = self._claim(cutoff, check_stale=wants_more and schedule.stale_check_due())
         return claimed, more_due, purging
 
     def _log_forfeited(self, works: list[ClaimedWork]) -> None:
