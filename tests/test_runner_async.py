@@ -212,6 +212,7 @@ def test_a_runner_has_a_backlog_only_while_every_lane_got_all_it_asked_for(regis
         ledger=ledger,
         capacity={SYNC: Capacity(1, 1), ASYNC: Capacity(1, 1)},
         claimed=ledger.dispatch,
+        reclaimed=ledger.add_unguarded,
     )
     assert not lanes.backlogged()  # nothing claimed yet
     enqueue_many(sync_kind, [{"key": 1}, {"key": 2}])

@@ -18,6 +18,12 @@ def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
     """Does nothing: the benchmark measures the machinery around it."""
 
 
+@workflow("bench-quick", dedupe_key=by_key, retry_schedule=[1])
+def quick(trigger: Any, checkpoints: Any, save: Any) -> None:
+    """Waits ``trigger["sleep"]`` seconds (a few ms: quick work that is not a no-op)."""
+    time.sleep(trigger["sleep"])
+
+
 @workflow("bench-latency", dedupe_key=by_key, retry_schedule=[1])
 def latency(trigger: Any, checkpoints: Any, save: Any) -> None:
     """Journals the moment it started, for enqueue-to-start latency."""

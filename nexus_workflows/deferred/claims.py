@@ -305,13 +305,19 @@ class Claimer:
         return list(rows.values(*names))
 
     def claim_due(
-        self, limit: int, *, now: datetime | None = None, startable: int | None = None
+        self,
+        limit: int,
+        *,
+        now: datetime | None = None,
+        startable: int | None = None,
+        plain: bool = True,
     ) -> list[ClaimedWork]:
         """Claim up to ``limit`` pending rows whose time has come (by the database's clock,
         or ``now``): highest priority first (Django tasks; workflows are all 0), then the
         longest due (the order of ``nw_due_idx``); of kinds with flow limits, at most
-        ``startable`` (the runner's free threads). Raises :class:`ClaimInterrupted` when
-        it fails after claiming some."""
+        ``startable`` (what the runner can start at once). Without ``plain``, only kinds
+        with flow limits. Raises :class:`ClaimInterrupted` when it fails after claiming
+        some."""
         if limit <= 0 or self._idle():
             return []
         works: list[ClaimedWork] = []
@@ -320,7 +326,7 @@ class Claimer:
                 # Limited kinds: only what their limits let start now.
                 startable = limit if startable is None else min(limit, startable)
                 self.flow.claim_due(self, limit, now, startable, works)
-            if limit > len(works) and self._has_plain():
+            if plain and limit > len(works) and self._has_plain():
                 due = DeferredWork.objects.using(self.using).due(now or DatabaseNow())
                 order = ("-priority", "next_attempt_at")
                 works += self._claim(due, limit - len(works), order, reclaimed=False)
@@ -387,11 +393,12 @@ class Claimer:
         stale_after: timedelta,
         now: datetime | None = None,
         startable: int | None = None,
+        plain: bool = True,
     ) -> list[ClaimedWork]:
         """Reclaim up to ``limit`` processing rows whose heartbeat is older than
-        ``stale_after``; of kinds with flow limits, at most ``startable`` (the runner's
-        free threads: a reclaim holds their slots, keys and rate-window starts, which must
-        not wait in a queue).
+        ``stale_after``; of kinds with flow limits, at most ``startable`` (what the runner
+        can start at once: a reclaim holds their slots, keys and rate-window starts, which
+        must not wait in a queue). Without ``plain``, only kinds with flow limits.
 
         The lost attempt counts (``attempt`` goes up by one) only when its prepare had
         started; a claim lost before that raises ``lost_unstarted`` instead
@@ -414,7 +421,7 @@ class Claimer:
             if self.flow is not None:
                 flow_limit = limit if startable is None else min(limit, startable)
                 self.flow.claim_stale(self, flow_limit, cutoff=cutoff, variants=variants, works=works)
-            if len(works) < limit and self._has_plain():
+            if plain and len(works) < limit and self._has_plain():
                 stale = DeferredWork.objects.using(self.using).stale(cutoff)
                 works += self._claim(
                     stale, limit - len(works), ("heartbeat_at",), reclaimed=True, variants=variants

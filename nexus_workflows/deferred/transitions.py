@@ -88,6 +88,9 @@ class ClaimedWork:
     reservation: Any = None
     # Once started: (reservation, row, stamp) of its window start, until confirmed.
     window_start: Any = None
+    # Claimed by flow control: it holds a slot, a serial key or a reserved start from its
+    # claim, so the runner hands it to a worker ahead of plain work (runner.ledger).
+    limited: bool = False
 
     @property
     def is_task(self) -> bool:

@@ -128,6 +128,13 @@ def busy_starts_subquery(kind: str, flow: FlowLimits) -> Any:
     return Coalesce(Subquery(busy), Value(0))
 
 
+def _limited(works: list[ClaimedWork]) -> list[ClaimedWork]:
+    """Mark claimed ``works`` as holding a limit: the runner starts them first."""
+    for work in works:
+        work.limited = True
+    return works
+
+
 def window_key_of(row_hash: str | None) -> str:
     # An item whose rate_key returned None counts against the kind's own window.
     return row_hash or ""
@@ -139,7 +146,10 @@ class FlowClaimer:
     def __init__(self, workflows: Sequence[Workflow], using: str) -> None:
         self.workflows = list(workflows)
         self.using = using
-        self._turn = itertools.count()
+        # Each claim, due or stale, starts with the next kind (counted apart: a runner
+        # makes both in one turn, and one count would start its stale claims with the
+        # same kind every time, behind a kind whose claim keeps failing).
+        self._turns = {"due": itertools.count(), "stale": itertools.count()}
         # Seconds until a full rate window of the last claim has a start again, if known:
         # the runner polls again then rather than after its whole poll interval.
         self.retry_in: float | None = None
@@ -159,9 +169,9 @@ class FlowClaimer:
     def kinds(self) -> list[str]:
         return [workflow.kind for workflow in self.workflows]
 
-    def _in_turn(self) -> list[Workflow]:
+    def _in_turn(self, claim: str) -> list[Workflow]:
         # Start with a different kind each claim, so no limited kind starves another.
-        start = next(self._turn) % len(self.workflows)
+        start = next(self._turns[claim]) % len(self.workflows)
         return self.workflows[start:] + self.workflows[:start]
 
     # --- due work -----------------------------------------------------------------------
@@ -177,7 +187,7 @@ class FlowClaimer:
         caller to hand out (``claims.ClaimInterrupted``)."""
         self.retry_in = None
         clock = time.monotonic()
-        for workflow in self._in_turn():
+        for workflow in self._in_turn("due"):
             flow = workflow.flow
             assert flow is not None
             resting = self._rest_until.get(workflow.kind, 0.0) - clock
@@ -357,7 +367,7 @@ class FlowClaimer:
         connection = connections[self.using]
         if flow.rate_limit is None and connection.get_autocommit() and not connection.in_atomic_block:
             # One statement: a claim a unique index refuses leaves nothing behind.
-            return claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **options)
+            return _limited(claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **options))
         # One transaction: a claim whose starts the window cannot grant leaves nothing
         # behind (inside a caller's transaction it is a savepoint, so a refusal by a
         # unique index does not break that transaction).
@@ -367,7 +377,7 @@ class FlowClaimer:
                 granted = self._take_starts(kind, flow, works)
                 if granted < len(works):
                     raise _Shortfall(granted)
-        return works
+        return _limited(works)
 
     def _take_starts(self, kind: str, flow: FlowLimits, works: list[ClaimedWork]) -> int:
         """Reserve a start of the window for each claimed row (counted when the attempt
@@ -406,7 +416,7 @@ class FlowClaimer:
         A reclaimed row keeps its slot and its key (it never stopped being processing); a
         reclaim is a start, so it needs a start of its rate window, and waits stale until
         one is free."""
-        for workflow in self._in_turn():
+        for workflow in self._in_turn("stale"):
             if len(works) >= limit:
                 break
             flow = workflow.flow

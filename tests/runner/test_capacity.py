@@ -45,3 +45,17 @@ def test_one_claim_takes_at_most_a_batch_or_the_concurrency() -> None:
     capacity = Capacity(concurrency=2, batch_size=100)
     capacity.observe(0.0)
     assert capacity.claim_limit(held=0) == 100
+
+
+def test_the_slots_finish_as_many_attempts_within_the_prefetch_window_as_the_average_says() -> None:
+    # How many busy slots a limited item may be claimed for (Ledger.limited_room): it is
+    # handed out first, so it waits only for the first of them to end its attempt.
+    capacity = Capacity(concurrency=64, batch_size=100)
+    assert capacity.finishing_soon() == 0  # nothing timed yet: only free slots count
+    capacity.observe(1.0)
+    assert capacity.finishing_soon() == 3  # 64 slots x 50 ms / 1 s
+    assert capacity.bounds() == (67, 65)
+    capacity = Capacity(concurrency=4, batch_size=100)
+    capacity.observe(0.0005)
+    assert capacity.finishing_soon() == 400  # not capped by the batch, as the prefetch is
+    assert capacity.bounds() == (104, 54)

@@ -47,6 +47,7 @@ def test_a_workflow_row_claimed_by_id_is_handed_out_when_the_tasks_claim_fails(
         ledger=Ledger(lane_of),
         capacity={SYNC: Capacity(4, 10), ASYNC: Capacity(4, 10)},
         claimed=handed_out.extend,
+        reclaimed=handed_out.extend,
     )
     lanes.new_work(workflow_id, kind)
     lanes.new_work(task_id, "tasks.send")

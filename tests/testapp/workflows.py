@@ -44,6 +44,12 @@ def ledger(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> N
     record("test-ledger", trigger)
 
 
+@workflow("test-noop", dedupe_key=by_key, retry_schedule=SCHEDULE)
+def noop(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
+    """Does nothing (for ``sleep`` seconds): a quick plain backlog (tests/flow/test_busy_runner.py)."""
+    pause(trigger.get("sleep", 0))
+
+
 @workflow("test-two-steps", dedupe_key=by_key, retry_schedule=SCHEDULE)
 def two_steps(trigger: dict[str, Any], checkpoints: dict[str, Any], save: Any) -> None:
     """Step one is journalled; then, on the first run only, it hangs (the test kills

@@ -28,12 +28,18 @@ class Capacity:
         else:
             self.average_runtime += RUNTIME_SMOOTHING * (duration - self.average_runtime)
 
+    def finishing_soon(self) -> int:
+        """Attempts the slots are expected to finish within ``PREFETCH_SECONDS``, by the
+        moving average (0 until one finished): the prefetch, before the batch cap; and how
+        many busy slots a limited item may be claimed for (``Ledger.limited_room``), since
+        it is handed out first and so waits for no more than the first of them to end."""
+        if self.average_runtime is None:
+            return 0
+        return int(self.concurrency * (PREFETCH_SECONDS / max(self.average_runtime, 1e-6)))
+
     def bounds(self) -> tuple[int, int]:
         """(most items to hold, refill when holding no more than this)."""
-        prefetch = 0
-        if self.average_runtime is not None:
-            per_slot = PREFETCH_SECONDS / max(self.average_runtime, 1e-6)
-            prefetch = min(self.batch_size, int(self.concurrency * per_slot))
+        prefetch = min(self.batch_size, self.finishing_soon())
         return self.concurrency + prefetch, self.concurrency + prefetch // 2
 
     def wants_more(self, held: int) -> bool:

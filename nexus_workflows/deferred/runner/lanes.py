@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connections
 
@@ -36,7 +36,13 @@ class LaneClaims:
     """Claims due work per lane: each lane's kinds only as far as its own slots (plus
     prefetch) allow, so sync work never waits in this runner for a thread while async
     slots are free, nor the other way round; and the wake-up path, rows a NOTIFY named
-    claimed by id. ``claimed(works)`` hands what was claimed to the runner.
+    claimed by id. ``claimed(works)`` hands what was claimed to the runner,
+    ``reclaimed(works)`` what a stale claim took.
+
+    Kinds with flow limits are claimed only as far as the lane can start them about at
+    once (:meth:`limited_room`), on every claim turn, also while the lane holds a
+    prefetch of other work: their rows hold a slot, key or reserved start from the claim
+    and are handed out ahead of that prefetch (``ledger.LaneQueue``).
     """
 
     def __init__(
@@ -49,6 +55,7 @@ class LaneClaims:
         ledger: Ledger,
         capacity: dict[str, Capacity],
         claimed: Callable[[list[ClaimedWork]], None],
+        reclaimed: Callable[[list[ClaimedWork]], None],
     ) -> None:
         async_kinds = [kind for kind in kinds if registry.get(kind).is_async]
         sync_kinds = [kind for kind in kinds if kind not in async_kinds]
@@ -60,8 +67,11 @@ class LaneClaims:
         self.ledger = ledger
         self.capacity = capacity
         self.claimed = claimed
+        self.reclaimed = reclaimed
         # Rows a NOTIFY named, (id, kind) by lane (appended by the listener's thread).
         self._notified: dict[str, deque[tuple[int, str]]] = {SYNC: deque(), ASYNC: deque()}
+        # Whether any lane has kinds with flow limits (claimed on every turn).
+        self.limited = any(claimer.flow is not None for claimer in self.claimers.values())
         # Whether each lane's last claim got all it asked for (kept while it has no room).
         self._backlogged = dict.fromkeys(self.claimers, False)
 
@@ -74,6 +84,13 @@ class LaneClaims:
         """Whether ``lane`` (or any lane) has room for more claims."""
         lanes = self.claimers if lane is None else [lane]
         return any(self.capacity[name].wants_more(self.ledger.held_count(name)) for name in lanes)
+
+    def limited_room(self, lane: str) -> int:
+        """How many rows of limited kinds ``lane`` may claim now: as many as it can start
+        about at once (free slots, and slots expected to end quick work within
+        ``PREFETCH_SECONDS``: ``Ledger.limited_room``), ≤ 0 for none."""
+        capacity = self.capacity[lane]
+        return self.ledger.limited_room(capacity.concurrency, capacity.finishing_soon(), lane)
 
     def retry_in(self) -> float | None:
         """Seconds until a rate window a claim found full has a start again."""
@@ -109,20 +126,18 @@ class LaneClaims:
         return claimed
 
     def claim_due(self, cutoff: datetime | None) -> tuple[int, bool, int]:
-        """Claim due work for every lane with room: (items claimed, whether more may be
-        waiting: a claim got all it asked for or lost rows to another runner, room left)."""
+        """Claim due work for every lane with room, and limited work for a lane without
+        (see the class's docstring): (items claimed, whether more may be waiting: a claim
+        with room got all it asked for or lost rows to another runner, room left)."""
         claimed, more, room = 0, False, 0
         for lane, claimer in self.claimers.items():
+            startable = self.limited_room(lane) if claimer.flow is not None else 0
             if not self.wants_more(lane):
+                if startable > 0:
+                    claimed += len(self._claim(claimer, startable, cutoff, startable, plain=False))
                 continue
             limit = self.capacity[lane].claim_limit(self.ledger.held_count(lane))
-            startable = self.ledger.free_slots(self.capacity[lane].concurrency, lane)
-            try:
-                due = claimer.claim_due(limit, now=cutoff, startable=startable) if limit > 0 else []
-            except ClaimInterrupted as interrupted:
-                self.claimed(interrupted.works)  # claimed before the error: they run
-                raise interrupted.error from interrupted.error.__cause__  # as it was raised
-            self.claimed(due)
+            due = self._claim(claimer, limit, cutoff, startable) if limit > 0 else []
             full = 0 < limit <= len(due) or bool(due and claimer.contended)
             if limit > 0:
                 self._backlogged[lane] = full
@@ -130,3 +145,35 @@ class LaneClaims:
             claimed += len(due)
             room += max(limit - len(due), 0)
         return claimed, more, room
+
+    def _claim(
+        self, claimer: Claimer, limit: int, cutoff: datetime | None, startable: int, *, plain: bool = True
+    ) -> list[ClaimedWork]:
+        try:
+            due = claimer.claim_due(limit, now=cutoff, startable=startable, plain=plain)
+        except ClaimInterrupted as interrupted:
+            self.claimed(interrupted.works)  # claimed before the error: they run
+            raise interrupted.error from interrupted.error.__cause__  # as it was raised
+        self.claimed(due)
+        return due
+
+    def claim_stale_limited(self, stale_after: timedelta, cutoff: datetime | None) -> int:
+        """Reclaim stale rows of limited kinds, each lane only as far as it can start
+        them about at once (a reclaim keeps the row's slot and key and takes a start);
+        hands them to ``reclaimed``; how many. Kinds without limits: the runner's stale
+        claim."""
+        reclaimed = 0
+        for lane, claimer in self.claimers.items():
+            startable = self.limited_room(lane)
+            if claimer.flow is None or startable <= 0:
+                continue
+            try:
+                stale = claimer.claim_stale(
+                    startable, stale_after=stale_after, now=cutoff, startable=startable, plain=False
+                )
+            except ClaimInterrupted as interrupted:
+                self.reclaimed(interrupted.works)  # held (heart-beaten), guarded next turn
+                raise interrupted.error from interrupted.error.__cause__  # as it was raised
+            self.reclaimed(stale)
+            reclaimed += len(stale)
+        return reclaimed

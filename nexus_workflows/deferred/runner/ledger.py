@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from nexus_workflows.deferred.execution import Outcome
@@ -26,6 +27,39 @@ class Pending:
     retry_at: float = 0.0
 
 
+class LaneQueue:
+    """One lane's claimed work waiting for a worker: limited work first (it holds a slot,
+    a serial key or a reserved start from its claim: ``ClaimedWork.limited``), then the
+    rest, each in claim order. Not thread-safe: the ledger's lock guards it."""
+
+    def __init__(self) -> None:
+        self.first: deque[ClaimedWork] = deque()
+        self.rest: deque[ClaimedWork] = deque()
+
+    def append(self, work: ClaimedWork) -> None:
+        (self.first if work.limited else self.rest).append(work)
+
+    def extend(self, works: Iterable[ClaimedWork]) -> None:
+        for work in works:
+            self.append(work)
+
+    def popleft(self) -> ClaimedWork:
+        return self.first.popleft() if self.first else self.rest.popleft()
+
+    def clear(self) -> None:
+        self.first.clear()
+        self.rest.clear()
+
+    def __len__(self) -> int:
+        return len(self.first) + len(self.rest)
+
+    def __bool__(self) -> bool:
+        return bool(self.rest) or bool(self.first)
+
+    def __iter__(self) -> Iterator[ClaimedWork]:
+        return itertools.chain(self.first, self.rest)
+
+
 class Ledger:
     """The claims one runner holds, by stage; thread-safe, no I/O.
 
@@ -36,7 +70,8 @@ class Ledger:
     reclaimed while an old attempt still runs.
 
     Queued work waits in the lane ``lane_of(work)`` says (:data:`SYNC` or :data:`ASYNC`):
-    sync workers block in :meth:`take`, the event loop polls :meth:`take_now`.
+    sync workers block in :meth:`take`, the event loop polls :meth:`take_now`. Limited
+    work is handed out before the rest of its lane (:class:`LaneQueue`).
 
     Queued work starts only while its claim is known to be ours: the claim, or a later
     heartbeat that found it still held (:meth:`confirm`), is recent enough for
@@ -58,9 +93,10 @@ class Ledger:
         self.clock = clock
         self._work_available = threading.Condition(self.lock)
         self._sync_taken = threading.Condition(self.lock)  # a sync worker took queued work
-        self._queued: dict[str, deque[ClaimedWork]] = {lane: deque() for lane in LANES}
+        self._queued: dict[str, LaneQueue] = {lane: LaneQueue() for lane in LANES}
         self._running: dict[tuple[str, int], ClaimedWork] = {}
         self._running_lanes: Counter[str] = Counter()
+        self._running_limited: Counter[str] = Counter()
         self._unmarked: dict[tuple[str, int], ClaimedWork] = {}
         self._unwritten: list[Pending] = []
         self._unguarded: list[ClaimedWork] = []
@@ -129,6 +165,7 @@ class Ledger:
             return None
         self._running[work.key] = work
         self._running_lanes[lane] += 1
+        self._running_limited[lane] += int(work.limited)
         self._unmarked[work.key] = work
         return work
 
@@ -136,7 +173,9 @@ class Ledger:
         """The attempt of ``work`` ended (its outcome goes to the writer)."""
         with self.lock:
             if self._running.pop(work.key, None) is not None:
-                self._running_lanes[self.lane_of(work)] -= 1
+                lane = self.lane_of(work)
+                self._running_lanes[lane] -= 1
+                self._running_limited[lane] -= int(work.limited)
             self._unmarked.pop(work.key, None)
 
     def close(self) -> list[ClaimedWork]:
@@ -162,6 +201,19 @@ class Ledger:
         with self.lock:
             return slots - len(self._queued[lane]) - self._running_lanes[lane]
 
+    def limited_room(self, slots: int, freeing: int, lane: str = SYNC) -> int:
+        """How many limited items ``lane`` can start about at once: its free slots, plus
+        up to ``freeing`` of the slots given to other work (those expected to finish it
+        within moments), since limited items are handed out first; less the limited
+        items already queued. Slots running limited work never count."""
+        with self.lock:
+            queued = self._queued[lane]
+            limited = len(queued.first) + self._running_limited[lane]
+            # Slots other work has (running, or queued for); at most what limited work left.
+            plain = len(queued.rest) + self._running_lanes[lane] - self._running_limited[lane]
+            others = max(min(slots - limited, plain), 0)
+            return slots - limited - others + min(max(freeing, 0), others)
+
     # --- claims at risk -----------------------------------------------------------------
 
     def confirm(self, at: float) -> None:
@@ -179,7 +231,7 @@ class Ledger:
                     else:
                         self._confirmed[work.key] = max(confirmed, at)
                         keep.append(work)
-                queued.clear()  # in place: a blocked take() holds this deque
+                queued.clear()  # in place: a blocked take() holds this queue
                 queued.extend(keep)
 
     def take_forfeited(self) -> list[ClaimedWork]:

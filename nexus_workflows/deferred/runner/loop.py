@@ -134,6 +134,7 @@ class Runner:
             ledger=self._ledger,
             capacity=self._capacity,
             claimed=self._claimed,
+            reclaimed=self._reclaimed,
         )
         self._journal = JournalWriter(self.using, journal_writers(self.using))
         self._backoff = Backoff(self.poll_interval)
@@ -375,8 +376,11 @@ class Runner:
         if purging:
             schedule.purge_next_turn()
         claimed, more_due = 0, False
-        if self._wants_more():
-            claimed, more_due = self._claim(cutoff, check_stale=schedule.stale_check_due())
+        if self._may_claim():
+            # A lane without room still claims limited work it can start at once.
+            wants_more = self._lanes.wants_more()
+            if wants_more or self._lanes.limited:
+                claimed, more_due = self._claim(cutoff, check_stale=wants_more and schedule.stale_check_due())
         return claimed, more_due, purging
 
     def _log_forfeited(self, works: list[ClaimedWork]) -> None:
@@ -405,6 +409,10 @@ class Runner:
         return wait
 
     def _wants_more(self) -> bool:
+        return self._may_claim() and self._lanes.wants_more()
+
+    def _may_claim(self) -> bool:
+        """Whether to claim at all: not while stopping, nor while heartbeats fail."""
         if self._stop_requested.is_set():
             return False
         if self._heartbeat.failing():
@@ -416,7 +424,7 @@ class Runner:
         if self._claims_paused:
             self._claims_paused = False
             logger.warning("heartbeats succeed again; claiming again")
-        return self._lanes.wants_more()
+        return True
 
     def _claim(self, cutoff: datetime | None, *, check_stale: bool) -> tuple[int, bool]:
         """Claim due work and, when a check is due, stale work; returns (items claimed,
@@ -425,16 +433,18 @@ class Runner:
 
         Each lane claims only as far as it has room (:class:`.lanes.LaneClaims`). Due work
         is handed to the workers before the stale check runs, so a wake-up for new work
-        does not wait for it; the stale check may take up to ``concurrency`` rows beyond a
-        full claim, so a busy runner still reclaims a dead runner's work.
+        does not wait for it; the stale check may take up to ``concurrency`` rows of
+        kinds without limits beyond a full claim, so a busy runner still reclaims a dead
+        runner's work, and rows of limited kinds as far as each lane can start them.
         """
         claimed, more, room = self._lanes.claim_due(cutoff)
         if check_stale:
             stale_limit = max(room, self.concurrency)
-            free = sum(self._ledger.free_slots(cap.concurrency, lane) for lane, cap in self._capacity.items())
+            self._lanes.claim_stale_limited(self.stale_after, cutoff)
             try:
+                # Limited kinds were reclaimed by lane, just above: none here (startable 0).
                 stale = self._claimer.claim_stale(
-                    stale_limit, stale_after=self.stale_after, now=cutoff, startable=max(free, 0)
+                    stale_limit, stale_after=self.stale_after, now=cutoff, startable=0
                 )
             except ClaimInterrupted as interrupted:
                 # Reclaimed before the error: held (heart-beaten), guarded next turn.
