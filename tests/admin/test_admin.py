@@ -211,9 +211,13 @@ def test_a_key_typed_into_the_url_finds_nothing_and_is_never_echoed(superuser, m
 
 
 def test_newest_first(superuser, make_work):
-    old = make_work(Status.DONE, created_at=timezone.now() - timedelta(hours=2))
-    new = make_work(Status.DONE)
-    middle = make_work(Status.DONE, created_at=timezone.now() - timedelta(hours=1))
+    """Newest first is the order rows were written (the primary key): read from the
+    key's index, where an order by ``created_at`` (no index: the enqueue path pays for
+    every index) sorted the whole table on every page (46 ms at 300,000 rows). A
+    ``created_at`` from a host whose clock is behind does not move a row down."""
+    old = make_work(Status.DONE)
+    middle = make_work(Status.DONE)
+    new = make_work(Status.DONE, created_at=timezone.now() - timedelta(hours=1))
 
     response = client_for(superuser).get(reverse(CHANGELIST))
 
