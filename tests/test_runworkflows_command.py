@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import signal
 import time
 from collections import Counter
 from datetime import timedelta
@@ -304,6 +305,45 @@ def test_runner_survives_the_database_going_away() -> None:
     assert "database reachable again" in output
     assert DeferredWork.objects.filter(status=Status.DONE).count() == 400
     assert set(ledger_keys("test-ledger")) == {str(n) for n in range(400)}  # no work lost
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_a_second_sigterm_during_an_outage_stops_the_runner_at_once(tmp_path: Path) -> None:
+    """An outcome it cannot write is flushed until the grace ends, unless a second signal
+    ends the grace: it stopped only when the whole SHUTDOWN_GRACE had passed (60 s here).
+    The claim is kept, so the item is reclaimed once stale."""
+    settings = connection.settings_dict
+    proxy = TcpProxy(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
+    proxy.start()
+    ledger, finish = tmp_path / "ledger", tmp_path / "finish"
+    trigger = {"key": "a", "ledger": str(ledger), "until_file": str(finish), "seconds": 60}
+    work_id = enqueue("test-interval", trigger)
+    process = ManagePy(
+        "runworkflows",
+        settings={**FAST, "STALE_AFTER": 60, "SHUTDOWN_GRACE": 60},
+        database_url=url_of_test_database(port=proxy.port),
+    )
+    try:
+        wait_for(lambda: read_intervals(ledger), timeout=30, what="the attempt to start")
+        claim = DeferredWork.objects.get(pk=work_id).claim_token
+        proxy.cut()
+        finish.touch()  # the attempt ends during the outage: its outcome waits
+        process.wait_for_output("database unavailable")
+        process.send_sigterm()
+        process.wait_for_output("SIGTERM: no new work is claimed")
+        process.process.send_signal(signal.SIGTERM)
+        process.wait_for_output("second SIGTERM: stopping now")
+        began = time.monotonic()
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - began < 10
+        output = process.output()
+    finally:
+        proxy.cut()
+        process.close()
+    assert "exiting with 0 attempt(s) still running, 1 outcome(s) unwritten" in output
+    work = DeferredWork.objects.get(pk=work_id)
+    assert (work.status, work.claim_token) == (Status.PROCESSING, claim)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from django.db import connections, router
@@ -498,9 +498,9 @@ class Runner:
             return False
         return self._ledger.unwritten_count() == 0
 
-    def _release(self, works: list[ClaimedWork], deadline: float) -> None:
-        pause = threading.Event()  # events only: libfaketime breaks time.sleep
-        released = release_claims(works, deadline, on_outage=self._database_lost, pause=pause.wait)
+    def _release(self, works: list[ClaimedWork], time_is_up: Callable[[], bool]) -> None:
+        # Woken by a second signal (events only: libfaketime breaks time.sleep).
+        released = release_claims(works, time_is_up, on_outage=self._database_lost, pause=self._stop_now.wait)
         if released is None:
             return
         self.stats.released += released
