@@ -332,7 +332,7 @@ class Runner:
                 self._loop_failed(error)
                 self._stop_requested.wait(self._backoff.delay)
                 continue
-            if self.once and idle and not claimed and not purging and self._ledger.held_count() == 0:
+            if self.once and idle and not claimed and not purging and self._once_done():
                 return
             if self._listener is not None:
                 # With a backlog it claims again by itself: enqueues may skip their NOTIFY.
@@ -342,6 +342,11 @@ class Runner:
             if purging or (more_due and self._wants_more()):
                 continue
             self._wake.wait(self._next_wait())
+
+    def _once_done(self) -> bool:
+        """--once, after a turn that held nothing and claimed nothing: done unless an
+        attempt started since, or rate windows held due work back (it waits for them)."""
+        return self._ledger.held_count() == 0 and not self._lanes.held_back()
 
     def _loop_failed(self, error: Exception) -> None:
         """A loop turn raised: an outage (down, or read-only) is waited out on a new
