@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 import signal
+import threading
 import time
 from collections import Counter
 from datetime import timedelta
@@ -22,6 +23,7 @@ from nexus_workflows.clock import database_now
 from nexus_workflows.models import DeferredWork, Status
 from tests.faults.servers import under_faketime
 from tests.processes import ManagePy, overlapping, read_intervals, url_of_test_database, wait_for
+from tests.raw_connections import raw_connection, row_locked
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
 
@@ -305,6 +307,49 @@ def test_runner_survives_the_database_going_away() -> None:
     assert "database reachable again" in output
     assert DeferredWork.objects.filter(status=Status.DONE).count() == 400
     assert set(ledger_keys("test-ledger")) == {str(n) for n in range(400)}  # no work lost
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_a_claim_that_waited_past_stale_after_starts_nothing_it_claimed(tmp_path: Path) -> None:
+    """A claim's UPDATE stamps the heartbeat when it starts; one that then waits (a row
+    lock, a commit held up by a synchronous standby) returns claims already stale. The
+    runner started the item, and its own stale check in the same turn reclaimed it and
+    started it again: two executions at once in one process. Now the claim counts from
+    when its statement was sent, so that item is given up (forfeited) and runs once."""
+    ledger, finish = tmp_path / "ledger", tmp_path / "finish"
+    process = ManagePy("runworkflows", "--kind", "test-interval", settings=FAST)
+    watcher = raw_connection()
+    try:
+        process.wait_for_output("runner started")
+        trigger = {"key": "a", "ledger": str(ledger), "until_file": str(finish), "seconds": 60}
+        work_id = enqueue("test-interval", trigger, delay=1)
+        with row_locked(DeferredWork, work_id):
+
+            def claim_waiting() -> bool:
+                return watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE%%'"
+                ).fetchone()[0] == 1
+
+            wait_for(claim_waiting, timeout=10, what="the claim's UPDATE to wait for the row lock")
+            threading.Event().wait(FAST["STALE_AFTER"] + 1)  # the claim waits past STALE_AFTER
+        wait_for(ledger.exists, timeout=10, what="the item to start")
+        wait_for(lambda: "reclaimed from" in process.output(), timeout=10, what="the stale claim's reclaim")
+        finish.touch()
+        wait_for_status(work_id, Status.DONE, "the item to be done")
+        assert process.terminate() == 0
+        output = process.output()
+    finally:
+        watcher.close()
+        process.close()
+    # Lines "<pid> a start <time>": two of one pid before, the two executions at once.
+    starts = [line for line in ledger.read_text().splitlines() if line.split()[2] == "start"]
+    assert len(starts) == 1, starts
+    assert "not starting 1 claimed item(s) (test-interval #" in output
+    assert "claim lost" not in output
+    work = DeferredWork.objects.get(pk=work_id)
+    assert (work.attempt, work.lost_unstarted) == (0, 1)  # the forfeit cost no attempt
 
 
 @pytest.mark.slow

@@ -78,11 +78,13 @@ class Ledger:
         lanes: set[str] = set()
         if works:
             with self._work_available:
-                now = self.clock()  # just claimed (or guarded): ours
+                now = self.clock()
                 for work in works:
                     lane = self.lane_of(work)
                     self._queued[lane].append(work)
-                    self._confirmed[work.key] = now
+                    # Ours since its claim's statement was sent: one that took long (a lock
+                    # wait, a stalled commit) stamped a heartbeat that old, maybe stale.
+                    self._confirmed[work.key] = now if work.sent_at is None else min(now, work.sent_at)
                     lanes.add(lane)
                 if SYNC in lanes:
                     self._work_available.notify(len(self._queued[SYNC]))

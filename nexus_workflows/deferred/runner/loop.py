@@ -387,9 +387,10 @@ class Runner:
         if works:
             self.stats.forfeited += len(works)
             logger.warning(
-                "not starting %d claimed item(s) (%s): no heartbeat confirmed their claims for "
-                "over half of STALE_AFTER, so another runner may hold them; they go stale and "
-                "are reclaimed without counting an attempt",
+                "not starting %d claimed item(s) (%s): nothing confirmed their claims for over "
+                "half of STALE_AFTER (heartbeats failed, or the claim itself took that long), so "
+                "another runner may hold them; they go stale and are reclaimed without counting "
+                "an attempt",
                 len(works),
                 ", ".join(f"{work.kind} #{work.id}" for work in works[:10]),
             )
