@@ -285,15 +285,16 @@ class Runner:
         self._async_pool.watch(late_after=max(1.0, float(app_settings.HEARTBEAT_INTERVAL)))
 
     def _attempt_started(self, work: ClaimedWork) -> None:
+        """Worker thread or event loop, as ``prepare`` is called: claimed work may instead
+        be given up (forfeited) or released unstarted, and logs no start then."""
+        log_outcome(work, "started", logging.INFO)
         self._heartbeat.started()
         self._observer.attempt_started(work)
 
     def _claimed(self, works: list[ClaimedWork]) -> None:
-        """Due work was claimed: count it, hand it to its lane, log its start."""
+        """Due work was claimed: count it, hand it to its lane."""
         self._observer.claimed(works)
         self._dispatch(works)
-        for work in works:
-            log_outcome(work, "started", logging.INFO)
 
     def _observe_runtime(self, outcome: Outcome) -> None:
         self._capacity[lane_of(outcome.work)].observe(outcome.duration)
