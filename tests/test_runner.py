@@ -380,7 +380,7 @@ def test_once_runs_what_was_due_when_an_attempt_ends_just_after_a_claim_without_
         claimed, more_due, purging = turn(self, *args)
         if not claimed and self._ledger.held_count() and not release.is_set():
             release.set()
-            wait_for(lambda: self._ledger.held_count() == 0, timeout=10, what="the attempt to end")
+            wait_for(lambda: self._ledger.running_count() == 0, timeout=10, what="the attempt to end")
         return claimed, more_due, purging
 
     monkeypatch.setattr(Runner, "_turn", no_room_then_the_attempt_ends)

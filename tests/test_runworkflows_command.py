@@ -325,14 +325,7 @@ def test_a_claim_that_waited_past_stale_after_starts_nothing_it_claimed(tmp_path
         trigger = {"key": "a", "ledger": str(ledger), "until_file": str(finish), "seconds": 60}
         work_id = enqueue("test-interval", trigger, delay=1)
         with row_locked(DeferredWork, work_id):
-
-            def claim_waiting() -> bool:
-                return watcher.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE%%'"
-                ).fetchone()[0] == 1
-
-            wait_for(claim_waiting, timeout=10, what="the claim's UPDATE to wait for the row lock")
+            wait_for(lambda: claims_waiting(watcher) == 1, timeout=10, what="the claim to wait for the lock")
             threading.Event().wait(FAST["STALE_AFTER"] + 1)  # the claim waits past STALE_AFTER
         wait_for(ledger.exists, timeout=10, what="the item to start")
         wait_for(lambda: "reclaimed from" in process.output(), timeout=10, what="the stale claim's reclaim")
@@ -350,6 +343,47 @@ def test_a_claim_that_waited_past_stale_after_starts_nothing_it_claimed(tmp_path
     assert "claim lost" not in output
     work = DeferredWork.objects.get(pk=work_id)
     assert (work.attempt, work.lost_unstarted) == (0, 1)  # the forfeit cost no attempt
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_an_attempt_that_ends_while_the_main_loop_waits_stays_heart_beaten(tmp_path: Path) -> None:
+    """An outcome waits for the main loop to write it, held and heart-beaten. It was held
+    only once the main loop took it in: an attempt that ended while the loop waited (here
+    its claim, for a row lock) went stale, and the runner's own stale check reclaimed it
+    as a lost, started attempt and ran it again (attempt 2), its first result discarded."""
+    ledger, finish = tmp_path / "ledger", tmp_path / "finish"
+    process = ManagePy("runworkflows", "--kind", "test-interval", settings=FAST)
+    watcher = raw_connection()
+    try:
+        process.wait_for_output("runner started")
+        trigger = {"key": "a", "ledger": str(ledger), "until_file": str(finish), "seconds": 60}
+        work_id = enqueue("test-interval", trigger)
+        wait_for(ledger.exists, timeout=10, what="the attempt to start")
+        blocker = enqueue("test-interval", {"key": "b", "ledger": str(ledger)}, delay=1)
+        with row_locked(DeferredWork, blocker):
+            wait_for(lambda: claims_waiting(watcher) == 1, timeout=10, what="the claim to wait for the lock")
+            finish.touch()  # the attempt ends while the main loop waits
+            wait_for(lambda: " a end " in ledger.read_text(), timeout=10, what="the attempt to end")
+            threading.Event().wait(FAST["STALE_AFTER"] + 1)
+        wait_for_status(work_id, Status.DONE, "the item to be done")
+        wait_for_status(blocker, Status.DONE, "the other item to be done")
+        assert process.terminate() == 0
+        output = process.output()
+    finally:
+        watcher.close()
+        process.close()
+    assert ledger.read_text().count(" a start ") == 1
+    assert "claim lost" not in output
+    assert DeferredWork.objects.get(pk=work_id).attempt == 0
+
+
+def claims_waiting(watcher: Any) -> int:
+    """Claims (UPDATEs) of the test database waiting for a lock."""
+    return watcher.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE%%'"
+    ).fetchone()[0]
 
 
 @pytest.mark.slow

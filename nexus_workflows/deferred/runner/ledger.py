@@ -134,12 +134,16 @@ class Ledger:
         self._unmarked[work.key] = work
         return work
 
-    def finished(self, work: ClaimedWork) -> None:
-        """The attempt of ``work`` ended (its outcome goes to the writer)."""
+    def finished(self, work: ClaimedWork, outcome: Outcome | None = None) -> None:
+        """The attempt of ``work`` ended. Its ``outcome``, when given, is unwritten from
+        now on, in the same step: held and heart-beaten without a gap, however long the
+        main loop takes to write it (a claim waiting for a row lock)."""
         with self.lock:
             if self._running.pop(work.key, None) is not None:
                 self._running_lanes[self.lane_of(work)] -= 1
             self._unmarked.pop(work.key, None)
+            if outcome is not None:
+                self._unwritten.append(Pending(outcome))
 
     def close(self) -> list[ClaimedWork]:
         """Stop handing out work; returns (and forgets) what was claimed but not started.

@@ -101,6 +101,8 @@ class Runner:
         self._stop_now = threading.Event()
         self._listener: wakeup.PostgresListener | None = None
         self._claims_paused = False
+        # Whether the last turn held nothing when it claimed (see _turn).
+        self._held_nothing = False
         # Attempts still running when the runner stopped (after the grace); see run().
         self.left_running = 0
         self._build_parts(metrics_host, metrics_port)
@@ -305,7 +307,10 @@ class Runner:
             self._async_pool.wake()
 
     def _attempt_finished(self, outcome: Outcome) -> None:
-        self._observer.attempt_ended(outcome.work, outcome.duration)
+        """Worker thread or event loop, as ``prepare`` ended: the outcome is held (and
+        heart-beaten) until the main loop writes it."""
+        self._observer.attempt_ended(outcome.work, outcome.duration)  # before it can be written
+        self._ledger.finished(outcome.work, outcome)
         self._writer.put(outcome)
         self._wake.set()
 
@@ -320,10 +325,6 @@ class Runner:
         )
         while not self._stop_requested.is_set():
             self._wake.clear()
-            # --once is done after a claim that had room for everything found nothing: one
-            # made while an attempt was still held may have had none, and that attempt may
-            # have ended (and been written) by the time the claim returned.
-            idle = self._ledger.held_count() == 0
             try:
                 if self.once and cutoff is None:
                     cutoff = database_now(self.using)
@@ -333,7 +334,7 @@ class Runner:
                 self._loop_failed(error)
                 self._stop_requested.wait(self._backoff.delay)
                 continue
-            if self.once and idle and not claimed and not purging and self._once_done():
+            if self.once and self._held_nothing and not claimed and not purging and self._once_done():
                 return
             if self._listener is not None:
                 # With a backlog it claims again by itself: enqueues may skip their NOTIFY.
@@ -379,6 +380,10 @@ class Runner:
         purging = schedule.purge_due() and self._purging.batch()
         if purging:
             schedule.purge_next_turn()
+        # --once is done after a claim that had room for everything found nothing: one
+        # made while an attempt (or an outcome not yet written) was held may have had
+        # none, and that attempt may have ended by the time the claim returned.
+        self._held_nothing = self._ledger.held_count() == 0
         claimed, more_due = 0, False
         if self._wants_more():
             claimed, more_due = self._claim(cutoff, check_stale=schedule.stale_check_due())
