@@ -380,13 +380,32 @@ def test_once_runs_what_was_due_when_an_attempt_ends_just_after_a_claim_without_
         claimed, more_due, purging = turn(self, *args)
         if not claimed and self._ledger.held_count() and not release.is_set():
             release.set()
-            wait_for(lambda: self._ledger.held_count() == 0, timeout=10, what="the attempt to end")
+            wait_for(lambda: self._ledger.running_count() == 0, timeout=10, what="the attempt to end")
         return claimed, more_due, purging
 
     monkeypatch.setattr(Runner, "_turn", no_room_then_the_attempt_ends)
     stats = run_once(kind, concurrency=1)
     assert release.is_set()  # the interleaving happened
     assert (ran, stats.done) == (["first", "second"], 2)
+
+
+@pytest.mark.parametrize("window", ["the kind's", "per key"])
+def test_once_runs_work_a_rate_limit_holds_back_once_its_window_slides(
+    register_workflow: Any, window: str
+) -> None:
+    """--once ran the first window's two starts, then found the window full, claimed
+    nothing and stopped: "2 done", with four due items left pending."""
+    flow: dict[str, Any] = {"rate_limit": (2, 0.5)}
+    if window == "per key":
+        flow["rate_key"] = lambda trigger: "one sender"
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1], **flow).kind
+    for number in range(6):
+        enqueue(kind, {"key": str(number)})
+    started = time.monotonic()
+    stats = run_once(kind)
+    assert stats.done == 6
+    assert DeferredWork.objects.filter(kind=kind, status=Status.DONE).count() == 6
+    assert time.monotonic() - started >= 1.0  # three windows of 0.5 s: the limit held
 
 
 def test_logs_name_kind_id_attempt_and_outcome_but_no_contents(register_workflow: Any, caplog: Any) -> None:

@@ -252,7 +252,7 @@ def test_queued_work_whose_claim_heartbeats_could_not_confirm_is_never_started(
         "NEW.heartbeat_at <> OLD.heartbeat_at AND NEW.updated_at = OLD.updated_at "
         "AND NEW.claim_token = OLD.claim_token"
     )
-    with override_settings(NEXUS_WORKFLOWS=FAST), caplog.at_level(logging.WARNING, logger="nexus_workflows"):
+    with override_settings(NEXUS_WORKFLOWS=FAST), caplog.at_level(logging.INFO, logger="nexus_workflows"):
         runner = Runner(kinds=[kind], concurrency=1, async_concurrency=1, install_signal_handlers=False)
         thread = threading.Thread(target=runner.run, name="test-runner")
         thread.start()
@@ -283,6 +283,9 @@ def test_queued_work_whose_claim_heartbeats_could_not_confirm_is_never_started(
             write_blocker.remove()
             assert "not starting 3 claimed item(s)" in caplog.text
             assert [key for key in runs if not key.startswith("warm")] == ["slow"]  # never the queued work
+            # Nor does the log say they started (it did, as they were claimed).
+            assert f"{kind} #{slow} attempt 1 of 2: started" in caplog.text
+            assert [q for q in queued if f"{kind} #{q} attempt 1 of 2: started" in caplog.text] == []
             assert {row(q).claim_token for q in queued} <= {w.claim_token for w in taken}  # still the other's
             assert row(slow).status == Status.PROCESSING  # the other runner's too, now
         finally:

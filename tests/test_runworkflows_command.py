@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import re
+import signal
+import threading
 import time
 from collections import Counter
 from datetime import timedelta
@@ -21,6 +23,7 @@ from nexus_workflows.clock import database_now
 from nexus_workflows.models import DeferredWork, Status
 from tests.faults.servers import under_faketime
 from tests.processes import ManagePy, overlapping, read_intervals, url_of_test_database, wait_for
+from tests.raw_connections import raw_connection, row_locked
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
 
@@ -332,6 +335,122 @@ def test_a_runner_started_while_its_database_is_down_waits_for_it() -> None:
         proxy.cut()
         process.close()
     assert ledger_keys("test-ledger") == Counter({"after-the-outage": 1})
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_a_claim_that_waited_past_stale_after_starts_nothing_it_claimed(tmp_path: Path) -> None:
+    """A claim's UPDATE stamps the heartbeat when it starts; one that then waits (a row
+    lock, a commit held up by a synchronous standby) returns claims already stale. The
+    runner started the item, and its own stale check in the same turn reclaimed it and
+    started it again: two executions at once in one process. Now the claim counts from
+    when its statement was sent, so that item is given up (forfeited) and runs once."""
+    ledger, finish = tmp_path / "ledger", tmp_path / "finish"
+    process = ManagePy("runworkflows", "--kind", "test-interval", settings=FAST)
+    watcher = raw_connection()
+    try:
+        process.wait_for_output("runner started")
+        trigger = {"key": "a", "ledger": str(ledger), "until_file": str(finish), "seconds": 60}
+        work_id = enqueue("test-interval", trigger, delay=1)
+        with row_locked(DeferredWork, work_id):
+            wait_for(lambda: claims_waiting(watcher) == 1, timeout=10, what="the claim to wait for the lock")
+            threading.Event().wait(FAST["STALE_AFTER"] + 1)  # the claim waits past STALE_AFTER
+        wait_for(ledger.exists, timeout=10, what="the item to start")
+        wait_for(lambda: "reclaimed from" in process.output(), timeout=10, what="the stale claim's reclaim")
+        finish.touch()
+        wait_for_status(work_id, Status.DONE, "the item to be done")
+        assert process.terminate() == 0
+        output = process.output()
+    finally:
+        watcher.close()
+        process.close()
+    # Lines "<pid> a start <time>": two of one pid before, the two executions at once.
+    starts = [line for line in ledger.read_text().splitlines() if line.split()[2] == "start"]
+    assert len(starts) == 1, starts
+    assert "not starting 1 claimed item(s) (test-interval #" in output
+    assert "claim lost" not in output
+    work = DeferredWork.objects.get(pk=work_id)
+    assert (work.attempt, work.lost_unstarted) == (0, 1)  # the forfeit cost no attempt
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_an_attempt_that_ends_while_the_main_loop_waits_stays_heart_beaten(tmp_path: Path) -> None:
+    """An outcome waits for the main loop to write it, held and heart-beaten. It was held
+    only once the main loop took it in: an attempt that ended while the loop waited (here
+    its claim, for a row lock) went stale, and the runner's own stale check reclaimed it
+    as a lost, started attempt and ran it again (attempt 2), its first result discarded."""
+    ledger, finish = tmp_path / "ledger", tmp_path / "finish"
+    process = ManagePy("runworkflows", "--kind", "test-interval", settings=FAST)
+    watcher = raw_connection()
+    try:
+        process.wait_for_output("runner started")
+        trigger = {"key": "a", "ledger": str(ledger), "until_file": str(finish), "seconds": 60}
+        work_id = enqueue("test-interval", trigger)
+        wait_for(ledger.exists, timeout=10, what="the attempt to start")
+        blocker = enqueue("test-interval", {"key": "b", "ledger": str(ledger)}, delay=1)
+        with row_locked(DeferredWork, blocker):
+            wait_for(lambda: claims_waiting(watcher) == 1, timeout=10, what="the claim to wait for the lock")
+            finish.touch()  # the attempt ends while the main loop waits
+            wait_for(lambda: " a end " in ledger.read_text(), timeout=10, what="the attempt to end")
+            threading.Event().wait(FAST["STALE_AFTER"] + 1)
+        wait_for_status(work_id, Status.DONE, "the item to be done")
+        wait_for_status(blocker, Status.DONE, "the other item to be done")
+        assert process.terminate() == 0
+        output = process.output()
+    finally:
+        watcher.close()
+        process.close()
+    assert ledger.read_text().count(" a start ") == 1
+    assert "claim lost" not in output
+    assert DeferredWork.objects.get(pk=work_id).attempt == 0
+
+
+def claims_waiting(watcher: Any) -> int:
+    """Claims (UPDATEs) of the test database waiting for a lock."""
+    return watcher.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE%%'"
+    ).fetchone()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+def test_a_second_sigterm_during_an_outage_stops_the_runner_at_once(tmp_path: Path) -> None:
+    """An outcome it cannot write is flushed until the grace ends, unless a second signal
+    ends the grace: it stopped only when the whole SHUTDOWN_GRACE had passed (60 s here).
+    The claim is kept, so the item is reclaimed once stale."""
+    settings = connection.settings_dict
+    proxy = TcpProxy(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
+    proxy.start()
+    ledger, finish = tmp_path / "ledger", tmp_path / "finish"
+    trigger = {"key": "a", "ledger": str(ledger), "until_file": str(finish), "seconds": 60}
+    work_id = enqueue("test-interval", trigger)
+    process = ManagePy(
+        "runworkflows",
+        settings={**FAST, "STALE_AFTER": 60, "SHUTDOWN_GRACE": 60},
+        database_url=url_of_test_database(port=proxy.port),
+    )
+    try:
+        wait_for(lambda: read_intervals(ledger), timeout=30, what="the attempt to start")
+        claim = DeferredWork.objects.get(pk=work_id).claim_token
+        proxy.cut()
+        finish.touch()  # the attempt ends during the outage: its outcome waits
+        process.wait_for_output("database unavailable")
+        process.send_sigterm()
+        process.wait_for_output("SIGTERM: no new work is claimed")
+        process.process.send_signal(signal.SIGTERM)
+        process.wait_for_output("second SIGTERM: stopping now")
+        began = time.monotonic()
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - began < 10
+        output = process.output()
+    finally:
+        proxy.cut()
+        process.close()
+    assert "exiting with 0 attempt(s) still running, 1 outcome(s) unwritten" in output
+    work = DeferredWork.objects.get(pk=work_id)
+    assert (work.status, work.claim_token) == (Status.PROCESSING, claim)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -210,6 +211,7 @@ class Claimer:
         some = None if tasks is None else bool(tasks)  # None: perhaps
         every = tasks is not None and len(tasks) == len(ids)
         names = _CLAIM_FIELDS if some is False else (*_CLAIM_FIELDS, *_TASK_FIELDS)
+        sent_at = time.monotonic()  # the claim's heartbeat stamp is no older (see Ledger.dispatch)
         with self._one_transaction(several=len(variants) > 1):
             found = self._claim_variants(
                 candidates.filter(pk__in=ids), ids, token, variants, names, some, every, changes
@@ -218,7 +220,7 @@ class Claimer:
         # Hand them out in the claim's order (priority first): RETURNING keeps no order.
         position = {pk: index for index, pk in enumerate(ids)}
         found.sort(key=lambda item: position.get(item[0]["pk"], len(ids)))
-        return [self._claimed(row, index, token, reclaimed) for row, index in found]
+        return [self._claimed(row, index, token, reclaimed, sent_at) for row, index in found]
 
     def _one_transaction(self, *, several: bool) -> Any:
         """One transaction for a claim of several statements (an ``UPDATE`` per variant;
@@ -256,7 +258,9 @@ class Claimer:
             found.extend((row, index) for row in rows)
         return found
 
-    def _claimed(self, row: dict[str, Any], index: int, token: str, reclaimed: bool) -> ClaimedWork:
+    def _claimed(
+        self, row: dict[str, Any], index: int, token: str, reclaimed: bool, sent_at: float
+    ) -> ClaimedWork:
         return ClaimedWork(
             id=row["pk"],
             kind=row["kind"],
@@ -269,6 +273,7 @@ class Claimer:
             reclaimed=reclaimed,
             lost_unstarted=row["lost_unstarted"],
             claim_variant=index,
+            sent_at=sent_at,
             using=self.using,
             columns={name: row[name] for name in _TASK_FIELDS if name in row},
         )
@@ -369,11 +374,12 @@ class Claimer:
         if statement is None:
             statement = self._by_id[len(ids)] = self._claim_by_id_statement(len(ids))
         token = uuid.uuid4().hex
+        sent_at = time.monotonic()
         rows = statement.run([token, *ids])
         self.contended = len(rows) < len(ids)
         position = {pk: index for index, pk in enumerate(ids)}
         rows.sort(key=lambda row: position[row["pk"]])
-        return [self._claimed(row, 0, token, reclaimed=False) for row in rows]
+        return [self._claimed(row, 0, token, False, sent_at) for row in rows]
 
     def _claim_by_id_statement(self, count: int) -> PrecompiledUpdate:
         slots = [_ID_SLOT + number for number in range(count)]

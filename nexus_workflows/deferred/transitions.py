@@ -69,6 +69,9 @@ class ClaimedWork:
     lost_unstarted: int = 0
     # Which of the claim's variants took the row (see ``Claimer.claim_rows``).
     claim_variant: int = 0
+    # When (monotonic) the claim's statement was sent: the heartbeat it stamped is no
+    # older, however long the statement then waited (a lock, a stalled commit).
+    sent_at: float | None = None
     # Set when ``history`` gained entries that only an individual write can persist.
     history_changed: bool = False
     using: str = "default"

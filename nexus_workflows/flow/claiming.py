@@ -153,6 +153,9 @@ class FlowClaimer:
         # Seconds until a full rate window of the last claim has a start again, if known:
         # the runner polls again then rather than after its whole poll interval.
         self.retry_in: float | None = None
+        # Whether the last claim with a cutoff (``runworkflows --once``) left due rows that
+        # only full rate windows held back: --once waits for them, as they will start.
+        self.held_back = False
         # Kinds whose last claim found nothing that could start, until when (monotonic).
         self._rest_until: dict[str, float] = {}
         self._found_nothing = False
@@ -186,6 +189,7 @@ class FlowClaimer:
         added once it committed, so a later claim that raises leaves them there for the
         caller to hand out (``claims.ClaimInterrupted``)."""
         self.retry_in = None
+        self.held_back = False
         clock = time.monotonic()
         for workflow in self._in_turn("due"):
             flow = workflow.flow
@@ -258,6 +262,9 @@ class FlowClaimer:
         # Workflows' priority is always 0: the same order as before, and that of nw_due_idx.
         ordered = candidates.order_by("-priority", "next_attempt_at", "pk")
         ids = self._pick(kind, flow, ordered, limit)
+        if not ids and now is not None and flow.rate_limit is not None:
+            # --once: the candidates it found none of are held back by rate windows only.
+            self.held_back = self.held_back or ordered.exists()
         if ids is None:  # a full rate window: it rests until the window frees (_pick)
             return [], 0
         if not ids:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from nexus_workflows.deferred.runner.ledger import Ledger, Pending
 from nexus_workflows.deferred.runner.shutdown import Shutdown
@@ -83,7 +84,7 @@ class Recorder:
         self.calls: list[tuple[str, object]] = []
         self.running = ledger.take()
 
-    def release(self, works: list[ClaimedWork], deadline: float) -> None:
+    def release(self, works: list[ClaimedWork], time_is_up: Callable[[], bool]) -> None:
         self.calls.append(("release", [w.id for w in works]))
 
     def write_outcomes(self) -> bool:
@@ -182,6 +183,63 @@ def test_outcomes_that_keep_failing_are_flushed_for_a_bounded_time() -> None:
     ).run()
     # Tries for min(grace, 5) = 3 s past the stop (1 s each here), then exits.
     assert attempts == [1000.0, 1001.0, 1002.0]
+
+
+def test_a_second_signal_ends_a_flush_that_waits_out_an_outage() -> None:
+    """The grace ends when the second signal comes: the flush of outcomes that cannot be
+    written goes on only for the min(grace, 5) s every stop allows, not the whole grace."""
+    ledger, clock = Ledger(), FakeClock()
+    ledger.add_unwritten(Pending(outcome()))
+    stop_now = threading.Event()
+    attempts = []
+
+    def never_written() -> bool:
+        attempts.append(clock.now)
+        if len(attempts) == 8:
+            stop_now.set()  # the second SIGTERM, 7 s into a grace of 30
+        clock.advance(1.0)
+        return False
+
+    Shutdown(
+        ledger,
+        grace=30.0,
+        stale_after=60.0,
+        stop_now=stop_now,
+        wake=threading.Event(),
+        release=lambda works, time_is_up: None,
+        write_outcomes=never_written,
+        stop_helpers=lambda: None,
+        monotonic=clock,
+    ).run()
+    assert attempts == [1000.0 + second for second in range(8)]
+
+
+def test_a_second_signal_ends_the_release_of_unstarted_claims() -> None:
+    """Releasing retries through an outage until the grace ends, or the second signal."""
+    ledger, clock = Ledger(), FakeClock()
+    ledger.dispatch([work()])
+    stop_now = threading.Event()
+    tries = []
+
+    def release(works: list[ClaimedWork], time_is_up: Callable[[], bool]) -> None:
+        while not time_is_up():  # the database refuses every try
+            tries.append(clock.now)
+            if len(tries) == 5:
+                stop_now.set()
+            clock.advance(0.2)
+
+    Shutdown(
+        ledger,
+        grace=30.0,
+        stale_after=60.0,
+        stop_now=stop_now,
+        wake=threading.Event(),
+        release=release,
+        write_outcomes=lambda: True,
+        stop_helpers=lambda: None,
+        monotonic=clock,
+    ).run()
+    assert len(tries) == 5
 
 
 def test_claimed_work_never_shows_its_data_in_its_repr() -> None:

@@ -235,8 +235,7 @@ class AsyncPool:
             outcome = await execute_async(registry.for_work(work), work, self._save_patch, self._run_db)
         except BaseException as error:  # noqa: BLE001 - e.g. the kind was unregistered
             outcome = Outcome(work, Result.FAILED, error)
-        self.ledger.finished(work)
-        self._finished(outcome)
+        self._finished(outcome)  # into the ledger, unwritten (Ledger.finished)
         if outcome.result is not Result.SUCCEEDED:
             # prepare may have left a broken connection (an outage) on the thread the async
             # ORM and sync_to_async share: without this it would stay broken, failing every

@@ -114,11 +114,13 @@ class Ledger:
         lanes: set[str] = set()
         if works:
             with self._work_available:
-                now = self.clock()  # just claimed (or guarded): ours
+                now = self.clock()
                 for work in works:
                     lane = self.lane_of(work)
                     self._queued[lane].append(work)
-                    self._confirmed[work.key] = now
+                    # Ours since its claim's statement was sent: one that took long (a lock
+                    # wait, a stalled commit) stamped a heartbeat that old, maybe stale.
+                    self._confirmed[work.key] = now if work.sent_at is None else min(now, work.sent_at)
                     lanes.add(lane)
                 if SYNC in lanes:
                     self._work_available.notify(len(self._queued[SYNC]))
@@ -169,14 +171,18 @@ class Ledger:
         self._unmarked[work.key] = work
         return work
 
-    def finished(self, work: ClaimedWork) -> None:
-        """The attempt of ``work`` ended (its outcome goes to the writer)."""
+    def finished(self, work: ClaimedWork, outcome: Outcome | None = None) -> None:
+        """The attempt of ``work`` ended. Its ``outcome``, when given, is unwritten from
+        now on, in the same step: held and heart-beaten without a gap, however long the
+        main loop takes to write it (a claim waiting for a row lock)."""
         with self.lock:
             if self._running.pop(work.key, None) is not None:
                 lane = self.lane_of(work)
                 self._running_lanes[lane] -= 1
                 self._running_limited[lane] -= int(work.limited)
             self._unmarked.pop(work.key, None)
+            if outcome is not None:
+                self._unwritten.append(Pending(outcome))
 
     def close(self) -> list[ClaimedWork]:
         """Stop handing out work; returns (and forgets) what was claimed but not started.

@@ -10,7 +10,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
 from django.db import connections, router
@@ -101,6 +101,8 @@ class Runner:
         self._stop_now = threading.Event()
         self._listener: wakeup.PostgresListener | None = None
         self._claims_paused = False
+        # Whether the last turn held nothing when it claimed (see _turn).
+        self._held_nothing = False
         # Attempts still running when the runner stopped (after the grace); see run().
         self.left_running = 0
         self._build_parts(metrics_host, metrics_port)
@@ -287,15 +289,16 @@ class Runner:
         self._async_pool.watch(late_after=max(1.0, float(app_settings.HEARTBEAT_INTERVAL)))
 
     def _attempt_started(self, work: ClaimedWork) -> None:
+        """Worker thread or event loop, as ``prepare`` is called: claimed work may instead
+        be given up (forfeited) or released unstarted, and logs no start then."""
+        log_outcome(work, "started", logging.INFO)
         self._heartbeat.started()
         self._observer.attempt_started(work)
 
     def _claimed(self, works: list[ClaimedWork]) -> None:
-        """Due work was claimed: count it, hand it to its lane, log its start."""
+        """Due work was claimed: count it, hand it to its lane."""
         self._observer.claimed(works)
         self._dispatch(works)
-        for work in works:
-            log_outcome(work, "started", logging.INFO)
 
     def _observe_runtime(self, outcome: Outcome) -> None:
         self._capacity[lane_of(outcome.work)].observe(outcome.duration)
@@ -306,7 +309,10 @@ class Runner:
             self._async_pool.wake()
 
     def _attempt_finished(self, outcome: Outcome) -> None:
-        self._observer.attempt_ended(outcome.work, outcome.duration)
+        """Worker thread or event loop, as ``prepare`` ended: the outcome is held (and
+        heart-beaten) until the main loop writes it."""
+        self._observer.attempt_ended(outcome.work, outcome.duration)  # before it can be written
+        self._ledger.finished(outcome.work, outcome)
         self._writer.put(outcome)
         self._wake.set()
 
@@ -321,10 +327,6 @@ class Runner:
         )
         while not self._stop_requested.is_set():
             self._wake.clear()
-            # --once is done after a claim that had room for everything found nothing: one
-            # made while an attempt was still held may have had none, and that attempt may
-            # have ended (and been written) by the time the claim returned.
-            idle = self._ledger.held_count() == 0
             try:
                 if self.once and cutoff is None:
                     cutoff = database_now(self.using)
@@ -334,7 +336,7 @@ class Runner:
                 self._loop_failed(error)
                 self._stop_requested.wait(self._backoff.delay)
                 continue
-            if self.once and idle and not claimed and not purging and self._ledger.held_count() == 0:
+            if self.once and self._held_nothing and not claimed and not purging and self._once_done():
                 return
             if self._listener is not None:
                 # With a backlog it claims again by itself: enqueues may skip their NOTIFY.
@@ -344,6 +346,11 @@ class Runner:
             if purging or (more_due and self._wants_more()):
                 continue
             self._wake.wait(self._next_wait())
+
+    def _once_done(self) -> bool:
+        """--once, after a turn that held nothing and claimed nothing: done unless an
+        attempt started since, or rate windows held due work back (it waits for them)."""
+        return self._ledger.held_count() == 0 and not self._lanes.held_back()
 
     def _loop_failed(self, error: Exception) -> None:
         """A loop turn raised: an outage (down, or read-only) is waited out on a new
@@ -375,6 +382,10 @@ class Runner:
         purging = schedule.purge_due() and self._purging.batch()
         if purging:
             schedule.purge_next_turn()
+        # --once is done after a claim that had room for everything found nothing: one
+        # made while an attempt (or an outcome not yet written) was held may have had
+        # none, and that attempt may have ended by the time the claim returned.
+        self._held_nothing = self._ledger.held_count() == 0
         claimed, more_due = 0, False
         if self._may_claim():
             # A lane without room still claims limited work it can start at once.
@@ -387,9 +398,10 @@ class Runner:
         if works:
             self.stats.forfeited += len(works)
             logger.warning(
-                "not starting %d claimed item(s) (%s): no heartbeat confirmed their claims for "
-                "over half of STALE_AFTER, so another runner may hold them; they go stale and "
-                "are reclaimed without counting an attempt",
+                "not starting %d claimed item(s) (%s): nothing confirmed their claims for over "
+                "half of STALE_AFTER (heartbeats failed, or the claim itself took that long), so "
+                "another runner may hold them; they go stale and are reclaimed without counting "
+                "an attempt",
                 len(works),
                 ", ".join(f"{work.kind} #{work.id}" for work in works[:10]),
             )
@@ -509,9 +521,9 @@ class Runner:
             return False
         return self._ledger.unwritten_count() == 0
 
-    def _release(self, works: list[ClaimedWork], deadline: float) -> None:
-        pause = threading.Event()  # events only: libfaketime breaks time.sleep
-        released = release_claims(works, deadline, on_outage=self._database_lost, pause=pause.wait)
+    def _release(self, works: list[ClaimedWork], time_is_up: Callable[[], bool]) -> None:
+        # Woken by a second signal (events only: libfaketime breaks time.sleep).
+        released = release_claims(works, time_is_up, on_outage=self._database_lost, pause=self._stop_now.wait)
         if released is None:
             return
         self.stats.released += released

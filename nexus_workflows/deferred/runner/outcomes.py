@@ -68,7 +68,9 @@ def released_for_outage(work: ClaimedWork, error: BaseException) -> bool:
 
 
 class OutcomeWriter:
-    """Takes outcomes from any thread (:meth:`put`); writes them from the main thread.
+    """Writes, from the main thread, the outcomes the ledger holds unwritten (an attempt's
+    end puts its outcome there: :meth:`Ledger.finished`); :meth:`put` (any thread) hands
+    it over for ``observe`` too.
 
     :meth:`write` raises a database outage (what is not written stays in the ledger,
     held and heart-beaten); any other error is contained to its item: logged by kind, id
@@ -82,7 +84,8 @@ class OutcomeWriter:
         self._arrived: SimpleQueue[Outcome] = SimpleQueue()
 
     def put(self, outcome: Outcome) -> None:
-        """Hand over a finished attempt's outcome (thread-safe, never blocks)."""
+        """Hand over a finished attempt's outcome, already in the ledger, for ``observe``
+        (thread-safe, never blocks)."""
         self._arrived.put(outcome)
 
     def write(self) -> None:
@@ -104,7 +107,6 @@ class OutcomeWriter:
             except Empty:
                 return
             self.observe(outcome)
-            self.ledger.add_unwritten(Pending(outcome))
 
     def _write_batch(self, batch: list[Pending], write: Callable[[list[Pending]], None]) -> None:
         try:

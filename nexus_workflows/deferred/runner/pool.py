@@ -88,7 +88,8 @@ def close_idle_connections() -> None:
 
 class SyncPool:
     """``size`` daemon threads; each takes queued work from the ledger, runs it, and hands
-    the outcome to ``finished``, until the ledger is closed. ``save()`` goes through
+    the outcome to ``finished`` (which records it in the ledger), until the ledger is
+    closed. ``save()`` goes through
     ``save_patch`` (the journal writer), so a thread opens a database connection only if
     its prepare uses the ORM itself; then it keeps it until the thread exits.
 
@@ -132,8 +133,7 @@ class SyncPool:
                 epoch = self._outage_epoch()
                 self._started(work)
                 outcome = run_attempt(work, self._save_patch)
-                self.ledger.finished(work)
-                self._finished(outcome)
+                self._finished(outcome)  # into the ledger, unwritten (Ledger.finished)
                 last_ended = time.monotonic()
                 if outcome.result is not Result.SUCCEEDED:
                     drop_connections_after(outcome)

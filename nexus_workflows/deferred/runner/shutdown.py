@@ -21,15 +21,15 @@ logger = logging.getLogger("nexus_workflows.deferred.runner")
 
 def release_claims(
     works: list[ClaimedWork],
-    deadline: float,
+    time_is_up: Callable[[], bool],
     *,
     on_outage: Callable[[BaseException], None],
     pause: Callable[[float], object],  # e.g. Event.wait: what it returns is not used
-    monotonic: Callable[[], float] = time.monotonic,
 ) -> int | None:
     """Give back claims of work not started (pending again, due now, attempt unchanged),
-    retrying through an outage until ``deadline``; the number released, or None when
-    they could not be (they go stale and are reclaimed, no worse)."""
+    retrying through an outage until ``time_is_up()`` (the grace ended, or a second
+    signal ended it); the number released, or None when they could not be (they go
+    stale and are reclaimed, no worse)."""
     while True:
         try:
             return transitions.release(works)
@@ -38,7 +38,7 @@ def release_claims(
                 logger.error("releasing claims failed (%s)", type(error).__name__)
                 return None
             on_outage(error)
-            if monotonic() >= deadline:
+            if time_is_up():
                 logger.error(
                     "could not release %d claim(s) before exiting; they will be reclaimed after STALE_AFTER",
                     len(works),
@@ -51,13 +51,17 @@ class Shutdown:
     """The order of a runner's stop; every part it drives is injected.
 
     1. the ledger closes: nothing more starts, and work claimed but not started is
-       handed to ``release`` (with the grace's deadline);
+       handed to ``release`` (with a test of whether the grace is over);
     2. attempts still running get ``grace`` seconds (none once ``stop_now`` is set),
        while ``write_outcomes`` writes what finishes;
-    3. outcomes that arrived are flushed for up to ``min(grace, 5)`` more seconds;
+    3. outcomes that arrived are flushed until the grace ends, and for at least
+       ``min(grace, 5)`` seconds;
     4. what is left is reported (those claims are kept, unrefreshed: another runner
        takes them after ``STALE_AFTER``, never while they may still run here);
     5. ``stop_helpers`` stops the heartbeat, listener and observer.
+
+    ``stop_now`` (a second signal) ends the grace when it is set, whichever step runs
+    then: a release or a flush retrying through an outage stops too.
 
     Never two executions of one item at once: an attempt still running when the grace
     ends keeps its claim; releasing it would let another runner start the item while
@@ -72,7 +76,7 @@ class Shutdown:
         stale_after: float,
         stop_now: threading.Event,
         wake: threading.Event,
-        release: Callable[[list[ClaimedWork], float], None],
+        release: Callable[[list[ClaimedWork], Callable[[], bool]], None],
         write_outcomes: Callable[[], bool],
         stop_helpers: Callable[[], None],
         monotonic: Callable[[], float] = time.monotonic,
@@ -88,6 +92,8 @@ class Shutdown:
         self.monotonic = monotonic
         self.unguarded = 0
         self._pause = threading.Event()  # events only: libfaketime breaks time.sleep
+        # When stop_now was first seen set: the grace ends there.
+        self._stopped_now_at: float | None = None
 
     def run(self) -> None:
         # Reclaimed work the crash-loop guard has not checked yet is not released: pending
@@ -95,24 +101,34 @@ class Shutdown:
         # goes stale and is reclaimed (and checked) again, without counting an attempt.
         self.unguarded = len(self.ledger.take_unguarded())
         unstarted = self.ledger.close()
-        deadline = self.monotonic() + (0.0 if self.stop_now.is_set() else self.grace)
+        grace_ends = self.monotonic() + self.grace
         if unstarted:
-            self.release(unstarted, deadline)
-        self._wait_for_running(deadline)
-        self._flush(max(deadline, self.monotonic() + min(self.grace, 5.0)))
+            self.release(unstarted, lambda: self.monotonic() >= self._grace_end(grace_ends))
+        self._wait_for_running(grace_ends)
+        self._flush(grace_ends, self.monotonic() + min(self.grace, 5.0))
         self._report_left()
         self.stop_helpers()
 
-    def _wait_for_running(self, deadline: float) -> None:
-        while self.ledger.running_count() and self.monotonic() < deadline and not self.stop_now.is_set():
+    def _grace_end(self, grace_ends: float) -> float:
+        """When the grace ends: ``grace_ends``, or when ``stop_now`` was first seen set."""
+        if self._stopped_now_at is None and self.stop_now.is_set():
+            self._stopped_now_at = self.monotonic()
+        if self._stopped_now_at is None:
+            return grace_ends
+        return min(grace_ends, self._stopped_now_at)
+
+    def _wait_for_running(self, grace_ends: float) -> None:
+        while self.ledger.running_count() and self.monotonic() < self._grace_end(grace_ends):
             self.wake.wait(0.05)
             self.wake.clear()
             self.write_outcomes()
 
-    def _flush(self, deadline: float) -> None:
+    def _flush(self, grace_ends: float, at_least_until: float) -> None:
         # Outcomes of finished attempts only: a write that keeps failing is left to go
         # stale, like a running attempt.
-        while not self.write_outcomes() and self.monotonic() < deadline:
+        while not self.write_outcomes():
+            if self.monotonic() >= max(self._grace_end(grace_ends), at_least_until):
+                return
             self._pause.wait(0.2)
 
     def _report_left(self) -> None:
