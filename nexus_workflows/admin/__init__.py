@@ -32,7 +32,6 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext
@@ -230,25 +229,25 @@ class DeferredWorkAdmin(
 
     @admin.display(description=_("last update"), ordering="updated_at")
     def updated_column(self, work: DeferredWork) -> SafeString:
-        return display.when(work.updated_at, compact=True)
+        return display.when(work.updated_at, now=display.now_of(work), compact=True)
 
     @admin.display(description=_("last update"))
     def updated_detail(self, work: DeferredWork) -> SafeString:
-        return display.when(work.updated_at)
+        return display.when(work.updated_at, now=display.now_of(work))
 
     # --- detail fields ------------------------------------------------------------------
 
     @admin.display(description=_("created"))
     def created_column(self, work: DeferredWork) -> SafeString:
-        return display.when(work.created_at)
+        return display.when(work.created_at, now=display.now_of(work))
 
     @admin.display(description=_("claimed at"))
     def claimed_column(self, work: DeferredWork) -> SafeString:
-        return display.when(work.claimed_at)
+        return display.when(work.claimed_at, now=display.now_of(work))
 
     @admin.display(description=_("last heartbeat"))
     def heartbeat_column(self, work: DeferredWork) -> SafeString:
-        return display.when(work.heartbeat_at)
+        return display.when(work.heartbeat_at, now=display.now_of(work))
 
     @admin.display(description=_("exception type"))
     def error_type_detail(self, work: DeferredWork) -> SafeString:
@@ -264,11 +263,11 @@ class DeferredWorkAdmin(
 
     @admin.display(description=_("first started"))
     def started_column(self, work: DeferredWork) -> SafeString:
-        return display.when(work.first_started_at)
+        return display.when(work.first_started_at, now=display.now_of(work))
 
     @admin.display(description=_("finished"))
     def finished_column(self, work: DeferredWork) -> SafeString:
-        return display.when(work.finished_at)
+        return display.when(work.finished_at, now=display.now_of(work))
 
     @admin.display(description=_("runners (one per attempt)"))
     def worker_ids_list(self, work: DeferredWork) -> str:
@@ -435,6 +434,12 @@ class DeferredWorkAdmin(
             current_app=self.admin_site.name,
         )
 
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        work = super().get_object(request, object_id, from_field)
+        if work is not None:  # the page's times are judged by the database's clock
+            display.read_now(request, [work], work._state.db or "default")
+        return work
+
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict | None = None
     ) -> HttpResponse:
@@ -448,7 +453,7 @@ class DeferredWorkAdmin(
 
     def _triage_context(self, request: HttpRequest, work: DeferredWork) -> dict[str, Any]:
         info = self.opts.app_label, self.opts.model_name
-        now = timezone.now()
+        now = display.now_of(work)
         due = work.status == Status.PENDING and work.next_attempt_at <= now
         may_revive = self.has_revive_permission(request)
         actionable = work.status == Status.ABANDONED or (work.status == Status.PENDING and not due)

@@ -14,6 +14,7 @@ from django.utils.functional import Promise, cached_property
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from nexus_workflows.admin import display
 from nexus_workflows.admin.finding import SearchNotEchoedChangeList
 from nexus_workflows.deferred import triage
 from nexus_workflows.flow.report import waiting_on_limit_q
@@ -99,6 +100,11 @@ class TriageChangeList(SearchNotEchoedChangeList):
         # What no column shows stays in the database: the PHI-bearing JSON, and a task's
         # tracebacks and return value (up to 20,000 characters an attempt).
         return queryset.defer("trigger", "checkpoints", "history", "errors", "return_value")
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        # One read of the database's clock for the page's "ago", "due now" and "stale".
+        display.read_now(request, list(self.result_list), self.queryset.db)
 
     @cached_property
     def status_summary(self) -> list[SummaryItem]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import router
 from django.utils import timezone
 from django.utils.dateformat import format as format_date
 from django.utils.html import escape, format_html
@@ -19,6 +20,7 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 from django.utils.timesince import timesince
 
+from nexus_workflows.clock import database_now
 from nexus_workflows.deferred import attempts as attempts_module
 from nexus_workflows.deferred.attempts import max_attempts
 from nexus_workflows.deferred.history import first_line
@@ -30,6 +32,30 @@ DATETIME_FORMAT = "Y-m-d H:i:s"
 COMPACT_FORMAT = "M j, H:i"
 EMPTY = mark_safe('<span class="nw-muted">—</span>')
 
+#: The attribute the admin sets on the rows it reads: the database's time of the read,
+#: which every "ago", "due now" and "stale" on the page is judged by (README "One clock").
+NOW_ATTRIBUTE = "nw_database_now"
+
+
+def read_now(request: Any, rows: list[DeferredWork], using: str) -> None:
+    """Give ``rows`` the database's time, read once per request (one query a page)."""
+    now = getattr(request, NOW_ATTRIBUTE, None)
+    if now is None:
+        now = database_now(using)
+        setattr(request, NOW_ATTRIBUTE, now)
+    for work in rows:
+        setattr(work, NOW_ATTRIBUTE, now)
+
+
+def now_of(work: DeferredWork) -> datetime:
+    """The database's time for judging ``work``: what the admin read with the row, else
+    one query to the database it came from."""
+    now = getattr(work, NOW_ATTRIBUTE, None)
+    if now is None:
+        now = database_now(work._state.db or router.db_for_read(DeferredWork))
+        setattr(work, NOW_ATTRIBUTE, now)
+    return now
+
 
 def when(value: datetime | None, *, now: datetime | None = None, compact: bool = False) -> SafeString:
     """A local time and how long ago (or how soon) it is.
@@ -39,7 +65,8 @@ def when(value: datetime | None, *, now: datetime | None = None, compact: bool =
     """
     if value is None:
         return EMPTY
-    now = now or timezone.now()
+    if now is None:
+        now = database_now(router.db_for_read(DeferredWork))
     local = timezone.localtime(value)
     seconds = (value - now).total_seconds()
     if abs(seconds) < 60:
@@ -60,7 +87,7 @@ def when(value: datetime | None, *, now: datetime | None = None, compact: bool =
 
 
 def status_badge(work: DeferredWork, *, now: datetime | None = None) -> SafeString:
-    if is_stale(work, now):
+    if work.status == Status.PROCESSING and is_stale(work, now or now_of(work)):
         return format_html(
             '<span class="nw-badge nw-badge--stale" title="{}">processing · stale</span>',
             "No heartbeat from its runner for longer than STALE_AFTER",
@@ -95,8 +122,11 @@ def attempts(work: DeferredWork) -> SafeString:
 
 
 def next_attempt(work: DeferredWork, *, now: datetime | None = None, compact: bool = False) -> SafeString:
-    """When pending work runs next; for processing work, how alive its runner is."""
-    now = now or timezone.now()
+    """When pending work runs next; for processing work, how alive its runner is, by the
+    database's clock (``now``, else :func:`now_of`)."""
+    if work.status not in (Status.PENDING, Status.PROCESSING):
+        return EMPTY
+    now = now or now_of(work)
     if work.status == Status.PENDING:
         if work.next_attempt_at <= now:
             return format_html(

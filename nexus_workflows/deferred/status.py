@@ -15,6 +15,7 @@ from datetime import datetime
 from django.db.models import Count
 from django.utils import timezone
 
+from nexus_workflows.clock import database_now
 from nexus_workflows.deferred.attempts import describe_attempt
 from nexus_workflows.deferred.history import first_line
 from nexus_workflows.deferred.wakeup import WakeupMode
@@ -32,12 +33,14 @@ class StatusReport:
     abandoned: list[DeferredWork] = field(default_factory=list)
     abandoned_total: int = 0
     runners: list[Runner] = field(default_factory=list)
+    #: The database's time of the report, which "due" and "ago" are judged by.
     generated_at: datetime = field(default_factory=timezone.now)
     flow: list[KindFlow] = field(default_factory=list)
 
 
 def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
-    report = StatusReport()
+    # Due and overdue by the database's clock, never this host's (README "One clock").
+    report = StatusReport(generated_at=database_now(DeferredWork.objects.db))
     counts: dict[str, dict[str, int]] = defaultdict(lambda: {status.value: 0 for status in Status})
     rows = DeferredWork.objects.values("kind", "status").annotate(n=Count("pk")).order_by("kind")
     for row in rows:

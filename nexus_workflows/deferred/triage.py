@@ -12,11 +12,13 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
+from django.db import router
 from django.db.models import Q, QuerySet
-from django.utils import timezone
 
 from nexus_workflows import signals
+from nexus_workflows.clock import database_now, now_plus
 from nexus_workflows.conf import app_settings
 from nexus_workflows.deferred.history import append_entry
 from nexus_workflows.deferred.registry import registry
@@ -66,17 +68,23 @@ class TriageResult:
 # --- what needs attention --------------------------------------------------------------
 
 
-def stale_cutoff(now: datetime | None = None) -> datetime:
-    """Processing work whose last heartbeat is older than this belongs to a dead runner."""
-    return (now or timezone.now()) - timedelta(seconds=app_settings.STALE_AFTER)
+def stale_cutoff(now: datetime | None = None, *, using: str | None = None) -> datetime:
+    """Processing work whose last heartbeat is older than this belongs to a dead runner.
+
+    ``now`` defaults to the database's clock (``using``, else where deferred work is
+    read), never this host's: heartbeats are the database's time (README "One clock")."""
+    if now is None:
+        now = database_now(using or router.db_for_read(DeferredWork))
+    return now - timedelta(seconds=app_settings.STALE_AFTER)
 
 
 def stale_q(now: datetime | None = None) -> Q:
     """Processing rows with a stale heartbeat, or with none at all (no runner would
-    ever reclaim those on its own)."""
-    return Q(status=Status.PROCESSING) & (
-        Q(heartbeat_at__lt=stale_cutoff(now)) | Q(heartbeat_at__isnull=True)
-    )
+    ever reclaim those on its own). Without ``now`` the statement compares with the
+    database's own clock."""
+    stale_after = timedelta(seconds=app_settings.STALE_AFTER)
+    cutoff: Any = now_plus(-stale_after) if now is None else stale_cutoff(now)
+    return Q(status=Status.PROCESSING) & (Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True))
 
 
 def needs_attention_q(now: datetime | None = None) -> Q:
@@ -85,9 +93,11 @@ def needs_attention_q(now: datetime | None = None) -> Q:
 
 
 def is_stale(work: DeferredWork, now: datetime | None = None) -> bool:
-    return work.status == Status.PROCESSING and (
-        work.heartbeat_at is None or work.heartbeat_at < stale_cutoff(now)
-    )
+    """Whether ``work`` is processing with a stale heartbeat; ``now`` defaults to the
+    clock of the database the row was read from (one query: pass it for many rows)."""
+    if work.status != Status.PROCESSING:
+        return False
+    return work.heartbeat_at is None or work.heartbeat_at < stale_cutoff(now, using=work._state.db)
 
 
 # --- actions ---------------------------------------------------------------------------

@@ -16,9 +16,9 @@ from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
-from django.utils import timezone
 
 from nexus_workflows import sql
+from nexus_workflows.clock import database_now
 from nexus_workflows.observability.models import OutcomeCount, OutcomeFlush
 
 #: Counts older than this are purged: the dashboard shows the last 24 hours.
@@ -44,8 +44,9 @@ def add(counts: Counts, *, token: str, using: str) -> bool:
 
 
 def _add_portably(items: list[tuple[str, str, int]], token: str, using: str) -> bool:
-    # Other backends: the ORM, in this process's minute.
-    now = timezone.now()
+    # Other backends: the ORM, in the database's minute (the dashboard's buckets are the
+    # database's time: a host whose clock is off must not file counts in another minute).
+    now = database_now(using)
     minute = now.replace(second=0, microsecond=0)
     with transaction.atomic(using=using):
         try:

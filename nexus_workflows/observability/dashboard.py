@@ -8,7 +8,7 @@ kind and outcome), the per-status counts of :mod:`.figures` and the runner rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connections
 from django.utils import timezone
@@ -145,8 +145,9 @@ def build(using: str) -> Dashboard:
 
 
 def _duration(seconds: float) -> str:
-    now = timezone.now()
-    return timesince(now - timedelta(seconds=seconds), now, depth=2)
+    # A length of time, not a judgement: any fixed end serves, never this host's clock.
+    end = datetime(2001, 1, 1, tzinfo=UTC)
+    return timesince(end - timedelta(seconds=seconds), end, depth=2)
 
 
 # --- the chart ---------------------------------------------------------------------------

@@ -85,6 +85,23 @@ def test_list_query_does_not_load_what_no_column_shows(superuser, make_work):
             assert f'"{unshown}"' not in sql, unshown
 
 
+def test_a_page_reads_the_databases_clock_once_whatever_its_rows(superuser, make_work, stale_heartbeat):
+    """The list's and the detail page's "ago", "due now" and "stale" are the database's
+    time (README "One clock"), read in one query a page, never one a row."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    clock_reads = ("SELECT statement_timestamp()", "SELECT UTC_TIMESTAMP(6)", "SELECT STRFTIME(")
+    works = [make_work(), make_work(Status.PROCESSING), make_work(Status.ABANDONED)]
+    works.append(make_work(Status.PROCESSING, heartbeat_at=stale_heartbeat))
+    client = client_for(superuser)
+    for url in (reverse(CHANGELIST), change_url(works[1])):
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(url).status_code == 200
+        reads = [q["sql"] for q in queries if q["sql"].startswith(clock_reads)]
+        assert len(reads) == 1, (url, reads)
+
+
 def test_rows_of_unregistered_kinds_still_display(superuser, make_work):
     make_work(Status.ABANDONED, kind="retired-kind", attempt=4)
 
