@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import redis
 
 from tests.faults.partitions import Partitions, require_namespaces
-from tests.faults.servers import PrivatePostgres
+from tests.faults.servers import PrivatePostgres, PrivateRedis
 
 
 @pytest.fixture
@@ -18,6 +20,21 @@ def private_postgres() -> Iterator[PrivatePostgres]:
     try:
         server.start()
         yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def private_redis_client(settings: Any) -> Iterator[redis.Redis]:
+    """A client of a redis-server of this test's own (its own port, killed by PID
+    afterwards), which the project's "default" RQ queue uses for the test."""
+    server = PrivateRedis()
+    try:
+        server.start()
+        settings.RQ_QUEUES = {"default": {"URL": server.url, "DEFAULT_TIMEOUT": 60}}
+        client = redis.Redis.from_url(server.url)
+        yield client
+        client.close()
     finally:
         server.cleanup()
 

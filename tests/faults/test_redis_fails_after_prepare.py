@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,7 +20,6 @@ from rq.registry import FailedJobRegistry
 from nexus_workflows import enqueue
 from nexus_workflows.fire_and_forget import get_queue
 from nexus_workflows.fire_and_forget.job import SEALED_ERROR, error_of
-from tests.faults.servers import PrivateRedis
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,19 +30,6 @@ pytestmark = [
 
 PATIENT = "María López"
 runs: list[str] = []
-
-
-@pytest.fixture
-def private_redis(settings: Any) -> Iterator[redis.Redis]:
-    server = PrivateRedis()
-    try:
-        server.start()
-        settings.RQ_QUEUES = {"default": {"URL": server.url, "DEFAULT_TIMEOUT": 60}}
-        client = redis.Redis.from_url(server.url)
-        yield client
-        client.close()
-    finally:
-        server.cleanup()
 
 
 def refuse_writes(client: redis.Redis) -> None:
@@ -89,22 +75,22 @@ def burst(client: redis.Redis, *, writes_back_before_outcome: bool = False) -> N
 
 
 def test_a_requeued_job_whose_earlier_error_cannot_be_removed_is_still_finished(
-    private_redis: redis.Redis,
+    private_redis_client: redis.Redis,
     register_workflow: Callable[..., Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     runs.clear()
     workflow = register_workflow(fails_then_fills_redis)
-    url = private_redis.connection_pool.connection_kwargs
+    url = private_redis_client.connection_pool.connection_kwargs
     trigger = {"key": "r1", "name": PATIENT, "redis": f"redis://{url['host']}:{url['port']}/0"}
     job_id = enqueue(workflow.kind, trigger)
     queue = get_queue("default")
-    burst(private_redis)
+    burst(private_redis_client)
     assert SEALED_ERROR in queue.fetch_job(job_id).meta
     FailedJobRegistry(queue=queue).requeue(job_id)  # what django-rq's "Requeue" does
 
     with caplog.at_level(logging.DEBUG):
-        burst(private_redis, writes_back_before_outcome=True)
+        burst(private_redis_client, writes_back_before_outcome=True)
 
     assert runs == ["r1", "r1"]  # run once more, not again
     job = queue.fetch_job(job_id)

@@ -5,14 +5,10 @@ and works again once the server takes writes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 import redis
 
 from nexus_workflows import QueueUnavailable, enqueue
-from tests.faults.servers import PrivateRedis
 
 pytestmark = [
     pytest.mark.slow,
@@ -20,19 +16,6 @@ pytestmark = [
     pytest.mark.redis,
     pytest.mark.django_db(transaction=True),
 ]
-
-
-@pytest.fixture
-def private_redis(settings: Any) -> Iterator[redis.Redis]:
-    server = PrivateRedis()
-    try:
-        server.start()
-        settings.RQ_QUEUES = {"default": {"URL": server.url, "DEFAULT_TIMEOUT": 60}}
-        client = redis.Redis.from_url(server.url)
-        yield client
-        client.close()
-    finally:
-        server.cleanup()
 
 
 def refuse_writes(client: redis.Redis, how: str) -> None:
@@ -52,17 +35,18 @@ def accept_writes(client: redis.Redis, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["out of memory", "read-only replica"])
 def test_a_redis_refusing_writes_raises_queue_unavailable_and_writes_nothing(
-    private_redis: redis.Redis, how: str
+    private_redis_client: redis.Redis, how: str
 ) -> None:
-    refuse_writes(private_redis, how)
+    refuse_writes(private_redis_client, how)
     with pytest.raises(QueueUnavailable) as raised:
         enqueue("test-ff-ledger", {"key": "visit-77", "name": "Ana López"})
     message = str(raised.value)
-    assert f"Redis at 127.0.0.1:{private_redis.connection_pool.connection_kwargs['port']} refused" in message
+    port = private_redis_client.connection_pool.connection_kwargs["port"]
+    assert f"Redis at 127.0.0.1:{port} refused" in message
     assert "enqueueing the same trigger again once Redis accepts writes is safe" in message
     # redis-py quotes the refused command with its arguments; none of it is repeated.
     assert all(part not in message for part in ("visit-77", "Ana", "rq:"))
-    assert private_redis.keys("rq:job:*") == []
+    assert private_redis_client.keys("rq:job:*") == []
 
-    accept_writes(private_redis, how)
+    accept_writes(private_redis_client, how)
     assert enqueue("test-ff-ledger", {"key": "visit-77"}) == "test-ff-ledger__visit-77"
