@@ -106,6 +106,33 @@ def test_lost_wakeups_behind_pgbouncer_are_reported_once_and_polled_short(pgboun
     assert max(latencies) < 1.0, latencies
 
 
+def test_a_runner_behind_pgbouncer_leaves_no_setting_on_the_sessions_it_shares() -> None:
+    """In transaction mode PgBouncer hands one server session to one client after another
+    and resets nothing. The runner's listener set its lock_timeout (1 s) on its session
+    (before 2026-12-05): through a pooler the next client of that server session got it,
+    so the runner's own claim waiting on a row lock failed as an outage after a second,
+    and another application's queries could too. With one server session, every client
+    shares the listener's."""
+    import psycopg
+
+    from tests.pgbouncer import PgBouncer
+
+    direct = connections["direct"].settings_dict
+    bouncer = PgBouncer(direct["HOST"] or "127.0.0.1", int(direct["PORT"] or 5432), pool_size=1)
+    bouncer.start()
+    runner = None
+    try:
+        runner = start_runner(bouncer, {"WAKEUP_FALLBACK_POLL_INTERVAL": 0.1})
+        runner.wait_for_output(LOST_WARNING)  # the listener connected, listened and probed
+        with psycopg.connect(pooled_url(bouncer), autocommit=True) as client:
+            assert client.execute("SHOW lock_timeout").fetchone()[0] == "0"
+        assert runner.terminate() == 0
+    finally:
+        if runner is not None:
+            runner.close()
+        bouncer.stop()
+
+
 def test_a_direct_wakeup_database_makes_wakeups_work_behind_pgbouncer(pgbouncer: Any) -> None:
     runner = start_runner(pgbouncer, {"WAKEUP_DATABASE": "direct", "WAKEUP_FALLBACK_POLL_INTERVAL": 5})
     try:
@@ -230,11 +257,11 @@ def test_an_enqueue_of_a_taken_key_leaves_the_waiting_lock_free(register_workflo
     kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
     taken = enqueue(kind, {"key": "taken"})
     with raw_connection() as listener:
-        postgresql.listen(listener, CHANNEL, lock_timeout=0.2)
+        postgresql.listen(listener, CHANNEL)
         with transaction.atomic():
             assert enqueue(kind, {"key": "taken"}) == taken
             assert enqueue_many(kind, [{"key": "taken"}]) == [taken]
-            postgresql.hold_waiting_lock(listener)  # not held by this transaction
+            postgresql.hold_waiting_lock(listener, lock_timeout=0.2)  # not held by this transaction
         assert waiting_lock_holders() == [("ShareLock", True)]
 
 
@@ -244,13 +271,15 @@ def test_the_waiting_lock_waits_for_every_insert_that_sent_no_notify(register_wo
 
     kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
     with raw_connection() as listener:
-        postgresql.listen(listener, CHANNEL, lock_timeout=0.2)
+        postgresql.listen(listener, CHANNEL)
         with transaction.atomic():
             enqueue_many(kind, [{"key": "open"}])  # no runner waits: no NOTIFY, lock taken
             # A runner cannot start waiting before this row is visible to its next claim.
             with pytest.raises(psycopg.errors.LockNotAvailable):
-                postgresql.hold_waiting_lock(listener)
-        postgresql.hold_waiting_lock(listener)  # committed: the lock is free
+                postgresql.hold_waiting_lock(listener, lock_timeout=0.2)
+        # Bounded for that statement only: the session keeps no lock_timeout of its own.
+        assert listener.execute("SHOW lock_timeout").fetchone()[0] == "0"
+        postgresql.hold_waiting_lock(listener, lock_timeout=0.2)  # committed: the lock is free
         assert waiting_lock_holders() == [("ShareLock", True)]
 
 

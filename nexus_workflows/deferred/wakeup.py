@@ -201,7 +201,7 @@ class PostgresListener(threading.Thread):
         params["connect_timeout"] = params.get("connect_timeout") or 5
         params["prepare_threshold"] = None  # no server-side state beyond the LISTEN itself
         connection = psycopg.connect(**params, autocommit=True)
-        postgresql.listen(connection, CHANNEL, lock_timeout=WAITING_LOCK_TIMEOUT)
+        postgresql.listen(connection, CHANNEL)
         # This session sits idle by design: where the server ends idle sessions, a
         # statement now and then keeps it (each reconnect would open a gap and log twice).
         timeout = postgresql.idle_session_timeout(connection)
@@ -289,7 +289,7 @@ class PostgresListener(threading.Thread):
         import psycopg
 
         try:
-            postgresql.hold_waiting_lock(connection)
+            postgresql.hold_waiting_lock(connection, lock_timeout=WAITING_LOCK_TIMEOUT)
         except psycopg.errors.LockNotAvailable:
             return  # an enqueue's transaction is still open: next turn (the runner polls)
         self.holds_waiting_lock = True

@@ -65,15 +65,11 @@ def notify(cursor: Any, channel: str, payload: str = "") -> None:
     cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
 
 
-def listen(connection: Any, channel: str, *, lock_timeout: float | None = None) -> None:
-    """``LISTEN channel`` on a psycopg connection of its own (autocommit); with
-    ``lock_timeout``, the session waits at most that many seconds for a lock."""
+def listen(connection: Any, channel: str) -> None:
+    """``LISTEN channel`` on a psycopg connection of its own (autocommit)."""
     from psycopg import sql
 
     connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-    if lock_timeout is not None:
-        timeout = f"{round(lock_timeout * 1000)}ms"
-        connection.execute("SELECT set_config('lock_timeout', %s, false)", [timeout])
 
 
 def idle_session_timeout(connection: Any) -> float | None:
@@ -107,11 +103,23 @@ def keep_alive(connection: Any) -> None:
 WAITING_LOCK = (0x6E77_6B66, 1)  # "nwkf"
 
 
-def hold_waiting_lock(connection: Any) -> None:
-    """On the listener's psycopg connection: say this runner waits for a ``NOTIFY``. Blocks
-    until every transaction that inserted work without sending one has ended, so the
-    runner's next claim sees that work (bounded by the session's ``lock_timeout``)."""
-    connection.execute("SELECT pg_advisory_lock_shared(%s, %s)", WAITING_LOCK)
+def hold_waiting_lock(connection: Any, *, lock_timeout: float | None = None) -> None:
+    """On the listener's psycopg connection (autocommit): say this runner waits for a
+    ``NOTIFY``. Blocks until every transaction that inserted work without sending one has
+    ended, so the runner's next claim sees that work; with ``lock_timeout``, at most that
+    many seconds (``LockNotAvailable``).
+
+    The bound is the transaction's own (``set_config(…, true)``): a session-level setting
+    would outlive it, and behind a pooler in transaction mode (where a listener finds its
+    wake-ups lost) the server session, and its settings, go on to other clients: the
+    runner's own claims, or another application's queries. The advisory lock is the
+    session's and outlives the transaction, as it should."""
+    if lock_timeout is None:
+        connection.execute("SELECT pg_advisory_lock_shared(%s, %s)", WAITING_LOCK)
+        return
+    with connection.transaction():
+        connection.execute("SELECT set_config('lock_timeout', %s, true)", [f"{round(lock_timeout * 1000)}ms"])
+        connection.execute("SELECT pg_advisory_lock_shared(%s, %s)", WAITING_LOCK)
 
 
 def set_local_lock_timeout(cursor: Any, seconds: float) -> None:
