@@ -157,3 +157,20 @@ def test_a_runner_whose_row_is_locked_still_stops_at_sigterm() -> None:
         locker.close()
         runner.close()
     assert Runner.objects.filter(pk=row.pk).exists()  # left to show dead, then be purged
+
+
+def test_the_runner_list_reads_the_databases_clock_in_its_own_query() -> None:
+    """"started" and "last seen" are judged by the database's clock, carried by the list's
+    own query: no query a row (two a row after the clock moved to the database)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    for _ in range(3):
+        runners.register(kinds=["a"], concurrency=1, using="default")
+    clock_reads = ("SELECT statement_timestamp()", "SELECT UTC_TIMESTAMP(6)", "SELECT STRFTIME(")
+    client = admin_client()
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get("/admin/nexus_workflows/runner/")
+    assert page.status_code == 200
+    assert [q["sql"] for q in queries if q["sql"].startswith(clock_reads)] == []
+    assert page.content.decode().count("just now") == 6  # started and last seen, three rows
