@@ -46,6 +46,8 @@ from stdnum import luhn
 from stdnum.exceptions import ValidationError
 from stdnum.mx import curp, rfc
 
+from nexus_workflows.phi.clinical import clinical_series, reference_number
+
 #: Tie-break between detections of equal length starting at the same place.
 CATEGORY_ORDER = ("EMAIL", "ID", "TELEFONO", "PERSONA")
 _CATEGORY_RANK = {category: rank for rank, category in enumerate(CATEGORY_ORDER)}
@@ -404,7 +406,7 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
         before = shade[start - 1] if start else ""
         after = shade[end] if end < len(shade) else ""
         if lowered is None:
-            lowered = _lower(text)
+            lowered = _lower(shade)  # the shadow's digits and spaces: the context rules read them
         glued_to_number = number_before and not code_before  # "5512345678ó5587654321"
         code_before = (
             before.isalpha()
@@ -460,9 +462,17 @@ def _phones_in_run(
             if span_start < taken_to:
                 continue
             cued = _cued(lowered, span_start, _PHONE_CUE)
+            if not cued and region == "MX" and _value_or_folio(lowered, span_start, span_end):
+                continue  # the next windows may still hold a number
             found.append(Detection(span_start, span_end, "TELEFONO", value, cued))
             taken_to = span_end
     return found
+
+
+def _value_or_folio(lowered: str, start: int, end: int) -> bool:
+    """Whether a number no phone cue announces is a list of clinical values ("FC 91 88 90
+    84 73") or a folio written with the international prefix ("folio 0064867038")."""
+    return clinical_series(lowered, start, end) or reference_number(lowered, start, end)
 
 
 # --- e-mail addresses ----------------------------------------------------------------------
