@@ -48,6 +48,11 @@ def heart_rates(rng: random.Random) -> str:
     return f"{rng.choice(LEADS)}{label} {values}{unit}{rng.choice(TAILS)}"
 
 
+def bare_heart_rates(rng: random.Random) -> str:
+    """The plainest case: "FC" and five heart rates of 60-99, nothing else."""
+    return "FC " + " ".join(str(rng.randint(60, 99)) for _ in range(5))
+
+
 def _lab(rng: random.Random) -> str:
     count = rng.randint(2, 6)
 
@@ -92,7 +97,11 @@ def lab_values(rng: random.Random) -> str:
     return f"{rng.choice(LEADS)}{joiner.join(parts)}{rng.choice(TAILS)}"
 
 
-GENERATORS: dict[str, Callable[[random.Random], str]] = {"heart_rates": heart_rates, "lab_values": lab_values}
+GENERATORS: dict[str, Callable[[random.Random], str]] = {
+    "bare_heart_rates": bare_heart_rates,
+    "heart_rates": heart_rates,
+    "lab_values": lab_values,
+}
 
 
 def messages(kind: str, seed: int, count: int) -> list[str]:
