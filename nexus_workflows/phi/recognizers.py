@@ -13,7 +13,9 @@ spans deterministically. ``encode_text`` calls :func:`find` through ``find_spans
   character to one character (so offsets stay those of the original), and the Mexican
   prefixes ``044``/``045``/``01``/``1``/``52 1`` blanked out. A national number must also
   be grouped the way phone numbers are written (see :func:`_plausible_grouping`), which
-  keeps lists of lab values such as ``98 102 95 110`` out.
+  keeps lists of lab values such as ``98 102 95 110`` out. Then, for a number no phone cue
+  word announces, context (:mod:`.clinical`): a list of values after a clinical label or
+  before a unit (``FC 91 88 90 84 73``), or a folio written with ``00``/``09`` in one piece.
 - **EMAIL**: a permissive pattern finds candidates, written or spelled out (``arroba``,
   ``punto``, ``(at)``, ``[dot]``, spaces around ``@`` and ``.``); ``email-validator``
   validates the compact address. Spelled-out or spaced forms must end in a known
