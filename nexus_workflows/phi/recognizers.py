@@ -13,7 +13,9 @@ spans deterministically. ``encode_text`` calls :func:`find` through ``find_spans
   character to one character (so offsets stay those of the original), and the Mexican
   prefixes ``044``/``045``/``01``/``1``/``52 1`` blanked out. A national number must also
   be grouped the way phone numbers are written (see :func:`_plausible_grouping`), which
-  keeps lists of lab values such as ``98 102 95 110`` out.
+  keeps lists of lab values such as ``98 102 95 110`` out. Then, for a number no phone cue
+  word announces, context (:mod:`.clinical`): a list of values after a clinical label or
+  before a unit (``FC 91 88 90 84 73``), or a folio written with ``00``/``09`` in one piece.
 - **EMAIL**: a permissive pattern finds candidates, written or spelled out (``arroba``,
   ``punto``, ``(at)``, ``[dot]``, spaces around ``@`` and ``.``); ``email-validator``
   validates the compact address. Spelled-out or spaced forms must end in a known
@@ -45,6 +47,8 @@ from phonenumbers import Leniency, PhoneNumberMatcher
 from stdnum import luhn
 from stdnum.exceptions import ValidationError
 from stdnum.mx import curp, rfc
+
+from nexus_workflows.phi.clinical import clinical_series, reference_number
 
 #: Tie-break between detections of equal length starting at the same place.
 CATEGORY_ORDER = ("EMAIL", "ID", "TELEFONO", "PERSONA")
@@ -404,7 +408,7 @@ def find_phones(text: str, region: str, *, shadowed: str | None = None) -> list[
         before = shade[start - 1] if start else ""
         after = shade[end] if end < len(shade) else ""
         if lowered is None:
-            lowered = _lower(text)
+            lowered = _lower(shade)  # the shadow's digits and spaces: the context rules read them
         glued_to_number = number_before and not code_before  # "5512345678ó5587654321"
         code_before = (
             before.isalpha()
@@ -460,9 +464,17 @@ def _phones_in_run(
             if span_start < taken_to:
                 continue
             cued = _cued(lowered, span_start, _PHONE_CUE)
+            if not cued and region == "MX" and _value_or_folio(lowered, span_start, span_end):
+                continue  # the next windows may still hold a number
             found.append(Detection(span_start, span_end, "TELEFONO", value, cued))
             taken_to = span_end
     return found
+
+
+def _value_or_folio(lowered: str, start: int, end: int) -> bool:
+    """Whether a number no phone cue announces is a list of clinical values ("FC 91 88 90
+    84 73") or a folio written with the international prefix ("folio 0064867038")."""
+    return clinical_series(lowered, start, end) or reference_number(lowered, start, end)
 
 
 # --- e-mail addresses ----------------------------------------------------------------------
