@@ -560,3 +560,23 @@ def test_the_runner_knows_and_logs_its_wakeup_mode(register_workflow: Any, caplo
             thread.join(15)
     assert not thread.is_alive()
     assert Runner(once=True, kinds=[kind], install_signal_handlers=False).wakeup_mode == WakeupMode.POLL
+
+
+def test_a_stop_request_starts_no_claimed_work_the_main_loop_has_not_released_yet(
+    register_workflow: Any,
+) -> None:
+    """SIGTERM's thread asks the runner to stop while its main loop may be busy (a claim, a
+    purge batch, an outage's back-off) before it releases what is claimed but not started;
+    a worker thread that frees up meanwhile must not start queued work (the README: claimed
+    work not yet started is released). Here the loop never runs: the stop request alone
+    must hold the queue, and the release still gets the work."""
+    from nexus_workflows.deferred.runner.ledger import SYNC
+    from tests.runner.helpers import work
+
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
+    queued = work(kind=kind)
+    runner._ledger.dispatch([queued])
+    runner.request_stop()
+    assert runner._ledger.take_now(SYNC, 1) == []  # a free worker starts nothing now
+    assert runner._ledger.close() == [queued]  # the shutdown releases it

@@ -773,6 +773,23 @@ def test_a_tasks_attempts_count_against_its_schedule_on_the_triage_desk(admin_cl
     assert describe_attempt(gone.kind, gone.attempt, gone.backend_name) == "attempt 5"
 
 
+def test_a_tasks_attempts_count_against_its_schedule_in_the_runners_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The runner's lines say "attempt 1 of 3", as the CLI and the triage desk do (the
+    README: the same way in the logs, the CLI and the admin), not "attempt 1"; the
+    ``attempt`` field of the record is the same number."""
+    result = tasks.flaky_by_options.enqueue(key="log", failures=5)
+    with caplog.at_level(logging.INFO, logger="nexus_workflows.deferred.runner"):
+        run_once()  # fails: a retry is due in 0.6 s
+    row = DeferredWork.objects.get(dedupe_key=result.id)
+    lines = [record.getMessage() for record in caplog.records if f"#{row.pk} " in record.getMessage()]
+    assert f"tests.testapp.tasks.flaky_by_options #{row.pk} attempt 1 of 3: started" in lines
+    assert any(line.endswith("attempt 2 of 3 in 0.6s") for line in lines), lines
+    started = next(record for record in caplog.records if record.getMessage().endswith("started"))
+    assert started.attempt == 1
+
+
 class ImportSearches(importlib.abc.MetaPathFinder):
     """Counts the import system's searches for one module (each failed import searches
     again), finding nothing itself: the real finders after it answer."""

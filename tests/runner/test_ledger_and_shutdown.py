@@ -258,3 +258,21 @@ def test_claimed_work_never_shows_its_data_in_its_repr() -> None:
     assert "5512345678" not in shown
     assert f"id={claimed.id}" in shown
     assert "kind='unit'" in shown
+
+
+def test_a_held_ledger_starts_nothing_queued_and_close_still_returns_it() -> None:
+    ledger = Ledger()
+    queued = work()
+    ledger.dispatch([queued])
+    ledger.hold()
+    assert ledger.take_now("sync", 5) == []
+    assert ledger.wait_sync_taken(0.01)  # the main loop does not wait for a hand-off now
+    taken: list[ClaimedWork | None] = []
+    worker = threading.Thread(target=lambda: taken.append(ledger.take()))
+    worker.start()
+    worker.join(0.2)
+    assert worker.is_alive()  # held: the worker waits, it does not start the queued work
+    assert taken == []
+    assert ledger.close() == [queued]
+    worker.join(5)
+    assert taken == [None]

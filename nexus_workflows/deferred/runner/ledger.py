@@ -105,6 +105,8 @@ class Ledger:
         self._confirmed: dict[tuple[str, int], float] = {}
         self._forfeited: list[ClaimedWork] = []
         self._closed = False
+        # A stop was asked for: queued work stays queued, for close() to release.
+        self._held = False
 
     # --- queued and running -------------------------------------------------------------
 
@@ -131,9 +133,9 @@ class Ledger:
         with self._work_available:
             queued = self._queued[SYNC]
             while True:
-                while not queued and not self._closed:
+                while (not queued or self._held) and not self._closed:
                     self._work_available.wait()
-                if not queued:
+                if not queued or self._held:
                     return None
                 self._sync_taken.notify_all()
                 work = self._start_if_ours(queued.popleft(), SYNC)
@@ -146,14 +148,16 @@ class Ledger:
         here after a wake-up's claim: blocked, it holds no GIL, so the worker starts the
         attempt at once instead of after the loop's next Python work."""
         with self._sync_taken:
-            return self._sync_taken.wait_for(lambda: not self._queued[SYNC] or self._closed, timeout)
+            return self._sync_taken.wait_for(
+                lambda: not self._queued[SYNC] or self._closed or self._held, timeout
+            )
 
     def take_now(self, lane: str, limit: int) -> list[ClaimedWork]:
         """Up to ``limit`` queued items of ``lane`` (now running, unmarked); never blocks."""
         taken: list[ClaimedWork] = []
         with self.lock:
             queued = self._queued[lane]
-            while queued and len(taken) < limit and not self._closed:
+            while queued and len(taken) < limit and not self._closed and not self._held:
                 work = self._start_if_ours(queued.popleft(), lane)
                 if work is not None:
                     taken.append(work)
@@ -183,6 +187,14 @@ class Ledger:
             self._unmarked.pop(work.key, None)
             if outcome is not None:
                 self._unwritten.append(Pending(outcome))
+
+    def hold(self) -> None:
+        """Start nothing more that is queued, from now on: a stop was asked for (a signal's
+        thread calls this at once, while the main loop may still be in a claim, a purge
+        batch or an outage's back-off before it calls :meth:`close`, which releases it)."""
+        with self._work_available:
+            self._held = True
+            self._sync_taken.notify_all()
 
     def close(self) -> list[ClaimedWork]:
         """Stop handing out work; returns (and forgets) what was claimed but not started.

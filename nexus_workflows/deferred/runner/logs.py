@@ -12,6 +12,16 @@ from nexus_workflows.deferred.transitions import ClaimedWork
 logger = logging.getLogger("nexus_workflows.deferred.runner")
 
 
+def attempt_of(work: ClaimedWork, attempt: int | None = None) -> str:
+    """``"attempt 2 of 3"`` for ``work`` (its current attempt unless another is given),
+    a Django task's counted against its task's schedule, as the CLI and the admin do."""
+    return describe_attempt(work.kind, work.attempt if attempt is None else attempt, _backend(work))
+
+
+def _backend(work: ClaimedWork) -> str:
+    return str(work.columns.get("backend_name") or "")
+
+
 def log_outcome(work: ClaimedWork, outcome: str, level: int) -> None:
     """One line about one attempt of ``work``."""
     logger.log(
@@ -19,12 +29,12 @@ def log_outcome(work: ClaimedWork, outcome: str, level: int) -> None:
         "%s #%s %s: %s",
         work.kind,
         work.id,
-        describe_attempt(work.kind, work.attempt),
+        attempt_of(work),
         outcome,
         extra={
             "workflow_kind": work.kind,
             "work_id": work.id,
-            "attempt": attempt_number(work.kind, work.attempt),
+            "attempt": attempt_number(work.kind, work.attempt, _backend(work)),
             "outcome": outcome,
         },
     )
@@ -36,12 +46,12 @@ def log_write_error(work: ClaimedWork, what: str, error: BaseException) -> None:
         "%s #%s %s: writing its %s failed (%s); it stays held and is tried again",
         work.kind,
         work.id,
-        describe_attempt(work.kind, work.attempt),
+        attempt_of(work),
         what,
         type(error).__name__,
         extra={
             "workflow_kind": work.kind,
             "work_id": work.id,
-            "attempt": attempt_number(work.kind, work.attempt),
+            "attempt": attempt_number(work.kind, work.attempt, _backend(work)),
         },
     )

@@ -254,6 +254,7 @@ class Runner:
         """Stop claiming; in-flight attempts get ``SHUTDOWN_GRACE`` seconds (none with
         ``now``). Claims of work not started are released; attempts still running keep
         their claims, unrefreshed, until they go stale (see :class:`.shutdown.Shutdown`)."""
+        self._ledger.hold()  # before the main loop notices: nothing queued starts from now on
         self._stop_requested.set()
         if now:
             self._stop_now.set()

@@ -9,12 +9,11 @@ from datetime import timedelta
 from queue import Empty, SimpleQueue
 
 from nexus_workflows.deferred import transitions
-from nexus_workflows.deferred.attempts import describe_attempt
 from nexus_workflows.deferred.execution import Outcome, Result
 from nexus_workflows.deferred.history import describe_error
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import Ledger, Pending
-from nexus_workflows.deferred.runner.logs import log_write_error
+from nexus_workflows.deferred.runner.logs import attempt_of, log_write_error
 from nexus_workflows.deferred.runner.stats import Tally
 from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
 from nexus_workflows.deferred.transitions import ClaimedWork
@@ -165,7 +164,7 @@ class OutcomeWriter:
             )
         elif transitions.reschedule(work, delay=delay, error=error):
             line = (
-                f"failed ({error_type}); {describe_attempt(work.kind, work.attempt + 1)} "
+                f"failed ({error_type}); {attempt_of(work, work.attempt + 1)} "
                 f"in {delay.total_seconds():g}s"
             )
             self.tally.finished(work, "rescheduled", line, logging.WARNING)
