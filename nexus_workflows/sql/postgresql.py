@@ -334,3 +334,16 @@ def save_journals(using: str, ids: Sequence[int], tokens: Sequence[str], journal
             [list(ids), list(tokens), [json.dumps(journal) for journal in journals], "processing"],
         )
         return {row[0] for row in cursor.fetchall()}
+
+
+def index_validity(cursor: Any, table: str, name: str) -> bool | None:
+    """Whether the index ``name`` on ``table`` is valid; None when there is none. An
+    interrupted ``CREATE INDEX CONCURRENTLY`` leaves an invalid one behind: it is written
+    to by every insert but never read."""
+    cursor.execute(
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE c.relname = %s AND i.indrelid = to_regclass(%s)",
+        [name, table],
+    )
+    row = cursor.fetchone()
+    return None if row is None else bool(row[0])
