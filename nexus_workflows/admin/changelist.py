@@ -16,7 +16,9 @@ from django.utils.translation import gettext_lazy as _
 
 from nexus_workflows.admin import display
 from nexus_workflows.admin.finding import SearchNotEchoedChangeList
+from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.deferred import triage
+from nexus_workflows.deferred.unknown_kinds import due_of_unknown_kinds
 from nexus_workflows.flow.report import waiting_on_limit_q
 from nexus_workflows.models import DeferredWork, Status
 
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 NEEDS_ATTENTION = "attention"
 STALE = "stale"
 WAITING_ON_A_LIMIT = "waiting"
+#: Due work of kinds no runner of this project runs (it stays pending).
+UNKNOWN_KIND = "unknown"
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -43,6 +47,7 @@ class StatusFilter(admin.SimpleListFilter):
             (STALE, _("Processing, stale heartbeat")),
             (Status.DONE.value, _("Done")),
             (Status.ABANDONED.value, _("Abandoned")),
+            (UNKNOWN_KIND, _("Due, kind not registered")),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
@@ -51,6 +56,9 @@ class StatusFilter(admin.SimpleListFilter):
             return queryset.filter(triage.needs_attention_q())
         if value == STALE:
             return queryset.filter(triage.stale_q())
+        if value == UNKNOWN_KIND:
+            kinds = list(due_of_unknown_kinds(DatabaseNow(), using=queryset.db))
+            return queryset.filter(status=Status.PENDING, next_attempt_at__lte=DatabaseNow(), kind__in=kinds)
         if value in Status.values:
             return queryset.filter(status=value)
         return queryset
@@ -105,6 +113,17 @@ class TriageChangeList(SearchNotEchoedChangeList):
         super().get_results(request)
         # One read of the database's clock for the page's "ago", "due now" and "stale".
         display.read_now(request, list(self.result_list), self.queryset.db)
+
+    @cached_property
+    def unknown_kinds(self) -> list[tuple[str, int]]:
+        """Due rows per kind that no runner of this project runs (every kind, whatever the
+        filter: they need action), for the notice above the list."""
+        found = due_of_unknown_kinds(DatabaseNow(), using=self.queryset.db)
+        return list(found.items())
+
+    @cached_property
+    def unknown_kinds_url(self) -> str:
+        return self.get_query_string({StatusFilter.parameter_name: UNKNOWN_KIND}, remove=[PAGE_VAR])
 
     @cached_property
     def status_summary(self) -> list[SummaryItem]:
