@@ -8,22 +8,26 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import PAGE_VAR
-from django.db.models import Count, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.functional import Promise, cached_property
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from nexus_workflows.admin import display
+from nexus_workflows.admin import counting, display
 from nexus_workflows.admin.finding import SearchNotEchoedChangeList
 from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.deferred import triage
+from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.unknown_kinds import due_of_unknown_kinds
 from nexus_workflows.flow.report import waiting_on_limit_q
 from nexus_workflows.models import DeferredWork, Status
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
+
+#: Counted exactly on every list page: work that needs action, or will (partial indexes).
+ACTION_STATUSES = (Status.PENDING, Status.PROCESSING, Status.ABANDONED)
 
 #: Query-string value of the status filter that shows abandoned and stale work.
 NEEDS_ATTENTION = "attention"
@@ -79,6 +83,30 @@ class FlowLimitFilter(admin.SimpleListFilter):
         return queryset
 
 
+class KindFilter(admin.SimpleListFilter):
+    """By kind: the kinds this project registers and those of work pending, processing or
+    abandoned (read through their partial indexes). Django's field filter listed the kinds
+    of every retained row by a ``DISTINCT`` over the whole table (60-120 ms at 300,000
+    rows on PostgreSQL); another kind is still filtered by its URL (``?kind=``)."""
+
+    title = _("kind")
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, StrOrPromise]]:
+        rows = model_admin.get_queryset(request).order_by()
+        kinds = set(registry.kinds(deferred=True))
+        for status in ACTION_STATUSES:
+            kinds.update(rows.filter(status=status).values_list("kind", flat=True).distinct())
+        if self.value():
+            kinds.add(str(self.value()))
+        return [(kind, kind) for kind in sorted(kinds)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
+        if self.value() is not None:
+            return queryset.filter(kind=self.value())
+        return queryset
+
+
 @dataclass(frozen=True)
 class SummaryItem:
     value: str | None  # the status filter's value; None for "all"
@@ -87,6 +115,8 @@ class SummaryItem:
     url: str
     active: bool
     tone: str
+    #: The database's estimate, shown as "about" (done rows, and so "all", at scale).
+    estimated: bool = False
 
 
 class TriageChangeList(SearchNotEchoedChangeList):
@@ -127,25 +157,33 @@ class TriageChangeList(SearchNotEchoedChangeList):
 
     @cached_property
     def status_summary(self) -> list[SummaryItem]:
+        """Counts per status of the current filter (status left out). Pending, processing,
+        stale and abandoned work is counted exactly, each through its partial index; done
+        work is estimated when there is much of it (see :mod:`.counting`), and so is "all"."""
         queryset = self.get_queryset(self.request, exclude_parameters=[StatusFilter.parameter_name])
-        counts = dict(queryset.order_by().values_list("status").annotate(n=Count("pk")))
-        stale = queryset.filter(triage.stale_q()).count() if counts.get(Status.PROCESSING) else 0
+        queryset = queryset.order_by()
+        filtered = any(name in self.params for name in (FlowLimitFilter.parameter_name, "kind"))
+        exact = {status: queryset.filter(status=status).count() for status in ACTION_STATUSES}
+        stale = queryset.filter(triage.stale_q()).count() if exact[Status.PROCESSING] else 0
+        done, estimated = counting.count(queryset.filter(status=Status.DONE), filtered=filtered)
         current = self.params.get(StatusFilter.parameter_name)
-        abandoned = counts.get(Status.ABANDONED, 0)
+        abandoned = exact[Status.ABANDONED]
 
-        def item(value: str | None, label: Promise, count: int, tone: str) -> SummaryItem:
+        def item(
+            value: str | None, label: Promise, count: int, tone: str, about: bool = False
+        ) -> SummaryItem:
             if value is None:
                 url = self.get_query_string(remove=[StatusFilter.parameter_name, PAGE_VAR])
             else:
                 url = self.get_query_string({StatusFilter.parameter_name: value}, remove=[PAGE_VAR])
-            return SummaryItem(value, label, count, url, current == value, tone if count else "none")
+            return SummaryItem(value, label, count, url, current == value, tone if count else "none", about)
 
         return [
-            item(None, _("All"), sum(counts.values()), "all"),
+            item(None, _("All"), sum(exact.values()) + done, "all", estimated),
             item(NEEDS_ATTENTION, _("Needs attention"), abandoned + stale, "attention"),
-            item(Status.PENDING, _("Pending"), counts.get(Status.PENDING, 0), "pending"),
-            item(Status.PROCESSING, _("Processing"), counts.get(Status.PROCESSING, 0), "processing"),
+            item(Status.PENDING, _("Pending"), exact[Status.PENDING], "pending"),
+            item(Status.PROCESSING, _("Processing"), exact[Status.PROCESSING], "processing"),
             item(STALE, _("Stale heartbeat"), stale, "stale"),
-            item(Status.DONE, _("Done"), counts.get(Status.DONE, 0), "done"),
+            item(Status.DONE, _("Done"), done, "done", estimated),
             item(Status.ABANDONED, _("Abandoned"), abandoned, "abandoned"),
         ]
