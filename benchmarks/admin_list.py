@@ -90,8 +90,9 @@ def fill(rows: int) -> float:
         due = f"IF(s.seq % 2 = 0, {now} + INTERVAL 1 HOUR, {ago})"
         heartbeat = "IF(s.seq % 2 = 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)"
     status = status_case(n)
+    columns = ", ".join(connection.ops.quote_name(name.strip()) for name in COLUMNS.split(","))
     execute(
-        f"INSERT INTO {TABLE} ({COLUMNS}) SELECT {kind}, {key}, {json_key}, {empty}, {status}, 0, "
+        f"INSERT INTO {TABLE} ({columns}) SELECT {kind}, {key}, {json_key}, {empty}, {status}, 0, "
         f"{due}, '', '', {arr}, {ago}, {ago}, {heartbeat}, '', '', {arr}, {arr}, 0, 0 FROM {source}"
     )
     # Only processing rows keep a heartbeat (half of them stale).

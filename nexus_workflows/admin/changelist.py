@@ -14,6 +14,7 @@ from django.utils.functional import Promise, cached_property
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from nexus_workflows import sql
 from nexus_workflows.admin import counting, display
 from nexus_workflows.admin.finding import SearchNotEchoedChangeList
 from nexus_workflows.clock import DatabaseNow
@@ -85,7 +86,8 @@ class FlowLimitFilter(admin.SimpleListFilter):
 
 class KindFilter(admin.SimpleListFilter):
     """By kind: the kinds this project registers and those of work pending, processing or
-    abandoned (read through their partial indexes). Django's field filter listed the kinds
+    abandoned (read through their partial indexes; on MariaDB every stored kind, read from
+    an index). Django's field filter listed the kinds
     of every retained row by a ``DISTINCT`` over the whole table (60-120 ms at 300,000
     rows on PostgreSQL); another kind is still filtered by its URL (``?kind=``)."""
 
@@ -95,8 +97,11 @@ class KindFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, StrOrPromise]]:
         rows = model_admin.get_queryset(request).order_by()
         kinds = set(registry.kinds(deferred=True))
-        for status in ACTION_STATUSES:
-            kinds.update(rows.filter(status=status).values_list("kind", flat=True).distinct())
+        if getattr(sql.for_connection(rows.db), "DISTINCT_KINDS_FROM_INDEX", False):
+            kinds.update(rows.values_list("kind", flat=True).distinct())
+        else:  # one query per status, each through its partial index
+            for status in ACTION_STATUSES:
+                kinds.update(rows.filter(status=status).values_list("kind", flat=True).distinct())
         if self.value():
             kinds.add(str(self.value()))
         return [(kind, kind) for kind in sorted(kinds)]
