@@ -214,7 +214,8 @@ class DeferredWorkAdmin(
         # Only the unfiltered list and done work are estimated; what needs action is counted.
         status = request.GET.get(StatusFilter.parameter_name)
         paginator.exact = status not in (None, Status.DONE.value)
-        paginator.filtered = any(name in request.GET for name in (FlowLimitFilter.parameter_name, "kind"))
+        filters = (StatusFilter.parameter_name, FlowLimitFilter.parameter_name, KindFilter.parameter_name)
+        paginator.filtered = any(name in request.GET for name in filters)
         return paginator
 
     # --- list columns -------------------------------------------------------------------

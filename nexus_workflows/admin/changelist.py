@@ -170,7 +170,13 @@ class TriageChangeList(SearchNotEchoedChangeList):
         filtered = any(name in self.params for name in (FlowLimitFilter.parameter_name, "kind"))
         exact = {status: queryset.filter(status=status).count() for status in ACTION_STATUSES}
         stale = queryset.filter(triage.stale_q()).count() if exact[Status.PROCESSING] else 0
-        done, estimated = counting.count(queryset.filter(status=Status.DONE), filtered=filtered)
+        # The whole list's total is estimated well (a table's statistics); done rows are the
+        # rest of it. Below the threshold, or without an estimate, done rows are counted.
+        total, estimated = counting.count(queryset, filtered=filtered)
+        if estimated:
+            done = max(total - sum(exact.values()), 0)
+        else:
+            done = queryset.filter(status=Status.DONE).count()
         current = self.params.get(StatusFilter.parameter_name)
         abandoned = exact[Status.ABANDONED]
 

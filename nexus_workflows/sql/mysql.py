@@ -173,8 +173,9 @@ INTEGER_DIVIDE = "DIV"
 
 def estimated_rows(using: str, sql: str, params: Sequence[Any], *, filtered: bool) -> int | None:
     """The optimizer's estimate of the rows a one-table ``sql`` reads (``EXPLAIN``: rows
-    times filtered). Close for the whole table or one status (an index range), not for a
-    status and a kind together (the rows of the index it picks): None then, count them."""
+    times filtered): close for the whole table (its statistics: 297,532 for 300,000 rows),
+    not under a condition (an index range's estimate was 148,766 for 282,000 done rows):
+    None then, count them."""
     if filtered:
         return None
     with connections[using].cursor() as cursor:
