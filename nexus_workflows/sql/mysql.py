@@ -184,9 +184,3 @@ def estimated_rows(using: str, sql: str, params: Sequence[Any], *, filtered: boo
         row = dict(zip(columns, cursor.fetchone(), strict=True))
     return int(float(row["rows"] or 0) * float(row.get("filtered") or 100) / 100)
 
-
-#: ``SELECT DISTINCT kind`` over the whole table reads one entry per kind of an index that
-#: leads with the kind (a loose index scan: ms at 300,000 rows), where PostgreSQL reads
-#: every row; restricted to some statuses it reads those rows instead. The admin's kind
-#: filter asks the whole table here.
-DISTINCT_KINDS_FROM_INDEX = True

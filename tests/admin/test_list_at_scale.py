@@ -109,3 +109,20 @@ def test_slices_that_need_action_are_counted_exactly_by_the_paginator(
         html.find('class="paginator"') :
     ][:200]
     assert "nw-estimated" not in html
+
+
+def test_the_kind_filter_lists_registered_and_stored_kinds(
+    superuser: Any, make_work: Any, workflow: Any
+) -> None:
+    """Every stored kind (a removed one with done rows only included) and every registered
+    one, read from the dedupe constraint's index on PostgreSQL, not by a DISTINCT over the
+    table."""
+    make_work(Status.DONE, kind="retired-kind")
+    make_work(Status.ABANDONED, kind="another-kind")
+    with CaptureQueriesContext(connection) as queries:
+        response = client_for(superuser).get(reverse(CHANGELIST))
+    choices = next(spec for spec in response.context["cl"].filter_specs if spec.parameter_name == "kind")
+    listed = {value for value, _ in choices.lookup_choices}
+    assert {"retired-kind", "another-kind", workflow.kind} <= listed
+    if connection.vendor == "postgresql":
+        assert not [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT DISTINCT")]
