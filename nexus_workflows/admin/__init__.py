@@ -92,7 +92,7 @@ class DeferredWorkAdmin(
         "updated_column",
     )
     list_display_links = ("id_column",)
-    list_filter = (StatusFilter, FlowLimitFilter, KindFilter)
+    list_filter = (StatusFilter, FlowLimitFilter, ("kind", KindFilter))
     # Found through find_view only: exactly (a partial search would tell which keys
     # contain what was typed), and never from a URL (see get_search_results).
     search_fields = ("=dedupe_key",)
@@ -214,8 +214,8 @@ class DeferredWorkAdmin(
         # Only the unfiltered list and done work are estimated; what needs action is counted.
         status = request.GET.get(StatusFilter.parameter_name)
         paginator.exact = status not in (None, Status.DONE.value)
-        filters = (StatusFilter.parameter_name, FlowLimitFilter.parameter_name, KindFilter.parameter_name)
-        paginator.filtered = any(name in request.GET for name in filters)
+        filters = (StatusFilter.parameter_name, FlowLimitFilter.parameter_name, "kind")
+        paginator.filtered = any(name.split("__")[0] in filters for name in request.GET)
         return paginator
 
     # --- list columns -------------------------------------------------------------------
