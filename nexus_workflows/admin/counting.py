@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
@@ -30,7 +31,10 @@ def estimated_rows(queryset: QuerySet[Any], *, filtered: bool) -> int | None:
     statements = sql.for_connection(queryset.db)
     if not hasattr(statements, "estimated_rows"):
         return None
-    query, params = queryset.order_by().values("pk").query.sql_with_params()
+    try:
+        query, params = queryset.order_by().values("pk").query.sql_with_params()
+    except EmptyResultSet:  # .none(), or an empty IN: counted without a query
+        return None
     return statements.estimated_rows(queryset.db, query, params, filtered=filtered)
 
 
