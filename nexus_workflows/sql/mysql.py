@@ -37,6 +37,7 @@ __all__ = [
     "JSON_DEPTH_LIMIT",
     "add_outcome_counts",
     "constraint_name",
+    "estimated_rows",
     "lock_waits_at_most",
     "notify",
     "statement_timeout",
