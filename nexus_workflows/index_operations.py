@@ -18,10 +18,11 @@ a transaction group whose tables and columns are all there already is not run ag
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
-from django.db.migrations.operations import AddIndex, RemoveIndex
+from django.db.migrations.operations import AddConstraint, AddIndex, RemoveIndex
 from django.db.migrations.operations.base import Operation
 from django.db.migrations.operations.fields import AddField
 from django.db.migrations.operations.models import CreateModel
@@ -95,20 +96,64 @@ class RemoveIndexWithoutBlocking(RemoveIndex):
 
 
 def build_concurrently(schema_editor: Any, model: Any, index: Any) -> None:
+    def build() -> None:
+        schema_editor.add_index(model, index, concurrently=True)
+
+    build_once(schema_editor, model, index.name, build)
+
+
+def build_once(schema_editor: Any, model: Any, name: str, build: Callable[[], None]) -> None:
+    """``build`` the index ``name`` unless a valid one is there; an invalid one (an
+    interrupted build's) is dropped first."""
     from nexus_workflows.sql import postgresql
 
     table = model._meta.db_table
     with schema_editor.connection.cursor() as cursor:
-        valid = postgresql.index_validity(cursor, table, index.name)
+        valid = postgresql.index_validity(cursor, table, name)
     if valid:
         return  # built by an earlier run that stopped before recording the migration
     if valid is False:  # an interrupted build's leftover
-        drop_concurrently(schema_editor, model, index.name)
-    schema_editor.add_index(model, index, concurrently=True)
+        drop_concurrently(schema_editor, model, name)
+    build()
 
 
 def drop_concurrently(schema_editor: Any, model: Any, name: str) -> None:
     schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
+
+
+class AddConstraintWithoutBlocking(AddConstraint):
+    """``AddConstraint`` of a partial unique constraint (which Django builds as a unique
+    index); on PostgreSQL ``CREATE UNIQUE INDEX CONCURRENTLY``, re-runnable."""
+
+    constraint: Any  # set by AddConstraint (not in django-stubs' class)
+    model_name: str
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
+    ) -> None:
+        if not _concurrent(schema_editor) or getattr(self.constraint, "condition", None) is None:
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+            return
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            statement = str(self.constraint.create_sql(model, schema_editor))
+            if not statement.startswith("CREATE UNIQUE INDEX "):
+                raise RuntimeError(f"constraint {self.constraint.name!r} is not built as an index")
+            concurrent = statement.replace("CREATE UNIQUE INDEX ", "CREATE UNIQUE INDEX CONCURRENTLY ", 1)
+            build_once(schema_editor, model, self.constraint.name, lambda: schema_editor.execute(concurrent))
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
+    ) -> None:
+        if not _concurrent(schema_editor) or getattr(self.constraint, "condition", None) is None:
+            super().database_backwards(app_label, schema_editor, from_state, to_state)
+            return
+        model = from_state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            drop_concurrently(schema_editor, model, self.constraint.name)
+
+    def describe(self) -> str:
+        return super().describe() + " (concurrently on PostgreSQL)"
 
 
 class InOneTransaction(Operation):

@@ -18,6 +18,14 @@ from tests.raw_connections import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+WORK_TABLE_INDEXES = (
+    "nw_serial_idx",
+    "nw_due_idx",
+    "nw_task_result_idx",
+    "nw_expiry_idx",
+    "nw_flow_slot_held_once",
+)
+
 APP = "nexus_workflows"
 TABLE = DeferredWork._meta.db_table
 
@@ -129,7 +137,8 @@ def _validity(name: str) -> bool | None:
 
 @pytest.mark.postgresql
 def test_an_interrupted_concurrent_build_leaves_an_invalid_index_that_the_next_run_rebuilds() -> None:
-    """0007's nw_serial_idx build is cancelled while it waits for an older transaction:
+    """0007's first concurrent build (the partial unique index of nw_flow_slot_held_once)
+    is cancelled while it waits for an older transaction:
     PostgreSQL keeps an INVALID index of that name and the migration is not recorded,
     though its other operations (one transaction) were committed. Running migrate again
     skips what was committed, drops the invalid index and builds it."""
@@ -148,7 +157,8 @@ def test_an_interrupted_concurrent_build_leaves_an_invalid_index_that_the_next_r
         def building() -> Any:
             return watcher.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND query ILIKE 'CREATE INDEX CONCURRENTLY%%nw_serial_idx%%' AND wait_event_type = 'Lock'"
+                "AND query ILIKE 'CREATE UNIQUE INDEX CONCURRENTLY%%nw_flow_slot_held_once%%' "
+                "AND wait_event_type = 'Lock'"
             ).fetchone()
 
         (pid,) = wait_for(building, timeout=30, what="the concurrent build waiting")
@@ -156,9 +166,10 @@ def test_an_interrupted_concurrent_build_leaves_an_invalid_index_that_the_next_r
         thread.join(timeout=60)
         holder.execute("COMMIT")
         assert failures, "the cancelled build did not fail the migration"
-        assert _validity("nw_serial_idx") is False
+        assert _validity("nw_flow_slot_held_once") is False
         assert (APP, "0007_flow_control") not in recorded()
         migrate("0007_flow_control")
+        assert _validity("nw_flow_slot_held_once") is True
         assert _validity("nw_serial_idx") is True
         assert (APP, "0007_flow_control") in recorded()
     finally:
@@ -168,3 +179,34 @@ def test_an_interrupted_concurrent_build_leaves_an_invalid_index_that_the_next_r
             thread.join(timeout=60)
         migrate(None)
     assert _validity("nw_serial_idx") is True
+
+
+@pytest.mark.postgresql
+def test_every_index_on_the_work_table_from_0007_on_is_built_and_dropped_concurrently() -> None:
+    """Going back to 0006 and forward again (both ways), every CREATE [UNIQUE] INDEX and
+    DROP INDEX on the work table says CONCURRENTLY: the indexes of 0007, 0008, 0010 and
+    0014, and 0007's two partial unique constraints (built as unique indexes)."""
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as backwards:
+        migrate("0006_minimum_necessary")
+    with CaptureQueriesContext(connection) as forwards:
+        migrate(None)
+    statements = [q["sql"] for q in [*backwards.captured_queries, *forwards.captured_queries]]
+    on_table = [
+        sql
+        for sql in statements
+        if sql.upper().startswith(("CREATE INDEX", "CREATE UNIQUE INDEX", "DROP INDEX"))
+        and (TABLE in sql or any(name in sql for name in (*WORK_TABLE_INDEXES, "nw_serial_key_running_once")))
+    ]
+    names = " ".join(on_table)
+    for name in (
+        "nw_serial_idx",
+        "nw_due_idx",
+        "nw_task_result_idx",
+        "nw_expiry_idx",
+        "nw_flow_slot_held_once",
+    ):
+        assert name in names, name
+    blocking = [sql for sql in on_table if "CONCURRENTLY" not in sql.upper()]
+    assert not blocking, blocking
