@@ -429,3 +429,58 @@ def test_bounded_lock_waits_leave_a_callers_transaction_as_it_is() -> None:
             cursor.execute("SHOW lock_timeout")
             assert cursor.fetchone()[0] == before
     assert seconds is None
+
+
+@pytest.mark.needs("server")
+def test_the_row_estimate_is_the_databases_and_counts_nothing() -> None:
+    """``estimated_rows`` (the admin's "about"): PostgreSQL's planner estimate, filtered
+    or not; MariaDB's for a whole table only (a condition's was far off). After the
+    table's statistics are read, the estimate of a status is close to its count."""
+    from nexus_workflows.admin.counting import estimated_rows
+
+    ids = [new_row(f"e-{n}") for n in range(300)]
+    DeferredWork.objects.filter(pk__in=ids[:200]).update(status=Status.DONE)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"ANALYZE {'TABLE ' if connection.vendor == 'mysql' else ''}{DeferredWork._meta.db_table}"
+        )
+        if cursor.description:
+            cursor.fetchall()
+    assert 250 <= (estimated_rows(DeferredWork.objects.all(), filtered=False) or 0) <= 350
+    done = DeferredWork.objects.filter(status=Status.DONE)
+    if connection.vendor == "postgresql":
+        assert 150 <= (estimated_rows(done, filtered=True) or 0) <= 250
+    else:
+        assert estimated_rows(done, filtered=True) is None
+
+
+@pytest.mark.postgresql
+def test_the_stored_kinds_are_read_one_index_probe_each() -> None:
+    for kind in ("b-kind", "a-kind", "b-kind", "c-kind"):
+        DeferredWork.objects.create(
+            kind=kind, dedupe_key=f"{kind}-{DeferredWork.objects.count()}", trigger={}
+        )
+    assert sql.postgresql.distinct_kinds("default") == ["a-kind", "b-kind", "c-kind"]
+    DeferredWork.objects.all().delete()
+    assert sql.postgresql.distinct_kinds("default") == []
+
+
+@pytest.mark.postgresql
+def test_an_index_is_valid_invalid_or_missing() -> None:
+    table = DeferredWork._meta.db_table
+    session = raw_connection()
+    try:
+        session.execute(f"INSERT INTO {table} SELECT * FROM {table} WHERE false")  # the table exists
+        with connection.cursor() as cursor:
+            assert sql.postgresql.index_validity(cursor, table, "nw_due_idx") is True
+            assert sql.postgresql.index_validity(cursor, table, "no_such_idx") is None
+        for key in ("x", "x"):
+            DeferredWork.objects.create(kind=f"k-{DeferredWork.objects.count()}", dedupe_key=key, trigger={})
+        # A unique build that fails half-way leaves an INVALID index behind.
+        with pytest.raises(Exception, match="could not create unique index"):
+            session.execute(f"CREATE UNIQUE INDEX CONCURRENTLY nw_test_invalid_idx ON {table} (dedupe_key)")
+        with connection.cursor() as cursor:
+            assert sql.postgresql.index_validity(cursor, table, "nw_test_invalid_idx") is False
+    finally:
+        session.execute("DROP INDEX IF EXISTS nw_test_invalid_idx")
+        session.close()

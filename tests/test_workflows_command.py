@@ -171,3 +171,39 @@ def test_enqueue_of_a_fire_and_forget_job_prints_its_id_only_with_reveal(rq_redi
     assert run("enqueue", "test-ff-ledger", '{"key": "5587654321"}', "--reveal").strip() == (
         "enqueued job test-ff-ledger__5587654321"
     )
+
+
+def _due_row(kind: str, key: str, **fields: Any) -> DeferredWork:
+    return DeferredWork.objects.create(
+        kind=kind, dedupe_key=key, trigger={}, next_attempt_at=timezone.now() - timedelta(minutes=1), **fields
+    )
+
+
+def test_status_counts_due_work_of_kinds_no_runner_here_knows(kind: str) -> None:
+    """A kind removed from the code, and a Django task whose module is gone, leave due rows
+    that nothing claims: they stay pending for ever. Status names those kinds with their
+    counts (kinds are code, not patient data); registered kinds and tasks that load are
+    not listed, nor work that is not due yet."""
+    _due_row(kind, "registered")
+    for key in ("a", "b"):
+        _due_row("reminders.removed-kind", key)
+    _due_row("reminders.removed-kind", "later").__class__.objects.filter(dedupe_key="later").update(
+        next_attempt_at=timezone.now() + timedelta(hours=1)
+    )
+    task = {"backend_name": "default", "queue_name": "default"}
+    _due_row("tests.testapp.tasks.add", "task-loads", **task)
+    _due_row("tests.testapp.gone_module.send", "task-gone", **task)
+    output = run("status")
+    assert "Due, but no runner here knows the kind (3;" in output
+    lines = output.splitlines()
+    assert any(line.split() == ["reminders.removed-kind", "2"] for line in lines)
+    assert any(line.split() == ["tests.testapp.gone_module.send", "1"] for line in lines)
+    listed = output.split("Due, but no runner here knows the kind")[1].split("Abandoned:")[0]
+    assert kind not in listed
+    assert "tests.testapp.tasks.add" not in listed
+    assert "task-gone" not in output  # dedupe keys are never printed
+
+
+def test_status_says_nothing_of_unknown_kinds_when_every_due_kind_is_known(kind: str) -> None:
+    _due_row(kind, "a")
+    assert "no runner here knows" not in run("status")

@@ -51,9 +51,11 @@ from nexus_workflows.admin.actions import (
 )
 from nexus_workflows.admin.changelist import (
     FlowLimitFilter,
+    KindFilter,
     StatusFilter,
     TriageChangeList,
 )
+from nexus_workflows.admin.counting import EstimatingPaginator
 from nexus_workflows.admin.finding import FindByPostMixin
 from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
 from nexus_workflows.admin.reveal import (
@@ -90,7 +92,7 @@ class DeferredWorkAdmin(
         "updated_column",
     )
     list_display_links = ("id_column",)
-    list_filter = (StatusFilter, FlowLimitFilter, "kind")
+    list_filter = (StatusFilter, FlowLimitFilter, ("kind", KindFilter))
     # Found through find_view only: exactly (a partial search would tell which keys
     # contain what was typed), and never from a URL (see get_search_results).
     search_fields = ("=dedupe_key",)
@@ -102,6 +104,10 @@ class DeferredWorkAdmin(
     # (each index costs every enqueue), and ordering by it sorted the whole table.
     ordering = ("-pk",)
     list_per_page = 50
+    # At scale: no count of the whole table on filtered pages, and a page's total is the
+    # database's estimate past counting.EXACT_UP_TO rows, "about" (see get_paginator).
+    paginator = EstimatingPaginator
+    show_full_result_count = False
     actions = ("revive_selected", "run_selected_now", "delete_selected")
     readonly_fields = (
         "status_column",
@@ -200,6 +206,17 @@ class DeferredWorkAdmin(
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return TriageChangeList
+
+    def get_paginator(
+        self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any
+    ) -> EstimatingPaginator:
+        paginator = EstimatingPaginator(queryset, per_page, *args, **kwargs)
+        # Only the unfiltered list and done work are estimated; what needs action is counted.
+        status = request.GET.get(StatusFilter.parameter_name)
+        paginator.exact = status not in (None, Status.DONE.value)
+        filters = (StatusFilter.parameter_name, FlowLimitFilter.parameter_name, "kind")
+        paginator.filtered = any(name.split("__")[0] in filters for name in request.GET)
+        return paginator
 
     # --- list columns -------------------------------------------------------------------
 

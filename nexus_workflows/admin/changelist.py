@@ -8,25 +8,34 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import PAGE_VAR
-from django.db.models import Count, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.functional import Promise, cached_property
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from nexus_workflows.admin import display
+from nexus_workflows import sql
+from nexus_workflows.admin import counting, display
 from nexus_workflows.admin.finding import SearchNotEchoedChangeList
+from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.deferred import triage
+from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.unknown_kinds import due_of_unknown_kinds
 from nexus_workflows.flow.report import waiting_on_limit_q
 from nexus_workflows.models import DeferredWork, Status
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
 
+#: Counted exactly on every list page: work that needs action, or will (partial indexes).
+ACTION_STATUSES = (Status.PENDING, Status.PROCESSING, Status.ABANDONED)
+
 #: Query-string value of the status filter that shows abandoned and stale work.
 NEEDS_ATTENTION = "attention"
 STALE = "stale"
 WAITING_ON_A_LIMIT = "waiting"
+#: Due work of kinds no runner of this project runs (it stays pending).
+UNKNOWN_KIND = "unknown"
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -43,6 +52,7 @@ class StatusFilter(admin.SimpleListFilter):
             (STALE, _("Processing, stale heartbeat")),
             (Status.DONE.value, _("Done")),
             (Status.ABANDONED.value, _("Abandoned")),
+            (UNKNOWN_KIND, _("Due, kind not registered")),
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> QuerySet[DeferredWork]:
@@ -51,6 +61,9 @@ class StatusFilter(admin.SimpleListFilter):
             return queryset.filter(triage.needs_attention_q())
         if value == STALE:
             return queryset.filter(triage.stale_q())
+        if value == UNKNOWN_KIND:
+            kinds = list(due_of_unknown_kinds(DatabaseNow(), using=queryset.db))
+            return queryset.filter(status=Status.PENDING, next_attempt_at__lte=DatabaseNow(), kind__in=kinds)
         if value in Status.values:
             return queryset.filter(status=value)
         return queryset
@@ -71,6 +84,28 @@ class FlowLimitFilter(admin.SimpleListFilter):
         return queryset
 
 
+class KindFilter(admin.AllValuesFieldListFilter):
+    """Django's filter by kind (same URL parameters), listing the kinds this project
+    registers and every kind stored, read from the dedupe constraint's index one probe per
+    kind. Django's own listed them by a ``DISTINCT`` that read the whole table on
+    PostgreSQL (60-120 ms at 300,000 rows)."""
+
+    def __init__(
+        self, field: Any, request: HttpRequest, params: Any, model: Any, model_admin: Any, field_path: str
+    ) -> None:
+        super().__init__(field, request, params, model, model_admin, field_path)  # lazy: no query
+        self.lookup_choices = stored_kinds(model_admin.get_queryset(request).order_by())  # type: ignore[assignment]
+
+
+def stored_kinds(rows: QuerySet[DeferredWork]) -> list[str]:
+    kinds = set(registry.kinds(deferred=True))
+    # From the index that leads with the kind: MariaDB plans that for DISTINCT by itself,
+    # PostgreSQL is asked for it.
+    stored = getattr(sql.for_connection(rows.db), "distinct_kinds", None)
+    kinds.update(stored(rows.db) if stored else rows.values_list("kind", flat=True).distinct())
+    return sorted(kinds)
+
+
 @dataclass(frozen=True)
 class SummaryItem:
     value: str | None  # the status filter's value; None for "all"
@@ -79,6 +114,8 @@ class SummaryItem:
     url: str
     active: bool
     tone: str
+    #: The database's estimate, shown as "about" (done rows, and so "all", at scale).
+    estimated: bool = False
 
 
 class TriageChangeList(SearchNotEchoedChangeList):
@@ -107,26 +144,53 @@ class TriageChangeList(SearchNotEchoedChangeList):
         display.read_now(request, list(self.result_list), self.queryset.db)
 
     @cached_property
-    def status_summary(self) -> list[SummaryItem]:
-        queryset = self.get_queryset(self.request, exclude_parameters=[StatusFilter.parameter_name])
-        counts = dict(queryset.order_by().values_list("status").annotate(n=Count("pk")))
-        stale = queryset.filter(triage.stale_q()).count() if counts.get(Status.PROCESSING) else 0
-        current = self.params.get(StatusFilter.parameter_name)
-        abandoned = counts.get(Status.ABANDONED, 0)
+    def unknown_kinds(self) -> list[tuple[str, int]]:
+        """Due rows per kind that no runner of this project runs (every kind, whatever the
+        filter: they need action), for the notice above the list."""
+        found = due_of_unknown_kinds(DatabaseNow(), using=self.queryset.db)
+        return list(found.items())
 
-        def item(value: str | None, label: Promise, count: int, tone: str) -> SummaryItem:
+    @cached_property
+    def unknown_kinds_url(self) -> str:
+        return self.get_query_string({StatusFilter.parameter_name: UNKNOWN_KIND}, remove=[PAGE_VAR])
+
+    @cached_property
+    def status_summary(self) -> list[SummaryItem]:
+        """Counts per status of the current filter (status left out). Pending, processing,
+        stale and abandoned work is counted exactly, each through its partial index; done
+        work is estimated when there is much of it (see :mod:`.counting`), and so is "all"."""
+        queryset = self.get_queryset(self.request, exclude_parameters=[StatusFilter.parameter_name])
+        queryset = queryset.order_by()
+        filtered = any(
+            name.split("__")[0] in (FlowLimitFilter.parameter_name, "kind") for name in self.params
+        )
+        exact = {status: queryset.filter(status=status).count() for status in ACTION_STATUSES}
+        stale = queryset.filter(triage.stale_q()).count() if exact[Status.PROCESSING] else 0
+        # The whole list's total is estimated well (a table's statistics); done rows are the
+        # rest of it. Below the threshold, or without an estimate, done rows are counted.
+        total, estimated = counting.count(queryset, filtered=filtered)
+        if estimated:
+            done = max(total - sum(exact.values()), 0)
+        else:
+            done = queryset.filter(status=Status.DONE).count()
+        current = self.params.get(StatusFilter.parameter_name)
+        abandoned = exact[Status.ABANDONED]
+
+        def item(
+            value: str | None, label: Promise, count: int, tone: str, about: bool = False
+        ) -> SummaryItem:
             if value is None:
                 url = self.get_query_string(remove=[StatusFilter.parameter_name, PAGE_VAR])
             else:
                 url = self.get_query_string({StatusFilter.parameter_name: value}, remove=[PAGE_VAR])
-            return SummaryItem(value, label, count, url, current == value, tone if count else "none")
+            return SummaryItem(value, label, count, url, current == value, tone if count else "none", about)
 
         return [
-            item(None, _("All"), sum(counts.values()), "all"),
+            item(None, _("All"), sum(exact.values()) + done, "all", estimated),
             item(NEEDS_ATTENTION, _("Needs attention"), abandoned + stale, "attention"),
-            item(Status.PENDING, _("Pending"), counts.get(Status.PENDING, 0), "pending"),
-            item(Status.PROCESSING, _("Processing"), counts.get(Status.PROCESSING, 0), "processing"),
+            item(Status.PENDING, _("Pending"), exact[Status.PENDING], "pending"),
+            item(Status.PROCESSING, _("Processing"), exact[Status.PROCESSING], "processing"),
             item(STALE, _("Stale heartbeat"), stale, "stale"),
-            item(Status.DONE, _("Done"), counts.get(Status.DONE, 0), "done"),
+            item(Status.DONE, _("Done"), done, "done", estimated),
             item(Status.ABANDONED, _("Abandoned"), abandoned, "abandoned"),
         ]

@@ -276,6 +276,11 @@ class WorkflowRegistry:
         self.unloadable_tasks.remember((path, backend_alias))
         return None
 
+    def task_loads(self, path: str, backend_alias: str) -> bool:
+        """Whether the Django task ``path`` enqueued on ``backend_alias`` loads here (a
+        failure is remembered for :data:`.unloadable.RECHECK_AFTER` seconds, as above)."""
+        return self.task_max_attempts(path, backend_alias) is not None
+
     def __contains__(self, kind: object) -> bool:
         return kind in self._workflows
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from nexus_workflows.clock import database_now
 from nexus_workflows.deferred.attempts import describe_attempt
 from nexus_workflows.deferred.history import first_line
+from nexus_workflows.deferred.unknown_kinds import due_of_unknown_kinds
 from nexus_workflows.deferred.wakeup import WakeupMode
 from nexus_workflows.flow.report import KindFlow, flow_report
 from nexus_workflows.models import DeferredWork, Status
@@ -36,6 +37,8 @@ class StatusReport:
     #: The database's time of the report, which "due" and "ago" are judged by.
     generated_at: datetime = field(default_factory=timezone.now)
     flow: list[KindFlow] = field(default_factory=list)
+    #: Due rows per kind that no runner of this project runs (they stay pending).
+    unknown_due: dict[str, int] = field(default_factory=dict)
 
 
 def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
@@ -54,6 +57,7 @@ def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
     )
     abandoned = DeferredWork.objects.filter(status=Status.ABANDONED).order_by("-updated_at")
     report.flow = flow_report()
+    report.unknown_due = due_of_unknown_kinds(report.generated_at, using=DeferredWork.objects.db)
     report.abandoned_total = abandoned.count()
     listed = ("pk", "kind", "dedupe_key", "attempt", "backend_name", "last_error", "updated_at")
     report.abandoned = list(abandoned.only(*listed)[:abandoned_limit])
@@ -93,6 +97,7 @@ def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
     else:
         lines.append("Oldest due: nothing is due.")
     lines.extend(render_flow(report.flow))
+    lines.extend(render_unknown(report.unknown_due))
     lines.append(f"Abandoned: {report.abandoned_total}")
     for work in report.abandoned:
         key = f" key={work.dedupe_key}" if reveal else ""
@@ -132,4 +137,18 @@ def render_flow(flows: list[KindFlow]) -> list[str]:
             f"  {item.kind.ljust(width)}  {item.limits}; running {slots}; waiting: "
             f"key {item.waiting['key']}, slot {item.waiting['slot']}, rate {item.waiting['rate']}"
         )
+    return lines
+
+
+def render_unknown(unknown_due: dict[str, int]) -> list[str]:
+    """Due work of kinds no runner of this project runs: it stays pending until code that
+    registers the kind runs, or it is deleted."""
+    if not unknown_due:
+        return []
+    lines = [
+        f"Due, but no runner here knows the kind ({sum(unknown_due.values())}; it stays pending: "
+        "register the kind again, or delete the work in the admin):"
+    ]
+    width = max(len(kind) for kind in unknown_due)
+    lines.extend(f"  {kind.ljust(width)}  {n}" for kind, n in unknown_due.items())
     return lines

@@ -2,14 +2,26 @@
 
 from django.db import migrations, models
 
+from nexus_workflows.index_operations import (
+    AddConstraintWithoutBlocking,
+    AddIndexWithoutBlocking,
+    InOneTransaction,
+)
+
+# Indexes on the work table are built and dropped CONCURRENTLY on PostgreSQL (writes go on;
+# see nexus_workflows/index_operations.py), hence atomic = False; the other operations
+# still run in one transaction.
+
 
 class Migration(migrations.Migration):
+    atomic = False
 
     dependencies = [
         ('nexus_workflows', '0006_minimum_necessary'),
     ]
 
     operations = [
+        InOneTransaction([
         migrations.CreateModel(
             name='FlowWindowSlot',
             fields=[
@@ -39,23 +51,24 @@ class Migration(migrations.Migration):
             field=models.CharField(blank=True, editable=False, max_length=64, null=True),
         ),
         migrations.AddIndex(
-            model_name='deferredwork',
-            index=models.Index(condition=models.Q(('serial_key_hash__isnull', False), ('status__in', ['pending', 'processing'])), fields=['kind', 'serial_key_hash', 'id'], name='nw_serial_idx'),
-        ),
-        migrations.AddConstraint(
-            model_name='deferredwork',
-            constraint=models.UniqueConstraint(condition=models.Q(('flow_slot__isnull', False), ('status', 'processing')), fields=('kind', 'flow_slot'), name='nw_flow_slot_held_once'),
-        ),
-        migrations.AddConstraint(
-            model_name='deferredwork',
-            constraint=models.UniqueConstraint(condition=models.Q(('serial_key_hash__isnull', False), ('status', 'processing')), fields=('kind', 'serial_key_hash'), name='nw_serial_key_running_once'),
-        ),
-        migrations.AddIndex(
             model_name='flowwindowslot',
             index=models.Index(fields=['started_at'], name='nw_window_prune_idx'),
         ),
         migrations.AddConstraint(
             model_name='flowwindowslot',
             constraint=models.UniqueConstraint(fields=('name', 'key_hash', 'slot'), name='nw_window_slot_unique'),
+        ),
+        ]),
+        AddConstraintWithoutBlocking(
+            model_name='deferredwork',
+            constraint=models.UniqueConstraint(condition=models.Q(('flow_slot__isnull', False), ('status', 'processing')), fields=('kind', 'flow_slot'), name='nw_flow_slot_held_once'),
+        ),
+        AddConstraintWithoutBlocking(
+            model_name='deferredwork',
+            constraint=models.UniqueConstraint(condition=models.Q(('serial_key_hash__isnull', False), ('status', 'processing')), fields=('kind', 'serial_key_hash'), name='nw_serial_key_running_once'),
+        ),
+        AddIndexWithoutBlocking(
+            model_name='deferredwork',
+            index=models.Index(condition=models.Q(('serial_key_hash__isnull', False), ('status__in', ['pending', 'processing'])), fields=['kind', 'serial_key_hash', 'id'], name='nw_serial_idx'),
         ),
     ]

@@ -2,18 +2,30 @@
 
 from django.db import migrations, models
 
+from nexus_workflows.index_operations import (
+    AddIndexWithoutBlocking,
+    InOneTransaction,
+    RemoveIndexWithoutBlocking,
+)
+
+# Indexes on the work table are built and dropped CONCURRENTLY on PostgreSQL (writes go on;
+# see nexus_workflows/index_operations.py), hence atomic = False; the other operations
+# still run in one transaction.
+
 
 class Migration(migrations.Migration):
+    atomic = False
 
     dependencies = [
         ('nexus_workflows', '0007_flow_control'),
     ]
 
     operations = [
-        migrations.RemoveIndex(
+        RemoveIndexWithoutBlocking(
             model_name='deferredwork',
             name='nw_due_idx',
         ),
+        InOneTransaction([
         migrations.AddField(
             model_name='deferredwork',
             name='backend_name',
@@ -64,11 +76,12 @@ class Migration(migrations.Migration):
             name='kind',
             field=models.CharField(max_length=255),
         ),
-        migrations.AddIndex(
+        ]),
+        AddIndexWithoutBlocking(
             model_name='deferredwork',
             index=models.Index(condition=models.Q(('status', 'pending')), fields=['-priority', 'next_attempt_at'], name='nw_due_idx'),
         ),
-        migrations.AddIndex(
+        AddIndexWithoutBlocking(
             model_name='deferredwork',
             index=models.Index(condition=models.Q(('queue_name', ''), _negated=True), fields=['dedupe_key'], name='nw_task_result_idx'),
         ),

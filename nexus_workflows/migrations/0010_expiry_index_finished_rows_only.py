@@ -5,15 +5,18 @@
 
 from django.db import migrations, models
 
+from nexus_workflows.index_operations import AddIndexWithoutBlocking, RemoveIndexWithoutBlocking
+
 
 class Migration(migrations.Migration):
+    atomic = False  # concurrent index builds on PostgreSQL
     dependencies = [
         ("nexus_workflows", "0009_notify_new_work_id"),
     ]
 
     operations = [
-        migrations.RemoveIndex(model_name="deferredwork", name="nw_expiry_idx"),
-        migrations.AddIndex(
+        RemoveIndexWithoutBlocking(model_name="deferredwork", name="nw_expiry_idx"),
+        AddIndexWithoutBlocking(
             model_name="deferredwork",
             index=models.Index(
                 condition=models.Q(("status__in", ["done", "abandoned"])),

@@ -18,6 +18,7 @@ from datetime import datetime
 from django.db.models import Count, Min
 
 from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.unknown_kinds import unknown_of
 from nexus_workflows.models import DeferredWork, Status
 from nexus_workflows.observability.clock import database_now
 
@@ -30,6 +31,8 @@ class WorkFigures:
     now: datetime
     counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, status) -> rows
     oldest_due: dict[str, datetime] = field(default_factory=dict)  # kind -> earliest due time
+    #: Due rows per kind that no runner of this project runs (they stay pending).
+    due_unknown: dict[str, int] = field(default_factory=dict)
 
     @property
     def kinds(self) -> list[str]:
@@ -52,8 +55,13 @@ def work_figures(using: str) -> WorkFigures:
     for status in COUNTED_STATUSES:
         for kind, n in rows.filter(status=status).order_by().values_list("kind").annotate(n=Count("pk")):
             figures.counts[(kind, status.value)] = n
-    due = rows.due(figures.now).order_by().values_list("kind").annotate(oldest=Min("next_attempt_at"))
-    figures.oldest_due = dict(due)
+    # One read of the due rows gives both how late each kind is and how many no runner knows.
+    due = rows.due(figures.now).order_by().values_list("kind", "backend_name")
+    groups = list(due.annotate(oldest=Min("next_attempt_at"), n=Count("pk")))
+    for kind, _backend, oldest, _n in groups:
+        if kind not in figures.oldest_due or oldest < figures.oldest_due[kind]:
+            figures.oldest_due[kind] = oldest
+    figures.due_unknown = unknown_of((kind, backend, n) for kind, backend, _oldest, n in groups)
     return figures
 
 

@@ -5,7 +5,9 @@
   ``nexus_workflows_work{kind,status}``, ``nexus_workflows_oldest_due_age_seconds{kind}``,
   ``nexus_workflows_runners{state}`` and, for kinds with flow limits (issue 19),
   ``nexus_workflows_flow_slots_in_use{kind}`` and
-  ``nexus_workflows_flow_waiting{kind,limit}`` (limit: key, slot or rate).
+  ``nexus_workflows_flow_waiting{kind,limit}`` (limit: key, slot or rate), and
+  ``nexus_workflows_due_unknown_kind{kind}``: due rows of kinds no runner of the project
+  runs (not registered, or a Django task that does not import), which stay pending.
 * :class:`RunnerMetrics` counts what one runner does (in its own memory, whatever
   ``PROMETHEUS_MULTIPROC_DIR`` says) and serves both on
   ``runworkflows --metrics-port``: ``nexus_workflows_attempts_total{kind,outcome}``,
@@ -98,11 +100,17 @@ class DatabaseCollector(Collector):
             "(key: a serial key; slot: concurrency; rate: the rate window).",
             labels=["kind", "limit"],
         )
+        yield GaugeMetricFamily(
+            "nexus_workflows_due_unknown_kind",
+            "Due pending rows of a kind no workflow registers in the project (or a Django task "
+            "that does not import): no runner claims them, they stay pending.",
+            labels=["kind"],
+        )
 
     def collect(self) -> Iterable[Any]:
         from nexus_workflows.flow.report import flow_metrics
 
-        work, oldest, runners, slots, waiting = self._families()
+        work, oldest, runners, slots, waiting, unknown = self._families()
         if not self._asking.acquire(blocking=not self.swallow_errors):
             logger.warning("metrics: the database's figures left out; an earlier scrape still waits for them")
             return []
@@ -132,7 +140,9 @@ class DatabaseCollector(Collector):
             for name, n in numbers.items():
                 if name.startswith("waiting_"):
                     waiting.add_metric([kind, name.removeprefix("waiting_")], n)
-        return [work, oldest, runners, slots, waiting]
+        for kind, n in figures.due_unknown.items():
+            unknown.add_metric([kind], n)
+        return [work, oldest, runners, slots, waiting, unknown]
 
 
 def database_registry(using: str = "default") -> CollectorRegistry:

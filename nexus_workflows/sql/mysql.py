@@ -25,6 +25,7 @@ import contextlib
 import math
 import re
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
@@ -36,6 +37,7 @@ __all__ = [
     "JSON_DEPTH_LIMIT",
     "add_outcome_counts",
     "constraint_name",
+    "estimated_rows",
     "lock_waits_at_most",
     "notify",
     "statement_timeout",
@@ -168,3 +170,18 @@ def add_outcome_counts(using: str, token: str, items: Sequence[tuple[str, str, i
 EPOCH_OF_MINUTE = "TIMESTAMPDIFF(SECOND, '1970-01-01 00:00:00', minute)"
 #: Integer division (``/`` gives a decimal here, so minutes of one bucket would not group).
 INTEGER_DIVIDE = "DIV"
+
+
+def estimated_rows(using: str, sql: str, params: Sequence[Any], *, filtered: bool) -> int | None:
+    """The optimizer's estimate of the rows a one-table ``sql`` reads (``EXPLAIN``: rows
+    times filtered): close for the whole table (its statistics: 297,532 for 300,000 rows),
+    not under a condition (an index range's estimate was 148,766 for 282,000 done rows):
+    None then, count them."""
+    if filtered:
+        return None
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"EXPLAIN EXTENDED {sql}", params)
+        columns = [column[0] for column in cursor.description]
+        row = dict(zip(columns, cursor.fetchone(), strict=True))
+    return int(float(row["rows"] or 0) * float(row.get("filtered") or 100) / 100)
+

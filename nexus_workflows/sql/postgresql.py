@@ -29,7 +29,10 @@ __all__ = [
     "allocate_token_sql",
     "can_return_from_update",
     "constraint_name",
+    "distinct_kinds",
+    "estimated_rows",
     "hold_waiting_lock",
+    "index_validity",
     "insert_many_from_json_sql",
     "insert_returning_pk",
     "insert_returning_pk_with_constants",
@@ -334,3 +337,45 @@ def save_journals(using: str, ids: Sequence[int], tokens: Sequence[str], journal
             [list(ids), list(tokens), [json.dumps(journal) for journal in journals], "processing"],
         )
         return {row[0] for row in cursor.fetchall()}
+
+
+def index_validity(cursor: Any, table: str, name: str) -> bool | None:
+    """Whether the index ``name`` on ``table`` is valid; None when there is none. An
+    interrupted ``CREATE INDEX CONCURRENTLY`` leaves an invalid one behind: it is written
+    to by every insert but never read."""
+    cursor.execute(
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE c.relname = %s AND i.indrelid = to_regclass(%s)",
+        [name, table],
+    )
+    row = cursor.fetchone()
+    return None if row is None else bool(row[0])
+
+
+def estimated_rows(using: str, sql: str, params: Sequence[Any], *, filtered: bool) -> int | None:
+    """The planner's estimate of the rows ``sql`` returns (``EXPLAIN``, from the table's
+    statistics: no row is read). Per-column statistics make it close for equality on a
+    status or a kind, filtered or not."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def distinct_kinds(using: str) -> list[str]:
+    """Every kind stored in the work table, one probe of the dedupe constraint's index
+    (kind, dedupe_key) per kind (a loose index scan, which PostgreSQL does not plan by
+    itself: ``SELECT DISTINCT kind`` read all 300,000 rows, 60-120 ms)."""
+    table = apps.get_model("nexus_workflows", "DeferredWork")._meta.db_table
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            f"WITH RECURSIVE kinds(kind) AS ("
+            f" (SELECT kind FROM {table} ORDER BY kind LIMIT 1)"
+            f" UNION ALL SELECT (SELECT t.kind FROM {table} t WHERE t.kind > kinds.kind"
+            f" ORDER BY t.kind LIMIT 1)"
+            f" FROM kinds WHERE kinds.kind IS NOT NULL"
+            f") SELECT kind FROM kinds WHERE kind IS NOT NULL"
+        )
+        return [kind for (kind,) in cursor.fetchall()]

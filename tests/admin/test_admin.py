@@ -825,3 +825,44 @@ def test_revive_and_run_now_write_where_the_router_sends_writes_not_to_the_read_
     rows = DeferredWork.objects.using("default")
     assert rows.get(pk=abandoned.pk).status == Status.PENDING
     assert rows.get(pk=waiting.pk).next_attempt_at <= timezone.now()
+
+
+# --- due work of kinds no runner knows ----------------------------------------------------
+
+
+def test_list_names_due_work_of_kinds_no_runner_knows_and_filters_it(superuser, make_work, workflow):
+    """A kind removed from the code leaves due rows nothing claims or purges. The list says
+    so above the rows (kind and count, whatever the filter) and links to a filter showing
+    that work; known kinds and tasks that load are not named."""
+    past = timezone.now() - timedelta(minutes=5)
+    make_work(Status.PENDING, next_attempt_at=past)
+    stuck = [
+        DeferredWork.objects.create(
+            kind="reminders.removed-kind", dedupe_key=f"visit-{n}", trigger={}, next_attempt_at=past
+        )
+        for n in range(2)
+    ]
+    DeferredWork.objects.create(
+        kind="tests.testapp.tasks.add",
+        dedupe_key="task",
+        trigger={},
+        next_attempt_at=past,
+        backend_name="default",
+        queue_name="default",
+    )
+    client = client_for(superuser)
+    html = client.get(reverse(CHANGELIST) + "?status=abandoned").content.decode()
+    assert "nw-notice--unknown-kinds" in html
+    assert "<li><code>reminders.removed-kind</code>: 2</li>" in html
+    assert "tests.testapp.tasks.add</code>" not in html
+    assert f"<li><code>{workflow.kind}</code>" not in html
+    assert "visit-" not in html
+
+    response = client.get(reverse(CHANGELIST) + "?status=unknown")
+    assert {work.pk for work in response.context["cl"].result_list} == {work.pk for work in stuck}
+
+
+def test_list_has_no_unknown_kinds_notice_when_every_due_kind_is_known(superuser, make_work):
+    make_work(Status.PENDING, next_attempt_at=timezone.now() - timedelta(minutes=5))
+    html = client_for(superuser).get(reverse(CHANGELIST)).content.decode()
+    assert "nw-notice--unknown-kinds" not in html

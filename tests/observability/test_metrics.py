@@ -70,6 +70,40 @@ def test_the_view_reports_rows_per_kind_and_status_and_the_oldest_due_age(regist
         assert text not in body
 
 
+
+def test_the_view_reports_due_rows_of_kinds_no_runner_knows(register_workflow: Any) -> None:
+    """Rows of a kind removed from the code (and of a Django task whose module is gone)
+    stay pending for ever: a gauge per such kind counts the due ones. Known kinds, tasks
+    that load, and rows not yet due are not in it; labels are kinds only."""
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    past = timezone.now() - timedelta(minutes=5)
+
+    def row(kind: str, key: str, **fields: Any) -> None:
+        DeferredWork.objects.create(kind=kind, dedupe_key=key, trigger={"p": "María López"}, **fields)
+
+    row(kind, "visit-known", next_attempt_at=past)
+    for key in ("visit-1", "visit-2"):
+        row("reminders.removed-kind", key, next_attempt_at=past)
+    row("reminders.removed-kind", "visit-later", next_attempt_at=timezone.now() + timedelta(hours=1))
+    task = {"backend_name": "default", "queue_name": "default", "next_attempt_at": past}
+    row("tests.testapp.tasks.add", "visit-task", **task)
+    row("tests.testapp.gone_module.send", "visit-gone", **task)
+    body = Client().get("/internal/metrics").content.decode()
+    found = {
+        labels: value
+        for (name, labels), value in samples(body).items()
+        if name == "nexus_workflows_due_unknown_kind"
+    }
+    assert found == {
+        (("kind", "reminders.removed-kind"),): 2,
+        (("kind", "tests.testapp.gone_module.send"),): 1,
+    }
+    # The kind's oldest due age is still read from the same rows.
+    assert samples(body)[("nexus_workflows_oldest_due_age_seconds", (("kind", kind),))] >= 290
+    for text in ("visit-", "María"):
+        assert text not in body
+
+
 @pytest.mark.postgresql
 def test_the_view_answers_503_when_the_database_does_not() -> None:
     from django.db import connections
