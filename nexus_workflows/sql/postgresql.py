@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
 from django.db import IntegrityError, connections, transaction
+from django.db.models import QuerySet, Subquery
 
 from nexus_workflows.sql.returning import can_return_from_update, insert_returning_pk, update_returning
 
@@ -28,6 +29,7 @@ __all__ = [
     "add_outcome_counts",
     "allocate_token_sql",
     "can_return_from_update",
+    "claimable",
     "constraint_name",
     "hold_waiting_lock",
     "insert_many_from_json_sql",
@@ -58,6 +60,25 @@ def constraint_name(error: Exception) -> str | None:
 def violated_constraint(error: IntegrityError) -> str | None:
     """The name of the constraint an ``IntegrityError`` reports."""
     return constraint_name(error)
+
+
+class SkipLocked(Subquery):
+    """``(SELECT … FOR NO KEY UPDATE SKIP LOCKED)``: the rows of a queryset no other
+    transaction holds a lock on, locked by this statement (the lock its ``UPDATE`` takes
+    anyway, so no lock a plain ``UPDATE`` would not wait for is skipped, and none it
+    would wait for is waited for)."""
+
+    template = "(%(subquery)s FOR NO KEY UPDATE SKIP LOCKED)"
+
+
+def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
+    """The rows ``ids`` of ``candidates`` a claim's ``UPDATE`` may take: those no other
+    session holds a row lock on (a request's transaction that changed the row and has not
+    committed, a project's ``select_for_update()``). In the ``UPDATE``'s own statement, so
+    no round trip more; the ``UPDATE`` re-checks ``candidates``' conditions on the row it
+    locked. Skipped rows stay for a later claim."""
+    locked = SkipLocked(candidates.filter(pk__in=ids).order_by().values("pk"))
+    return candidates.filter(pk__in=locked)
 
 
 def notify(cursor: Any, channel: str, payload: str = "") -> None:
