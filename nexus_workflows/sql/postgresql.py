@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
 from django.db import IntegrityError, connections, transaction
-from django.db.models import QuerySet, Subquery
+from django.db.models import BooleanField, Expression, F, QuerySet, Subquery
 
 from nexus_workflows.sql.returning import can_return_from_update, insert_returning_pk, update_returning
 
@@ -62,13 +62,32 @@ def violated_constraint(error: IntegrityError) -> str | None:
     return constraint_name(error)
 
 
-class SkipLocked(Subquery):
-    """``(SELECT … FOR NO KEY UPDATE SKIP LOCKED)``: the rows of a queryset no other
-    transaction holds a lock on, locked by this statement (the lock its ``UPDATE`` takes
-    anyway, so no lock a plain ``UPDATE`` would not wait for is skipped, and none it
-    would wait for is waited for)."""
+class SkipLocked(Expression):
+    """``pk = ANY(ARRAY(SELECT pk FROM … FOR NO KEY UPDATE SKIP LOCKED))``: the rows of a
+    queryset no other transaction holds a lock on, locked by this statement with the lock
+    its ``UPDATE`` takes anyway (so it skips no lock a plain ``UPDATE`` would not wait
+    for). ``ARRAY(…)`` is computed once, before the scan: the ``UPDATE`` then finds its
+    rows by primary key, as without the lock (an ``IN (SELECT …)`` joins, and was measured
+    twice as dear over the plain claim: +0.11 ms against +0.05 ms for one row)."""
 
-    template = "(%(subquery)s FOR NO KEY UPDATE SKIP LOCKED)"
+    output_field = BooleanField()
+
+    def __init__(self, queryset: QuerySet[Any]) -> None:
+        super().__init__()
+        self.column: Any = F("pk")
+        self.ids: Any = Subquery(queryset.order_by().values("pk"))
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.column, self.ids]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        self.column, self.ids = exprs
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        column, column_params = compiler.compile(self.column)
+        ids, ids_params = compiler.compile(self.ids)  # "(SELECT …)"
+        sql = f"{column} = ANY(ARRAY{ids[:-1]} FOR NO KEY UPDATE SKIP LOCKED))"
+        return sql, (*column_params, *ids_params)
 
 
 def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
@@ -77,8 +96,7 @@ def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
     committed, a project's ``select_for_update()``). In the ``UPDATE``'s own statement, so
     no round trip more; the ``UPDATE`` re-checks ``candidates``' conditions on the row it
     locked. Skipped rows stay for a later claim."""
-    locked = SkipLocked(candidates.filter(pk__in=ids).order_by().values("pk"))
-    return candidates.filter(pk__in=locked)
+    return candidates.filter(SkipLocked(candidates.filter(pk__in=ids)))
 
 
 def notify(cursor: Any, channel: str, payload: str = "") -> None:
