@@ -1,5 +1,7 @@
 """Which database errors mean "the database cannot take this statement right now" (down,
-unreachable, read-only, or it ended the session) rather than anything about the work.
+unreachable, read-only, or it ended the session) rather than anything about the work, and
+which mean "the database refused this statement" (a lock wait cut short, a deadlock, a
+cancel by a time-out: :func:`statement_refused`), which is no outage: the session is fine.
 Used by the runner (:mod:`nexus_workflows.deferred.runner.unavailable`) and by its
 observer, which must not import the runner."""
 
@@ -133,7 +135,7 @@ def is_database_unavailable(error: BaseException) -> bool:
 
 def describe_unavailable(error: BaseException) -> str:
     """The error's type for a log line, with the driver's more specific one when it has
-    one ("OperationalError: QueryCanceled", "OperationalError: DiskFull"), and "read-only"
+    one ("OperationalError: DiskFull", "OperationalError: AdminShutdown"), and "read-only"
     when that is the cause. Never the driver's text: it may quote a statement."""
     name = type(error).__name__
     if is_read_only(error):

@@ -119,7 +119,8 @@ def test_a_reclaim_whose_second_update_fails_hands_out_or_keeps_stale_what_the_f
     register_workflow: Any,
 ) -> None:
     """The reclaim's first ``UPDATE`` takes the lost attempt that had started; the second,
-    the one that had not, waits for a row another session locked and is cut short. The
+    the one that had not, waits for a lock (a trigger's: a row another session locked is
+    skipped now) and is cut short. The
     first one's row must not be left claimed by nobody: it is still stale, and the next
     reclaim takes it at once. PostgreSQL only: MariaDB's first ``UPDATE`` locks every row
     it names by primary key before it checks the rest of its condition, so there the

@@ -340,8 +340,8 @@ def test_a_runner_started_while_its_database_is_down_waits_for_it() -> None:
 @pytest.mark.slow
 @pytest.mark.postgresql
 def test_a_claim_that_waited_past_stale_after_starts_nothing_it_claimed(tmp_path: Path) -> None:
-    """A claim's UPDATE stamps the heartbeat when it starts; one that then waits (a row
-    lock, a commit held up by a synchronous standby) returns claims already stale. The
+    """A claim's UPDATE stamps the heartbeat when it starts; one that then waits (a lock on
+    the table, a commit held up by a synchronous standby) returns claims already stale. The
     runner started the item, and its own stale check in the same turn reclaimed it and
     started it again: two executions at once in one process. Now the claim counts from
     when its statement was sent, so that item is given up (forfeited) and runs once."""
@@ -379,7 +379,7 @@ def test_a_claim_that_waited_past_stale_after_starts_nothing_it_claimed(tmp_path
 def test_an_attempt_that_ends_while_the_main_loop_waits_stays_heart_beaten(tmp_path: Path) -> None:
     """An outcome waits for the main loop to write it, held and heart-beaten. It was held
     only once the main loop took it in: an attempt that ended while the loop waited (here
-    its claim, for a row lock) went stale, and the runner's own stale check reclaimed it
+    its claim, for a lock) went stale, and the runner's own stale check reclaimed it
     as a lost, started attempt and ran it again (attempt 2), its first result discarded."""
     ledger, finish = tmp_path / "ledger", tmp_path / "finish"
     process = ManagePy("runworkflows", "--kind", "test-interval", settings=FAST)
