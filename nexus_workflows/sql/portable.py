@@ -13,7 +13,14 @@ from django.apps import apps
 from django.db import IntegrityError
 from django.db.models import QuerySet
 
-__all__ = ["constraint_name", "lock_waits_at_most", "notify", "statement_timeout", "violated_constraint"]
+__all__ = [
+    "claimable",
+    "constraint_name",
+    "lock_waits_at_most",
+    "notify",
+    "statement_timeout",
+    "violated_constraint",
+]
 
 
 def violated_constraint(error: IntegrityError) -> str | None:
