@@ -1,5 +1,7 @@
 """Which database errors mean "the database cannot take this statement right now" (down,
-unreachable, read-only, or it ended the session) rather than anything about the work.
+unreachable, read-only, or it ended the session) rather than anything about the work, and
+which mean "the database refused this statement" (a lock wait cut short, a deadlock, a
+cancel by a time-out: :func:`statement_refused`), which is no outage: the session is fine.
 Used by the runner (:mod:`nexus_workflows.deferred.runner.unavailable`) and by its
 observer, which must not import the runner."""
 
@@ -47,6 +49,11 @@ MYSQL_TRANSACTION_CONFLICTS = {
 }
 
 
+#: MariaDB's error number of a statement its ``max_statement_time`` cancelled (MySQL's
+#: ``max_execution_time`` is 3024): PostgreSQL's 57014.
+MYSQL_STATEMENT_TIMEOUTS = {1969: "max_statement_time", 3024: "max_execution_time"}
+
+
 def sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of a database error (psycopg's ``sqlstate``, psycopg2's ``pgcode``),
     looked up on Django's wrapper and on the driver's error it wraps."""
@@ -66,7 +73,28 @@ def session_ended_idle(error: BaseException) -> bool:
 
 
 def is_query_canceled(error: BaseException) -> bool:
-    return sqlstate(error) == QUERY_CANCELED_SQLSTATE
+    """A statement the server cancelled: PostgreSQL's ``statement_timeout`` (or
+    ``pg_cancel_backend``), MariaDB's ``max_statement_time``."""
+    if sqlstate(error) == QUERY_CANCELED_SQLSTATE:
+        return True
+    return mysql_error_number(error) in MYSQL_STATEMENT_TIMEOUTS
+
+
+def statement_refused(error: BaseException) -> str | None:
+    """What ``error`` says when the database answered but did not run the statement: it
+    met another transaction (:func:`transaction_conflict`: a lock waited for longer than
+    ``lock_timeout`` or ``innodb_lock_wait_timeout``, a deadlock, a serialization
+    failure) or the server cancelled it (``statement_timeout``, ``max_statement_time``).
+    None for any other error. Not an outage: the session is fine, and the same
+    statement may pass at the next try."""
+    conflict = transaction_conflict(error)
+    if conflict is not None:
+        return conflict
+    if is_query_canceled(error):
+        number = mysql_error_number(error)
+        setting = MYSQL_STATEMENT_TIMEOUTS[number] if number is not None else "statement_timeout"
+        return f"the database cancelled it ({setting}?)"
+    return None
 
 
 def transaction_conflict(error: BaseException) -> str | None:
@@ -94,7 +122,11 @@ def mysql_error_number(error: BaseException) -> int | None:
 
 def is_database_unavailable(error: BaseException) -> bool:
     """Whether ``error`` says the database cannot take the statement right now (down,
-    unreachable, read-only, or it ended the session), rather than anything about the work."""
+    unreachable, read-only, or it ended the session), rather than anything about the work.
+    A statement the database refused while its session stays fine (:func:`statement_refused`:
+    a lock wait cut short, a deadlock, a cancel) is none: the database answered."""
+    if statement_refused(error) is not None:
+        return False
     return isinstance(error, DATABASE_UNAVAILABLE) or sqlstate(error) in (
         READ_ONLY_SQLSTATE,
         IDLE_IN_TRANSACTION_SQLSTATE,
@@ -103,7 +135,7 @@ def is_database_unavailable(error: BaseException) -> bool:
 
 def describe_unavailable(error: BaseException) -> str:
     """The error's type for a log line, with the driver's more specific one when it has
-    one ("OperationalError: QueryCanceled", "OperationalError: DiskFull"), and "read-only"
+    one ("OperationalError: DiskFull", "OperationalError: AdminShutdown"), and "read-only"
     when that is the cause. Never the driver's text: it may quote a statement."""
     name = type(error).__name__
     if is_read_only(error):

@@ -50,3 +50,34 @@ def row_locked(model: Any, pk: Any) -> Iterator[Callable[[], None]]:
         yield release
     finally:
         session.close()
+
+
+#: The advisory lock :func:`updates_wait_for_a_lock` holds (a key no app code uses).
+_TEST_LOCK = 0x6E77_7465
+
+
+@contextlib.contextmanager
+def updates_wait_for_a_lock(model: Any, condition: str) -> Iterator[Callable[[], None]]:
+    """PostgreSQL: ``UPDATE``\\s of ``model``'s rows matching ``condition`` (SQL over
+    ``NEW``/``OLD``) wait for a lock another session holds until the block ends or it
+    calls the ``release`` it yields: a trigger takes an advisory lock the other session
+    holds. A wait that ``SKIP LOCKED`` does not skip (the row itself is not locked), so a
+    claim's statement meets the session's ``lock_timeout`` as a row lock used to make it."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    holder = raw_connection()
+    holder.execute("SELECT pg_advisory_lock(%s)", [_TEST_LOCK])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION nw_test_lock_wait() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            f"BEGIN PERFORM pg_advisory_xact_lock({_TEST_LOCK}); RETURN NEW; END $$"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER nw_test_lock_wait BEFORE UPDATE ON {table} FOR EACH ROW "
+            f"WHEN ({condition}) EXECUTE FUNCTION nw_test_lock_wait()"
+        )
+    try:
+        yield lambda: holder.execute("SELECT pg_advisory_unlock(%s)", [_TEST_LOCK])
+    finally:
+        holder.close()
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_lock_wait ON {table}")

@@ -26,7 +26,7 @@ from nexus_workflows import enqueue_many
 from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.models import DeferredWork, Status
 from tests.processes import wait_for
-from tests.raw_connections import row_locked
+from tests.raw_connections import updates_wait_for_a_lock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,7 +119,8 @@ def test_a_reclaim_whose_second_update_fails_hands_out_or_keeps_stale_what_the_f
     register_workflow: Any,
 ) -> None:
     """The reclaim's first ``UPDATE`` takes the lost attempt that had started; the second,
-    the one that had not, waits for a row another session locked and is cut short. The
+    the one that had not, waits for a lock (a trigger's: a row another session locked is
+    skipped now) and is cut short. The
     first one's row must not be left claimed by nobody: it is still stale, and the next
     reclaim takes it at once. PostgreSQL only: MariaDB's first ``UPDATE`` locks every row
     it names by primary key before it checks the rest of its condition, so there the
@@ -129,7 +130,9 @@ def test_a_reclaim_whose_second_update_fails_hands_out_or_keeps_stale_what_the_f
     started, unstarted = sorted(work.id for work in claimer(kind).claim_due(10))
     DeferredWork.objects.update(heartbeat_at=Now() - timedelta(hours=1))
     DeferredWork.objects.filter(pk=started).update(started_at=Now())
-    with row_locked(DeferredWork, unstarted) as release, short_lock_waits():
+    # The second UPDATE waits for a lock (a lock on the row itself is skipped now).
+    waits = f"OLD.id = {int(unstarted)} AND NEW.status = 'processing'"
+    with updates_wait_for_a_lock(DeferredWork, waits) as release, short_lock_waits():
         with pytest.raises(DatabaseError):
             claimer(kind).claim_stale(10, stale_after=STALE_AFTER)
         release()

@@ -23,7 +23,7 @@ from nexus_workflows.clock import database_now
 from nexus_workflows.models import DeferredWork, Status
 from tests.faults.servers import under_faketime
 from tests.processes import ManagePy, overlapping, read_intervals, url_of_test_database, wait_for
-from tests.raw_connections import raw_connection, row_locked
+from tests.raw_connections import raw_connection, updates_wait_for_a_lock
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
 
@@ -340,8 +340,8 @@ def test_a_runner_started_while_its_database_is_down_waits_for_it() -> None:
 @pytest.mark.slow
 @pytest.mark.postgresql
 def test_a_claim_that_waited_past_stale_after_starts_nothing_it_claimed(tmp_path: Path) -> None:
-    """A claim's UPDATE stamps the heartbeat when it starts; one that then waits (a row
-    lock, a commit held up by a synchronous standby) returns claims already stale. The
+    """A claim's UPDATE stamps the heartbeat when it starts; one that then waits (a lock on
+    the table, a commit held up by a synchronous standby) returns claims already stale. The
     runner started the item, and its own stale check in the same turn reclaimed it and
     started it again: two executions at once in one process. Now the claim counts from
     when its statement was sent, so that item is given up (forfeited) and runs once."""
@@ -352,7 +352,8 @@ def test_a_claim_that_waited_past_stale_after_starts_nothing_it_claimed(tmp_path
         process.wait_for_output("runner started")
         trigger = {"key": "a", "ledger": str(ledger), "until_file": str(finish), "seconds": 60}
         work_id = enqueue("test-interval", trigger, delay=1)
-        with row_locked(DeferredWork, work_id):
+        # Its claim's UPDATE waits for a lock (a trigger's; a lock on the row is skipped).
+        with updates_wait_for_a_lock(DeferredWork, f"OLD.id = {int(work_id or 0)}"):
             wait_for(lambda: claims_waiting(watcher) == 1, timeout=10, what="the claim to wait for the lock")
             threading.Event().wait(FAST["STALE_AFTER"] + 1)  # the claim waits past STALE_AFTER
         wait_for(ledger.exists, timeout=10, what="the item to start")
@@ -378,7 +379,7 @@ def test_a_claim_that_waited_past_stale_after_starts_nothing_it_claimed(tmp_path
 def test_an_attempt_that_ends_while_the_main_loop_waits_stays_heart_beaten(tmp_path: Path) -> None:
     """An outcome waits for the main loop to write it, held and heart-beaten. It was held
     only once the main loop took it in: an attempt that ended while the loop waited (here
-    its claim, for a row lock) went stale, and the runner's own stale check reclaimed it
+    its claim, for a lock) went stale, and the runner's own stale check reclaimed it
     as a lost, started attempt and ran it again (attempt 2), its first result discarded."""
     ledger, finish = tmp_path / "ledger", tmp_path / "finish"
     process = ManagePy("runworkflows", "--kind", "test-interval", settings=FAST)
@@ -389,7 +390,8 @@ def test_an_attempt_that_ends_while_the_main_loop_waits_stays_heart_beaten(tmp_p
         work_id = enqueue("test-interval", trigger)
         wait_for(ledger.exists, timeout=10, what="the attempt to start")
         blocker = enqueue("test-interval", {"key": "b", "ledger": str(ledger)}, delay=1)
-        with row_locked(DeferredWork, blocker):
+        # Its claim's UPDATE waits for a lock (a trigger's; a lock on the row is skipped).
+        with updates_wait_for_a_lock(DeferredWork, f"OLD.id = {int(blocker or 0)}"):
             wait_for(lambda: claims_waiting(watcher) == 1, timeout=10, what="the claim to wait for the lock")
             finish.touch()  # the attempt ends while the main loop waits
             wait_for(lambda: " a end " in ledger.read_text(), timeout=10, what="the attempt to end")

@@ -20,7 +20,7 @@ from nexus_workflows.deferred.wakeup import CHANNEL
 from nexus_workflows.models import DEDUPE_CONSTRAINT, DeferredWork, Status
 from nexus_workflows.phi.models import PhiToken, TokenMap
 from nexus_workflows.sql import portable, returning
-from tests.raw_connections import raw_connection
+from tests.raw_connections import raw_connection, row_locked
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,10 +179,36 @@ def test_every_backend_module_answers_the_same_questions() -> None:
     every function the others have that callers use on any backend."""
     from nexus_workflows.sql import mysql, postgresql, sqlite
 
-    shared = {"constraint_name", "lock_waits_at_most", "notify", "statement_timeout", "violated_constraint"}
+    shared = {
+        "claimable",
+        "constraint_name",
+        "lock_waits_at_most",
+        "notify",
+        "statement_timeout",
+        "violated_constraint",
+    }
     for module in (postgresql, sqlite, mysql, portable):
         assert shared <= set(module.__all__), module.__name__
         assert all(callable(getattr(module, name)) for name in shared)
+
+
+def claimable_ids(ids: list[int]) -> list[int]:
+    """The rows of ``ids`` a claim may take (in a transaction, as the claim's)."""
+    with transaction.atomic():
+        pending = DeferredWork.objects.filter(status=Status.PENDING)
+        rows = sql.for_connection("default").claimable(pending, ids)
+        return sorted(rows.values_list("pk", flat=True))
+
+
+@pytest.mark.needs("row_locks")
+def test_claimable_rows_leave_out_a_row_another_session_holds_a_lock_on() -> None:
+    ids = [new_row("a"), new_row("b"), new_row("c")]
+    with row_locked(DeferredWork, ids[1]):
+        assert claimable_ids(ids) == [ids[0], ids[2]]  # without waiting for the lock
+    assert claimable_ids(ids) == ids
+    DeferredWork.objects.filter(pk=ids[0]).update(status=Status.DONE)
+    assert claimable_ids(ids) == ids[1:]  # the claim's conditions hold as ever
+    assert claimable_ids([]) == []
 
 
 @pytest.mark.postgresql

@@ -25,6 +25,7 @@ from django.db import connections, transaction
 from django.db.models import Case, F, Field, Q, When
 from django.db.models.functions import Coalesce
 
+from nexus_workflows import sql
 from nexus_workflows.clock import DatabaseNow, now_plus
 from nexus_workflows.deferred.expressions import JSONAppend, JSONDropLast
 from nexus_workflows.deferred.history import append_entry
@@ -213,9 +214,9 @@ class Claimer:
         names = _CLAIM_FIELDS if some is False else (*_CLAIM_FIELDS, *_TASK_FIELDS)
         sent_at = time.monotonic()  # the claim's heartbeat stamp is no older (see Ledger.dispatch)
         with self._one_transaction(several=len(variants) > 1):
-            found = self._claim_variants(
-                candidates.filter(pk__in=ids), ids, token, variants, names, some, every, changes
-            )
+            # Rows another session holds a lock on are skipped, not waited for.
+            claimable = sql.for_connection(self.using).claimable(candidates, ids)
+            found = self._claim_variants(claimable, ids, token, variants, names, some, every, changes)
         self.contended = len(found) < len(ids)
         # Hand them out in the claim's order (priority first): RETURNING keeps no order.
         position = {pk: index for index, pk in enumerate(ids)}
@@ -384,7 +385,9 @@ class Claimer:
     def _claim_by_id_statement(self, count: int) -> PrecompiledUpdate:
         slots = [_ID_SLOT + number for number in range(count)]
         due = DeferredWork.objects.using(self.using).due(DatabaseNow())
-        workflows = due.filter(kind__in=self.plain_kinds, queue_name="", pk__in=slots)
+        workflows = due.filter(kind__in=self.plain_kinds, queue_name="")
+        # The ids (slots) appear once, in the subquery that skips locked rows (PostgreSQL).
+        workflows = sql.for_connection(self.using).claimable(workflows, slots)
         changes = {**_claim_changes(_TOKEN_SLOT), **NO_FLOW_LIMITS}
         return claim_statement(workflows, changes, _CLAIM_FIELDS, [_TOKEN_SLOT, *slots])
 

@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from django.db import Error as DatabaseError  # InterfaceError included
-from django.db import connections, transaction
+from django.db import connections
 
 from nexus_workflows import signals, sql
 from nexus_workflows.conf import app_settings
-from nexus_workflows.database_errors import is_database_unavailable
+from nexus_workflows.database_errors import is_database_unavailable, statement_refused
 from nexus_workflows.deferred.attempts import attempt_number
 from nexus_workflows.observability import counts, runners
 from nexus_workflows.observability.clock import database_now
@@ -231,6 +231,11 @@ class Observer:
         except DatabaseError as error:
             if is_database_unavailable(error):
                 raise  # an outage (read-only too): the runner waits, then this batch goes again
+            if statement_refused(error) is not None:
+                # A lock wait cut short (another runner's counts of the same minute) or a
+                # cancel: the same batch, under the same token, goes with the next one.
+                logger.debug("outcome counts not written yet (%s)", statement_refused(error))
+                return
             # Anything else (the table missing before `migrate`, say) must not stop the
             # runner: these counts are dropped, the work itself was written.
             logger.error("outcome counts not written (%s); dropped", type(error).__name__)
@@ -256,7 +261,8 @@ class Observer:
                         self._refresh()
                 except DatabaseError as error:  # a lock waited for too long, or an outage
                     logger.debug("runner row not refreshed (%s)", type(error).__name__)
-                    _close(self.using)
+                    if statement_refused(error) is None:  # the session is fine after a refusal
+                        _close(self.using)
 
     def _refresh(self) -> None:
         try:
@@ -287,15 +293,12 @@ def row_lock_wait() -> float:
 
 @contextlib.contextmanager
 def _waiting_at_most(using: str, seconds: float) -> Iterator[None]:
-    """On PostgreSQL, one transaction whose statements wait at most ``seconds`` for a lock
-    (then raise, as in an outage); elsewhere, as it is (SQLite has no row locks)."""
-    statements = sql.for_connection(using)
-    if not hasattr(statements, "set_local_lock_timeout"):
-        yield
-        return
-    with transaction.atomic(using=using):
-        with connections[using].cursor() as cursor:
-            statements.set_local_lock_timeout(cursor, seconds)
+    """Statements in the block wait at most ``seconds`` for a row lock, then raise (a
+    refusal, :func:`~nexus_workflows.database_errors.statement_refused`): PostgreSQL's
+    local ``lock_timeout`` in one transaction, MariaDB's session ``innodb_lock_wait_timeout``
+    lowered around the block, in whole seconds (``lock_waits_at_most``); as it is
+    elsewhere (SQLite has no row locks)."""
+    with sql.for_connection(using).lock_waits_at_most(using, seconds):
         yield
 
 

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.models import QuerySet
 
 from nexus_workflows.database_errors import mysql_error_number
 
@@ -36,6 +37,7 @@ __all__ = [
     "INTEGER_DIVIDE",
     "JSON_DEPTH_LIMIT",
     "add_outcome_counts",
+    "claimable",
     "constraint_name",
     "estimated_rows",
     "lock_waits_at_most",
@@ -86,6 +88,20 @@ def violated_constraint(error: IntegrityError) -> str | None:
     if found is None or found[0] != _DUPLICATE_KEY:
         return None
     return constraint_name(error)
+
+
+def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
+    """The rows ``ids`` of ``candidates`` a claim's ``UPDATE`` may take: those no other
+    session holds a row lock on, locked now (``SELECT … FOR UPDATE SKIP LOCKED``, MariaDB
+    10.6+) for the claim's transaction, which must be open. One statement more: InnoDB's
+    ``UPDATE … WHERE id IN (SELECT … SKIP LOCKED)`` locks every row of its own scan, and
+    waits. On an older server the rows are as given, and the claim waits for a lock as it
+    always did (``innodb_lock_wait_timeout``)."""
+    chosen = candidates.filter(pk__in=ids)
+    if not connections[candidates.db].features.has_select_for_update_skip_locked:
+        return chosen
+    locked = list(chosen.order_by().select_for_update(skip_locked=True).values_list("pk", flat=True))
+    return candidates.filter(pk__in=locked) if locked else candidates.none()
 
 
 @contextlib.contextmanager

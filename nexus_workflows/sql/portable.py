@@ -5,12 +5,22 @@ by the constraint's name appearing in the database's message."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 from django.apps import apps
 from django.db import IntegrityError
+from django.db.models import QuerySet
 
-__all__ = ["constraint_name", "lock_waits_at_most", "notify", "statement_timeout", "violated_constraint"]
+__all__ = [
+    "claimable",
+    "constraint_name",
+    "lock_waits_at_most",
+    "notify",
+    "statement_timeout",
+    "violated_constraint",
+]
 
 
 def violated_constraint(error: IntegrityError) -> str | None:
@@ -21,6 +31,12 @@ def violated_constraint(error: IntegrityError) -> str | None:
             if constraint.name in text:
                 return constraint.name
     return None
+
+
+def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
+    """The rows ``ids`` of ``candidates``, as they are: how another database skips a
+    locked row is not known here."""
+    return candidates.filter(pk__in=ids)
 
 
 def constraint_name(error: Exception) -> None:

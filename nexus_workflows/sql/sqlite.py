@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from django.apps import apps
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Field
+from django.db.models import Field, QuerySet
 
 from nexus_workflows.sql.returning import can_return_from_update, insert_returning_pk, update_returning
 
@@ -23,6 +23,7 @@ __all__ = [
     "EPOCH_OF_MINUTE",
     "add_outcome_counts",
     "can_return_from_update",
+    "claimable",
     "constraint_name",
     "insert_returning_pk",
     "lock_waits_at_most",
@@ -52,6 +53,12 @@ def violated_constraint(error: IntegrityError) -> str | None:
             if columns and columns == failed:
                 return constraint.name
     return None
+
+
+def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
+    """The rows ``ids`` of ``candidates``, as they are: SQLite has no row locks, only
+    one writer at a time, which a claim waits for (up to the connection's ``timeout``)."""
+    return candidates.filter(pk__in=ids)
 
 
 def constraint_name(error: Exception) -> None:

@@ -21,7 +21,7 @@ from nexus_workflows.deferred.runner.lanes import LaneClaims, lane_of
 from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
 from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.models import DeferredWork, Status
-from tests.raw_connections import row_locked
+from tests.raw_connections import updates_wait_for_a_lock
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
@@ -52,7 +52,8 @@ def test_a_workflow_row_claimed_by_id_is_handed_out_when_the_tasks_claim_fails(
     lanes.new_work(workflow_id, kind)
     lanes.new_work(task_id, "tasks.send")
     try:
-        with row_locked(DeferredWork, task_id):
+        # The task row's UPDATE waits for a lock (a lock on the row itself is skipped now).
+        with updates_wait_for_a_lock(DeferredWork, "NEW.queue_name <> ''"):
             with connection.cursor() as cursor:
                 cursor.execute("SET lock_timeout = 200")
             with pytest.raises(OperationalError) as raised:

@@ -18,6 +18,7 @@ from django.db import connections, router
 from nexus_workflows import __version__
 from nexus_workflows.clock import database_now
 from nexus_workflows.conf import app_settings
+from nexus_workflows.database_errors import statement_refused
 from nexus_workflows.deferred import wakeup
 from nexus_workflows.deferred.claims import Claimer, ClaimInterrupted
 from nexus_workflows.deferred.execution import Outcome
@@ -58,6 +59,9 @@ logger = logging.getLogger("nexus_workflows.deferred.runner")
 # Seconds the loop waits for a worker to take what a wake-up claimed (a free worker takes
 # it within a millisecond; this only bounds the wait if none is free after all).
 HAND_OFF_WAIT = 0.01
+# Seconds the loop pauses after a turn whose statement the database refused (a deadlock
+# or a cancel by hand comes back at once; a lock wait cut short has waited already).
+REFUSED_PAUSE = 0.05
 
 
 class Runner:
@@ -103,6 +107,8 @@ class Runner:
         self._claims_paused = False
         # Whether the last turn held nothing when it claimed (see _turn).
         self._held_nothing = False
+        # Turns in a row whose claim the database refused (see _claim_refused).
+        self._refusals = 0
         # Attempts still running when the runner stopped (after the grace); see run().
         self.left_running = 0
         self._build_parts(metrics_host, metrics_port)
@@ -362,6 +368,10 @@ class Runner:
             close_connection(self.using)
             logger.debug("the database ended the runner's idle session; reconnecting")
             return
+        refused = statement_refused(error)
+        if refused is not None:
+            self._claim_refused(refused)
+            return
         if is_database_unavailable(error):
             self._database_lost(error)
             return
@@ -485,7 +495,27 @@ class Runner:
                 self._ledger.unwritten_count(),
             )
 
+    def _claim_refused(self, refused: str) -> None:
+        """A turn's statement the database answered without running it (a lock wait cut
+        short by the role's ``lock_timeout``, a deadlock, a cancel by ``statement_timeout``):
+        no outage, the session is fine. Said once (WARNING), then at DEBUG while it lasts;
+        the next turn goes after a short pause (the statement itself waited), with no
+        back-off: outcomes are written and other work claimed meanwhile."""
+        self._refusals += 1
+        if self._refusals == 1:
+            logger.warning(
+                "a statement of the runner's turn did not pass (%s); not an outage: trying "
+                "again at the next turn",
+                refused,
+            )
+        else:
+            logger.debug("a statement of the runner's turn did not pass again (%s)", refused)
+        self._stop_requested.wait(REFUSED_PAUSE)
+
     def _database_back(self) -> None:
+        if self._refusals:
+            logger.debug("the runner's turns pass again after %d refused", self._refusals)
+            self._refusals = 0
         lasted = self._backoff.succeeded()
         if lasted is not None:
             logger.warning("database reachable again after %.1fs", lasted)

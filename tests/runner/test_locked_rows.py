@@ -1,0 +1,99 @@
+"""A due row another session holds a lock on (a request's transaction that changed it and
+has not committed, a project's ``select_for_update()``) holds up nothing: the runner's
+claims skip it (``SKIP LOCKED``) and take it once the lock is gone. Before, the claim's
+``UPDATE`` waited for the lock in the runner's main loop: no other work was claimed, no
+outcome written, and SIGTERM went unanswered until the lock was released.
+
+Real runner processes on the test database, PostgreSQL and MariaDB (SQLite has no row
+locks: one writer at a time, which a claim waits for up to its ``timeout``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+from django.db.models.functions import Now
+
+from nexus_workflows import enqueue
+from nexus_workflows.models import DeferredWork, Status
+from tests.processes import ManagePy, wait_for
+from tests.raw_connections import row_locked
+from tests.testapp.models import Ledger
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.needs("row_locks")]
+
+FAST = {"POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 0.5, "STALE_AFTER": 2, "SHUTDOWN_GRACE": 1}
+
+
+def done_keys() -> Counter[str]:
+    return Counter(Ledger.objects.filter(kind="test-ledger").values_list("key", flat=True))
+
+
+def locked_row_due(delay: float = 0.5) -> int:
+    """A row of ``test-ledger`` due in ``delay`` seconds (so no claim takes it before the
+    test locks it)."""
+    work_id = enqueue("test-ledger", {"key": "locked"}, delay=delay)
+    assert work_id is not None
+    return int(work_id)
+
+
+def wait_until_due(work_id: int) -> None:
+    wait_for(
+        lambda: DeferredWork.objects.due(Now()).filter(pk=work_id).exists(),
+        timeout=10,
+        what="the locked row to be due",
+    )
+
+
+def run_items(keys: list[str]) -> None:
+    for key in keys:
+        enqueue("test-ledger", {"key": key})
+    wait_for(lambda: all(done_keys()[key] for key in keys), timeout=20, what=f"items {keys} to run")
+
+
+def test_a_locked_due_row_holds_up_no_other_work_and_runs_once_released() -> None:
+    process = ManagePy("runworkflows", "--kind", "test-ledger", settings=FAST)
+    try:
+        process.wait_for_output("runner started")
+        locked = locked_row_due()
+        with row_locked(DeferredWork, locked) as release:
+            wait_until_due(locked)
+            run_items([f"before-{n}" for n in range(3)])
+            # Longer than STALE_AFTER: the runner claims (and skips the row) all along.
+            threading.Event().wait(FAST["STALE_AFTER"] + 1)
+            run_items([f"after-{n}" for n in range(3)])
+            assert DeferredWork.objects.get(pk=locked).status == Status.PENDING
+            release()
+            wait_for(lambda: done_keys()["locked"], timeout=20, what="the released row to run")
+        wait_for(
+            lambda: DeferredWork.objects.get(pk=locked).status == Status.DONE,
+            timeout=10,
+            what="the released row to be done",
+        )
+        assert process.terminate() == 0
+        output = process.output()
+    finally:
+        process.close()
+    assert set(done_keys().values()) == {1}  # each ran once
+    assert "database unavailable" not in output
+    assert "did not pass" not in output
+
+
+def test_sigterm_while_a_due_row_is_locked_stops_the_runner_promptly() -> None:
+    process = ManagePy("runworkflows", "--kind", "test-ledger", settings=FAST)
+    try:
+        process.wait_for_output("runner started")
+        locked = locked_row_due()
+        with row_locked(DeferredWork, locked):
+            wait_until_due(locked)
+            run_items(["other"])  # the runner has claimed since the row was due
+            # While the lock is held: the old claim waited for it, and SIGTERM with it.
+            code = process.terminate(timeout=15)
+            assert DeferredWork.objects.get(pk=locked).status == Status.PENDING
+        output = process.output()
+    finally:
+        process.close()
+    assert code == 0, output
+    assert "runner stopped" in output
