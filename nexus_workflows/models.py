@@ -193,13 +193,17 @@ class FlowWindowSlot(models.Model):
     key hash); a start takes a row whose last start is at least ``period`` old by
     compare-and-set (``UPDATE … WHERE started_at <= now - period``, on the database's
     clock). Two starts on one row are thus at least ``period`` apart, so no window of
-    ``period`` seconds ever holds more than ``limit`` starts.
+    ``period`` seconds ever holds more than ``limit`` starts. ``period`` is the one its
+    last start was taken under: a window whose period was lengthened since waits until
+    the starts the shorter one allowed before it have left (``flow.windows``).
     """
 
     name = models.CharField(max_length=200)
     key_hash = models.CharField(max_length=64, blank=True, default="")
     slot = models.PositiveIntegerField()
     started_at = models.DateTimeField()
+    # Seconds; None for a row last stamped before the column existed (taken as current).
+    period = models.FloatField(null=True)
 
     class Meta:
         verbose_name = "flow window slot"

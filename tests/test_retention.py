@@ -454,6 +454,46 @@ def test_a_runner_says_once_that_a_held_lock_keeps_its_prune_back_as_for_a_batch
     assert all(message.startswith("pruning unused rate-window rows did not pass") for _, message in said)
 
 
+@pytest.mark.postgresql
+def test_a_runner_says_once_that_statement_timeout_cancels_its_prune_as_for_a_held_lock(caplog: Any) -> None:
+    """A rate-window table too big to prune within statement_timeout is cancelled at every
+    purge (once a sweep), for as long as it stays that big: said once (WARNING), then
+    quietly (DEBUG) while it lasts, as a held lock is; said again after one passed. It
+    was a WARNING at every purge."""
+    from nexus_workflows.models import FlowWindowSlot
+
+    FlowWindowSlot.objects.create(name="gone", slot=0, started_at=timezone.now() - timedelta(days=800))
+    table = connection.ops.quote_name(FlowWindowSlot._meta.db_table)
+    with connection.cursor() as cursor:  # the test's transaction drops both at its rollback
+        cursor.execute(
+            "CREATE FUNCTION nw_test_slow_prune() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN PERFORM pg_sleep(1); RETURN OLD; END $$"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER nw_test_slow_prune BEFORE DELETE ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION nw_test_slow_prune()"
+        )
+    statement_timeout(100)
+    purging = Purging("default", RunStats())
+    with caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
+        for _ in range(3):
+            assert purging.batch() is False
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER nw_test_slow_prune ON {table}")
+        assert purging.batch() is False  # it passes
+        assert FlowWindowSlot.objects.count() == 0
+        FlowWindowSlot.objects.create(name="gone", slot=0, started_at=timezone.now() - timedelta(days=800))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"CREATE TRIGGER nw_test_slow_prune BEFORE DELETE ON {table} "
+                "FOR EACH ROW EXECUTE FUNCTION nw_test_slow_prune()"
+            )
+        assert purging.batch() is False
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "rate-window" in r.getMessage()]
+    assert [level for level, _ in said] == ["WARNING", "DEBUG", "DEBUG", "WARNING"], said
+    assert all("statement_timeout" in message for _, message in said), said
+
+
 def _blocks_read(node: dict[str, Any]) -> int:
     """Shared blocks one plan node and its children touched (EXPLAIN's BUFFERS)."""
     own = node.get("Shared Hit Blocks", 0) + node.get("Shared Read Blocks", 0)

@@ -155,20 +155,30 @@ def _savepoint_in_a_transaction(using: str) -> AbstractContextManager[Any]:
     return transaction.atomic(using=using) if in_transaction else nullcontext()
 
 
+#: What :func:`prune_rate_windows` returns when the database cancelled the prune.
+PRUNE_CANCELLED = "the database cancelled it: statement_timeout?"
+
+
 def _prune_rate_windows(using: str, lock_wait: float | None) -> None:
-    conflict = prune_rate_windows(using, lock_wait)
-    if conflict is not None:
+    setback = prune_rate_windows(using, lock_wait)
+    if setback == PRUNE_CANCELLED:
+        logger.warning(
+            "pruning unused rate-window rows was cancelled by the database (statement_timeout?); "
+            "trying again at the next purge"
+        )
+    elif setback is not None:
         logger.warning(
             "pruning unused rate-window rows did not pass (%s); trying again at the next purge",
-            conflict,
+            setback,
         )
 
 
 def prune_rate_windows(using: str, lock_wait: float | None) -> str | None:
     """Drop rate-window rows unused for an hour that no longer count under their window's
     period, each ``DELETE`` waiting at most ``lock_wait`` seconds for a lock; what kept it
-    from passing when it met another transaction (:func:`.database_errors.transaction_conflict`),
-    for the caller to say, else None. A cancel (``statement_timeout``) is said here."""
+    from passing, for the caller to say (the runner says it once while it lasts): the
+    other transaction it met (:func:`.database_errors.transaction_conflict`), or
+    :data:`PRUNE_CANCELLED` (``statement_timeout``); else None."""
     # A slot row can be locked for long too: a project's transaction that called
     # rate_limited() on a key unused for its period, and stays open.
     try:
@@ -180,10 +190,7 @@ def prune_rate_windows(using: str, lock_wait: float | None) -> str | None:
             return conflict
         if not is_query_canceled(error):
             raise
-        logger.warning(
-            "pruning unused rate-window rows was cancelled by the database (statement_timeout?); "
-            "trying again at the next purge"
-        )
+        return PRUNE_CANCELLED
     return None
 
 

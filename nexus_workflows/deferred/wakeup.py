@@ -82,16 +82,16 @@ def _wake_local_waiters() -> None:
         event.set()
 
 
-def notify(using: str, *, inserted: bool = False) -> None:
+def notify(using: str, *, inserted: bool = False, limited: str | None = None) -> None:
     """Tell runners that work is due now; call after writing it on ``using``.
 
-    ``inserted``: the work was just inserted, so on PostgreSQL the table's trigger has
-    already sent the NOTIFY and only in-process runners need waking.
-    """
+    ``inserted``: just inserted, so on PostgreSQL the trigger sent the NOTIFY (if a runner
+    waits). ``limited``: rows of a kind with flow limits were, and this payload is sent
+    anyway: busy runners rest such kinds between asks (``flow.claiming``)."""
     connection = connections[using]
-    if connection.vendor == "postgresql" and not inserted and app_settings.WAKEUP:
+    if connection.vendor == "postgresql" and app_settings.WAKEUP and (limited is not None or not inserted):
         with connection.cursor() as cursor:
-            postgresql.notify(cursor, CHANNEL)
+            postgresql.notify(cursor, CHANNEL, limited or "")
     if _local_waiters:
         transaction.on_commit(_wake_local_waiters, using=using)
 
@@ -140,6 +140,7 @@ class PostgresListener(threading.Thread):
         *,
         on_mode_change: Callable[[], None] | None = None,
         on_new_work: Callable[[int, str], None] | None = None,
+        on_any_work: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="nexus-workflows-listener", daemon=True)
         self.using = using
@@ -152,6 +153,8 @@ class PostgresListener(threading.Thread):
         # Called from this thread with (id, kind) of a row inserted alone, before the
         # event is set: the runner can claim that row by id (see parse_new_work).
         self.on_new_work = on_new_work
+        # Called (this thread) for a wake-up naming no row: many rows, a revive, a release.
+        self.on_any_work = on_any_work
         self._stopping = threading.Event()
         self._reported_lost = False
         # Whether this outage's failed connects were reported (the first only: they are
@@ -294,14 +297,16 @@ class PostgresListener(threading.Thread):
             return  # an enqueue's transaction is still open: next turn (the runner polls)
         self.holds_waiting_lock = True
         # Enqueues that sent no NOTIFY have all ended: the runner claims once more.
-        self.event.set()
+        self._received("")
 
     def _received(self, payload: str) -> bool:
         """Handle one notification; True if it was a probe (ours or another runner's)."""
         if payload.startswith(PROBE_PREFIX):
             return True
         new_work = parse_new_work(payload)
-        if new_work is not None and self.on_new_work is not None:
+        if new_work is None and self.on_any_work is not None:
+            self.on_any_work()
+        elif new_work is not None and self.on_new_work is not None:
             self.on_new_work(*new_work)
         self.event.set()
         return False

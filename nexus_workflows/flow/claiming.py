@@ -58,9 +58,11 @@ logger = logging.getLogger(__name__)
 _ROUNDS = 6
 # Seconds a kind with nothing due (or a full rate window) is not asked again by one
 # runner: a busy runner claims many times a second, and asking every idle limited kind
-# each time halved the drain of unlimited kinds. It is the longest extra wait before a
-# runner that just found nothing notices new work of that kind (a full window is asked
-# again when it frees).
+# each time halved the drain of unlimited kinds. A rest ends early when the kind could
+# have something (:meth:`FlowClaimer.wake`: a NOTIFY naming it, or one naming no kind;
+# one of the runner's own attempts of it ended), and a full window's when it frees; so
+# this is the longest extra wait only for work no wake-up announced (a busy runner's,
+# whose enqueues need not NOTIFY, or a delayed item coming due).
 _REST = 0.2
 # Candidates read per row wanted when a rate key may be full: enough to find rows of
 # other keys behind a key that has used its window.
@@ -156,10 +158,14 @@ class FlowClaimer:
         # Whether the last claim with a cutoff (``runworkflows --once``) left due rows that
         # only full rate windows held back: --once waits for them, as they will start.
         self.held_back = False
-        # Kinds whose last claim found nothing that could start, until when (monotonic).
-        self._rest_until: dict[str, float] = {}
+        # Kinds whose last claim found nothing that could start: (since, until) monotonic.
+        self._rest: dict[str, tuple[float, float]] = {}
+        # When each kind (or every kind: None) was last woken (monotonic; other threads
+        # write it): a wake-up after a rest began ends it, one during the claim too.
+        self._woken: dict[str | None, float] = {}
         self._found_nothing = False
         self._spread = False
+        self._began = 0.0  # when the running claim began (monotonic)
 
     @classmethod
     def for_kinds(cls, kinds: Sequence[str], using: str) -> FlowClaimer | None:
@@ -171,6 +177,25 @@ class FlowClaimer:
     @property
     def kinds(self) -> list[str]:
         return [workflow.kind for workflow in self.workflows]
+
+    def wake(self, kind: str | None = None) -> None:
+        """End the rest of ``kind`` (None: of every kind): something of it may start now
+        (a wake-up named it, or named no kind; a slot, key or start of it was freed). Any
+        thread; a claim of the kind running meanwhile does not begin a rest after it."""
+        self._woken[kind] = time.monotonic()
+
+    def _resting(self, kind: str, clock: float) -> float:
+        """Seconds ``kind`` still rests (≤ 0: it is asked)."""
+        since, until = self._rest.get(kind, (0.0, 0.0))
+        if until <= clock:
+            return 0.0
+        if max(self._woken.get(kind, 0.0), self._woken.get(None, 0.0)) >= since:
+            del self._rest[kind]
+            return 0.0
+        return until - clock
+
+    def _rest_for(self, kind: str, since: float, seconds: float) -> None:
+        self._rest[kind] = (since, since + seconds)
 
     def _in_turn(self, claim: str) -> list[Workflow]:
         # Start with a different kind each claim, so no limited kind starves another.
@@ -190,11 +215,11 @@ class FlowClaimer:
         caller to hand out (``claims.ClaimInterrupted``)."""
         self.retry_in = None
         self.held_back = False
-        clock = time.monotonic()
+        clock = self._began = time.monotonic()
         for workflow in self._in_turn("due"):
             flow = workflow.flow
             assert flow is not None
-            resting = self._rest_until.get(workflow.kind, 0.0) - clock
+            resting = self._resting(workflow.kind, clock)
             if resting > 0 and now is None:
                 self._retry_within(resting)
                 continue
@@ -207,7 +232,7 @@ class FlowClaimer:
                 if self._found_nothing:
                     # Nothing of this kind can start: a busy runner claims its other kinds
                     # many times a second, and need not ask again for a moment.
-                    self._rest_until[workflow.kind] = clock + _REST
+                    self._rest_for(workflow.kind, clock, _REST)
 
     def _retry_within(self, seconds: float) -> None:
         self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
@@ -337,7 +362,9 @@ class FlowClaimer:
             if not room:
                 wait = windows.seconds_until_free(name, "", rate_limit, period, using=self.using)
                 self._retry_within(wait)
-                self._rest_until[kind] = time.monotonic() + min(wait, _REST)
+                # Until its oldest start leaves the window: no slot opens sooner but by a
+                # release, whose NOTIFY wakes the kind (at most _REST where none comes).
+                self._rest_for(kind, self._began, min(wait, _REST))
                 return None
             return self._first(candidates, min(limit, room))
         rows = (
@@ -423,6 +450,7 @@ class FlowClaimer:
         A reclaimed row keeps its slot and its key (it never stopped being processing); a
         reclaim is a start, so it needs a start of its rate window, and waits stale until
         one is free."""
+        self._began = time.monotonic()
         for workflow in self._in_turn("stale"):
             if len(works) >= limit:
                 break

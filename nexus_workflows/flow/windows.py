@@ -26,9 +26,15 @@ than the start that replaces it: the ring's rule holds for the starts themselves
 A limit changed by a deploy leaves the ring's rows as they are: a lowered limit's rows
 above it keep their starts, which :func:`free_slots` folds below the limit before it
 offers a start (see :func:`_fold`), so the starts of the current period count against
-the new limit; a raised limit adds free rows. A lengthened period cannot be checked
-against the starts made before it (each row keeps only its latest): see the README's
-deploy notes.
+the new limit; a raised limit adds free rows. A lengthened period: each row keeps only
+its latest start, and the shorter period let earlier ones onto it, at least that period
+(and ``MARGIN``) apart; so a row stamped at ``s`` under period ``p`` may hide starts until
+``s - p``, which the new period ``P`` counts until ``s - p + P``. Each row says the period
+of its stamp, and the window offers no start until ``s + P - p`` has passed for every row
+(:func:`_lengthened_wait`): never more than ``limit`` starts in any new period, at the
+price of a pause of at most ``P - p`` after the last start under ``p``. No start is ever
+stamped under a shorter period again (one window name, one period at a time), so a
+window read as clear stays clear, and no compare-and-set needs to check it.
 """
 
 # Long module: one ring's every write (starts, reservations, the fold of a changed limit) and rate_limited.
@@ -144,16 +150,18 @@ def free_slots(name: str, key_hash: str, limit: int, period: float, *, using: st
         rows = list(
             _slots(name, key_hash, using)
             .annotate(db_now=DatabaseNow())
-            .values_list("slot", "started_at", "db_now")
+            .values_list("slot", "started_at", "db_now", "period")
         )
-        present = {slot for slot, _, _ in rows}
+        present = {slot for slot, _, _, _ in rows}
         if any(slot not in present for slot in range(limit)):
             _ensure_ring(name, key_hash, limit, present, using)
             continue
         if _fold(name, key_hash, limit, period, rows, using=using):
             continue
+        if _lengthened_wait(rows, period) > 0:
+            return []
         held = held_for(period)
-        return [slot for slot, started_at, now in rows if slot < limit and started_at <= now - held]
+        return [slot for slot, started_at, now, _ in rows if slot < limit and started_at <= now - held]
     raise DatabaseError(f"rate window {name!r}: its rows kept changing while they were folded; try again")
 
 
@@ -161,7 +169,19 @@ class _Raced(Exception):
     """A row moved by :func:`_fold` changed meanwhile: roll the fold back and read again."""
 
 
-_Row = tuple[int, datetime, datetime]  # slot, started_at, the database's now
+_Row = tuple[int, datetime, datetime, float | None]  # slot, started_at, the database's now, period
+
+
+def _lengthened_wait(rows: list[_Row], period: float) -> float:
+    """Seconds until no start a shorter period allowed before a row's latest can be in
+    a window of ``period`` (see the module docstring); ≤ 0 when none can. Rows without
+    a period (stamped before it was kept) are taken as stamped under ``period``."""
+    waits = [
+        (stamp - now).total_seconds() + period - own
+        for _, stamp, now, own in rows
+        if own is not None and own < period
+    ]
+    return max(waits, default=0.0)
 
 
 def _fold(name: str, key_hash: str, limit: int, period: float, rows: list[_Row], *, using: str) -> bool:
@@ -179,24 +199,26 @@ def _fold(name: str, key_hash: str, limit: int, period: float, rows: list[_Row],
     if not rows:
         return False
     now = rows[0][2]
+    periods = {slot: own for slot, _, _, own in rows}
     counting = sorted(
-        ((stamp, slot) for slot, stamp, _ in rows if slot >= limit and stamp > now - held_for(period)),
+        ((stamp, slot) for slot, stamp, _, _ in rows if slot >= limit and stamp > now - held_for(period)),
         reverse=True,
     )
     if not counting:
         return False
-    below = sorted((stamp, slot) for slot, stamp, _ in rows if slot < limit and stamp <= now)
+    below = sorted((stamp, slot) for slot, stamp, _, _ in rows if slot < limit and stamp <= now)
     swaps = [(high, low) for high, low in zip(counting, below, strict=False) if high[0] > low[0]]
     if not swaps:
         return False
     try:
         with transaction.atomic(using=using):
             for (high_stamp, high_slot), (low_stamp, low_slot) in swaps:
+                # Each stamp keeps its period (_lengthened_wait).
                 moved = _slots(name, key_hash, using).filter(slot=low_slot, started_at=low_stamp).update(
-                    started_at=high_stamp
+                    started_at=high_stamp, period=periods[high_slot]
                 )
                 moved += _slots(name, key_hash, using).filter(slot=high_slot, started_at=high_stamp).update(
-                    started_at=low_stamp
+                    started_at=low_stamp, period=periods[low_slot]
                 )
                 if moved != 2:
                     raise _Raced
@@ -223,7 +245,7 @@ def take_starts(name: str, key_hash: str, limit: int, period: float, wanted: int
         taken += (
             _slots(name, key_hash, using)
             .filter(_free_q(period), slot__in=picked)
-            .update(started_at=DatabaseNow())
+            .update(started_at=DatabaseNow(), period=period)
         )
         if taken >= wanted:
             break
@@ -245,7 +267,7 @@ def reserve_starts(
             taken = (
                 _slots(name, key_hash, using)
                 .filter(_free_q(period), slot=slot)
-                .update(started_at=_now_plus(RESERVED_FOR))
+                .update(started_at=_now_plus(RESERVED_FOR), period=period)
             )
             if taken:
                 reserved.append(Reservation(name, key_hash, slot, limit, period))
@@ -273,7 +295,7 @@ def start_reserved(reservation: Reservation, *, using: str) -> tuple[int, dateti
             return None
         slot = random.choice(free)
         row = _slots(name, key, using).filter(slot=slot)
-        if row.filter(_free_q(period)).update(started_at=DatabaseNow()):
+        if row.filter(_free_q(period)).update(started_at=DatabaseNow(), period=period):
             return slot, row.values_list("started_at", flat=True).get()
     return None
 
@@ -308,8 +330,16 @@ def busy_count(name: str, key_hash: str, limit: int, period: float, *, using: st
 
 
 def seconds_until_free(name: str, key_hash: str, limit: int, period: float, *, using: str) -> float:
-    """Seconds (database clock) until the window's oldest start leaves it; 0 when a slot
-    is free now."""
+    """Seconds (database clock) until the window's oldest start leaves it, or a
+    lengthened period's pause ends if that is later (:func:`_lengthened_wait`); 0 when a
+    slot is free now."""
+    shorter = list(
+        _slots(name, key_hash, using)
+        .filter(period__lt=period)
+        .annotate(db_now=DatabaseNow())
+        .values_list("slot", "started_at", "db_now", "period")
+    )
+    pause = max(0.0, _lengthened_wait(shorter, period))
     oldest = (
         _slots(name, key_hash, using)
         .filter(slot__lt=limit)
@@ -319,9 +349,9 @@ def seconds_until_free(name: str, key_hash: str, limit: int, period: float, *, u
         .first()
     )
     if oldest is None:
-        return 0.0
+        return pause
     started_at, now = oldest
-    return max(0.0, (started_at + held_for(period) - now).total_seconds())
+    return max(pause, (started_at + held_for(period) - now).total_seconds())
 
 
 def prune(*, using: str, older_than: float = 3600.0, periods: Mapping[str, float] | None = None) -> int:

@@ -14,7 +14,8 @@
   ``nexus_workflows_attempt_duration_seconds{kind}``, ``nexus_workflows_in_flight``,
   ``nexus_workflows_claims_total``, ``nexus_workflows_database_outages_total``. Each kind's
   series start at 0 (:meth:`RunnerMetrics.start_at_zero`): a Django task path's too, at
-  start when it has rows, or when the runner first claims it.
+  start when it has rows, or when the runner first claims it; and every series is served
+  at 0 by the first scrape that shows it (:class:`_FirstServedAtZero`).
 
 Labels are kinds, statuses, outcomes and limit names only: never a dedupe key, a serial
 or rate key, a trigger or an error.
@@ -152,10 +153,25 @@ def database_registry(using: str = "default") -> CollectorRegistry:
     return registry
 
 
-class _Count:
+class _FirstServedAtZero:
+    """A series a scrape has not seen yet is served at 0 once, whatever it counts: one
+    first seen at 1 is no increase to ``increase()`` and ``rate()`` (a task path claimed
+    and ended between two scrapes raised no alert). Its count shows at the next scrape."""
+
+    def __init__(self) -> None:
+        self._served = False
+
+    def served(self) -> bool:
+        """Whether a scrape served it before (a scrape's thread: this one serves it now)."""
+        served, self._served = self._served, True
+        return served
+
+
+class _Count(_FirstServedAtZero):
     """A number that only goes up, in this process's memory (see :class:`RunnerMetrics`)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.value = 0.0
         self.created = time.time()
         self._lock = threading.Lock()
@@ -164,11 +180,15 @@ class _Count:
         with self._lock:
             self.value += amount
 
+    def scraped(self) -> float:
+        return self.value if self.served() else 0.0
 
-class _Durations:
+
+class _Durations(_FirstServedAtZero):
     """One kind's histogram of attempt durations, in this process's memory."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.counts = [0] * len(DURATION_BUCKETS)  # per bucket, not cumulative
         self.sum = 0.0
         self._lock = threading.Lock()
@@ -182,6 +202,8 @@ class _Durations:
     def cumulative(self) -> tuple[list[tuple[str, float]], float]:
         with self._lock:
             counts, total = list(self.counts), self.sum
+        if not self.served():
+            counts, total = [0] * len(counts), 0.0
         running, buckets = 0, []
         for bound, n in zip(DURATION_BUCKETS, counts, strict=True):
             running += n
@@ -279,7 +301,7 @@ class _RunnerCollector(Collector):
             labels=["kind", "outcome"],
         )
         for (kind, outcome), count in attempt_series:
-            attempts.add_metric([kind, outcome], count.value, created=count.created)
+            attempts.add_metric([kind, outcome], count.scraped(), created=count.created)
         duration = HistogramMetricFamily(
             "nexus_workflows_attempt_duration_seconds", "Seconds prepare ran, per attempt.", labels=["kind"]
         )
@@ -292,13 +314,13 @@ class _RunnerCollector(Collector):
         claims = CounterMetricFamily(
             "nexus_workflows_claims",
             "Rows this runner claimed (due and reclaimed).",
-            value=metrics.claims.value,
+            value=metrics.claims.scraped(),
             created=metrics.claims.created,
         )
         outages = CounterMetricFamily(
             "nexus_workflows_database_outages",
             "Times this runner lost the database (each outage once).",
-            value=metrics.outages.value,
+            value=metrics.outages.scraped(),
             created=metrics.outages.created,
         )
         return [attempts, duration, in_flight, claims, outages]

@@ -20,8 +20,16 @@ from nexus_workflows.deferred.registry import registry
 from nexus_workflows.exceptions import RateLimitTimeout
 from nexus_workflows.flow.claiming import window_name
 from nexus_workflows.flow.report import flow_report
-from nexus_workflows.flow.windows import _fold, busy_count, free_slots, rate_limited, take_starts
+from nexus_workflows.flow.windows import (
+    _fold,
+    busy_count,
+    free_slots,
+    rate_limited,
+    seconds_until_free,
+    take_starts,
+)
 from nexus_workflows.models import FlowWindowSlot
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -102,6 +110,50 @@ def test_a_shortened_period_frees_rows_at_the_new_period_and_never_loses_a_start
     assert claim(kind) == 0  # those 5 are within the new half hour too
 
 
+def two_starts_on_one_row(name: str, period: float) -> None:
+    """A window of one start per ``period``: a start, and another once the period passed,
+    on its only row (the first is no longer any row's stamp)."""
+    assert take_starts(name, "", 1, period, 1, using="default") == 1
+    wait_for(lambda: take_starts(name, "", 1, period, 1, using="default") == 1, timeout=10, interval=0.02)
+
+
+def test_a_lengthened_period_counts_the_starts_the_shorter_one_hid() -> None:
+    """Two starts within 0.2 s, one a row's stamp and one hidden behind it; the window
+    becomes 2 per hour (a raised limit adds a free row): those two fill it. Before, the
+    new row was offered: three starts within the hour."""
+    two_starts_on_one_row("lengthened", 0.1)
+    assert take_starts("lengthened", "", 2, HOUR, 1, using="default") == 0
+    assert free_slots("lengthened", "", 2, HOUR, using="default") == []
+    # Until the hidden start leaves the hour: the hour less the old period, from the last start.
+    assert HOUR - 0.1 - 60 < seconds_until_free("lengthened", "", 2, HOUR, using="default") <= HOUR
+    with pytest.raises(RateLimitTimeout), rate_limited("lengthened", 2, HOUR, timeout=0):
+        pass
+
+
+def test_a_lengthened_period_pauses_only_until_the_hidden_starts_left_it() -> None:
+    """From 0.1 s to 0.3 s: the pause lasts 0.2 s from the last start, then the new
+    window's own rule holds (2 rows: one free, one still holding its latest start)."""
+    name = "briefly-lengthened"
+    two_starts_on_one_row(name, 0.1)
+    wait_for(lambda: take_starts(name, "", 2, 0.3, 1, using="default") == 1, timeout=10, interval=0.02)
+    starts = sorted(FlowWindowSlot.objects.filter(name=name).values_list("started_at", flat=True))
+    assert (starts[1] - starts[0]).total_seconds() >= 0.2  # paused until the hidden start left
+
+
+def test_a_claim_after_a_lengthened_period_counts_the_shorter_periods_starts(register_workflow: Any) -> None:
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(1, 0.1)).kind
+    two_starts_on_one_row(window_name(kind), 0.1)  # as the kind's attempts stamp them
+    enqueue_many(kind, [{"key": n} for n in range(10)])
+    redeploy(register_workflow, kind, rate_limit=(2, HOUR))
+    assert claim(kind) == 0, "two starts within the hour already fill the new window of 2 an hour"
+
+
+def test_rows_stamped_before_periods_were_kept_are_taken_as_stamped_under_the_current_one() -> None:
+    assert take_starts("unknown-period", "", 2, HOUR, 1, using="default") == 1
+    FlowWindowSlot.objects.filter(name="unknown-period").update(period=None)
+    assert take_starts("unknown-period", "", 2, 2 * HOUR, 1, using="default") == 1
+
+
 def test_a_fold_that_races_another_process_moves_nothing_and_the_ring_is_read_again() -> None:
     """The fold swaps stamps by compare-and-set: when a row it read changed meanwhile (a
     start by another process), no swap of that fold is kept, and the next read folds the
@@ -111,8 +163,9 @@ def test_a_fold_that_races_another_process_moves_nothing_and_the_ring_is_read_ag
     rows = list(
         FlowWindowSlot.objects.filter(name=name)
         .annotate(db_now=DatabaseNow())
-        .values_list("slot", "started_at", "db_now")
+        .values_list("slot", "started_at", "db_now", "period")
     )
+
     def above_the_limit() -> dict[int, Any]:
         return dict(FlowWindowSlot.objects.filter(name=name, slot__gte=10).values_list("slot", "started_at"))
 

@@ -239,6 +239,41 @@ def test_a_django_tasks_series_start_at_zero_before_its_first_attempt_ends(tmp_p
 
 
 @pytest.mark.slow
+def test_a_task_path_claimed_and_ended_between_two_scrapes_is_first_scraped_at_zero() -> None:
+    """Enqueued after the runner started, claimed and done before the next scrape: its
+    series exist at 0 from the claim in the runner's memory, but no scrape saw them so:
+    the first scrape to show a series shows 0 (so increase() counts the first outcome),
+    the next its count. Every other series was first served at 0 at the first scrape."""
+    from tests.testapp import tasks
+
+    path = "tests.testapp.tasks.add"
+    process = ManagePy("runworkflows", "--queue", "default", "--metrics-port", "0", settings=FAST)
+
+    def done_and_duration() -> tuple[float | None, float | None]:
+        scraped = samples(scrape(port))
+        return (
+            scraped.get(("nexus_workflows_attempts_total", (("kind", path), ("outcome", "done")))),
+            scraped.get(("nexus_workflows_attempt_duration_seconds_count", (("kind", path),))),
+        )
+
+    try:
+        process.wait_for_output("/metrics")
+        port = int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", process.output()).group(1))
+        assert done_and_duration() == (None, None)  # no row of it: no series
+        tasks.add.enqueue(1, 2)
+        wait_for(
+            lambda: DeferredWork.objects.filter(kind=path, status=Status.DONE).exists(),
+            timeout=30,
+            what="its attempt",
+        )
+        assert done_and_duration() == (0, 0)
+        wait_for(lambda: done_and_duration() == (1, 1), timeout=30, what="its attempt to be counted")
+        assert process.terminate() == 0, process.output()
+    finally:
+        process.close()
+
+
+@pytest.mark.slow
 @pytest.mark.postgresql
 def test_an_outage_is_counted_once_and_no_outcome_count_is_lost_or_doubled() -> None:
     from django.db import connection

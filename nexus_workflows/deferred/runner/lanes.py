@@ -104,11 +104,20 @@ class LaneClaims:
 
     def new_work(self, work_id: int, kind: str) -> None:
         """Listener thread: a row of ``kind`` was inserted alone; remember it for a claim by
-        id if a lane takes it (by kind; the claim re-checks everything)."""
+        id if a lane takes it (by kind; the claim re-checks everything), or end the rest
+        of its kind if that has flow limits (the next claim asks it)."""
         for lane, claimer in self.claimers.items():
             if claimer.takes_by_id(kind):
                 self._notified[lane].append((work_id, kind))
                 return
+        self.wake_limited(kind)
+
+    def wake_limited(self, kind: str | None = None) -> None:
+        """Any thread: end the rest of limited ``kind`` (None: of every limited kind), so
+        the next claim asks it (a wake-up named it or no kind; an attempt of it ended)."""
+        for claimer in self.claimers.values():
+            if claimer.flow is not None and (kind is None or kind in claimer.flow.kinds):
+                claimer.flow.wake(kind)
 
     def claim_notified(self, cutoff: datetime | None) -> int:
         """Claim the rows NOTIFYs named, by id in one statement per lane, each lane only as

@@ -282,6 +282,7 @@ class Runner:
                 self._wake,
                 on_mode_change=self._observer.heartbeat,
                 on_new_work=self._lanes.new_work,
+                on_any_work=self._lanes.wake_limited if self._lanes.limited else None,
             )
             self._listener.start()
             # The start line says whether wake-ups work; the probe takes milliseconds
@@ -321,6 +322,9 @@ class Runner:
         self._observer.attempt_ended(outcome.work, outcome.duration)  # before it can be written
         self._ledger.finished(outcome.work, outcome)
         self._writer.put(outcome)
+        if outcome.work.limited:
+            # Its slot or key is free once the outcome is written, before the next claim.
+            self._lanes.wake_limited(outcome.work.kind)
         self._wake.set()
 
     # --- main loop --------------------------------------------------------------------

@@ -31,8 +31,9 @@ class Purging:
     idle in its transaction) would hold up the claims as long, on a role with none.
 
     A batch that deletes nothing prunes unused rate-window rows (waiting for a lock as
-    long); a prune that meets another transaction is said once, then quietly (DEBUG) at
-    each purge while it keeps failing, as a batch's conflict is."""
+    long); a prune that meets another transaction, or that the database cancels
+    (``statement_timeout``), is said once, then quietly (DEBUG) at each purge while it
+    keeps failing, as a batch's conflict is."""
 
     def __init__(self, using: str, stats: RunStats) -> None:
         self.using = using
@@ -114,19 +115,20 @@ class Purging:
         return False
 
     def _prune(self) -> None:
-        conflict = retention.prune_rate_windows(self.using, self.sizes.target)
-        if conflict is None:
-            self._prune_conflicts = 0  # passed (or cancelled, said as such): quiet, as a batch
+        setback = retention.prune_rate_windows(self.using, self.sizes.target)
+        if setback is None:
+            self._prune_conflicts = 0  # passed: quiet, as a batch
         else:
-            self._prune_met_another_transaction(conflict)
+            self._prune_did_not_pass(setback)
 
-    def _prune_met_another_transaction(self, conflict: str) -> None:
+    def _prune_did_not_pass(self, setback: str) -> None:
+        # A held lock or a cancel (a table too big for statement_timeout) lasts: said once.
         self._prune_conflicts += 1
         if self._prune_conflicts == 1:
             logger.warning(
                 "pruning unused rate-window rows did not pass (%s); not an outage: trying again "
                 "at each purge (SWEEP_INTERVAL) while it fails",
-                conflict,
+                setback,
             )
         else:
-            logger.debug("pruning unused rate-window rows did not pass again (%s)", conflict)
+            logger.debug("pruning unused rate-window rows did not pass again (%s)", setback)
