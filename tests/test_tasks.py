@@ -926,3 +926,30 @@ def test_enqueue_from_many_threads_gives_distinct_results() -> None:
         thread.join()
     assert len(set(ids)) == 30
     assert "30 done" in run_once()
+
+
+def test_a_task_abandoned_for_its_lost_runner_is_numbered_within_its_schedule() -> None:
+    """A task whose only attempt started in a runner that died is abandoned by the next
+    runner's reclaim; the signal numbers that attempt against the task's schedule (1 of 1),
+    not one past it, as the log, the CLI and the admin do."""
+    from nexus_workflows import signals as app_signals
+
+    result = tasks.record.enqueue("lost")
+    DeferredWork.objects.filter(dedupe_key=result.id).update(
+        status=Status.PROCESSING,
+        claim_token="a-runner-that-died",
+        heartbeat_at=timezone.now() - timedelta(hours=1),
+        started_at=timezone.now() - timedelta(hours=1),
+    )
+    abandoned: list[int] = []
+
+    def receiver(sender: Any, attempt: int, **kwargs: Any) -> None:
+        abandoned.append(attempt)
+
+    app_signals.work_abandoned.connect(receiver, weak=False)
+    try:
+        run_once()
+    finally:
+        app_signals.work_abandoned.disconnect(receiver)
+    assert DeferredWork.objects.get(dedupe_key=result.id).status == Status.ABANDONED
+    assert abandoned == [1]

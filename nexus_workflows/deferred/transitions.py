@@ -100,6 +100,12 @@ class ClaimedWork:
         """A Django task's row: its kind is an import path (workflow kinds have no dot)."""
         return "." in self.kind
 
+    @property
+    def backend_name(self) -> str:
+        """A Django task's backend alias ("" for a registered workflow): its attempts count
+        against that task's schedule."""
+        return str(self.columns.get("backend_name") or "")
+
     def fenced(self) -> Any:
         """The queryset matching this row only while our claim holds."""
         return DeferredWork.objects.using(self.using).held(self.claim_token).filter(pk=self.id)

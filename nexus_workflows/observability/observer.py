@@ -162,7 +162,7 @@ class Observer:
                 signals.attempt_started,
                 kind=work.kind,
                 id=work.id,
-                attempt=attempt_number(work.kind, work.attempt),
+                attempt=attempt_number(work.kind, work.attempt, work.backend_name),
                 in_runner=True,
             )
 
@@ -180,7 +180,7 @@ class Observer:
         self._count(work.kind, outcome)
         if not (signals.attempt_finished.receivers or signals.work_abandoned.receivers):
             return  # the drain's hot path: nothing to build
-        number = attempt_number(work.kind, work.attempt)
+        number = attempt_number(work.kind, work.attempt, work.backend_name)
         if duration is not None:  # work abandoned by the crash-loop guard did not run here
             signals.send(
                 signals.attempt_finished,

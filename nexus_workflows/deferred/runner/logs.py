@@ -15,11 +15,7 @@ logger = logging.getLogger("nexus_workflows.deferred.runner")
 def attempt_of(work: ClaimedWork, attempt: int | None = None) -> str:
     """``"attempt 2 of 3"`` for ``work`` (its current attempt unless another is given),
     a Django task's counted against its task's schedule, as the CLI and the admin do."""
-    return describe_attempt(work.kind, work.attempt if attempt is None else attempt, _backend(work))
-
-
-def _backend(work: ClaimedWork) -> str:
-    return str(work.columns.get("backend_name") or "")
+    return describe_attempt(work.kind, work.attempt if attempt is None else attempt, work.backend_name)
 
 
 def log_outcome(work: ClaimedWork, outcome: str, level: int) -> None:
@@ -34,7 +30,7 @@ def log_outcome(work: ClaimedWork, outcome: str, level: int) -> None:
         extra={
             "workflow_kind": work.kind,
             "work_id": work.id,
-            "attempt": attempt_number(work.kind, work.attempt, _backend(work)),
+            "attempt": attempt_number(work.kind, work.attempt, work.backend_name),
             "outcome": outcome,
         },
     )
@@ -52,6 +48,6 @@ def log_write_error(work: ClaimedWork, what: str, error: BaseException) -> None:
         extra={
             "workflow_kind": work.kind,
             "work_id": work.id,
-            "attempt": attempt_number(work.kind, work.attempt, _backend(work)),
+            "attempt": attempt_number(work.kind, work.attempt, work.backend_name),
         },
     )
