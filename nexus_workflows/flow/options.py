@@ -146,7 +146,8 @@ def build_flow_limits(kind: str, *, deferred: bool, **options: Any) -> FlowLimit
         return None
     if not deferred:
         raise RegistrationError(
-            f"workflow {kind!r}: {', '.join(given)} apply to deferred workflows only (register "
+            f"workflow {kind!r}: {', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to "
+            "deferred workflows only (register "
             "with a retry_schedule); fire-and-forget jobs run on django-rq, whose workers the "
             "database limits cannot hold back. Use nexus_workflows.rate_limited() inside prepare"
         )

@@ -83,7 +83,7 @@ def test_a_misspelt_option_of_the_decorator_is_refused_naming_it() -> None:
 def test_fire_and_forget_workflows_refuse_flow_options(
     register_workflow: Any, options: dict[str, Any]
 ) -> None:
-    with pytest.raises(RegistrationError, match="apply to deferred workflows only"):
+    with pytest.raises(RegistrationError, match="applies to deferred workflows only"):
         register_workflow(lambda trigger: None, **options)
 
 
