@@ -50,7 +50,7 @@ def main() -> None:
             f"""
             INSERT INTO {table} (kind, dedupe_key, trigger, checkpoints, status, attempt,
                 next_attempt_at, claim_token, last_error, history, created_at, updated_at,
-                priority, queue_name, backend_name, worker_ids, errors)
+                priority, queue_name, backend_name, worker_ids, errors, lost_unstarted)
             SELECT CASE WHEN n %% 4 = 0 THEN 'bench-noop' ELSE 'benchmarks.tasks.noop' END,
                    'k' || n, '{{}}', '{{}}', 'pending', 0,
                    now() - interval '1 minute'
@@ -59,7 +59,7 @@ def main() -> None:
                    '', '', '[]', now(), now(),
                    CASE WHEN n %% 4 = 0 THEN 0 ELSE (ARRAY[-10, 0, 0, 10, 50])[1 + n %% 5] END,
                    CASE WHEN n %% 4 = 0 THEN '' ELSE 'default' END,
-                   CASE WHEN n %% 4 = 0 THEN '' ELSE 'default' END, '[]', '[]'
+                   CASE WHEN n %% 4 = 0 THEN '' ELSE 'default' END, '[]', '[]', 0
             FROM generate_series(1, %s) AS n
             """,
             [options.rows],
