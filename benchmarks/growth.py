@@ -43,7 +43,8 @@ from benchmarks.run_system import WorkerProcess, assert_alone, log, wait_for  # 
 TABLE = "nexus_workflows_deferredwork"
 COLUMNS = (
     "kind, dedupe_key, trigger, checkpoints, status, attempt, next_attempt_at, claim_token, "
-    "last_error, history, created_at, updated_at"
+    "last_error, history, created_at, updated_at, priority, queue_name, backend_name, worker_ids, "
+    "errors, lost_unstarted"
 )
 
 
@@ -97,7 +98,8 @@ def insert_rows(count: int, *, prefix: str, status: str, age: str) -> float:
     execute(
         f"INSERT INTO {TABLE} ({COLUMNS}) "
         f"SELECT 'bench-noop', %s || g, jsonb_build_object('key', %s || g), '{{}}', %s, 0, "
-        f"now() - interval %s, '', '', '[]', now() - interval %s, now() - interval %s "
+        f"now() - interval %s, '', '', '[]', now() - interval %s, now() - interval %s, "
+        f"0, '', '', '[]', '[]', 0 "
         f"FROM generate_series(1, %s) AS g",
         [prefix, prefix, status, age, age, age, count],
     )
