@@ -46,6 +46,19 @@ MYSQL_TRANSACTION_CONFLICTS = {
     1213: "the database ended it to break a deadlock",
 }
 
+#: MySQL/MariaDB errors about the statement's values, which mysqlclient files under
+#: OperationalError (it maps few server errors): the server answered and refused this
+#: write, as a project's trigger or a strict SQL mode does. No outage: the same write
+#: fails again however long the runner waits.
+MYSQL_STATEMENT_REFUSED = {
+    1292: "truncated incorrect value (strict mode)",
+    1366: "incorrect value for its column (strict mode; text the column's charset lacks)",
+    1644: "a trigger or procedure signalled an error (SIGNAL)",
+    1690: "a value out of range",
+    3140: "invalid JSON text",
+    4038: "invalid JSON text",
+}
+
 
 def sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of a database error (psycopg's ``sqlstate``, psycopg2's ``pgcode``),
@@ -95,6 +108,8 @@ def mysql_error_number(error: BaseException) -> int | None:
 def is_database_unavailable(error: BaseException) -> bool:
     """Whether ``error`` says the database cannot take the statement right now (down,
     unreachable, read-only, or it ended the session), rather than anything about the work."""
+    if mysql_error_number(error) in MYSQL_STATEMENT_REFUSED:
+        return False
     return isinstance(error, DATABASE_UNAVAILABLE) or sqlstate(error) in (
         READ_ONLY_SQLSTATE,
         IDLE_IN_TRANSACTION_SQLSTATE,
