@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -48,7 +49,8 @@ def test_once_ends_and_exits_1_when_outcomes_cannot_be_written(write_blocker: An
         "(NEW.dedupe_key = 'refused' AND NEW.status <> 'processing') "
         "OR (NEW.dedupe_key = 'unstorable' AND NEW.status = 'done')"
     )
-    process = ManagePy("runworkflows", "--once", "--kind", "test-outcomes", "--concurrency", "1", settings=SETTINGS)
+    args = ["--once", "--kind", "test-outcomes", "--concurrency", "1"]
+    process = ManagePy("runworkflows", *args, settings=SETTINGS)
     try:
         code = process.wait(timeout=60)
         output = process.output()
@@ -69,20 +71,24 @@ def test_once_ends_and_exits_1_when_outcomes_cannot_be_written(write_blocker: An
 
 
 def test_a_given_up_item_no_longer_holds_its_lane(register_workflow: Any, write_blocker: Any) -> None:
-    """A runner with one thread: on the old code the refused outcome stayed held (and
-    counted against the lane's room) for ever, and nothing after it was claimed."""
+    """A runner with one thread and slow work (no prefetch): on the old code the refused
+    outcome stayed held, filling the lane's one slot for ever: nothing after it was claimed."""
+    ran = threading.Event()
+
     def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
+        ran.set()
+        time.sleep(0.1)  # not quick: no prefetch, the lane holds at most its one slot's item
         raise ValueError("upstream said no")
 
     kind = register_workflow(prepare, retry_schedule=[60]).kind
     blocked = enqueue(kind, {"key": "refused"})
     write_blocker.install("NEW.dedupe_key = 'refused' AND NEW.status <> 'processing'")
-    runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
-    thread = threading.Thread(target=runner.run, name="test-runner")
-    with override_settings(NEXUS_WORKFLOWS={**SETTINGS, "BATCH_SIZE": 1}):
+    with override_settings(NEXUS_WORKFLOWS=SETTINGS):
+        runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
+        thread = threading.Thread(target=runner.run, name="test-runner")
         thread.start()
         try:
-            wait_for(lambda: runner.stats.unwritten == 1, timeout=30, what="the refused outcome given up")
+            wait_for(ran.is_set, timeout=30, what="the first attempt")
             later = [enqueue(kind, {"key": f"later-{n}"}) for n in range(3)]
             wait_for(
                 lambda: DeferredWork.objects.filter(pk__in=later, attempt=1).count() == 3,
@@ -95,9 +101,12 @@ def test_a_given_up_item_no_longer_holds_its_lane(register_workflow: Any, write_
             connection.close()
     assert not thread.is_alive()
     assert DeferredWork.objects.get(pk=blocked).status == Status.PROCESSING
+    assert runner.stats.unwritten == 1
 
 
-def test_a_mariadb_statement_refusal_is_no_outage(write_blocker: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_mariadb_statement_refusal_is_no_outage(
+    write_blocker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A trigger's SIGNAL arrives as OperationalError (1644): the server answered, so no
     outage (the runner held the outcome and waited for the database for ever)."""
     if connection.vendor != "mysql":
@@ -118,8 +127,18 @@ def test_the_give_up_is_logged_once_at_error_and_by_type(
     enqueue(kind, {"key": "refused", "phone": "+52 55 1234 5678"})
     write_blocker.install("NEW.dedupe_key = 'refused' AND NEW.status <> 'processing'")
     with override_settings(NEXUS_WORKFLOWS=SETTINGS), caplog.at_level(logging.INFO, logger="nexus_workflows"):
-        stats = Runner(kinds=[kind], once=True, install_signal_handlers=False).run()
+        runner = Runner(kinds=[kind], once=True, install_signal_handlers=False)
+        thread = threading.Thread(target=runner.run, name="test-runner")
+        thread.start()
+        try:
+            wait_for(lambda: not thread.is_alive(), timeout=60, what="--once to end")
+        finally:
+            runner.request_stop(now=True)
+            thread.join(30)
+            connection.close()
+    stats = runner.stats
     assert (stats.done, stats.abandoned, stats.unwritten) == (0, 0, 1)
-    gave_up = [record for record in caplog.records if "its outcome could not be written" in record.getMessage()]
-    assert len(gave_up) == 1 and gave_up[0].levelno == logging.ERROR
-    assert "1234" not in caplog.text and "refused by the test" not in caplog.text
+    gave_up = [line for line in caplog.records if "its outcome could not be written" in line.getMessage()]
+    assert [line.levelno for line in gave_up] == [logging.ERROR]
+    assert "1234" not in caplog.text
+    assert "refused by the test" not in caplog.text

@@ -146,15 +146,16 @@ class JournalWriter:
             thread.start()
             self._threads.append(thread)
 
-    def stop(self, wait: float = STOP_WAIT) -> None:
-        """End the writers, waiting ``wait`` seconds for all of them together (one stuck
-        on a silent network must not hold the exit for long); saves not written by then
-        fail with :class:`ClaimLost` at once, also those a stuck writer holds."""
+    def stop(self) -> None:
+        """End the writers, waiting :data:`STOP_WAIT` seconds for all of them together (one
+        stuck on a silent network must not hold the exit for long, nor each add its own
+        wait); saves not written by then fail with :class:`ClaimLost` at once, also those
+        a stuck writer holds."""
         with self._lock:
             self._stopped = True
             for _ in self._threads:
                 self._waiting.put(None)
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + STOP_WAIT
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._fail_in_hand()
