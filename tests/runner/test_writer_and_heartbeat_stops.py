@@ -32,6 +32,11 @@ def _row_locks() -> None:
         pytest.skip("needs row locks (PostgreSQL, MariaDB)")
 
 
+#: Seconds between polls of lock_waits: MariaDB refreshes INNODB_TRX only when its last
+#: read is over 0.1 s old, so quicker polls would read the first answer for ever.
+POLL = 0.2
+
+
 def lock_waits() -> int:
     """Statements of any session waiting for a row lock now."""
     with connection.cursor() as cursor:
@@ -75,7 +80,7 @@ def test_the_writers_stop_within_one_wait_and_fail_the_saves_a_stuck_writer_hold
         savers = [threading.Thread(target=save, args=(work,)) for work in works]
         for saver in savers:
             saver.start()
-        wait_for(lambda: lock_waits() >= 1, timeout=10, what="a writer waiting for a row lock")
+        wait_for(lambda: lock_waits() >= 1, timeout=10, interval=POLL, what="a writer waiting for a row lock")
         stopper = threading.Thread(target=writer.stop)
         stopper.start()
         # Both while the locks are still held: nothing waits for the stuck statement.
@@ -105,7 +110,8 @@ def test_a_heartbeat_confirms_the_claims_from_when_it_was_sent(register_workflow
     with row_locked(DeferredWork, work.id) as release:
         beating = threading.Thread(target=beat)
         beating.start()
-        wait_for(lambda: lock_waits() >= 1, timeout=10, what="the heartbeat waiting for the row lock")
+        what = "the heartbeat waiting for the row lock"
+        wait_for(lambda: lock_waits() >= 1, timeout=10, interval=POLL, what=what)
         released_at = time.monotonic()
         release()
         beating.join(10)
