@@ -48,6 +48,19 @@ MYSQL_TRANSACTION_CONFLICTS = {
     1213: "the database ended it to break a deadlock",
 }
 
+#: MySQL/MariaDB errors about the statement's values, which mysqlclient files under
+#: OperationalError (it maps few server errors): the server answered and refused this
+#: write, as a project's trigger or a strict SQL mode does. No outage: the same write
+#: fails again however long the runner waits.
+MYSQL_STATEMENT_REFUSED = {
+    1292: "truncated incorrect value (strict mode)",
+    1366: "incorrect value for its column (strict mode; text the column's charset lacks)",
+    1644: "a trigger or procedure signalled an error (SIGNAL)",
+    1690: "a value out of range",
+    3140: "invalid JSON text",
+    4038: "invalid JSON text",
+}
+
 
 #: MariaDB's error number of a statement its ``max_statement_time`` cancelled (MySQL's
 #: ``max_execution_time`` is 3024): PostgreSQL's 57014.
@@ -124,8 +137,9 @@ def is_database_unavailable(error: BaseException) -> bool:
     """Whether ``error`` says the database cannot take the statement right now (down,
     unreachable, read-only, or it ended the session), rather than anything about the work.
     A statement the database refused while its session stays fine (:func:`statement_refused`:
-    a lock wait cut short, a deadlock, a cancel) is none: the database answered."""
-    if statement_refused(error) is not None:
+    a lock wait cut short, a deadlock, a cancel) is none: the database answered; nor is a
+    MySQL/MariaDB refusal of the statement's values (:data:`MYSQL_STATEMENT_REFUSED`)."""
+    if statement_refused(error) is not None or mysql_error_number(error) in MYSQL_STATEMENT_REFUSED:
         return False
     return isinstance(error, DATABASE_UNAVAILABLE) or sqlstate(error) in (
         READ_ONLY_SQLSTATE,

@@ -116,6 +116,15 @@ class WorkerLost(Exception):
     error class of a Django task that was lost more often than its retries allow."""
 
 
+class OutcomeNotStored(Exception):
+    """Recorded (never raised) in place of a succeeded attempt whose outcome the database
+    kept refusing for a reason other than an outage (a project's trigger or constraint, a
+    value it will not store). Permanent: the work is abandoned, as the attempt's effects
+    happened and running it again may repeat them; an operator decides."""
+
+    permanent = True
+
+
 def is_permanent(error: BaseException) -> bool:
     """Whether a failure should abandon the work instead of walking the schedule."""
     return getattr(error, "permanent", False) is True

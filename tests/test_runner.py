@@ -408,6 +408,25 @@ def test_once_runs_work_a_rate_limit_holds_back_once_its_window_slides(
     assert time.monotonic() - started >= 1.0  # three windows of 0.5 s: the limit held
 
 
+@pytest.mark.parametrize("window", ["the kind's", "per key"])
+def test_once_reclaims_stale_work_a_rate_limit_holds_back_once_its_window_slides(
+    register_workflow: Any, window: str
+) -> None:
+    """--once reclaimed the first window's starts, then found the window full for the
+    rest of the stale rows and stopped (as it did for due work before), leaving them
+    stale."""
+    flow: dict[str, Any] = {"rate_limit": (2, 0.5)}
+    if window == "per key":
+        flow["rate_key"] = lambda trigger: "one sender"
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1, 1], **flow).kind
+    ids = [enqueue(kind, {"key": str(number)}) for number in range(5)]
+    for work_id in ids:
+        stale(work_id, attempt=0)
+    stats = run_once(kind)
+    assert (stats.reclaimed, stats.done) == (5, 5)
+    assert DeferredWork.objects.filter(kind=kind, status=Status.DONE).count() == 5
+
+
 def test_logs_name_kind_id_attempt_and_outcome_but_no_contents(register_workflow: Any, caplog: Any) -> None:
     def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
         save({"phone": "+52 55 1234 5678"})

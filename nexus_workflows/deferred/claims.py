@@ -429,7 +429,9 @@ class Claimer:
         try:
             if self.flow is not None:
                 flow_limit = limit if startable is None else min(limit, startable)
-                self.flow.claim_stale(self, flow_limit, cutoff=cutoff, variants=variants, works=works)
+                self.flow.claim_stale(
+                    self, flow_limit, cutoff=cutoff, variants=variants, works=works, once=now is not None
+                )
             if plain and len(works) < limit and self._has_plain():
                 stale = DeferredWork.objects.using(self.using).stale(cutoff)
                 works += self._claim(

@@ -158,6 +158,9 @@ class FlowClaimer:
         # Whether the last claim with a cutoff (``runworkflows --once``) left due rows that
         # only full rate windows held back: --once waits for them, as they will start.
         self.held_back = False
+        # The same for stale rows: whether the last stale claim with a cutoff reclaimed
+        # some (more may be left) or left some a full window (or the budget) held back.
+        self.stale_held_back = False
         # Kinds whose last claim found nothing that could start: (since, until) monotonic.
         self._rest: dict[str, tuple[float, float]] = {}
         # When each kind (or every kind: None) was last woken (monotonic; other threads
@@ -444,13 +447,36 @@ class FlowClaimer:
     # --- stale work ---------------------------------------------------------------------
 
     def claim_stale(
-        self, claimer: Claimer, limit: int, *, cutoff: Any, variants: Any, works: list[ClaimedWork]
+        self,
+        claimer: Claimer,
+        limit: int,
+        *,
+        cutoff: Any,
+        variants: Any,
+        works: list[ClaimedWork],
+        once: bool = False,
     ) -> None:
         """Reclaim stale rows of limited kinds into ``works`` (as :meth:`claim_due` does).
         A reclaimed row keeps its slot and its key (it never stopped being processing); a
         reclaim is a start, so it needs a start of its rate window, and waits stale until
-        one is free."""
+        one is free (``once``: :attr:`stale_held_back` says so, and --once waits)."""
         self._began = time.monotonic()
+        self.stale_held_back = False
+        before = len(works)
+        self._claim_stale_kinds(claimer, limit, cutoff=cutoff, variants=variants, works=works, once=once)
+        if once and len(works) > before:
+            self.stale_held_back = True  # more may be left: --once checks again before it ends
+
+    def _claim_stale_kinds(
+        self,
+        claimer: Claimer,
+        limit: int,
+        *,
+        cutoff: Any,
+        variants: Any,
+        works: list[ClaimedWork],
+        once: bool,
+    ) -> None:
         for workflow in self._in_turn("stale"):
             if len(works) >= limit:
                 break
@@ -463,6 +489,8 @@ class FlowClaimer:
             for _ in range(_ROUNDS):
                 ids = self._pick(workflow.kind, flow, stale.order_by("heartbeat_at", "pk"), budget)
                 if not ids:  # nothing stale, or no start free in the window
+                    if once and not self.stale_held_back:
+                        self.stale_held_back = stale.exists()
                     break
                 try:
                     works.extend(

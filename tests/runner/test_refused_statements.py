@@ -8,6 +8,7 @@ unavailable", backing off and reconnecting."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection, transaction
@@ -129,3 +130,40 @@ def claims_waiting(watcher: object) -> bool:
         "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE%%'"
     ).fetchone()
     return bool(row[0])
+
+
+@pytest.mark.slow
+@pytest.mark.postgresql
+@pytest.mark.usefixtures("database_lock_timeout")
+def test_a_success_whose_write_waits_out_lock_timeouts_is_written_done_in_the_end(tmp_path: Any) -> None:
+    """Another session holds the finished row's lock for several seconds, and the
+    database's ``lock_timeout`` cuts each outcome write short. Those refusals pass once
+    the lock goes: the success is written done, not replaced by ``OutcomeNotStored`` (a
+    refusal of the value), which four of them did when both changes first met."""
+    until = tmp_path / "until"
+    work_id = enqueue("test-ends-when-told", {"key": "a", "until_file": str(until), "end": "done"})
+    settings = {**FAST, "STALE_AFTER": 60}
+    process = ManagePy("runworkflows", "--once", "--kind", "test-ends-when-told", settings=settings)
+    holder = raw_connection()
+    try:
+        wait_for(
+            lambda: DeferredWork.objects.get(pk=work_id).checkpoints.get("began"),
+            timeout=30,
+            what="the attempt to begin",
+        )
+        holder.execute("SET lock_timeout = 0")
+        holder.execute("BEGIN")
+        holder.execute(f"SELECT id FROM {work_table()} WHERE id = %s FOR UPDATE", [work_id])
+        until.touch()
+        refused = "writing its outcome failed (OperationalError); it stays held"
+        wait_for(lambda: process.output().count(refused) >= 5, timeout=60, what="five refused writes")
+        holder.execute("ROLLBACK")
+        code = process.wait(timeout=60)
+        output = process.output()
+    finally:
+        holder.close()
+        process.close()
+    assert code == 0, output
+    work = DeferredWork.objects.get(pk=work_id)
+    assert (work.status, work.last_error) == (Status.DONE, "")
+    assert "OutcomeNotStored" not in output

@@ -116,7 +116,10 @@ class Heartbeat:
             if held:
                 # Its connection sits idle between beats: a new one if it died meanwhile.
                 rerun_on_a_new_connection(self.using, lambda: transitions.heartbeat(held, using=self.using))
-            self.last_good = time.monotonic()
+            # The rows' heartbeat_at is as old as the statement's sending, not its answer
+            # (a lock wait or a stalled commit may lie between): count from there, as a
+            # claim's confirmation does (ClaimedWork.sent_at).
+            self.last_good = began
             self.ledger.confirm(began)
             # The runner's row after the claims, and never waiting long (the observer
             # bounds its lock waits): bookkeeping must not hold back the claims' beat.

@@ -25,6 +25,7 @@ import copy
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,8 @@ logger = logging.getLogger("nexus_workflows.deferred.runner")
 
 #: Most saves one statement writes: bounds the statement's size and one batch's latency.
 MAX_BATCH = 200
+#: Seconds :meth:`JournalWriter.stop` waits for all the writers together.
+STOP_WAIT = 5.0
 
 
 @dataclass(eq=False)
@@ -131,6 +134,11 @@ class JournalWriter:
         self._waiting: queue.SimpleQueue[_Save | _Call | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._stopped = False
+        # Guards _stopped and the hand-over of saves: a save racing stop() is either
+        # queued before the stop sentinels (so written or failed by it) or not at all.
+        self._lock = threading.Lock()
+        # The batch each writer is writing, by thread: failed at stop if still unwritten.
+        self._in_hand: dict[int, list[_Save]] = {}
 
     def start(self) -> None:
         for number in range(self.size):
@@ -139,12 +147,28 @@ class JournalWriter:
             self._threads.append(thread)
 
     def stop(self) -> None:
-        self._stopped = True
-        for _ in self._threads:
-            self._waiting.put(None)
+        """End the writers, waiting :data:`STOP_WAIT` seconds for all of them together (one
+        stuck on a silent network must not hold the exit for long, nor each add its own
+        wait); saves not written by then fail with :class:`ClaimLost` at once, also those
+        a stuck writer holds."""
+        with self._lock:
+            self._stopped = True
+            for _ in self._threads:
+                self._waiting.put(None)
+        deadline = time.monotonic() + STOP_WAIT
         for thread in self._threads:
-            thread.join(5.0)
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self._fail_in_hand()
         self._fail_waiting()
+
+    def _enqueue(self, item: _Save | _Call) -> bool:
+        """Hand ``item`` to the writers; False once they are stopping (the caller then
+        writes it itself)."""
+        with self._lock:
+            if self._stopped:
+                return False
+            self._waiting.put(item)
+            return True
 
     def save(self, work: ClaimedWork, patch: Any) -> dict[str, Any]:
         """Merge ``patch`` into the journal of ``work`` durably; returns the clean patch.
@@ -156,10 +180,8 @@ class JournalWriter:
         clean = validate_patch(patch, work.using)
         written = threading.Event()
         save = _Save(work, {**work.checkpoints, **clean}, written=written)
-        if self._stopped:
+        if not self._enqueue(save):
             self._write([save])
-        else:
-            self._waiting.put(save)
         written.wait()
         if save.error is not None:
             raise save.error
@@ -177,7 +199,9 @@ class JournalWriter:
         clean = validate_patch(patch, work.using)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self._waiting.put(_Save(work, {**work.checkpoints, **clean}, clean, future=future, loop=loop))
+        if not self._enqueue(_Save(work, {**work.checkpoints, **clean}, clean, future=future, loop=loop)):
+            future.cancel()  # the writers stopped meanwhile: written as after stop()
+            return asyncio.ensure_future(asyncio.to_thread(self.save, work, patch))
         return future
 
     async def call_async(self, function: Callable[..., Any], *args: Any) -> Any:
@@ -188,7 +212,8 @@ class JournalWriter:
             return await asyncio.to_thread(function, *args)
         loop = asyncio.get_running_loop()
         call = _Call(function, args, loop.create_future(), loop)
-        self._waiting.put(call)
+        if not self._enqueue(call):
+            return await asyncio.to_thread(function, *args)  # the writers stopped meanwhile
         return await call.future
 
     def _run(self) -> None:
@@ -198,7 +223,13 @@ class JournalWriter:
                     self._call(first)
                     continue
                 batch = self._gather(first)
-                self._write(batch)
+                with self._lock:
+                    self._in_hand[threading.get_ident()] = batch
+                try:
+                    self._write(batch)
+                finally:
+                    with self._lock:
+                        self._in_hand.pop(threading.get_ident(), None)
         finally:
             connections.close_all()
 
@@ -248,6 +279,18 @@ class JournalWriter:
                 if save.work.id not in written:
                     save.error = claim_lost(save.work)
         _complete(batch)
+
+    def _fail_in_hand(self) -> None:
+        """Fail the saves of writers still writing after the stop's wait: their callers
+        end now (ClaimLost, the claim kept) instead of waiting for a silent network."""
+        with self._lock:
+            held = [save for batch in self._in_hand.values() for save in batch]
+            self._in_hand.clear()
+        held = [save for save in held if save.written is None or not save.written.is_set()]
+        for save in held:
+            if save.error is None:
+                save.error = stopped(save.work)
+        _complete(held)
 
     def _fail_waiting(self) -> None:
         failed = []

@@ -93,9 +93,12 @@ class LaneClaims:
         return self.ledger.limited_room(capacity.concurrency, capacity.finishing_soon(), lane)
 
     def held_back(self) -> bool:
-        """Whether the last claims with a cutoff (``--once``) left due work that only
-        full rate windows held back: it can start once they slide."""
-        return any(claimer.flow is not None and claimer.flow.held_back for claimer in self.claimers.values())
+        """Whether the last claims with a cutoff (``--once``) left due or stale work that
+        only full rate windows held back: it can start once they slide."""
+        return any(
+            claimer.flow is not None and (claimer.flow.held_back or claimer.flow.stale_held_back)
+            for claimer in self.claimers.values()
+        )
 
     def retry_in(self) -> float | None:
         """Seconds until a rate window a claim found full has a start again."""

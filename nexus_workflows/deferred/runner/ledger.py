@@ -25,6 +25,9 @@ class Pending:
     outcome: Outcome
     failures: int = 0
     retry_at: float = 0.0
+    # Failed writes that were refusals of the value or the row (not a lock wait cut short,
+    # a deadlock or a cancel, which pass later): these alone lead to giving the write up.
+    refusals: int = 0
 
 
 class LaneQueue:

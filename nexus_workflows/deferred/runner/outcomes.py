@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from queue import Empty, SimpleQueue
 
+from nexus_workflows.database_errors import statement_refused
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.execution import Outcome, Result
 from nexus_workflows.deferred.history import describe_error
@@ -17,10 +19,11 @@ from nexus_workflows.deferred.runner.logs import attempt_of, log_write_error
 from nexus_workflows.deferred.runner.stats import Tally
 from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
 from nexus_workflows.deferred.transitions import ClaimedWork
-from nexus_workflows.exceptions import is_permanent
+from nexus_workflows.exceptions import OutcomeNotStored, is_permanent
 from nexus_workflows.flow.starts import ReservedStartLapsed
 from nexus_workflows.limits import OUTAGE_RELEASES_MAX
 from nexus_workflows.tasks import running as tasks_running
+from nexus_workflows.tasks.running import error_record
 
 # An attempt that failed because the database was unreachable runs again this soon.
 OUTAGE_RETRY_DELAY = timedelta(seconds=1)
@@ -29,6 +32,14 @@ WRITE_RETRY_MAX_DELAY = 60.0
 # After this many failed writes of one failure outcome, its error text is replaced by
 # the exception type alone: a message the database rejects must not pin the item.
 PLAIN_ERROR_AFTER = 2
+# After this many refused writes of a success (not an outage, nor a lock wait cut short,
+# a deadlock or a cancel: a project's trigger or constraint refuses it, a value the
+# database will not store), a failure is written in
+# its place (OutcomeNotStored: the write's error type only, never the value).
+SUCCESS_WRITES_MAX = 4
+# After this many refused writes of a failure outcome, the runner stops holding the item:
+# nothing it could write was taken, so its claim goes stale and a reclaim decides.
+FAILURE_WRITES_MAX = 4
 
 
 def batches(due: list[Pending]) -> list[list[Pending]]:
@@ -128,6 +139,35 @@ class OutcomeWriter:
         pending.failures += 1
         pending.retry_at = time.monotonic() + retry_delay(pending.failures)
         log_write_error(pending.outcome.work, "outcome", failed)
+        if statement_refused(failed) is not None:
+            return  # a lock wait cut short, a deadlock, a cancel: it passes later, as after an outage
+        pending.refusals += 1
+        if pending.outcome.result is Result.SUCCEEDED:
+            if pending.refusals >= SUCCESS_WRITES_MAX:
+                self._fail_instead(pending, failed)
+        elif pending.refusals >= FAILURE_WRITES_MAX:
+            self._give_up(pending, failed)
+
+    def _fail_instead(self, pending: Pending, failed: Exception) -> None:
+        """Write a failure in place of a success the database keeps refusing (next turn)."""
+        work = pending.outcome.work
+        error = OutcomeNotStored(
+            f"the attempt succeeded, but the database refused to store its outcome "
+            f"({type(failed).__name__}); its result was dropped"
+        )
+        work.return_value = None
+        if work.is_task:
+            work.error_record = error_record(error)
+        pending.outcome = replace(pending.outcome, result=Result.FAILED, error=error)
+        pending.failures = pending.refusals = 0
+        pending.retry_at = 0.0
+
+    def _give_up(self, pending: Pending, failed: Exception) -> None:
+        """Stop holding an item no write of its outcome gets into the database: it is no
+        longer heart-beaten (its claim goes stale, for a reclaim), and no longer counts
+        against its lane (``--once`` ends, and exits non-zero)."""
+        self.ledger.written([pending])
+        self.tally.not_written(pending.outcome.work, failed)
 
     def _write_successes(self, batch: list[Pending]) -> None:
         written, lost = transitions.finish_done(pending.outcome.work for pending in batch)

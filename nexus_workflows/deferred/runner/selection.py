@@ -21,9 +21,11 @@ def selection(
         return deferred, allowed
     unknown = [] if allowed is None else sorted(set(queues or ()) - set(allowed))
     if unknown:
+        # The names given are input (CLI arguments): counted, never echoed. The
+        # configured queues are settings, fine to list.
         raise UnknownQueue(
-            f"no Tasks backend of nexus_workflows allows queue(s) {', '.join(unknown)}; "
-            f"their queues: {', '.join(allowed or ()) or 'none'}"
+            f"{len(unknown)} of the queue names given is not allowed by any Tasks backend of "
+            f"nexus_workflows; allowed queues (their QUEUES): {', '.join(allowed or ()) or 'none'}"
         )
     return sorted(set(kinds or ())), sorted(set(queues or ()))
 

@@ -21,6 +21,9 @@ class RunStats:
     purged: int = 0
     # Queued claims never started: heartbeats failed too long (Ledger, "forfeited").
     forfeited: int = 0
+    # Finished attempts whose outcome the database kept refusing (not an outage): given
+    # up, their claims left to go stale (outcomes.FAILURE_WRITES_MAX).
+    unwritten: int = 0
 
     def summary(self) -> str:
         return (
@@ -30,6 +33,7 @@ class RunStats:
             + (f", {self.released} released" if self.released else "")
             + (f", {self.purged} purged" if self.purged else "")
             + (f", {self.forfeited} forfeited" if self.forfeited else "")
+            + (f", {self.unwritten} unwritten" if self.unwritten else "")
         )
 
     def as_dict(self) -> dict[str, int]:
@@ -48,6 +52,17 @@ class Tally:
         setattr(self.stats, counter, getattr(self.stats, counter) + 1)
         self.observer.finished(work, counter)
         log_outcome(work, line, level)
+
+    def not_written(self, work: ClaimedWork, error: BaseException) -> None:
+        """No write of the outcome of ``work`` was taken (``error`` the last one's; by type
+        only, its text may echo the row): counted and logged once, at ERROR."""
+        self.stats.unwritten += 1
+        log_outcome(
+            work,
+            f"its outcome could not be written ({type(error).__name__}, not an outage); no longer "
+            "held: its claim goes stale and is reclaimed after STALE_AFTER",
+            logging.ERROR,
+        )
 
     def lost(self, work: ClaimedWork) -> None:
         """The claim of ``work`` was taken over: nothing of this attempt is written."""

@@ -1,0 +1,119 @@
+"""Two waits on a statement that does not answer (a row lock another session holds, as a
+silent network would): the journal writers' stop is bounded as a whole, and fails the
+saves a stuck writer holds; a heartbeat's confirmation counts from when its statement was
+sent. PostgreSQL and MariaDB (a real row lock; SQLite locks the whole database)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from nexus_workflows import ClaimLost, enqueue
+from nexus_workflows.deferred.claims import Claimer
+from nexus_workflows.deferred.runner import journal
+from nexus_workflows.deferred.runner.heartbeat import Heartbeat
+from nexus_workflows.deferred.runner.journal import JournalWriter
+from nexus_workflows.deferred.runner.ledger import Ledger
+from nexus_workflows.models import DeferredWork
+from tests.processes import wait_for
+from tests.raw_connections import row_locked
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _row_locks() -> None:
+    if connection.vendor == "sqlite":
+        pytest.skip("needs row locks (PostgreSQL, MariaDB)")
+
+
+#: Seconds between polls of lock_waits: MariaDB refreshes INNODB_TRX only when its last
+#: read is over 0.1 s old, so quicker polls would read the first answer for ever.
+POLL = 0.2
+
+
+def lock_waits() -> int:
+    """Statements of any session waiting for a row lock now."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        else:
+            cursor.execute("SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
+        return int(cursor.fetchone()[0])
+
+
+def claimed(kind: str, count: int) -> list[Any]:
+    for number in range(count):
+        enqueue(kind, {"key": str(number)})
+    return Claimer(kinds=[kind], using="default").claim_due(count)
+
+
+def test_the_writers_stop_within_one_wait_and_fail_the_saves_a_stuck_writer_holds(
+    register_workflow: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the old code each writer was joined for 5 s in turn, and a save in the hands of a
+    writer stuck on its statement kept its caller waiting as long as the statement did
+    (here: until the lock went, after the test gave up)."""
+    monkeypatch.setattr(journal, "STOP_WAIT", 0.5, raising=False)
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    works = claimed(kind, 2)
+    writer = JournalWriter("default", 2)
+    writer.start()
+    raised: dict[int, BaseException] = {}
+
+    def save(work: Any) -> None:
+        try:
+            writer.save(work, {"step": 1})
+        except BaseException as error:  # noqa: BLE001 - checked below
+            raised[work.id] = error
+        finally:
+            connections.close_all()
+
+    with ExitStack() as locks:
+        for work in works:
+            locks.enter_context(row_locked(DeferredWork, work.id))
+        savers = [threading.Thread(target=save, args=(work,)) for work in works]
+        for saver in savers:
+            saver.start()
+        wait_for(lambda: lock_waits() >= 1, timeout=10, interval=POLL, what="a writer waiting for a row lock")
+        stopper = threading.Thread(target=writer.stop)
+        stopper.start()
+        # Both while the locks are still held: nothing waits for the stuck statement.
+        wait_for(lambda: not stopper.is_alive(), timeout=3, what="the writers' stop")
+        wait_for(lambda: len(raised) == 2, timeout=3, what="the stuck saves to fail")
+    for thread in [*savers, *writer._threads]:  # the stuck writer ends once the lock went
+        thread.join(10)
+    assert all(isinstance(error, ClaimLost) for error in raised.values()), raised
+    assert all("the runner stopped" in str(error) for error in raised.values())
+
+
+def test_a_heartbeat_confirms_the_claims_from_when_it_was_sent(register_workflow: Any) -> None:
+    """On the old code the last good heartbeat was stamped when its statement returned:
+    a beat that waited (a lock, a stalled network) looked newer than the rows it wrote."""
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    (work,) = claimed(kind, 1)
+    ledger = Ledger()
+    ledger.dispatch([work])
+    heartbeat = Heartbeat(ledger, using="default", interval=0.01, stale_after=30, on_beat=lambda: None)
+
+    def beat() -> None:
+        try:
+            heartbeat._turn(0.0)
+        finally:
+            connections.close_all()
+
+    with row_locked(DeferredWork, work.id) as release:
+        beating = threading.Thread(target=beat)
+        beating.start()
+        what = "the heartbeat waiting for the row lock"
+        wait_for(lambda: lock_waits() >= 1, timeout=10, interval=POLL, what=what)
+        released_at = time.monotonic()
+        release()
+        beating.join(10)
+    assert not beating.is_alive()
+    assert heartbeat.last_good < released_at  # sent before, answered after
