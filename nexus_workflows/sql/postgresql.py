@@ -23,6 +23,9 @@ from nexus_workflows.sql.returning import can_return_from_update, insert_returni
 if TYPE_CHECKING:
     from django.db.backends.postgresql.operations import DatabaseOperations
 
+# Long module: every PostgreSQL statement of the app in one named place (claims, wake-ups,
+# tokens, counts, the admin's estimates, migrations' index checks).
+
 __all__ = [
     "EPOCH_OF_MINUTE",
     "WAITING_LOCK",
