@@ -157,17 +157,7 @@ def test_a_cancelled_prune_of_rate_window_rows_does_not_shrink_the_purge_batches
     from nexus_workflows.deferred.retention import purge_sized_batch
     from nexus_workflows.models import FlowWindowSlot
 
-    FlowWindowSlot.objects.create(name="gone", slot=0, started_at=timezone.now() - timedelta(days=800))
-    table = connection.ops.quote_name(FlowWindowSlot._meta.db_table)
-    with connection.cursor() as cursor:  # the test's transaction drops both at its rollback
-        cursor.execute(
-            "CREATE FUNCTION nw_test_slow_prune() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN PERFORM pg_sleep(1); RETURN OLD; END $$"
-        )
-        cursor.execute(
-            f"CREATE TRIGGER nw_test_slow_prune BEFORE DELETE ON {table} "
-            "FOR EACH ROW EXECUTE FUNCTION nw_test_slow_prune()"
-        )
+    slow_window_prune()
     statement_timeout(200)
     sizes = PurgeBatchSize(1000, 0.5)
     with caplog.at_level(logging.WARNING, logger="nexus_workflows"):
@@ -462,17 +452,7 @@ def test_a_runner_says_once_that_statement_timeout_cancels_its_prune_as_for_a_he
     was a WARNING at every purge."""
     from nexus_workflows.models import FlowWindowSlot
 
-    FlowWindowSlot.objects.create(name="gone", slot=0, started_at=timezone.now() - timedelta(days=800))
-    table = connection.ops.quote_name(FlowWindowSlot._meta.db_table)
-    with connection.cursor() as cursor:  # the test's transaction drops both at its rollback
-        cursor.execute(
-            "CREATE FUNCTION nw_test_slow_prune() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN PERFORM pg_sleep(1); RETURN OLD; END $$"
-        )
-        cursor.execute(
-            f"CREATE TRIGGER nw_test_slow_prune BEFORE DELETE ON {table} "
-            "FOR EACH ROW EXECUTE FUNCTION nw_test_slow_prune()"
-        )
+    table = slow_window_prune()
     statement_timeout(100)
     purging = Purging("default", RunStats())
     with caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
@@ -534,3 +514,23 @@ def test_the_purge_reads_only_expired_entries_of_its_index() -> None:
             # Reading the few expired entries takes a handful of index pages; the whole
             # index of 20,000 finished rows takes well over a hundred.
             assert blocks < 20, f"{blocks} blocks to read expired ids: {read[:200]}"
+
+
+def slow_window_prune() -> str:
+    """One expired rate-window row whose delete takes a second (a trigger), so a prune of
+    it outlasts a short ``statement_timeout``. In the test's transaction: its rollback
+    drops the function and the trigger. Returns the table's quoted name."""
+    from nexus_workflows.models import FlowWindowSlot
+
+    FlowWindowSlot.objects.create(name="gone", slot=0, started_at=timezone.now() - timedelta(days=800))
+    table = connection.ops.quote_name(FlowWindowSlot._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION nw_test_slow_prune() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN PERFORM pg_sleep(1); RETURN OLD; END $$"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER nw_test_slow_prune BEFORE DELETE ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION nw_test_slow_prune()"
+        )
+    return table
