@@ -23,13 +23,7 @@ from nexus_workflows.models import DeferredWork
 from tests.processes import wait_for
 from tests.raw_connections import row_locked
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _row_locks() -> None:
-    if connection.vendor == "sqlite":
-        pytest.skip("needs row locks (PostgreSQL, MariaDB)")
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.needs("row_locks")]
 
 
 #: Seconds between polls of lock_waits: MariaDB refreshes INNODB_TRX only when its last
