@@ -97,7 +97,8 @@ def test_a_claim_cut_short_by_the_databases_lock_timeout_is_no_outage() -> None:
     runner said "database unavailable (OperationalError: LockNotAvailable)" and backed
     off as in an outage; it now says the claim did not pass, once, and runs the work once
     the table is free."""
-    process = ManagePy("runworkflows", "--kind", "test-ledger", settings=FAST)
+    # -v 2: the later refusals' DEBUG lines show the runner claiming again, quietly.
+    process = ManagePy("runworkflows", "--kind", "test-ledger", "-v", "2", settings=FAST)
     holder = raw_connection()
     try:
         process.wait_for_output("runner started")
@@ -106,8 +107,9 @@ def test_a_claim_cut_short_by_the_databases_lock_timeout_is_no_outage() -> None:
         holder.execute("BEGIN")
         holder.execute(f"LOCK TABLE {work_table()} IN SHARE MODE")
         wait_for(lambda: "did not pass" in process.output(), timeout=15, what="a claim to be cut short")
-        # The next turns claim again (each waits 200 ms, then is cut short), said no more.
+        # The next turns claim again (each waits 200 ms, then is cut short), said at DEBUG.
         wait_for(lambda: claims_waiting(holder), timeout=15, what="a later claim to wait for the table")
+        wait_for(lambda: "did not pass again" in process.output(), timeout=15, what="a later refusal")
         holder.execute("ROLLBACK")
         wait_for(
             lambda: DeferredWork.objects.get(pk=work_id).status == Status.DONE,
@@ -120,11 +122,19 @@ def test_a_claim_cut_short_by_the_databases_lock_timeout_is_no_outage() -> None:
         holder.close()
         process.close()
     assert "database unavailable" not in output
-    assert output.count("did not pass (it waited longer than lock_timeout for a lock); not an outage") == 1
+    # Said at WARNING once per spell of refusals: the claims' spell, and at most one before
+    # it when a turn at start-up met the lock before the row was due (turns then passed).
+    warned = output.count("did not pass (it waited longer than lock_timeout for a lock); not an outage")
+    assert 1 <= warned <= 2, output
+    assert "did not pass again" in output
 
 
 def claims_waiting(watcher: object) -> bool:
-    """Whether a claim (an UPDATE) of the test database waits for a lock."""
+    """Whether a claim (an UPDATE) of the test database waits for a lock. The watcher is
+    in a transaction: PostgreSQL keeps the first read of pg_stat_activity for the rest of
+    it unless the snapshot is cleared (without, a first read before any claim waited was
+    read again for ever)."""
+    watcher.execute("SELECT pg_stat_clear_snapshot()")  # type: ignore[attr-defined]
     row = watcher.execute(  # type: ignore[attr-defined]
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
         "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE%%'"
