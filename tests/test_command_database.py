@@ -16,7 +16,16 @@ from django.db.migrations.recorder import MigrationRecorder
 from nexus_workflows.management.commands._database import MigrationsMissing, require_migrated
 from tests.processes import ManagePy
 
-LATEST = "0014_due_index_status_first"
+
+def latest_migration() -> str:
+    """The app's last migration (the graph's leaf), whatever its number."""
+    from django.db.migrations.loader import MigrationLoader
+
+    (leaf,) = MigrationLoader(None, ignore_no_migrations=True).graph.leaf_nodes("nexus_workflows")
+    return leaf[1]
+
+
+LATEST = latest_migration()
 KIND = "test-command-database"
 
 
