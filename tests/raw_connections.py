@@ -65,7 +65,11 @@ def updates_wait_for_a_lock(model: Any, condition: str) -> Iterator[Callable[[],
     claim's statement meets the session's ``lock_timeout`` as a row lock used to make it."""
     table = connection.ops.quote_name(model._meta.db_table)
     holder = raw_connection()
-    holder.execute("SELECT pg_advisory_lock(%s)", [_TEST_LOCK])
+    # Held by a transaction, not the session: behind PgBouncer in transaction mode a
+    # session's lock stays on the server session, out of reach of the unlock (a later
+    # transaction may run on another); the transaction keeps its server session.
+    holder.execute("BEGIN")
+    holder.execute("SELECT pg_advisory_xact_lock(%s)", [_TEST_LOCK])
     with connection.cursor() as cursor:
         cursor.execute(
             "CREATE OR REPLACE FUNCTION nw_test_lock_wait() RETURNS trigger LANGUAGE plpgsql AS $$ "
@@ -76,8 +80,9 @@ def updates_wait_for_a_lock(model: Any, condition: str) -> Iterator[Callable[[],
             f"WHEN ({condition}) EXECUTE FUNCTION nw_test_lock_wait()"
         )
     try:
-        yield lambda: holder.execute("SELECT pg_advisory_unlock(%s)", [_TEST_LOCK])
+        yield lambda: holder.rollback()
     finally:
+        holder.rollback()
         holder.close()
         with connection.cursor() as cursor:
             cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_lock_wait ON {table}")
