@@ -65,24 +65,28 @@ def updates_wait_for_a_lock(model: Any, condition: str) -> Iterator[Callable[[],
     claim's statement meets the session's ``lock_timeout`` as a row lock used to make it."""
     table = connection.ops.quote_name(model._meta.db_table)
     holder = raw_connection()
-    # Held by a transaction, not the session: behind PgBouncer in transaction mode a
-    # session's lock stays on the server session, out of reach of the unlock (a later
-    # transaction may run on another); the transaction keeps its server session.
-    holder.execute("BEGIN")
-    holder.execute("SELECT pg_advisory_xact_lock(%s)", [_TEST_LOCK])
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "CREATE OR REPLACE FUNCTION nw_test_lock_wait() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            f"BEGIN PERFORM pg_advisory_xact_lock({_TEST_LOCK}); RETURN NEW; END $$"
-        )
-        cursor.execute(
-            f"CREATE TRIGGER nw_test_lock_wait BEFORE UPDATE ON {table} FOR EACH ROW "
-            f"WHEN ({condition}) EXECUTE FUNCTION nw_test_lock_wait()"
-        )
     try:
+        # Held by a transaction, not the session: behind PgBouncer in transaction mode a
+        # session's lock stays on the server session, out of reach of the unlock (a later
+        # transaction may run on another); the transaction keeps its server session.
+        holder.execute("BEGIN")
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", [_TEST_LOCK])
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "CREATE OR REPLACE FUNCTION nw_test_lock_wait() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                f"BEGIN PERFORM pg_advisory_xact_lock({_TEST_LOCK}); RETURN NEW; END $$"
+            )
+            cursor.execute(
+                f"CREATE TRIGGER nw_test_lock_wait BEFORE UPDATE ON {table} FOR EACH ROW "
+                f"WHEN ({condition}) EXECUTE FUNCTION nw_test_lock_wait()"
+            )
         yield lambda: holder.rollback()
     finally:
-        holder.rollback()
-        holder.close()
-        with connection.cursor() as cursor:
-            cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_lock_wait ON {table}")
+        # Released and closed whatever failed, even while setting up: a lock left held
+        # would hold every later test's updates of the table.
+        try:
+            holder.rollback()
+        finally:
+            holder.close()
+            with connection.cursor() as cursor:
+                cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_lock_wait ON {table}")
