@@ -7,10 +7,19 @@ for ever. A cancelled job is held like the others instead, for ``RETENTION`` sec
 its cancel (its score in RQ's canceled registry: whole seconds by the cancelling host's
 clock, compared here with Redis's). An ``enqueue`` that finds one older than that deletes
 it, as django-rq's Delete would, and creates the new job.
+
+A key that is never enqueued again would keep its cancelled job in Redis for ever, so
+:func:`sweep_cancelled` also deletes, from time to time, the workflow jobs of a queue
+cancelled more than the horizon ago: an ``enqueue`` on the queue runs it at most once a
+minute per process (once a horizon, if shorter), at the cost of one read of the canceled
+registry.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import cast
 
 import redis
@@ -20,7 +29,61 @@ from rq.queue import Queue
 from rq.registry import CanceledJobRegistry
 from rq.results import Result
 
+logger = logging.getLogger("nexus_workflows.fire_and_forget")
+
 CANCELED = JobStatus.CANCELED.value.encode()
+#: At most this many seconds between two sweeps of one queue by one process.
+SWEEP_EVERY = 60.0
+#: Jobs looked at per sweep: a backlog goes over the next sweeps.
+SWEEP_BATCH = 100
+
+_last_sweeps: dict[str, float] = {}  # queue name -> time.monotonic() of its last sweep
+_sweeping = threading.Lock()
+
+
+def sweep_cancelled(queue: Queue, horizon: int) -> int:
+    """Delete the workflow jobs of ``queue`` cancelled more than ``horizon`` seconds ago,
+    unless this process swept the queue less than ``min(SWEEP_EVERY, horizon)`` seconds
+    ago; how many were deleted. Each goes through :func:`free_if_cancel_expired`, which
+    decides by Redis's clock. Jobs that are not a workflow's are left alone. Never raises:
+    a sweep that fails is said at DEBUG and tried again at the next interval."""
+    now = time.monotonic()
+    with _sweeping:
+        last = _last_sweeps.get(queue.name)
+        if last is not None and now - last < min(SWEEP_EVERY, horizon):
+            return 0
+        _last_sweeps[queue.name] = now
+    try:
+        return _sweep(queue, horizon)
+    except Exception as error:  # noqa: BLE001 - housekeeping must not fail the enqueue
+        logger.debug("sweep of cancelled jobs of queue %r failed (%s)", queue.name, type(error).__name__)
+        return 0
+
+
+def _sweep(queue: Queue, horizon: int) -> int:
+    from nexus_workflows.fire_and_forget.job_ids import split_job_id
+
+    connection = queue.connection
+    registry = CanceledJobRegistry(queue.name, connection=connection).key
+    # The host's clock only narrows the read; free_if_cancel_expired decides by Redis's.
+    ids = connection.zrangebyscore(registry, "-inf", time.time() - horizon, start=0, num=SWEEP_BATCH)
+    deleted = 0
+    for raw_id in ids:
+        job_id = cast(bytes, raw_id).decode()
+        try:
+            kind, _ = split_job_id(job_id)
+        except ValueError:
+            continue  # not a workflow's job id
+        description = connection.hget(queue.job_class.key_for(job_id), "description")
+        if description != f"workflow {kind}".encode():
+            continue  # another job of the project's whose id looks like one
+        if free_if_cancel_expired(queue, job_id, horizon) and not connection.exists(
+            queue.job_class.key_for(job_id)
+        ):
+            deleted += 1
+    if deleted:
+        logger.debug("queue %r: %d cancelled job(s) past the horizon deleted", queue.name, deleted)
+    return deleted
 
 
 def free_if_cancel_expired(queue: Queue, job_id: str, horizon: int) -> bool:

@@ -25,7 +25,7 @@ from nexus_workflows.exceptions import (
     InvalidEnqueueOption,
     QueueUnavailable,
 )
-from nexus_workflows.fire_and_forget.cancelled import free_if_cancel_expired
+from nexus_workflows.fire_and_forget.cancelled import free_if_cancel_expired, sweep_cancelled
 from nexus_workflows.fire_and_forget.embedded import warn_if_embedded
 from nexus_workflows.fire_and_forget.job import RUN_SEALED_JOB
 from nexus_workflows.fire_and_forget.job_ids import job_id_for
@@ -218,6 +218,7 @@ def _send(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOption
     it was created. A job cancelled more than the horizon ago does not count as existing
     (see :mod:`~nexus_workflows.fire_and_forget.cancelled`)."""
     horizon = horizon_seconds()
+    sweep_cancelled(queue, horizon)  # at most once a minute: keys never enqueued again
     try:
         _create(queue, kind, trigger, job_id, options, horizon)
     except DuplicateJobError:
