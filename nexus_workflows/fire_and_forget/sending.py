@@ -218,17 +218,27 @@ def _send(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOption
     it was created. A job cancelled more than the horizon ago does not count as existing
     (see :mod:`~nexus_workflows.fire_and_forget.cancelled`)."""
     horizon = horizon_seconds()
-    sweep_cancelled(queue, horizon)  # at most once a minute: keys never enqueued again
     try:
         _create(queue, kind, trigger, job_id, options, horizon)
+        created = True
     except DuplicateJobError:
         # Looked for only here: a new job costs nothing more, a duplicate one status read.
-        if not free_if_cancel_expired(queue, job_id, horizon):
-            return False
-        try:
-            _create(queue, kind, trigger, job_id, options, horizon)
-        except DuplicateJobError:  # a job holds the key after all (another enqueue won)
-            return False
+        created = free_if_cancel_expired(queue, job_id, horizon) and _create_again(
+            queue, kind, trigger, job_id, options, horizon
+        )
+    # Once Redis has answered (an outage is not waited for twice), at most once a minute:
+    # cancelled jobs whose keys are never enqueued again.
+    sweep_cancelled(queue, horizon)
+    return created
+
+
+def _create_again(
+    queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int
+) -> bool:
+    try:
+        _create(queue, kind, trigger, job_id, options, horizon)
+    except DuplicateJobError:  # a job holds the key after all (another enqueue won)
+        return False
     return True
 
 
