@@ -74,3 +74,25 @@ def test_a_job_cancelled_within_the_horizon_is_not_swept(queue: Queue, settings:
     assert enqueue(LEDGER, {"key": "another"}) is not None
     assert queue.fetch_job(cancelled).get_status() == JobStatus.CANCELED
     assert enqueue(LEDGER, {"key": "recent"}) is None  # still holds its key
+
+
+@pytest.mark.django_db(transaction=True)
+def test_other_cancelled_jobs_ahead_in_the_registry_do_not_starve_the_sweep(
+    queue: Queue, settings: Any
+) -> None:
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 2}
+    # More than a page of other jobs, cancelled first: they come first in the registry.
+    for number in range(150):
+        queue.enqueue_call("builtins.print", job_id=f"a-job-of-the-project-{number}").cancel()
+    cancelled = enqueue(LEDGER, {"key": "behind-them"})
+    assert cancelled is not None
+    queue.fetch_job(cancelled).cancel()
+    registry = CanceledJobRegistry(queue=queue)
+    cancelled_at = queue.connection.zscore(registry.key, cancelled)
+    assert cancelled_at is not None
+    wait_for_redis_time(queue, cancelled_at + 3)
+
+    assert enqueue(LEDGER, {"key": "another"}) is not None
+
+    assert queue.fetch_job(cancelled) is None
+    assert len(registry.get_job_ids()) == 150

@@ -34,8 +34,10 @@ logger = logging.getLogger("nexus_workflows.fire_and_forget")
 CANCELED = JobStatus.CANCELED.value.encode()
 #: At most this many seconds between two sweeps of one queue by one process.
 SWEEP_EVERY = 60.0
-#: Jobs looked at per sweep: a backlog goes over the next sweeps.
+#: Cancelled jobs read per page, and pages per sweep: a longer backlog goes over the next
+#: sweeps.
 SWEEP_BATCH = 100
+SWEEP_PAGES = 10
 
 _last_sweeps: dict[str, float] = {}  # queue name -> time.monotonic() of its last sweep
 _sweeping = threading.Lock()
@@ -61,29 +63,38 @@ def sweep_cancelled(queue: Queue, horizon: int) -> int:
 
 
 def _sweep(queue: Queue, horizon: int) -> int:
-    from nexus_workflows.fire_and_forget.job_ids import split_job_id
-
     connection = queue.connection
     registry = CanceledJobRegistry(queue.name, connection=connection).key
     # The host's clock only narrows the read; free_if_cancel_expired decides by Redis's.
-    ids = connection.zrangebyscore(registry, "-inf", time.time() - horizon, start=0, num=SWEEP_BATCH)
-    deleted = 0
-    for raw_id in ids:
-        job_id = cast(bytes, raw_id).decode()
-        try:
-            kind, _ = split_job_id(job_id)
-        except ValueError:
-            continue  # not a workflow's job id
-        description = connection.hget(queue.job_class.key_for(job_id), "description")
-        if description != f"workflow {kind}".encode():
-            continue  # another job of the project's whose id looks like one
-        if free_if_cancel_expired(queue, job_id, horizon) and not connection.exists(
-            queue.job_class.key_for(job_id)
-        ):
-            deleted += 1
+    cutoff = time.time() - horizon
+    kept, deleted = 0, 0
+    # Page on past what stays (other jobs, running ones): they never starve the sweep.
+    for _ in range(SWEEP_PAGES):
+        ids = connection.zrangebyscore(registry, "-inf", cutoff, start=kept, num=SWEEP_BATCH)
+        for raw_id in ids:
+            if _delete_if_ours_and_expired(queue, cast(bytes, raw_id).decode(), horizon):
+                deleted += 1
+            else:
+                kept += 1
+        if len(ids) < SWEEP_BATCH:
+            break
     if deleted:
         logger.debug("queue %r: %d cancelled job(s) past the horizon deleted", queue.name, deleted)
     return deleted
+
+
+def _delete_if_ours_and_expired(queue: Queue, job_id: str, horizon: int) -> bool:
+    """Whether the cancelled job ``job_id``, a workflow's, was deleted here."""
+    from nexus_workflows.fire_and_forget.job_ids import split_job_id
+
+    try:
+        kind, _ = split_job_id(job_id)
+    except ValueError:
+        return False  # not a workflow's job id: no round trip
+    key = queue.job_class.key_for(job_id)
+    if queue.connection.hget(key, "description") != f"workflow {kind}".encode():
+        return False  # another job of the project's whose id looks like one
+    return free_if_cancel_expired(queue, job_id, horizon) and not queue.connection.exists(key)
 
 
 def free_if_cancel_expired(queue: Queue, job_id: str, horizon: int) -> bool:
