@@ -61,7 +61,7 @@ def test_the_insert_statement_alone_writes_on_bare_psycopg_what_insert_pending_w
     factory = psycopg.ClientCursor if prepare is None else psycopg.Cursor
     # Django's parameters turn preparing off (prepare_threshold None); psycopg's default is 5.
     with raw_connection(cursor_factory=factory, prepare_threshold=5) as bare:
-        (work_id,) = bare.execute(sql_text, params, prepare=prepare).fetchone()
+        work_id, created_at = bare.execute(sql_text, params, prepare=prepare).fetchone()
         # The key taken: no row, and no error (ON CONFLICT ON CONSTRAINT nw_unique_dedupe_key).
         assert bare.execute(sql_text, params, prepare=prepare).fetchone() is None
         if prepare:
@@ -73,8 +73,9 @@ def test_the_insert_statement_alone_writes_on_bare_psycopg_what_insert_pending_w
         k: v for k, v in usual.items() if k not in differs
     }
     assert (alone["kind"], alone["trigger"], alone["status"]) == ("k", {"key": "alone"}, Status.PENDING)
-    assert alone["created_at"] == now
-    assert before <= alone["next_attempt_at"] <= database_now("default")  # the database's clock
+    # The database's clock, also for the stamps, returned with the id.
+    assert before <= alone["created_at"] == alone["updated_at"] == created_at <= database_now("default")
+    assert before <= alone["next_attempt_at"] <= database_now("default")
 
 
 @pytest.mark.postgresql

@@ -406,7 +406,7 @@ def test_the_times_task_started_and_task_finished_carry_are_the_stored_ones() ->
     for result in results:
         stored = (result.started_at, result.last_attempted_at, result.finished_at)
         assert None not in stored
-        assert seen["enqueued", result.id] == (result.enqueued_at,)  # the enqueuing host's, as stored
+        assert seen["enqueued", result.id] == (result.enqueued_at,)  # as stored (created_at)
         assert seen["finished", result.id] == stored
         # The last attempt's start (a retry's started_at stays the first attempt's).
         assert seen["started", result.id] == stored[:2]

@@ -10,7 +10,11 @@ Nothing changes in what is written: every column not given takes its model defau
 through the ORM. On PostgreSQL a taken dedupe key is skipped (``ON CONFLICT ON CONSTRAINT
 … DO NOTHING``): no error on the server, whose log would show the failed statement with
 the trigger in it. Elsewhere it raises ``IntegrityError``. A new row is due by the
-database's clock (now plus the delay, in the statement itself), never by the host's.
+database's clock (now plus the delay, in the statement itself), never by the host's; on
+PostgreSQL it is stamped (``created_at``, ``updated_at``) by that clock too, and the
+one-row INSERT returns the stamp with the id (a Django task's ``enqueued_at``). SQLite's
+clock is this host's; on MariaDB, whose rows go through the ORM's ``create()`` (which
+returns no value the database computed), the host's ``now`` stamps them.
 """
 
 from __future__ import annotations
@@ -57,7 +61,9 @@ class _Plan:
     # cannot return ids.
     one_row_sql: str | None
     one_row_defaults: tuple[Any, ...]  # bound after the varying values (PostgreSQL: literals)
-    due_by_database: bool  # the INSERT computes the due time (sql.postgresql.DUE_SQL)
+    # The INSERT computes the due time (sql.postgresql.DUE_SQL) and the creation stamps
+    # (NOW_SQL), and returns created_at after the id.
+    due_by_database: bool
     returning_params: tuple[Any, ...]
     many_rows_sql: str | None  # PostgreSQL: INSERT … SELECT FROM jsonb_array_elements(…)
 
@@ -84,9 +90,17 @@ def _plan(using: str) -> _Plan:
         # The constants as literals: the INSERT binds only what varies.
         placeholders = ["%s"] * len(varying)
         placeholders[_VARYING.index("next_attempt_at")] = statements.DUE_SQL
+        placeholders[_VARYING.index("created_at")] = statements.NOW_SQL
+        placeholders[_VARYING.index("updated_at")] = statements.NOW_SQL
         constants = list(zip(others, defaults, strict=True))
         one_row_sql, returning_params = statements.insert_returning_pk_with_constants(
-            DeferredWork, varying, constants, using, placeholders, skip_conflict_on=DEDUPE_CONSTRAINT
+            DeferredWork,
+            varying,
+            constants,
+            using,
+            placeholders,
+            skip_conflict_on=DEDUPE_CONSTRAINT,
+            also_returning=[opts.get_field("created_at")],
         )
         one_row_defaults = ()
     elif hasattr(statements, "insert_returning_pk") and connection.features.can_return_columns_from_insert:
@@ -126,9 +140,42 @@ def insert_pending(
     backend_name: str = "",
 ) -> int | None:
     """Insert one pending row, due at ``run_after`` or else ``delay`` after the database's
-    now; returns its id. ``now`` (the host's) stamps its creation. A taken key returns
-    ``None`` on PostgreSQL (no error on the server, so its log never gets the statement's
-    values) and raises ``IntegrityError`` elsewhere."""
+    now; returns its id. A taken key returns ``None`` on PostgreSQL (no error on the
+    server, so its log never gets the statement's values) and raises ``IntegrityError``
+    elsewhere. See :func:`insert_pending_stamped` for ``now``."""
+    inserted = insert_pending_stamped(
+        using,
+        kind=kind,
+        dedupe_key=dedupe_key,
+        trigger=trigger,
+        now=now,
+        delay=delay,
+        run_after=run_after,
+        flow_hashes=flow_hashes,
+        priority=priority,
+        queue_name=queue_name,
+        backend_name=backend_name,
+    )
+    return None if inserted is None else inserted[0]
+
+
+def insert_pending_stamped(
+    using: str,
+    *,
+    kind: str,
+    dedupe_key: str,
+    trigger: Any,
+    now: datetime,
+    delay: timedelta = _NO_DELAY,
+    run_after: datetime | None = None,
+    flow_hashes: tuple[str | None, str | None] = (None, None),
+    priority: int = 0,
+    queue_name: str = "",
+    backend_name: str = "",
+) -> tuple[int, datetime] | None:
+    """:func:`insert_pending`, returning ``(id, created_at)`` as stored: on PostgreSQL the
+    database's time, returned by the INSERT itself (no round trip more); elsewhere ``now``
+    (the host's: on SQLite that is the database's clock, see the module docstring)."""
     connection = connections[using]
     plan = _plan(using)
     if plan.one_row_sql is None:
@@ -145,7 +192,7 @@ def insert_pending(
             queue_name=queue_name,
             backend_name=backend_name,
         )
-        return work.pk
+        return work.pk, now
     due = (run_after, delay)
     params = _one_row_params(
         plan, connection, kind, dedupe_key, trigger, due, now, flow_hashes, priority, queue_name, backend_name
@@ -153,7 +200,9 @@ def insert_pending(
     with connection.cursor() as cursor:
         cursor.execute(plan.one_row_sql, params)
         row = cursor.fetchone()
-    return None if row is None else row[0]
+    if row is None:
+        return None
+    return (row[0], row[1]) if plan.due_by_database else (row[0], now)
 
 
 def one_row_statement(
@@ -196,21 +245,22 @@ def _one_row_params(
     defaults it binds, then what its ``RETURNING`` binds); ``due`` is (``run_after``,
     ``delay``)."""
     stamp = plan.columns[4]
-    prepared_now = stamp.get_db_prep_save(now, connection=connection)
     run_after, delay = due
     if plan.due_by_database:  # sql.postgresql.DUE_SQL: the time given, else now + seconds
         given = None if run_after is None else stamp.get_db_prep_save(run_after, connection=connection)
         prepared_due: tuple[Any, ...] = (given, delay.total_seconds())
+        stamps: tuple[Any, ...] = ()  # sql.postgresql.NOW_SQL
     else:  # SQLite: its clock is this host's (clock.due_after)
         when = run_after or due_after(delay, now=now, using=connection.alias)
         prepared_due = (stamp.get_db_prep_save(when, connection=connection),)
+        prepared_now = stamp.get_db_prep_save(now, connection=connection)
+        stamps = (prepared_now, prepared_now)
     return (
         kind,
         dedupe_key,
         plan.columns[2].get_db_prep_save(trigger, connection=connection),
         *prepared_due,
-        prepared_now,
-        prepared_now,
+        *stamps,
         *flow_hashes,
         priority,
         queue_name,
@@ -233,11 +283,11 @@ def insert_pending_many_postgresql(
     """Insert pending rows for ``keys`` with one statement, skipping keys that exist, due
     ``delay`` after the database's now; ``triggers`` maps each key to its trigger's JSON
     text, ``flow_hashes`` (when the kind has keyed limits) to its (serial, rate) key
-    hashes. Returns the ids inserted."""
+    hashes. Returns the ids inserted. The rows are stamped by the database's clock
+    (``sql.postgresql.NOW_SQL``): ``now`` is not used."""
     connection = connections[using]
     plan = _plan(using)
     assert plan.many_rows_sql is not None, "PostgreSQL only"
-    stamp = plan.columns[4]
     # The document is put together as text: each trigger is JSON text already.
     hashes = flow_hashes or {}
     document = (
@@ -248,9 +298,8 @@ def insert_pending_many_postgresql(
         )
         + "]"
     )
-    prepared_now = stamp.get_db_prep_save(now, connection=connection)
-    seconds = delay.total_seconds()  # sql.postgresql.DUE_AFTER_SQL
-    params = [kind, seconds, prepared_now, prepared_now, *_WORKFLOW_TASK_FIELDS, *plan.defaults]
+    seconds = delay.total_seconds()  # sql.postgresql.DUE_AFTER_SQL; the stamps are NOW_SQL
+    params = [kind, seconds, *_WORKFLOW_TASK_FIELDS, *plan.defaults]
     params.append(document)
     with connection.cursor() as cursor:
         cursor.execute(plan.many_rows_sql, params)

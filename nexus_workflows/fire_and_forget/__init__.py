@@ -23,9 +23,9 @@ seconds (both ``result_ttl`` and ``failure_ttl`` are set to it, overriding RQ's 
 one year), so the horizon is the same as for deferred work. Queued and scheduled jobs get
 no TTL: they never expire before they run, and a running job's hash has none either.
 A job cancelled with RQ's ``job.cancel()`` gets no TTL from RQ; it holds its key for the
-same horizon from its cancel, then an enqueue of its key replaces it (see
-:mod:`~nexus_workflows.fire_and_forget.cancelled`). Deleting a job in django-rq's admin
-frees its key at once.
+same horizon from its cancel, then an enqueue of its key replaces it, or a sweep at an
+enqueue of another key deletes it (see :mod:`~nexus_workflows.fire_and_forget.cancelled`).
+Deleting a job in django-rq's admin frees its key at once.
 
 Transactions. Inside ``transaction.atomic()`` (on the default database, as in django-rq)
 the job is sent when the outermost transaction commits, and not at all if it rolls back.

@@ -25,7 +25,7 @@ from nexus_workflows.exceptions import (
     InvalidEnqueueOption,
     QueueUnavailable,
 )
-from nexus_workflows.fire_and_forget.cancelled import free_if_cancel_expired
+from nexus_workflows.fire_and_forget.cancelled import free_if_cancel_expired, sweep_cancelled
 from nexus_workflows.fire_and_forget.embedded import warn_if_embedded
 from nexus_workflows.fire_and_forget.job import RUN_SEALED_JOB
 from nexus_workflows.fire_and_forget.job_ids import job_id_for
@@ -220,14 +220,25 @@ def _send(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOption
     horizon = horizon_seconds()
     try:
         _create(queue, kind, trigger, job_id, options, horizon)
+        created = True
     except DuplicateJobError:
         # Looked for only here: a new job costs nothing more, a duplicate one status read.
-        if not free_if_cancel_expired(queue, job_id, horizon):
-            return False
-        try:
-            _create(queue, kind, trigger, job_id, options, horizon)
-        except DuplicateJobError:  # a job holds the key after all (another enqueue won)
-            return False
+        created = free_if_cancel_expired(queue, job_id, horizon) and _create_again(
+            queue, kind, trigger, job_id, options, horizon
+        )
+    # Once Redis has answered (an outage is not waited for twice), at most once a minute:
+    # cancelled jobs whose keys are never enqueued again.
+    sweep_cancelled(queue, horizon)
+    return created
+
+
+def _create_again(
+    queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int
+) -> bool:
+    try:
+        _create(queue, kind, trigger, job_id, options, horizon)
+    except DuplicateJobError:  # a job holds the key after all (another enqueue won)
+        return False
     return True
 
 

@@ -234,6 +234,9 @@ def release_waiting_lock(connection: Any) -> None:
 DUE_SQL = "COALESCE(%s, statement_timestamp() + make_interval(secs => %s))"
 #: The same for many rows, which are only ever due after a delay: one parameter.
 DUE_AFTER_SQL = "statement_timestamp() + make_interval(secs => %s)"
+#: A new row's creation stamp (``created_at``, ``updated_at``), by the database's clock: a
+#: Django task's ``enqueued_at`` is its ``created_at``, returned by the INSERT itself.
+NOW_SQL = "statement_timestamp()"
 
 
 def insert_returning_pk_with_constants(
@@ -243,6 +246,7 @@ def insert_returning_pk_with_constants(
     using: str,
     varying_sql: Sequence[str] | None = None,
     skip_conflict_on: str | None = None,
+    also_returning: Sequence[Any] = (),
 ) -> tuple[str, tuple[Any, ...]]:
     """:func:`insert_returning_pk` of ``varying`` fields and ``constants`` (``(field,
     value prepared for the database)`` pairs, the same for every row), with the constants
@@ -257,11 +261,12 @@ def insert_returning_pk_with_constants(
     ``skip_conflict_on`` (a unique constraint's name) adds ``ON CONFLICT ON CONSTRAINT …
     DO NOTHING``: a row that constraint refuses is skipped and no id returned, with no
     error on the server (whose log would show the statement with its values); any other
-    constraint still raises ``IntegrityError``.
+    constraint still raises ``IntegrityError``. ``also_returning``: fields returned after
+    the id.
     """
     connection = connections[using]
     fields = [*varying, *(field for field, _ in constants)]
-    sql, trailing = insert_returning_pk(model, fields, using)
+    sql, trailing = insert_returning_pk(model, fields, using, also_returning)
     head, values = sql.split(" VALUES (", 1)
     placeholders, tail = values.split(")", 1)
     if placeholders.split(", ") != ["%s"] * len(fields):
@@ -285,7 +290,7 @@ def insert_many_from_json_sql(
     constraint's refusals are skipped: any other unique index still raises.
 
     ``columns`` are the fields in the statement's order: ``kind``, ``dedupe_key``,
-    ``trigger``, the due time (:data:`DUE_AFTER_SQL`), two timestamps, the two key hashes,
+    ``trigger``, the due time (:data:`DUE_AFTER_SQL`), two timestamps (:data:`NOW_SQL`), the two key hashes,
     then every other column. Each is a typed parameter (the same for every row) except
     those read from the item.
     """
@@ -299,7 +304,8 @@ def insert_many_from_json_sql(
         "item ->> 0",
         "item -> 1",
         DUE_AFTER_SQL,
-        *(typed(f) for f in columns[4:6]),
+        NOW_SQL,
+        NOW_SQL,
         "item ->> 2",
         "item ->> 3",
         *(typed(f) for f in columns[8:]),

@@ -82,10 +82,12 @@ def _update_appending_returning(
     return rows
 
 
-def insert_returning_pk(model: type[Any], fields: Sequence[Any], using: str) -> tuple[str, tuple[Any, ...]]:
-    """A one-row ``INSERT`` of ``fields`` that returns the new row's id, compiled once:
-    ``(sql, trailing params)``; the caller appends the values in ``fields``' order and
-    then the trailing params.
+def insert_returning_pk(
+    model: type[Any], fields: Sequence[Any], using: str, also_returning: Sequence[Any] = ()
+) -> tuple[str, tuple[Any, ...]]:
+    """A one-row ``INSERT`` of ``fields`` that returns the new row's id (then the fields
+    ``also_returning``), compiled once: ``(sql, trailing params)``; the caller appends the
+    values in ``fields``' order and then the trailing params.
 
     Internals, and why: Django compiles an ``INSERT`` only for model instances
     (``QuerySet.create`` builds an instance and prepares every field on every call, which
@@ -98,7 +100,7 @@ def insert_returning_pk(model: type[Any], fields: Sequence[Any], using: str) -> 
     query = InsertQuery(model)
     query.insert_values(list(fields), [model(trigger={})])
     compiler = query.get_compiler(using=using)
-    compiler.returning_fields = [model._meta.pk]
+    compiler.returning_fields = [model._meta.pk, *also_returning]
     ((sql, _),) = compiler.as_sql()
     return sql, tuple(compiler.returning_params)
 

@@ -192,7 +192,7 @@ class DeferredBackend(BaseTaskBackend):
     # --- enqueue ------------------------------------------------------------------------
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
-        from nexus_workflows.deferred.inserts import insert_pending
+        from nexus_workflows.deferred.inserts import insert_pending_stamped
         from nexus_workflows.deferred.wakeup import notify
         from nexus_workflows.models import DeferredWork
 
@@ -204,7 +204,7 @@ class DeferredBackend(BaseTaskBackend):
         # Inside the caller's atomic() this is one more statement of its transaction:
         # no dedupe race to lose (the key is new), so no savepoint either.
         try:
-            work_id = insert_pending(
+            inserted = insert_pending_stamped(
                 using,
                 kind=task.module_path,
                 dedupe_key=result_id,
@@ -217,14 +217,14 @@ class DeferredBackend(BaseTaskBackend):
             )
         except (IntegrityError, DataError) as error:  # the key is a new UUID: never a dedupe race
             raise _refused(task, error, using) from None
-        if work_id is None:  # its new UUID taken (PostgreSQL skips a taken key): never seen
+        if inserted is None:  # its new UUID taken (PostgreSQL skips a taken key): never seen
             raise EnqueueRejected(f"task {task.module_path!r}: its new id was taken; it was not written")
         notify(using, inserted=True)
         result: TaskResult[Any] = TaskResult(
             task=task,
             id=result_id,
             status=TaskResultStatus.READY,
-            enqueued_at=now,
+            enqueued_at=inserted[1],  # created_at as stored: the database's clock on PostgreSQL
             started_at=None,
             last_attempted_at=None,
             finished_at=None,

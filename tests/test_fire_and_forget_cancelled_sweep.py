@@ -1,0 +1,98 @@
+"""A cancelled fire-and-forget job whose key is never enqueued again does not stay in Redis
+for ever: enqueues on its queue sweep cancelled workflow jobs past the horizon, and leave
+every other job alone (against the real Redis, REDIS_TEST_URL)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+from rq.job import JobStatus
+from rq.queue import Queue
+from rq.registry import CanceledJobRegistry
+
+from nexus_workflows import enqueue
+from nexus_workflows.fire_and_forget import get_queue
+
+LEDGER = "test-ff-ledger"
+
+
+@pytest.fixture
+def queue(rq_redis: redis.Redis) -> Queue:
+    return get_queue("default")
+
+
+def redis_now(queue: Queue) -> float:
+    seconds, microseconds = queue.connection.time()
+    return seconds + microseconds / 1e6
+
+
+def wait_for_redis_time(queue: Queue, at_least: float, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while redis_now(queue) < at_least:
+        assert time.monotonic() < deadline, "timed out waiting for Redis's clock"
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_of_another_key_deletes_a_workflow_job_cancelled_past_the_horizon(
+    queue: Queue, settings: Any
+) -> None:
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 2}
+    cancelled = enqueue(LEDGER, {"key": "never-again"})
+    assert cancelled is not None
+    # Jobs that are not a workflow's, cancelled too: one whose id looks like a workflow's.
+    others = [
+        queue.enqueue_call("builtins.print", job_id="someone-elses-job"),
+        queue.enqueue_call("builtins.print", job_id=f"{LEDGER}__look-alike"),
+    ]
+    for job in [queue.fetch_job(cancelled), *others]:
+        job.cancel()
+    registry = CanceledJobRegistry(queue=queue)
+    # RQ records the cancel in whole seconds (rounded down): one more second is waited.
+    cancelled_at = queue.connection.zscore(registry.key, cancelled)
+    assert cancelled_at is not None
+    wait_for_redis_time(queue, cancelled_at + 3)
+
+    assert enqueue(LEDGER, {"key": "another"}) is not None
+
+    assert queue.fetch_job(cancelled) is None
+    assert not queue.connection.exists(queue.job_class.key_for(cancelled))
+    assert sorted(registry.get_job_ids()) == sorted(job.id for job in others)
+    for job in others:
+        assert queue.fetch_job(job.id).get_status() == JobStatus.CANCELED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_cancelled_within_the_horizon_is_not_swept(queue: Queue, settings: Any) -> None:
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 3600}
+    cancelled = enqueue(LEDGER, {"key": "recent"})
+    assert cancelled is not None
+    queue.fetch_job(cancelled).cancel()
+    assert enqueue(LEDGER, {"key": "another"}) is not None
+    assert queue.fetch_job(cancelled).get_status() == JobStatus.CANCELED
+    assert enqueue(LEDGER, {"key": "recent"}) is None  # still holds its key
+
+
+@pytest.mark.django_db(transaction=True)
+def test_other_cancelled_jobs_ahead_in_the_registry_do_not_starve_the_sweep(
+    queue: Queue, settings: Any
+) -> None:
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 2}
+    # More than a page of other jobs, cancelled first: they come first in the registry.
+    for number in range(150):
+        queue.enqueue_call("builtins.print", job_id=f"a-job-of-the-project-{number}").cancel()
+    cancelled = enqueue(LEDGER, {"key": "behind-them"})
+    assert cancelled is not None
+    queue.fetch_job(cancelled).cancel()
+    registry = CanceledJobRegistry(queue=queue)
+    cancelled_at = queue.connection.zscore(registry.key, cancelled)
+    assert cancelled_at is not None
+    wait_for_redis_time(queue, cancelled_at + 3)
+
+    assert enqueue(LEDGER, {"key": "another"}) is not None
+
+    assert queue.fetch_job(cancelled) is None
+    assert len(registry.get_job_ids()) == 150
