@@ -203,8 +203,9 @@ class ReplaceIndexWithoutBlocking(Operation):
         if not self.allow_migrate_model(schema_editor.connection.alias, model):
             return
         if not schema_editor.connection.features.can_rename_index:
-            schema_editor.remove_index(model, old)
-            schema_editor.add_index(model, new)
+            with transaction.atomic(schema_editor.connection.alias):  # SQLite: all or nothing
+                schema_editor.remove_index(model, old)
+                schema_editor.add_index(model, new)
             return
         swap = IndexSwap(schema_editor, model, old, new)
         for step in swap.steps():
