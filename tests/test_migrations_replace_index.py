@@ -166,3 +166,52 @@ def test_migration_0014_backwards_and_forwards_gives_the_same_indexes() -> None:
     finally:
         migrate(None)
     assert index_definitions() == expected
+
+
+def _validity(name: str) -> bool | None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname = %s",
+            [name],
+        )
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+@pytest.mark.postgresql
+def test_an_interrupted_build_of_the_new_due_index_keeps_the_old_one_and_is_built_again() -> None:
+    """0014's concurrent build is cancelled while it waits for an older snapshot: the old
+    nw_due_idx is still there and valid (claims keep their index), the temporary index is
+    left INVALID, and migrate again drops it, builds it, and swaps."""
+    expected = index_definitions()
+    migrate("0013_mysql_exact_text")
+    holder, watcher = raw_connection(), raw_connection()
+    failures: list[Exception] = []
+    thread = None
+    try:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM django_migrations")  # a snapshot the build waits out
+        thread = _migrate_in_thread(MIGRATION, failures)
+
+        def building() -> Any:
+            return watcher.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query ILIKE 'CREATE INDEX CONCURRENTLY%%nw_due_idx_swap%%' AND wait_event_type = 'Lock'"
+            ).fetchone()
+
+        (pid,) = wait_for(building, timeout=30, what="the concurrent build waiting")
+        watcher.execute("SELECT pg_cancel_backend(%s)", [pid])
+        thread.join(timeout=60)
+        holder.execute("COMMIT")
+        assert failures, "the cancelled build did not fail the migration"
+        assert (_validity("nw_due_idx"), _validity("nw_due_idx_swap")) == (True, False)
+        assert (APP, MIGRATION) not in recorded()
+    finally:
+        holder.close()
+        watcher.close()
+        if thread is not None:
+            thread.join(timeout=60)
+        migrate(None)
+    assert (_validity("nw_due_idx"), _validity("nw_due_idx_swap")) == (True, None)
+    assert index_definitions() == expected
