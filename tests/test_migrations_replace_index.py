@@ -4,45 +4,32 @@ and the new one renamed; each step is skipped by a run again after an interrupti
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test.utils import CaptureQueriesContext
 
 from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.models import DeferredWork
+from tests.migrating import (
+    APP,
+    TABLE,
+    index_definitions,
+    migrate,
+    migrate_in_thread,
+    recorded,
+    validity,
+    waiting_index_statements,
+)
 from tests.processes import wait_for
 from tests.raw_connections import raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-APP = "nexus_workflows"
 MIGRATION = "0014_due_index_status_first"
-TABLE = DeferredWork._meta.db_table
 DUE_INDEXES = ("nw_due_idx", "nw_due_idx_swap")
-
-
-def migrate(target: str | None) -> None:
-    executor = MigrationExecutor(connection)
-    targets = [(APP, target)] if target else executor.loader.graph.leaf_nodes()
-    executor.migrate(targets)
-
-
-def recorded() -> set[tuple[str, str]]:
-    return set(MigrationExecutor(connection).loader.applied_migrations)
-
-
-def index_definitions() -> dict[str, str]:
-    with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, TABLE)
-    return {
-        name: repr((c["columns"], c.get("orders"), c["unique"], c["index"]))
-        for name, c in constraints.items()
-        if name.startswith("nw_")
-    }
 
 
 def _claim_query(register_workflow: Any) -> str:
@@ -77,8 +64,8 @@ def test_migration_0014_leaves_the_claim_a_due_index_at_every_moment(register_wo
     try:
         holder.execute("BEGIN")
         holder.execute(f"LOCK TABLE {TABLE} IN ROW EXCLUSIVE MODE")  # what an insert takes
-        thread = _migrate_in_thread(MIGRATION, failures)
-        wait_for(lambda: _waiting_index_statements(watcher), timeout=30, what="0014 waiting on the holder")
+        thread = migrate_in_thread(MIGRATION, failures)
+        wait_for(lambda: waiting_index_statements(watcher), timeout=30, what="0014 waiting on the holder")
         for _ in range(5):
             plans.append(_due_index_of_plan(planner, claim))
         holder.execute("COMMIT")
@@ -95,27 +82,6 @@ def test_migration_0014_leaves_the_claim_a_due_index_at_every_moment(register_wo
     assert not failures, failures
     assert None not in plans, f"{plans.count(None)} of {len(plans)} claim plans read no due index"
     assert plans[-1] == "nw_due_idx"
-
-
-def _waiting_index_statements(watcher: Any) -> list[Any]:
-    return watcher.execute(
-        "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND (query ILIKE 'CREATE INDEX%%' OR query ILIKE 'DROP INDEX%%')"
-    ).fetchall()
-
-
-def _migrate_in_thread(target: str, failures: list[Exception]) -> threading.Thread:
-    def run() -> None:
-        try:
-            migrate(target)
-        except Exception as error:  # noqa: BLE001 - reported to the test
-            failures.append(error)
-        finally:
-            connections["default"].close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 def _interrupted_after(steps: int) -> None:
@@ -168,17 +134,6 @@ def test_migration_0014_backwards_and_forwards_gives_the_same_indexes() -> None:
     assert index_definitions() == expected
 
 
-def _validity(name: str) -> bool | None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = %s",
-            [name],
-        )
-        row = cursor.fetchone()
-    return None if row is None else row[0]
-
-
 @pytest.mark.postgresql
 def test_an_interrupted_build_of_the_new_due_index_keeps_the_old_one_and_is_built_again() -> None:
     """0014's concurrent build is cancelled while it waits for an older snapshot: the old
@@ -192,7 +147,7 @@ def test_an_interrupted_build_of_the_new_due_index_keeps_the_old_one_and_is_buil
     try:
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT count(*) FROM django_migrations")  # a snapshot the build waits out
-        thread = _migrate_in_thread(MIGRATION, failures)
+        thread = migrate_in_thread(MIGRATION, failures)
 
         def building() -> Any:
             return watcher.execute(
@@ -205,7 +160,7 @@ def test_an_interrupted_build_of_the_new_due_index_keeps_the_old_one_and_is_buil
         thread.join(timeout=60)
         holder.execute("COMMIT")
         assert failures, "the cancelled build did not fail the migration"
-        assert (_validity("nw_due_idx"), _validity("nw_due_idx_swap")) == (True, False)
+        assert (validity("nw_due_idx"), validity("nw_due_idx_swap")) == (True, False)
         assert (APP, MIGRATION) not in recorded()
     finally:
         holder.close()
@@ -213,5 +168,5 @@ def test_an_interrupted_build_of_the_new_due_index_keeps_the_old_one_and_is_buil
         if thread is not None:
             thread.join(timeout=60)
         migrate(None)
-    assert (_validity("nw_due_idx"), _validity("nw_due_idx_swap")) == (True, None)
+    assert (validity("nw_due_idx"), validity("nw_due_idx_swap")) == (True, None)
     assert index_definitions() == expected
