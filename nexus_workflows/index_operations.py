@@ -13,6 +13,9 @@ non-atomic migration is not rolled back when it fails, so each step here can be 
 an interrupted concurrent build leaves an INVALID index, which the next run drops and
 builds again; an index already built (valid) is kept; a drop of a missing index is a no-op;
 a transaction group whose tables and columns are all there already is not run again.
+
+An index that queries need at every moment (the claims' ``nw_due_idx``) is replaced with
+:class:`ReplaceIndexWithoutBlocking`: the new one is built before the old one is dropped.
 """
 
 from __future__ import annotations
