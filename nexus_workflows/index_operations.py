@@ -13,6 +13,9 @@ non-atomic migration is not rolled back when it fails, so each step here can be 
 an interrupted concurrent build leaves an INVALID index, which the next run drops and
 builds again; an index already built (valid) is kept; a drop of a missing index is a no-op;
 a transaction group whose tables and columns are all there already is not run again.
+
+An index that queries need at every moment (the claims' ``nw_due_idx``) is replaced with
+:class:`ReplaceIndexWithoutBlocking`: the new one is built before the old one is dropped.
 """
 
 from __future__ import annotations
@@ -40,59 +43,76 @@ def _concurrent(schema_editor: Any) -> bool:
     return True
 
 
-class AddIndexWithoutBlocking(AddIndex):
+class _WithoutBlocking:
+    """What the operations below share: on PostgreSQL (when :meth:`_concurrently`) their
+    concurrent step, given the model of the state in which the index exists; elsewhere the
+    ordinary operation (the next class in the MRO: ``AddIndex``, ``RemoveIndex``...)."""
+
+    model_name: str
+    #: Whether the index exists after the operation (an add) or before it (a remove).
+    index_after = True
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
+    ) -> None:
+        if not self._concurrently(schema_editor):
+            super().database_forwards(app_label, schema_editor, from_state, to_state)  # type: ignore[misc]
+            return
+        state = to_state if self.index_after else from_state
+        model = self._model(app_label, schema_editor, state)
+        if model is not None:
+            self._forwards_concurrently(schema_editor, model, state)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
+    ) -> None:
+        if not self._concurrently(schema_editor):
+            super().database_backwards(app_label, schema_editor, from_state, to_state)  # type: ignore[misc]
+            return
+        state = from_state if self.index_after else to_state  # backwards, from_state is the later
+        model = self._model(app_label, schema_editor, state)
+        if model is not None:
+            self._backwards_concurrently(schema_editor, model, state)
+
+    def _concurrently(self, schema_editor: Any) -> bool:
+        return _concurrent(schema_editor)
+
+    def _model(self, app_label: str, schema_editor: Any, state: ProjectState) -> Any:
+        model = state.apps.get_model(app_label, self.model_name)
+        allowed = self.allow_migrate_model(schema_editor.connection.alias, model)  # type: ignore[attr-defined]
+        return model if allowed else None
+
+    def _forwards_concurrently(self, schema_editor: Any, model: Any, state: ProjectState) -> None:
+        raise NotImplementedError
+
+    def _backwards_concurrently(self, schema_editor: Any, model: Any, state: ProjectState) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return super().describe() + " (concurrently on PostgreSQL)"  # type: ignore[misc]
+
+
+class AddIndexWithoutBlocking(_WithoutBlocking, AddIndex):
     """``AddIndex``; on PostgreSQL ``CREATE INDEX CONCURRENTLY``, re-runnable."""
 
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
-    ) -> None:
-        if not _concurrent(schema_editor):
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            build_concurrently(schema_editor, model, self.index)
+    def _forwards_concurrently(self, schema_editor: Any, model: Any, state: ProjectState) -> None:
+        build_concurrently(schema_editor, model, self.index)
 
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
-    ) -> None:
-        if not _concurrent(schema_editor):
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            drop_concurrently(schema_editor, model, self.index.name)
-
-    def describe(self) -> str:
-        return super().describe() + " (concurrently on PostgreSQL)"
+    def _backwards_concurrently(self, schema_editor: Any, model: Any, state: ProjectState) -> None:
+        drop_concurrently(schema_editor, model, self.index.name)
 
 
-class RemoveIndexWithoutBlocking(RemoveIndex):
+class RemoveIndexWithoutBlocking(_WithoutBlocking, RemoveIndex):
     """``RemoveIndex``; on PostgreSQL ``DROP INDEX CONCURRENTLY IF EXISTS``."""
 
-    def database_forwards(
-        self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
-    ) -> None:
-        if not _concurrent(schema_editor):
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            drop_concurrently(schema_editor, model, self.name)
+    index_after = False
 
-    def database_backwards(
-        self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
-    ) -> None:
-        if not _concurrent(schema_editor):
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-            build_concurrently(schema_editor, model, index)
+    def _forwards_concurrently(self, schema_editor: Any, model: Any, state: ProjectState) -> None:
+        drop_concurrently(schema_editor, model, self.name)
 
-    def describe(self) -> str:
-        return super().describe() + " (concurrently on PostgreSQL)"
+    def _backwards_concurrently(self, schema_editor: Any, model: Any, state: ProjectState) -> None:
+        index = state.models[model._meta.app_label, self.model_name_lower].get_index_by_name(self.name)
+        build_concurrently(schema_editor, model, index)
 
 
 def build_concurrently(schema_editor: Any, model: Any, index: Any) -> None:
@@ -121,39 +141,147 @@ def drop_concurrently(schema_editor: Any, model: Any, name: str) -> None:
     schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {schema_editor.quote_name(name)}")
 
 
-class AddConstraintWithoutBlocking(AddConstraint):
+class AddConstraintWithoutBlocking(_WithoutBlocking, AddConstraint):
     """``AddConstraint`` of a partial unique constraint (which Django builds as a unique
     index); on PostgreSQL ``CREATE UNIQUE INDEX CONCURRENTLY``, re-runnable."""
 
     constraint: Any  # set by AddConstraint (not in django-stubs' class)
-    model_name: str
+
+    def _concurrently(self, schema_editor: Any) -> bool:
+        return _concurrent(schema_editor) and getattr(self.constraint, "condition", None) is not None
+
+    def _forwards_concurrently(self, schema_editor: Any, model: Any, state: ProjectState) -> None:
+        statement = str(self.constraint.create_sql(model, schema_editor))
+        if not statement.startswith("CREATE UNIQUE INDEX "):
+            raise RuntimeError(f"constraint {self.constraint.name!r} is not built as an index")
+        concurrent = statement.replace("CREATE UNIQUE INDEX ", "CREATE UNIQUE INDEX CONCURRENTLY ", 1)
+        build_once(schema_editor, model, self.constraint.name, lambda: schema_editor.execute(concurrent))
+
+    def _backwards_concurrently(self, schema_editor: Any, model: Any, state: ProjectState) -> None:
+        drop_concurrently(schema_editor, model, self.constraint.name)
+
+
+class ReplaceIndexWithoutBlocking(Operation):
+    """``RemoveIndex(old_name)`` then ``AddIndex(index)`` in the migration state (so the
+    same schema and ``makemigrations``), for an index that queries need at every moment: the
+    new index is built first under a temporary name (concurrently on PostgreSQL), then the
+    old one dropped (concurrently) and the new one renamed (``ALTER INDEX … RENAME``: a
+    SHARE UPDATE EXCLUSIVE lock, which writers do not wait for). Each step is skipped when a
+    run stopped after it had done it, which the indexes on the table show. On a database
+    that cannot rename an index (SQLite) the ordinary drop and build."""
+
+    reversible = True
+
+    def __init__(self, model_name: str, old_name: str, index: Any) -> None:
+        self.model_name = model_name
+        self.old_name = old_name
+        self.index = index
+        super().__init__()
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        kwargs = {"model_name": self.model_name, "old_name": self.old_name, "index": self.index}
+        return (self.__class__.__qualname__, [], kwargs)
+
+    def _operations(self) -> tuple[RemoveIndex, AddIndex]:
+        return RemoveIndex(self.model_name, self.old_name), AddIndex(self.model_name, self.index)
+
+    def state_forwards(self, app_label: str, state: ProjectState) -> None:
+        for operation in self._operations():
+            operation.state_forwards(app_label, state)
 
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
     ) -> None:
-        if not _concurrent(schema_editor) or getattr(self.constraint, "condition", None) is None:
-            super().database_forwards(app_label, schema_editor, from_state, to_state)
-            return
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            statement = str(self.constraint.create_sql(model, schema_editor))
-            if not statement.startswith("CREATE UNIQUE INDEX "):
-                raise RuntimeError(f"constraint {self.constraint.name!r} is not built as an index")
-            concurrent = statement.replace("CREATE UNIQUE INDEX ", "CREATE UNIQUE INDEX CONCURRENTLY ", 1)
-            build_once(schema_editor, model, self.constraint.name, lambda: schema_editor.execute(concurrent))
+        old = from_state.models[app_label, self.model_name.lower()].get_index_by_name(self.old_name)
+        self._replace(app_label, schema_editor, to_state, old, self.index)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: ProjectState, to_state: ProjectState
     ) -> None:
-        if not _concurrent(schema_editor) or getattr(self.constraint, "condition", None) is None:
-            super().database_backwards(app_label, schema_editor, from_state, to_state)
+        old = to_state.models[app_label, self.model_name.lower()].get_index_by_name(self.old_name)
+        self._replace(app_label, schema_editor, to_state, self.index, old)
+
+    def _replace(self, app_label: str, schema_editor: Any, state: ProjectState, old: Any, new: Any) -> None:
+        model = state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
             return
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            drop_concurrently(schema_editor, model, self.constraint.name)
+        if not schema_editor.connection.features.can_rename_index:
+            with transaction.atomic(schema_editor.connection.alias):  # SQLite: all or nothing
+                schema_editor.remove_index(model, old)
+                schema_editor.add_index(model, new)
+            return
+        swap = IndexSwap(schema_editor, model, old, new)
+        for step in swap.steps():
+            step()
 
     def describe(self) -> str:
-        return super().describe() + " (concurrently on PostgreSQL)"
+        return f"Replace index {self.old_name} on {self.model_name} by {self.index.name}, built first"
+
+    @property
+    def migration_name_fragment(self) -> str:
+        return f"replace_{self.model_name.lower()}_{self.index.name.lower()}"
+
+
+class IndexSwap:
+    """The steps of :class:`ReplaceIndexWithoutBlocking` on a database that renames indexes
+    (PostgreSQL, MariaDB), each a no-op when an earlier run did it."""
+
+    def __init__(self, schema_editor: Any, model: Any, old: Any, new: Any) -> None:
+        self.schema_editor = schema_editor
+        self.model = model
+        self.old = old
+        self.new = new
+        self.temporary = new.clone()
+        self.temporary.name = f"{new.name}_swap"
+
+    def steps(self) -> list[Callable[[], None]]:
+        return [self.build_temporary, self.drop_old, self.rename_temporary]
+
+    def _shapes(self) -> dict[str, tuple[list[str], list[str]]]:
+        """The columns and their orders of each index on the table, by name."""
+        connection = self.schema_editor.connection
+        with connection.cursor() as cursor:
+            found = connection.introspection.get_constraints(cursor, self.model._meta.db_table)
+        return {name: (c["columns"], c.get("orders") or []) for name, c in found.items() if c["index"]}
+
+    def _shape(self, index: Any) -> tuple[list[str], list[str]]:
+        meta = self.model._meta
+        columns = [meta.get_field(field).column for field, _ in index.fields_orders]
+        return columns, ["DESC" if order else "ASC" for _, order in index.fields_orders]
+
+    def _done(self, shapes: dict[str, tuple[list[str], list[str]]]) -> bool:
+        """Renamed already: the new name has the new index's shape (told from the old's)."""
+        if self.temporary.name in shapes or self._shape(self.old) == self._shape(self.new):
+            return False
+        return shapes.get(self.new.name) == self._shape(self.new)
+
+    def build_temporary(self) -> None:
+        shapes = self._shapes()
+        if self._done(shapes):
+            return
+        if self.temporary.name in shapes and shapes[self.temporary.name] != self._shape(self.new):
+            self._drop(self.temporary.name)  # a reverse run's leftover: another index
+            shapes = self._shapes()
+        if _concurrent(self.schema_editor):
+            build_concurrently(self.schema_editor, self.model, self.temporary)
+        elif self.temporary.name not in shapes:
+            self.schema_editor.add_index(self.model, self.temporary)
+
+    def drop_old(self) -> None:
+        shapes = self._shapes()
+        if self.temporary.name in shapes and self.old.name in shapes:
+            self._drop(self.old.name)
+
+    def rename_temporary(self) -> None:
+        shapes = self._shapes()
+        if self.temporary.name in shapes and self.new.name not in shapes:
+            self.schema_editor.rename_index(self.model, self.temporary, self.new)
+
+    def _drop(self, name: str) -> None:
+        if _concurrent(self.schema_editor):
+            drop_concurrently(self.schema_editor, self.model, name)
+        else:
+            self.schema_editor.execute(self.schema_editor._delete_index_sql(self.model, name))
 
 
 class InOneTransaction(Operation):

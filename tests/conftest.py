@@ -28,11 +28,19 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 #: serial keys: system check E009) and ``UPDATE … RETURNING`` (claims and done-writes
 #: read their rows back by claim token instead). SQLite: row locks (one writer at a time),
 #: rolling back writes made with autocommit off (sqlite3 commits before a savepoint), and a
-#: server reached over TCP (a test that puts a proxy between them).
-FEATURES = ("partial_indexes", "update_returning", "row_locks", "autocommit_off_rollback", "server")
+#: server reached over TCP (a test that puts a proxy between them), and renaming an index
+#: (Django drops and builds it again there).
+FEATURES = (
+    "partial_indexes",
+    "update_returning",
+    "row_locks",
+    "autocommit_off_rollback",
+    "server",
+    "index_rename",
+)
 LACKING: dict[str, set[str]] = {
     "mysql": {"partial_indexes", "update_returning"},
-    "sqlite": {"row_locks", "autocommit_off_rollback", "server"},
+    "sqlite": {"row_locks", "autocommit_off_rollback", "server", "index_rename"},
 }
 # How many tests each reason deselected, for the end of the run.
 DESELECTED: dict[str, int] = {}

@@ -7,7 +7,14 @@ when started by root it runs as the ``postgres`` user.
 
 As a program, it serves until SIGTERM (``bin/test`` runs a test leg through it)::
 
-    python -m tests.pgbouncer --upstream postgres://postgres@127.0.0.1:5432/db --url-file F
+    python -m tests.pgbouncer --upstream postgres://postgres@127.0.0.1:5432/db --url-file F \
+        [--fresh-test-database]
+
+``--fresh-test-database`` first drops the test database pytest-django makes of ``db``
+(``test_db``) straight on PostgreSQL: the leg runs with ``--reuse-db`` (PgBouncer's server
+sessions would block pytest-django's own drop), so rows and test triggers a killed run left
+there would otherwise meet the next run. No PgBouncer of this program holds it yet; the
+sessions of one a killed run left running are ended (``WITH (FORCE)``).
 """
 
 from __future__ import annotations
@@ -145,6 +152,26 @@ class PgBouncer:
         self.stop()
 
 
+def drop_test_database(upstream: str) -> str:
+    """Drop pytest-django's test database of the ``upstream`` URL's database, connecting
+    straight to PostgreSQL (its ``postgres`` database); its name, for the log."""
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(upstream)
+    name = "test_" + parts.path.lstrip("/")
+    with psycopg.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 5432,
+        user=parts.username or "postgres",
+        password=parts.password,
+        dbname="postgres",
+        autocommit=True,
+    ) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    return name
+
+
 def serve() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -153,7 +180,15 @@ def serve() -> None:
     parser.add_argument(
         "--url-file", required=True, help="gets the database's URL through PgBouncer once it listens"
     )
+    parser.add_argument(
+        "--fresh-test-database",
+        action="store_true",
+        help="first drop the upstream database's test database (test_<database>), bypassing PgBouncer",
+    )
     options = parser.parse_args()
+    if options.fresh_test_database:
+        dropped = drop_test_database(options.upstream)
+        print(f"tests.pgbouncer: dropped {dropped} (if it was there)", flush=True)
     upstream = urlsplit(options.upstream)
     bouncer = PgBouncer(
         upstream.hostname or "127.0.0.1", upstream.port or 5432, user=upstream.username or "postgres"

@@ -4,15 +4,23 @@ interrupted build, and give the same schema as the ordinary operations everywher
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections
-from django.db.migrations.executor import MigrationExecutor
+from django.db import connection
 from django.db.utils import OperationalError
 
 from nexus_workflows.models import DeferredWork
+from tests.migrating import (
+    APP,
+    TABLE,
+    index_definitions,
+    migrate,
+    migrate_in_thread,
+    recorded,
+    validity,
+    waiting_index_statements,
+)
 from tests.processes import wait_for
 from tests.raw_connections import raw_connection
 
@@ -25,29 +33,6 @@ WORK_TABLE_INDEXES = (
     "nw_expiry_idx",
     "nw_flow_slot_held_once",
 )
-
-APP = "nexus_workflows"
-TABLE = DeferredWork._meta.db_table
-
-
-def migrate(target: str | None) -> None:
-    executor = MigrationExecutor(connection)
-    targets = [(APP, target)] if target else executor.loader.graph.leaf_nodes()
-    executor.migrate(targets)
-
-
-def recorded() -> set[tuple[str, str]]:
-    return set(MigrationExecutor(connection).loader.applied_migrations)
-
-
-def index_definitions() -> dict[str, str]:
-    with connection.cursor() as cursor:
-        constraints = connection.introspection.get_constraints(cursor, TABLE)
-    return {
-        name: repr((c["columns"], c.get("orders"), c["unique"], c["index"]))
-        for name, c in constraints.items()
-        if name.startswith("nw_")
-    }
 
 
 def test_going_back_to_0006_and_forward_again_gives_the_same_indexes() -> None:
@@ -64,28 +49,6 @@ def test_going_back_to_0006_and_forward_again_gives_the_same_indexes() -> None:
     assert DeferredWork.objects.filter(dedupe_key="a").exists()
 
 
-def _waiting_statements(watcher: Any) -> list[str]:
-    rows = watcher.execute(
-        "SELECT query FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND (query ILIKE 'CREATE INDEX%%' OR query ILIKE 'DROP INDEX%%')"
-    ).fetchall()
-    return [row[0] for row in rows]
-
-
-def _migrate_in_thread(target: str | None, failures: list[Exception]) -> threading.Thread:
-    def run() -> None:
-        try:
-            migrate(target)
-        except Exception as error:  # noqa: BLE001 - reported to the test
-            failures.append(error)
-        finally:
-            connections["default"].close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.mark.postgresql
 def test_migration_0014_lets_inserts_go_on_while_a_transaction_holds_the_table() -> None:
     """A session holds an open transaction that writes the work table (its insert's ROW
@@ -100,8 +63,8 @@ def test_migration_0014_lets_inserts_go_on_while_a_transaction_holds_the_table()
     try:
         holder.execute("BEGIN")
         holder.execute(f"LOCK TABLE {TABLE} IN ROW EXCLUSIVE MODE")  # what an insert takes
-        thread = _migrate_in_thread("0014_due_index_status_first", failures)
-        wait_for(lambda: _waiting_statements(watcher), timeout=30, what="the migration waiting on the holder")
+        thread = migrate_in_thread("0014_due_index_status_first", failures)
+        wait_for(lambda: waiting_index_statements(watcher), timeout=30, what="the migration waiting")
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '2s'")
         try:
@@ -121,18 +84,7 @@ def test_migration_0014_lets_inserts_go_on_while_a_transaction_holds_the_table()
         migrate(None)
     assert not failures, failures
     assert (APP, "0014_due_index_status_first") in recorded()
-    assert _validity("nw_due_idx") is True
-
-
-def _validity(name: str) -> bool | None:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE c.relname = %s",
-            [name],
-        )
-        row = cursor.fetchone()
-    return None if row is None else row[0]
+    assert validity("nw_due_idx") is True
 
 
 @pytest.mark.postgresql
@@ -152,7 +104,7 @@ def test_an_interrupted_concurrent_build_leaves_an_invalid_index_that_the_next_r
         # A snapshot the build must wait out, taken on another table: a lock on the work
         # table would hold back the migration's ALTER TABLE before the build.
         holder.execute("SELECT count(*) FROM django_migrations")
-        thread = _migrate_in_thread("0007_flow_control", failures)
+        thread = migrate_in_thread("0007_flow_control", failures)
 
         def building() -> Any:
             return watcher.execute(
@@ -166,11 +118,11 @@ def test_an_interrupted_concurrent_build_leaves_an_invalid_index_that_the_next_r
         thread.join(timeout=60)
         holder.execute("COMMIT")
         assert failures, "the cancelled build did not fail the migration"
-        assert _validity("nw_flow_slot_held_once") is False
+        assert validity("nw_flow_slot_held_once") is False
         assert (APP, "0007_flow_control") not in recorded()
         migrate("0007_flow_control")
-        assert _validity("nw_flow_slot_held_once") is True
-        assert _validity("nw_serial_idx") is True
+        assert validity("nw_flow_slot_held_once") is True
+        assert validity("nw_serial_idx") is True
         assert (APP, "0007_flow_control") in recorded()
     finally:
         holder.close()
@@ -178,7 +130,7 @@ def test_an_interrupted_concurrent_build_leaves_an_invalid_index_that_the_next_r
         if thread is not None:
             thread.join(timeout=60)
         migrate(None)
-    assert _validity("nw_serial_idx") is True
+    assert validity("nw_serial_idx") is True
 
 
 @pytest.mark.postgresql

@@ -33,6 +33,7 @@ HMAC_KEY_MIN_LENGTH = 32
 
 _SALT = "nexus_workflows.phi.keys"
 
+
 @dataclass(frozen=True)
 class Rotation:
     """A surface re-encrypted by :meth:`Keyring.rotate`: under an older key before, or

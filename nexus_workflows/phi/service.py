@@ -59,6 +59,7 @@ _CONTENDED_FOR = 1.0
 # Rounds of surface compare-and-set; each loss means another writer stored a surface.
 _UPGRADE_ROUNDS = 20
 
+
 def _connection() -> BaseDatabaseWrapper:
     return connections[router.db_for_write(TokenMap)]
 

@@ -99,9 +99,10 @@ def test_rotation_pads_surfaces_encrypted_before_padding(code: str) -> None:
             row = PhiToken.objects.get(token=token)
             legacy = Fernet(NEW_KEY).encrypt(f"{row.lookup_key}:{value}".encode()).decode()
             PhiToken.objects.filter(pk=row.pk).update(encrypted_surface=legacy)
-        assert len(
-            {len(surface) for surface in PhiToken.objects.values_list("encrypted_surface", flat=True)}
-        ) == 2
+        assert (
+            len({len(surface) for surface in PhiToken.objects.values_list("encrypted_surface", flat=True)})
+            == 2
+        )
         assert "Rotated 0 surface(s); 2 already under the newest key (2 of them padded now" in rotate()
         assert "Rotated 0 surface(s); 2 already under the newest key." in rotate()
         assert {len(surface) for surface in PhiToken.objects.values_list("encrypted_surface", flat=True)} == {
