@@ -258,6 +258,11 @@ class IndexSwap:
     def build_temporary(self) -> None:
         shapes = self._shapes()
         if self._done(shapes):
+            if _concurrent(self.schema_editor):
+                # The 0014 of an earlier release dropped the old index first: its build, if
+                # interrupted, left the new shape INVALID under the final name. Built again
+                # here; a valid one is kept.
+                build_concurrently(self.schema_editor, self.model, self.new)
             return
         if self.temporary.name in shapes and shapes[self.temporary.name] != self._shape(self.new):
             self._drop(self.temporary.name)  # a reverse run's leftover: another index

@@ -170,3 +170,30 @@ def test_an_interrupted_build_of_the_new_due_index_keeps_the_old_one_and_is_buil
         migrate(None)
     assert (validity("nw_due_idx"), validity("nw_due_idx_swap")) == (True, None)
     assert index_definitions() == expected
+
+
+@pytest.mark.postgresql
+def test_an_invalid_new_due_index_left_by_the_earlier_0014_is_built_again() -> None:
+    """The 0014 of the previous release dropped nw_due_idx first and then built the new one
+    concurrently under the same name: interrupted, it left that index INVALID (unused by
+    every claim). This 0014 finds the new shape under the final name and must not take it
+    for a finished swap: it builds it again."""
+    expected = index_definitions()
+    migration = MigrationExecutor(connection).loader.get_migration(APP, MIGRATION)
+    new_index = next(operation.index for operation in migration.operations if hasattr(operation, "index"))
+    try:
+        migrate("0013_mysql_exact_text")
+        with connection.schema_editor() as editor:
+            editor.execute("DROP INDEX nw_due_idx")
+            editor.add_index(DeferredWork, new_index)
+        with connection.cursor() as cursor:  # what an interrupted CREATE INDEX CONCURRENTLY leaves
+            cursor.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'nw_due_idx'::regclass")
+        assert validity("nw_due_idx") is False
+
+        migrate(MIGRATION)
+
+        assert (validity("nw_due_idx"), validity("nw_due_idx_swap")) == (True, None)
+        assert (APP, MIGRATION) in recorded()
+    finally:
+        migrate(None)
+    assert index_definitions() == expected
