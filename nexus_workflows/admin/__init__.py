@@ -61,6 +61,7 @@ from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdmin
 from nexus_workflows.admin.reveal import (
     REVEAL_WORKFLOW_DATA,
     RevealMixin,
+    hides_patient_data,
     missing_object_redirect,
     staff_user_pk,
 )
@@ -384,7 +385,7 @@ class DeferredWorkAdmin(
         return [  # the mixin's reveal URL comes with super().get_urls()
             path(  # before "<path:object_id>/reveal/", which would take it for an id
                 "jobs/<str:queue_name>/<str:job_id>/reveal/",
-                self.admin_site.admin_view(self.job_reveal_view),
+                self.admin_site.admin_view(hides_patient_data(self.job_reveal_view)),
                 name=REVEAL_URL_NAME,
             ),
             path(
