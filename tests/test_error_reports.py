@@ -40,6 +40,14 @@ CODE = "whatsapp:+5215587314926"
 MARKS = ("zorbatilde", "quixhuatl", "8731 4926", "87314926")
 
 
+@pytest.fixture(autouse=True)
+def _no_cached_maps() -> Iterator[None]:
+    """The process's token cache outlives each test's rows: every test starts empty."""
+    token_cache.clear()
+    yield
+    token_cache.clear()
+
+
 def leaks(text: str) -> list[str]:
     lowered = text.lower()
     return [mark for mark in MARKS if mark in lowered]
@@ -173,4 +181,26 @@ def test_a_reveal_whose_audit_fails_mails_no_surface(settings, failed_requests):
     assert response.status_code == 500
     report = mailed(failed_requests.records)
     assert "reveal_view" in report
+    assert leaks(report) == []
+
+
+def test_a_reveal_page_that_fails_to_render_mails_no_surface(settings, failed_requests):
+    # Rendering fails after the surface was decrypted and the reveal audited: a static
+    # file missing from the manifest (collectstatic not run for this release). The
+    # template's frames hold the page's context, the surface included.
+    settings.DEBUG = False
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.ManifestStaticFilesStorage"},
+    }
+    settings.STATIC_ROOT = "/nonexistent-static-root"
+    User.objects.create_superuser("boss", "boss@example.org", "pw-pw-pw-pw")
+    client = Client(raise_request_exception=False)
+    client.login(username="boss", password="pw-pw-pw-pw")
+    encode(CODE, NAME, "PERSONA")
+    token = PhiToken.objects.get()
+    response = client.post(reverse("admin:nexus_workflows_phitoken_reveal", args=[token.pk]))
+    assert response.status_code == 500
+    report = mailed(failed_requests.records)
+    assert "manifest" in report.lower()
     assert leaks(report) == []

@@ -17,7 +17,6 @@ from django.contrib.admin import helpers
 from django.contrib.auth.models import User
 from django.contrib.sessions.models import Session
 from django.test import Client
-from django.urls import reverse
 
 from nexus_workflows.deferred.history import append_entry
 from nexus_workflows.models import DeferredWork, Status

@@ -140,10 +140,15 @@ class RevealMixin:
         return private(TemplateResponse(request, self.reveal_template, context))
 
 
-def private(response: HttpResponse) -> HttpResponse:
+def private(response: TemplateResponse) -> HttpResponse:
     """A reveal page's response: ``no-store`` (no browser or proxy keeps a copy of what
     was shown) and never inside another site's frame (its button must not be clicked
-    through one), whatever middleware the project has."""
+    through one), whatever middleware the project has.
+
+    Rendered here, inside the view (see :func:`hides_patient_data`): rendered later, by
+    Django's handler, a failure's report would show the template frames' context, the
+    revealed data included."""
+    response.render()
     add_never_cache_headers(response)
     response["X-Frame-Options"] = "DENY"
     return response
