@@ -37,6 +37,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from nexus_workflows import json_values
 from nexus_workflows.admin import display as display
 from nexus_workflows.admin import jobs
 from nexus_workflows.admin.actions import (
@@ -61,6 +62,7 @@ from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdmin
 from nexus_workflows.admin.reveal import (
     REVEAL_WORKFLOW_DATA,
     RevealMixin,
+    hides_patient_data,
     missing_object_redirect,
     staff_user_pk,
 )
@@ -384,7 +386,7 @@ class DeferredWorkAdmin(
         return [  # the mixin's reveal URL comes with super().get_urls()
             path(  # before "<path:object_id>/reveal/", which would take it for an id
                 "jobs/<str:queue_name>/<str:job_id>/reveal/",
-                self.admin_site.admin_view(self.job_reveal_view),
+                self.admin_site.admin_view(hides_patient_data(self.job_reveal_view)),
                 name=REVEAL_URL_NAME,
             ),
             path(
@@ -412,6 +414,8 @@ class DeferredWorkAdmin(
     find_nothing_logged = _("Looked for by a dedupe key that no work has (nothing was changed).")
 
     def find_objects(self, typed: str, listed: QuerySet[Any]) -> list[Any]:
+        if json_values.text_problem(typed):  # enqueue stores no such key; PostgreSQL would fail
+            return []
         return list(listed.filter(dedupe_key=typed).only("pk", "kind", "status")[:100])
 
     def find_many_message(self, found: list[Any]) -> str:  # one per kind at most

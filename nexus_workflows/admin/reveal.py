@@ -23,9 +23,18 @@ from django.urls import URLPattern, path, reverse
 from django.utils.cache import add_never_cache_headers
 from django.utils.functional import Promise
 from django.utils.translation import gettext
+from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 
 #: Shows a workflow's patient data: deferred work's, and fire-and-forget jobs' (admin.jobs).
 REVEAL_WORKFLOW_DATA = "nexus_workflows.reveal_deferredwork"
+
+
+def hides_patient_data(view: Any) -> Any:
+    """``view`` with the POST data and every frame's variables (its own and what it calls,
+    SQL parameters included) left out of Django's error reports (``DEBUG`` off): the
+    e-mail ``AdminEmailHandler`` sends, or a tracker built on Django's reporter, must not
+    carry a typed key or a revealed value."""
+    return sensitive_post_parameters()(sensitive_variables()(view))
 
 
 def staff_user_pk(request: HttpRequest) -> int | str:
@@ -91,7 +100,7 @@ class RevealMixin:
         return [
             path(
                 "<path:object_id>/reveal/",
-                self.admin_site.admin_view(self.reveal_view),  # type: ignore[attr-defined]
+                self.admin_site.admin_view(hides_patient_data(self.reveal_view)),  # type: ignore[attr-defined]
                 name=f"{opts.app_label}_{opts.model_name}_reveal",
             ),
             *super().get_urls(),  # type: ignore[misc]
@@ -131,10 +140,15 @@ class RevealMixin:
         return private(TemplateResponse(request, self.reveal_template, context))
 
 
-def private(response: HttpResponse) -> HttpResponse:
+def private(response: TemplateResponse) -> HttpResponse:
     """A reveal page's response: ``no-store`` (no browser or proxy keeps a copy of what
     was shown) and never inside another site's frame (its button must not be clicked
-    through one), whatever middleware the project has."""
+    through one), whatever middleware the project has.
+
+    Rendered here, inside the view (see :func:`hides_patient_data`): rendered later, by
+    Django's handler, a failure's report would show the template frames' context, the
+    revealed data included."""
+    response.render()
     add_never_cache_headers(response)
     response["X-Frame-Options"] = "DENY"
     return response

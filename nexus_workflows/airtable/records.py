@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.views.decorators.debug import sensitive_variables
 from pyairtable.api.types import RecordDict
 
 from nexus_workflows.airtable.client import get_table
@@ -40,6 +41,9 @@ class LinkSpec:
     field: str
 
 
+# sensitive_variables: an error report (Django's, DEBUG off) of a failed call shows no
+# frame's variables, here or below (fields, formulas, records, request bodies): patient data.
+@sensitive_variables()
 def add_record(
     base_id: str, table: str, fields: Mapping[str, Any], *, typecast: bool = False
 ) -> RecordDict | None:
@@ -59,6 +63,7 @@ def add_record(
     return _create(label, base_id, table, payload, typecast)
 
 
+@sensitive_variables()
 def get_records(
     base_id: str,
     table: str,
@@ -94,6 +99,7 @@ def get_records(
     return with_airtable_retry(lambda: get_table(base_id, table).all(**options), label)
 
 
+@sensitive_variables()
 def get_record_by_filter(base_id: str, table: str, formula: FormulaInput) -> RecordDict | None:
     """The first record that matches ``formula``, or ``None`` when none does."""
     label = f"get_record_by_filter {table}"
@@ -101,6 +107,7 @@ def get_record_by_filter(base_id: str, table: str, formula: FormulaInput) -> Rec
     return _first(label, base_id, table, to_formula(formula, what=f"{label}: formula"))
 
 
+@sensitive_variables()
 def update_record_by_filter(
     base_id: str,
     table: str,
@@ -136,6 +143,7 @@ def update_record_by_filter(
     )
 
 
+@sensitive_variables()
 def add_linked_record(
     base_id: str, target_table: str, fields: Mapping[str, Any], link: LinkSpec | Mapping[str, Any]
 ) -> RecordDict | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError, connections, router, transaction
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
 
 from nexus_workflows import json_values, signals, sql
 from nexus_workflows.clock import due_after
@@ -40,6 +41,9 @@ _BULK_CHUNK = 500
 _DEDUPE_ROUNDS = 5
 
 
+# sensitive_variables: an error report (Django's, DEBUG off) of a failure in here or below
+# shows no frame's variables, SQL parameters included: triggers and keys are patient data.
+@sensitive_variables()
 def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
     """Start workflow ``kind`` for ``trigger`` unless its dedupe key is already taken.
 
@@ -71,6 +75,7 @@ def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
     return enqueue_job(workflow, json_text(workflow, trigger), dedupe_key, options)
 
 
+@sensitive_variables()  # as enqueue's
 def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str | None]:
     """Enqueue many triggers of one workflow; a deferred one's with one ``INSERT`` per 500.
 

@@ -43,7 +43,9 @@ class WorkRef:
 
     pk: int
     kind: str
-    dedupe_key: str
+    # Patient data, often: out of the repr (and a result's), which tracebacks, debuggers
+    # and a caller's log lines show.
+    dedupe_key: str = field(repr=False)
     # The status the row had when it was changed or skipped ("gone" when it vanished).
     status: str
 

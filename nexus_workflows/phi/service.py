@@ -30,6 +30,7 @@ from django.db import IntegrityError, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import FilteredRelation, Max, Q
 from django.utils import timezone
+from django.views.decorators.debug import sensitive_variables
 
 from nexus_workflows.conf import app_settings
 from nexus_workflows.phi.cache import MapState, TokenRow, token_cache
@@ -460,6 +461,10 @@ def _encode_checked(
     return token
 
 
+# sensitive_variables on the entry points: an error report (Django's, DEBUG off) of a
+# failure in them or below shows no frame's variables (codes, values, texts, surfaces, SQL
+# parameters): a database error in a request must not mail a patient's message.
+@sensitive_variables()
 def encode(code: str, value: Any, category: str) -> str:
     """The token of ``value`` in conversation ``code``, e.g. ``"<<PERSONA_1>>"``.
 
@@ -474,6 +479,7 @@ def encode(code: str, value: Any, category: str) -> str:
     return _encode_checked(_connection(), code, category, text, None)
 
 
+@sensitive_variables()
 def decode(code: str, text: str) -> str:
     """``text`` with every token of ``code`` replaced by its stored surface.
 
@@ -536,6 +542,7 @@ def _caller_spans(text: str, spans: Iterable[Any] | None) -> list[Span]:
     return checked
 
 
+@sensitive_variables()
 def find_spans(text: str, spans: Iterable[Any] | None = ()) -> list[Span]:
     """The caller's spans plus the phones, e-mail addresses and IDs found in ``text``.
 
@@ -546,6 +553,7 @@ def find_spans(text: str, spans: Iterable[Any] | None = ()) -> list[Span]:
     return resolve(caller, recognize(text, app_settings.PHI_DEFAULT_REGION))
 
 
+@sensitive_variables()
 def encode_text(code: str, text: str, spans: Iterable[Any] | None = ()) -> str:
     """``text`` with its PHI replaced by tokens of conversation ``code``.
 

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+import sys
+from typing import IO, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
@@ -21,8 +22,15 @@ from nexus_workflows.models import DeferredWork, Status
 _WORK_ID = whole_number(1, 2**63 - 1, "the id of deferred work: a whole number")
 
 
+#: What reads a trigger or a dedupe key from standard input instead of the command line, where
+#: ``ps`` (any local user, ``/proc/<pid>/cmdline``) and shell history would keep patient data.
+FROM_STDIN = "-"
+
+
 class Command(BaseCommand):
     help = "Enqueue workflows and inspect deferred work."
+    # call_command(..., stdin=...) gives the text that "-" reads (sys.stdin otherwise).
+    stealth_options = ("stdin",)
 
     def add_arguments(self, parser: CommandParser) -> None:
         subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
@@ -34,7 +42,12 @@ class Command(BaseCommand):
             "was enqueued.",
         )
         enqueue_parser.add_argument("kind", metavar="KIND")
-        enqueue_parser.add_argument("trigger", metavar="TRIGGER-JSON")
+        enqueue_parser.add_argument(
+            "trigger",
+            metavar="TRIGGER-JSON",
+            help="The trigger as JSON, or - to read it from standard input (a trigger on the command "
+            "line is seen by every local user through ps and kept in shell history).",
+        )
         enqueue_parser.add_argument(
             "--delay", type=number, metavar="SECONDS", help="Make the work due this many seconds from now."
         )
@@ -65,7 +78,12 @@ class Command(BaseCommand):
             "ids", nargs="*", type=_WORK_ID, metavar="ID", help="Ids of deferred work (64-bit, from 1)."
         )
         revive_parser.add_argument("--kind", metavar="KIND", help="With --key, or to narrow --all-abandoned.")
-        revive_parser.add_argument("--key", metavar="KEY", help="The dedupe key (needs --kind).")
+        revive_parser.add_argument(
+            "--key",
+            metavar="KEY",
+            help="The dedupe key (needs --kind), or - to read it from standard input (its first "
+            "line): a key on the command line is seen through ps and kept in shell history.",
+        )
         revive_parser.add_argument(
             "--all-abandoned", action="store_true", help="Every abandoned item (of --kind, when given)."
         )
@@ -81,8 +99,10 @@ class Command(BaseCommand):
         handler(**options)
 
     def handle_enqueue(
-        self, *, kind: str, trigger: str, delay: float | None, reveal: bool = False, **_: Any
+        self, *, kind: str, trigger: str, delay: float | None, reveal: bool = False, **options: Any
     ) -> None:
+        if trigger == FROM_STDIN:
+            trigger = _stdin(options).read()
         try:
             parsed = json.loads(trigger)
         except json.JSONDecodeError as error:
@@ -101,9 +121,9 @@ class Command(BaseCommand):
                 "TRIGGER-JSON has an integer too long to read: a trigger's integers are from "
                 "-2**63 to 2**63-1"
             ) from None
-        options = {"delay": delay} if delay is not None else {}
+        delayed = {"delay": delay} if delay is not None else {}
         try:
-            result = enqueue(kind, parsed, **options)
+            result = enqueue(kind, parsed, **delayed)
         except WorkflowError as error:
             raise CommandError(str(error)) from error
         workflow = registry.get(kind)
@@ -128,7 +148,7 @@ class Command(BaseCommand):
         key: str | None,
         all_abandoned: bool,
         reveal: bool = False,
-        **_: Any,
+        **options: Any,
     ) -> None:
         ways = sum([bool(ids), key is not None, all_abandoned])
         if ways != 1:
@@ -140,6 +160,8 @@ class Command(BaseCommand):
             raise CommandError("--key needs --kind: a dedupe key is unique only within its kind")
         if ids and kind is not None:
             raise CommandError("--kind cannot be combined with ids; give the ids alone")
+        if key == FROM_STDIN:  # its first line, without the line's end
+            key = _stdin(options).readline().removesuffix("\n").removesuffix("\r")
         if ids:
             queryset = DeferredWork.objects.filter(pk__in=ids)
         elif key is not None:
@@ -172,6 +194,10 @@ class Command(BaseCommand):
             )
         skipped = len(result.skipped) + len(set(ids) - found) + (1 if key is not None and not found else 0)
         self.stdout.write(f"revived {len(result.changed)}, skipped {skipped}")
+
+
+def _stdin(options: dict[str, Any]) -> IO[str]:
+    return options.get("stdin") or sys.stdin
 
 
 def _is_deferred(kind: str) -> bool:
