@@ -150,6 +150,19 @@ class DeferredWork(models.Model):
                 name="nw_due_idx",
                 condition=models.Q(status="pending"),
             ),
+            # The same order per kind, and per task queue: a claim reads each kind and
+            # queue it takes in order and merges them (sql/postgresql.py, due_ids), so
+            # due rows of kinds or queues no runner takes are never walked past.
+            models.Index(
+                fields=["status", "kind", "-priority", "next_attempt_at"],
+                name="nw_due_kind_idx",
+                condition=models.Q(status="pending"),
+            ),
+            models.Index(
+                fields=["status", "queue_name", "-priority", "next_attempt_at"],
+                name="nw_due_queue_idx",
+                condition=models.Q(status="pending") & ~models.Q(queue_name=""),
+            ),
             models.Index(
                 fields=["heartbeat_at"],
                 name="nw_stale_idx",
