@@ -120,11 +120,13 @@ def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
 
 # One kind's (or task queue's) due rows in the claim's order: a read of nw_due_kind_idx
 # (nw_due_queue_idx) that stops at its LIMIT. The status is a literal, so the planner
-# matches the partial indexes' condition whatever the parameters.
+# matches the partial indexes' condition whatever the parameters; the order is the
+# indexes' expression (the priority negated, as Django writes -F("priority")), which
+# nw_due_idx cannot give, so it is never read filtered by kind instead.
 _DUE_OF_ONE = (
-    "SELECT w.id, w.queue_name, w.priority, w.next_attempt_at FROM {table} AS w "
+    "SELECT w.id, w.queue_name, (w.priority * -1) AS urgency, w.next_attempt_at FROM {table} AS w "
     "WHERE w.status = 'pending' AND {match} AND w.next_attempt_at <= {due} "
-    "ORDER BY w.priority DESC, w.next_attempt_at LIMIT %s"
+    "ORDER BY (w.priority * -1), w.next_attempt_at LIMIT %s"
 )
 # Every queue with pending tasks, one probe of nw_due_queue_idx per queue (a loose index scan).
 _PENDING_QUEUES = (
@@ -169,7 +171,7 @@ def due_ids(
     if not parts:
         return []
     merged = " UNION ALL ".join(parts)
-    order = "ORDER BY m.priority DESC, m.next_attempt_at LIMIT %s"
+    order = "ORDER BY m.urgency, m.next_attempt_at LIMIT %s"
     statement = f"{head}SELECT m.id, m.queue_name FROM ({merged}) AS m {order}"
     with connections[using].cursor() as cursor:
         cursor.execute(statement, [*params, limit])
