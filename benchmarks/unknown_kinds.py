@@ -6,12 +6,14 @@ read against new, on PostgreSQL or MariaDB. A measurement, not a test.
 
 Real work: ``--rows`` due rows of each of two workflow kinds and as many Django tasks in
 queue ``default`` (priorities -10..50); the runner takes the two kinds and that queue.
-Then the claim's read (its SELECT) and the whole ``Claimer.claim_due`` (on PostgreSQL
-with ``synchronous_commit`` off for the session), of 1 and of 100 rows, each claim undone
-(back to pending) outside the timing, in blocks alternating the old read (``nw_due_idx`` in order, filtered
-by kind and queue: the ORM's) and the new one (``sql.postgresql.due_ids``: one ordered
-read per kind and queue, merged), with no unknown rows and with ``--unknown`` due rows of
-another kind due an hour before the real work. On MariaDB the claim reads as before (no
+Then the claim's read (its SELECT) and the whole ``Claimer.claim_due`` (its commit left
+out: each block is one transaction, rolled back), of 1 and of 100 rows, each claim undone
+(back to pending) outside the timing, in blocks alternating the old read (``nw_due_idx``
+in order, filtered by kind and queue: the ORM's, with the new indexes dropped in the
+block's transaction, as before migration 0016) and the new one (``sql.postgresql.due_ids``:
+one ordered read per kind and queue, merged), with no unknown rows and with ``--unknown``
+due rows (half of a kind gone from the code, half tasks of a queue nobody runs) due an
+hour before the real work. On MariaDB the claim reads as before (no
 expression indexes there: ``due_ids`` answers None), so one figure. Last, on PostgreSQL,
 what the two new indexes cost: their size, and an insert of ``--rows`` rows with and
 without them.
@@ -20,32 +22,36 @@ without them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
-COLUMNS = """(kind, dedupe_key, trigger, checkpoints, status, attempt, next_attempt_at,
-    claim_token, last_error, history, created_at, updated_at, priority, queue_name,
-    backend_name, worker_ids, errors, lost_unstarted)"""
+COLUMNS = [
+    "kind", "dedupe_key", "trigger", "checkpoints", "status", "attempt", "next_attempt_at",
+    "claim_token", "last_error", "history", "created_at", "updated_at", "priority", "queue_name",
+    "backend_name", "worker_ids", "errors", "lost_unstarted",
+]
 # Parameters: kind, key prefix, seconds before now, priority step (0: all 0), queue, rows.
 FILL = {
-    "postgresql": f"""INSERT INTO {{table}} {COLUMNS}
-SELECT %s, %s || n, '{{{{}}}}', '{{{{}}}}', 'pending', 0,
+    "postgresql": """INSERT INTO {table} ({columns})
+SELECT %s, %s || n, '{{}}', '{{}}', 'pending', 0,
     now() - %s * interval '1 second' + n * interval '1 microsecond', '', '', '[]', now(), now(),
     (ARRAY[-10, 0, 0, 10, 50])[1 + n %% 5] * %s, %s, %s, '[]', '[]', 0
 FROM generate_series(1, %s) AS n""",
-    "mysql": f"""INSERT INTO {{table}} {COLUMNS}
-SELECT %s, CONCAT(%s, seq), '{{{{}}}}', '{{{{}}}}', 'pending', 0,
+    "mysql": """INSERT INTO {table} ({columns})
+SELECT %s, CONCAT(%s, seq), '{{}}', '{{}}', 'pending', 0,
     UTC_TIMESTAMP(6) - INTERVAL %s SECOND + INTERVAL seq MICROSECOND, '', '', '[]',
     UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), ELT(1 + seq %% 5, -10, 0, 0, 10, 50) * %s, %s, %s,
     '[]', '[]', 0
-FROM seq_1_to_{{rows}}""",
+FROM seq_1_to_{rows}""",
 }
 KINDS = ["bench-noop", "bench-quick"]
 
@@ -55,7 +61,8 @@ def fill(cursor: Any, vendor: str, table: str, kind: str, ago: int, rows: int, q
     params = [kind, kind, ago, step, queue, queue]
     if vendor == "postgresql":
         params.append(rows)
-    cursor.execute(FILL[vendor].format(table=table, rows=rows), params)
+    columns = ", ".join(cursor.db.ops.quote_name(column) for column in COLUMNS)  # trigger: a keyword
+    cursor.execute(FILL[vendor].format(table=table, rows=rows, columns=columns), params)
 
 
 def analyze(cursor: Any, vendor: str, table: str) -> None:
@@ -84,11 +91,27 @@ def claims(options: Any, label: str) -> None:
         for _block in range(options.blocks):
             for name, kind in runners.items():
                 claimer = kind(kinds=KINDS, queues=["default"], using="default")
-                reads[name] += [timed(read, claimer, limit) for _ in range(options.runs)]
-                whole[name] += [claim_and_undo(claimer, limit) for _ in range(options.runs)]
+                with old_schema(name == "old"):
+                    reads[name] += [timed(read, claimer, limit) for _ in range(options.runs)]
+                    whole[name] += [claim_and_undo(claimer, limit) for _ in range(options.runs)]
         for what, timings in (("its read", reads), ("claim_due", whole)):
             figures = ", ".join(f"{name} {statistics.median(ms):.2f} ms" for name, ms in timings.items())
             print(f"  {label}, {what} of {limit}: median {figures} ({options.blocks * options.runs} each)")
+
+
+@contextlib.contextmanager
+def old_schema(old: bool) -> Iterator[None]:
+    """One transaction, rolled back (so no commit is timed, in either mode); for the old
+    read, without the new indexes (dropped in it: the rollback puts them back), as before
+    migration 0016, where the planner had only nw_due_idx to read in order."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        if old and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("DROP INDEX nw_due_kind_idx, nw_due_queue_idx")
+        yield
+        transaction.set_rollback(True)
 
 
 def timed(run: Any, *args: Any) -> float:
@@ -175,10 +198,6 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     vendor, table = connection.vendor, DeferredWork._meta.db_table
     with connection.cursor() as cursor:
-        if vendor == "postgresql":
-            # This session's commits do not wait for the WAL flush (a shared disk's fsync,
-            # 5-10 ms here, drowned the claim's own cost); the server's setting is unchanged.
-            cursor.execute("SET synchronous_commit = off")
         cursor.execute(f"TRUNCATE {table}")
         for kind in KINDS:
             fill(cursor, vendor, table, kind, 60, options.rows)
@@ -187,9 +206,12 @@ def main() -> None:
     print(f"{vendor}; load average {os.getloadavg()[0]:.2f} (1 min) at the start")
     claims(options, "no unknown rows")
     with connection.cursor() as cursor:
-        fill(cursor, vendor, table, "gone-kind", 3600, options.unknown)
+        # Half workflows of a kind gone from the code, half tasks of a queue nobody runs
+        # (at priorities -10..50, as the real tasks): due an hour before the real work.
+        fill(cursor, vendor, table, "gone-kind", 3600, options.unknown // 2)
+        fill(cursor, vendor, table, "gone.tasks.noop", 3600, options.unknown // 2, "nobody")
         analyze(cursor, vendor, table)
-    claims(options, f"{options.unknown:,} unknown-kind due rows first")
+    claims(options, f"{options.unknown:,} unknown due rows first")
     if vendor == "postgresql":
         index_costs(options, table)
     print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
