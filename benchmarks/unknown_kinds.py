@@ -158,6 +158,7 @@ def index_costs(options: Any, table: str) -> None:
         cursor.execute(f"SELECT indexdef FROM pg_indexes WHERE indexname IN {names}")
         definitions = [row[0] for row in cursor.fetchall()]
         took: dict[str, list[float]] = {"with": [], "without": []}
+        enqueues: dict[str, list[float]] = {"with": [], "without": []}
         for block in range(6):
             mode = "with" if block % 2 == 0 else "without"
             if mode == "without":
@@ -166,6 +167,7 @@ def index_costs(options: Any, table: str) -> None:
             fill(cursor, "postgresql", table, "bench-insert", 0, options.rows // 2)
             fill(cursor, "postgresql", table, "bench.tasks.noop", 0, options.rows // 2, "default")
             took[mode].append(time.perf_counter() - started)
+            enqueues[mode] += enqueue_one_by_one(block, options.runs * 4)
             cursor.execute(f"DELETE FROM {table} WHERE kind IN ('bench-insert', 'bench.tasks.noop')")
             if mode == "without":
                 for definition in definitions:
@@ -176,6 +178,21 @@ def index_costs(options: Any, table: str) -> None:
             f"{statistics.median(took['with']):.2f} s with the new indexes, "
             f"{statistics.median(took['without']):.2f} s without"
         )
+        print(
+            f"enqueue() of one workflow row, autocommit (a commit each): median "
+            f"{statistics.median(enqueues['with']):.3f} ms with the new indexes, "
+            f"{statistics.median(enqueues['without']):.3f} ms without ({len(enqueues['with'])} each)"
+        )
+
+
+def enqueue_one_by_one(block: int, count: int) -> list[float]:
+    """Milliseconds of each of ``count`` enqueue() calls of a workflow (deleted after)."""
+    from nexus_workflows import enqueue
+    from nexus_workflows.models import DeferredWork
+
+    timings = [timed(enqueue, "bench-noop", {"key": f"one-{block}-{n}"}) for n in range(count)]
+    DeferredWork.objects.filter(dedupe_key__startswith=f"one-{block}-").delete()
+    return timings
 
 
 def main() -> None:
@@ -186,6 +203,7 @@ def main() -> None:
     parser.add_argument("--unknown", type=int, default=200_000)
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--runs", type=int, default=25)
+    parser.add_argument("--costs-only", action="store_true", help="only the indexes' costs (PostgreSQL)")
     options = parser.parse_args()
     import django
 
@@ -204,14 +222,16 @@ def main() -> None:
         fill(cursor, vendor, table, "benchmarks.tasks.noop", 60, options.rows, "default")
         analyze(cursor, vendor, table)
     print(f"{vendor}; load average {os.getloadavg()[0]:.2f} (1 min) at the start")
-    claims(options, "no unknown rows")
+    if not options.costs_only:
+        claims(options, "no unknown rows")
     with connection.cursor() as cursor:
         # Half workflows of a kind gone from the code, half tasks of a queue nobody runs
         # (at priorities -10..50, as the real tasks): due an hour before the real work.
         fill(cursor, vendor, table, "gone-kind", 3600, options.unknown // 2)
         fill(cursor, vendor, table, "gone.tasks.noop", 3600, options.unknown // 2, "nobody")
         analyze(cursor, vendor, table)
-    claims(options, f"{options.unknown:,} unknown due rows first")
+    if not options.costs_only:
+        claims(options, f"{options.unknown:,} unknown due rows first")
     if vendor == "postgresql":
         index_costs(options, table)
     print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
