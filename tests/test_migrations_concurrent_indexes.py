@@ -1,4 +1,4 @@
-"""Migrations 0007, 0008, 0010 and 0014 build their indexes on the work table without
+"""Migrations 0007, 0008, 0010, 0014 and 0016 build their indexes on the work table without
 blocking writes on PostgreSQL (CREATE/DROP INDEX CONCURRENTLY), are re-runnable after an
 interrupted build, and give the same schema as the ordinary operations everywhere."""
 
@@ -136,8 +136,8 @@ def test_an_interrupted_concurrent_build_leaves_an_invalid_index_that_the_next_r
 @pytest.mark.postgresql
 def test_every_index_on_the_work_table_from_0007_on_is_built_and_dropped_concurrently() -> None:
     """Going back to 0006 and forward again (both ways), every CREATE [UNIQUE] INDEX and
-    DROP INDEX on the work table says CONCURRENTLY: the indexes of 0007, 0008, 0010 and
-    0014, and 0007's two partial unique constraints (built as unique indexes)."""
+    DROP INDEX on the work table says CONCURRENTLY: the indexes of 0007, 0008, 0010, 0014
+    and 0016, and 0007's two partial unique constraints (built as unique indexes)."""
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as backwards:
@@ -158,6 +158,8 @@ def test_every_index_on_the_work_table_from_0007_on_is_built_and_dropped_concurr
         "nw_task_result_idx",
         "nw_expiry_idx",
         "nw_flow_slot_held_once",
+        "nw_due_kind_idx",
+        "nw_due_queue_idx",
     ):
         assert name in names, name
     blocking = [sql for sql in on_table if "CONCURRENTLY" not in sql.upper()]

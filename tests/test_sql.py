@@ -183,6 +183,7 @@ def test_every_backend_module_answers_the_same_questions() -> None:
     shared = {
         "claimable",
         "constraint_name",
+        "due_ids",
         "lock_waits_at_most",
         "notify",
         "statement_timeout",
@@ -191,6 +192,48 @@ def test_every_backend_module_answers_the_same_questions() -> None:
     for module in (postgresql, sqlite, mysql, portable):
         assert shared <= set(module.__all__), module.__name__
         assert all(callable(getattr(module, name)) for name in shared)
+
+
+@pytest.mark.postgresql
+def test_due_ids_merges_kinds_and_queues_in_the_claims_order() -> None:
+    """Per kind and per queue, merged: priority first, then due time; rows of other kinds
+    and queues, not yet due, or not pending are left out; a task row whose kind is also
+    asked for comes once; ``now`` given or the database's."""
+    start = timezone.now() - timedelta(minutes=5)
+
+    def row(key: str, due: datetime, kind: str = "k", queue: str = "", priority: int = 0) -> int:
+        fields = {"queue_name": queue, "backend_name": "default" if queue else "", "priority": priority}
+        created = DeferredWork.objects.create(
+            kind=kind, dedupe_key=key, trigger={}, next_attempt_at=due, **fields
+        )
+        return created.pk
+
+    rows = {
+        "a1": row("a1", start),
+        "t-high": row("t-high", start, "x.task", "q1", 5),
+        "a2": row("a2", start - timedelta(seconds=1)),
+        "t-low": row("t-low", start, "x.task", "q2", -5),
+        "other": row("other", start - timedelta(hours=1), "gone"),
+        "q3": row("q3", start + timedelta(seconds=1), "x.task", "q3", 9),
+        "later": row("later", timezone.now() + timedelta(hours=1)),
+        "done": row("done", start),
+    }
+    DeferredWork.objects.filter(pk=rows["done"]).update(status=Status.DONE)
+    due_ids = sql.for_connection("default").due_ids
+    by_id = {pk: key for key, pk in rows.items()}
+
+    def keys(
+        kinds: list[str], queues: list[str] | None, now: datetime | None = None, limit: int = 10
+    ) -> list[str]:
+        return [by_id[pk] for pk, _ in due_ids("default", kinds, queues, now, limit)]
+
+    assert keys(["k"], ["q1", "q2"]) == ["t-high", "a2", "a1", "t-low"]
+    assert keys(["k", "x.task"], None) == ["q3", "t-high", "a2", "a1", "t-low"]
+    assert keys([], ["q2"]) == ["t-low"]
+    assert keys(["k"], [], limit=2) == ["a2", "a1"]
+    assert keys(["k"], [], now=timezone.now() + timedelta(hours=2)) == ["a2", "a1", "later"]
+    assert keys([], []) == []
+    assert due_ids("default", [], ["q1"], None, 1) == [(rows["t-high"], "q1")]
 
 
 def claimable_ids(ids: list[int]) -> list[int]:

@@ -17,7 +17,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -161,10 +161,13 @@ class Claimer:
         *,
         reclaimed: bool,
         variants: Sequence[tuple[Q | None, dict[str, Any]]] = _ONE_VARIANT,
+        read: Callable[[int], list[tuple[int, str]] | None] | None = None,
         **changes: Any,
     ) -> list[ClaimedWork]:
         """Compare-and-set up to ``limit`` rows of ``candidates`` (of the kinds without flow
-        limits) to a new claim token and return them as claimed.
+        limits) to a new claim token and return them as claimed. ``read(n)``, when it
+        answers, gives the ``(id, queue_name)`` of the first ``n`` candidates in
+        ``order_by``'s order instead of the ORM's read.
 
         The ids are read first and the ``UPDATE`` names them as literals and re-checks the
         candidate conditions, so its plan is a primary-key lookup whatever the table's
@@ -173,8 +176,10 @@ class Claimer:
         """
         candidates = candidates.filter(self._selection())
         spread = _CONTENTION_SPREAD if self.contended else 1
-        fields = ("pk", "queue_name") if self.queues != [] else ("pk",)
-        found = list(candidates.order_by(*order_by).values_list(*fields)[: limit * spread])
+        found: list[Any] | None = read(limit * spread) if read is not None else None
+        if found is None:
+            fields = ("pk", "queue_name") if self.queues != [] else ("pk",)
+            found = list(candidates.order_by(*order_by).values_list(*fields)[: limit * spread])
         if spread > 1 and len(found) > limit:
             found = [found[index] for index in sorted(random.sample(range(len(found)), limit))]
         if not found:
@@ -335,12 +340,24 @@ class Claimer:
             if plain and limit > len(works) and self._has_plain():
                 due = DeferredWork.objects.using(self.using).due(now or DatabaseNow())
                 order = ("-priority", "next_attempt_at")
-                works += self._claim(due, limit - len(works), order, reclaimed=False)
+                read = self._due_reader(now)
+                works += self._claim(due, limit - len(works), order, reclaimed=False, read=read)
         except Exception as error:
             if works:
                 raise ClaimInterrupted(works, error) from error
             raise
         return works
+
+    def _due_reader(self, now: datetime | None) -> Callable[[int], list[tuple[int, str]] | None]:
+        """The claim's read of due rows where the database merges one ordered read per
+        kind and per task queue (PostgreSQL): due rows of kinds and queues this runner does
+        not take are never walked past. Elsewhere it answers None (the ORM's read)."""
+        backend = sql.for_connection(self.using)
+
+        def read(limit: int) -> list[tuple[int, str]] | None:
+            return backend.due_ids(self.using, self.plain_kinds, self.queues, now, limit)
+
+        return read
 
     def takes_by_id(self, kind: str) -> bool:
         """Whether a row of ``kind`` may be claimed by id (:meth:`claim_due_ids`): a kind

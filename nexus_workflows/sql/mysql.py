@@ -39,6 +39,7 @@ __all__ = [
     "add_outcome_counts",
     "claimable",
     "constraint_name",
+    "due_ids",
     "estimated_rows",
     "lock_waits_at_most",
     "notify",
@@ -88,6 +89,14 @@ def violated_constraint(error: IntegrityError) -> str | None:
     if found is None or found[0] != _DUPLICATE_KEY:
         return None
     return constraint_name(error)
+
+
+def due_ids(
+    using: str, kinds: Sequence[str], queues: Sequence[str] | None, now: Any, limit: int
+) -> None:
+    """None: the claim reads ``nw_due_idx`` through the ORM here (PostgreSQL's merge of
+    per-kind reads is :func:`nexus_workflows.sql.postgresql.due_ids`)."""
+    return None
 
 
 def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:

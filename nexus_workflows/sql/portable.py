@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 __all__ = [
     "claimable",
     "constraint_name",
+    "due_ids",
     "lock_waits_at_most",
     "notify",
     "statement_timeout",
@@ -37,6 +38,13 @@ def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
     """The rows ``ids`` of ``candidates``, as they are: how another database skips a
     locked row is not known here."""
     return candidates.filter(pk__in=ids)
+
+
+def due_ids(
+    using: str, kinds: Sequence[str], queues: Sequence[str] | None, now: Any, limit: int
+) -> None:
+    """None: the claim reads the due rows through the ORM."""
+    return None
 
 
 def constraint_name(error: Exception) -> None:

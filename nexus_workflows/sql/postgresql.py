@@ -35,6 +35,7 @@ __all__ = [
     "claimable",
     "constraint_name",
     "distinct_kinds",
+    "due_ids",
     "estimated_rows",
     "hold_waiting_lock",
     "index_validity",
@@ -115,6 +116,68 @@ def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
     if not ids:
         return candidates.none()
     return candidates.filter(SkipLocked(candidates.model, ids))
+
+
+# One kind's (or task queue's) due rows in the claim's order: a read of nw_due_kind_idx
+# (nw_due_queue_idx) that stops at its LIMIT. The status is a literal, so the planner
+# matches the partial indexes' condition whatever the parameters; the order is the
+# indexes' expression (the priority negated, as Django writes -F("priority")), which
+# nw_due_idx cannot give, so it is never read filtered by kind instead.
+_DUE_OF_ONE = (
+    "SELECT w.id, w.queue_name, (w.priority * -1) AS urgency, w.next_attempt_at FROM {table} AS w "
+    "WHERE w.status = 'pending' AND {match} AND w.next_attempt_at <= {due} "
+    "ORDER BY (w.priority * -1), w.next_attempt_at LIMIT %s"
+)
+# Every queue with pending tasks, one probe of nw_due_queue_idx per queue (a loose index scan).
+_PENDING_QUEUES = (
+    "WITH RECURSIVE nw_queues(name) AS ("
+    " (SELECT queue_name FROM {table} WHERE status = 'pending' AND queue_name <> ''"
+    " ORDER BY queue_name LIMIT 1)"
+    " UNION ALL SELECT (SELECT t.queue_name FROM {table} AS t WHERE t.status = 'pending'"
+    " AND t.queue_name <> '' AND t.queue_name > nw_queues.name ORDER BY t.queue_name LIMIT 1)"
+    " FROM nw_queues WHERE nw_queues.name IS NOT NULL) "
+)
+
+
+def due_ids(
+    using: str, kinds: Sequence[str], queues: Sequence[str] | None, now: Any, limit: int
+) -> list[tuple[int, str]]:
+    """``(id, queue_name)`` of up to ``limit`` due pending rows of ``kinds`` and of the
+    task ``queues`` (None: every queue), highest priority first, then the longest due: the
+    claim's read. One ordered read per kind and per queue, each stopping at ``limit``,
+    merged: due rows of other kinds and queues, however many, are never read (the
+    ``nw_due_idx`` order filtered by kind walked past every one of them). ``now``: a time,
+    or None for the database's (``STATEMENT_TIMESTAMP()``, as ``DatabaseNow``)."""
+    model = apps.get_model("nexus_workflows", "DeferredWork")
+    table = connections[using].ops.quote_name(model._meta.db_table)
+    due = "STATEMENT_TIMESTAMP()" if now is None else "%s::timestamptz"
+    bound = [] if now is None else [now]
+
+    def each(source: str, match: str) -> str:
+        one = _DUE_OF_ONE.format(table=table, match=match, due=due)
+        return f"SELECT d.* FROM {source} CROSS JOIN LATERAL ({one}) AS d"
+
+    parts, params, head = [], [], ""
+    if kinds:
+        parts.append(each("unnest(%s::text[]) AS k(kind)", "w.kind = k.kind"))
+        params += [list(kinds), *bound, limit]
+    if queues is None:
+        head = _PENDING_QUEUES.format(table=table)
+        parts.append(each("nw_queues AS q", "w.queue_name <> '' AND w.queue_name = q.name"))
+        params += [*bound, limit]
+    elif queues:
+        parts.append(each("unnest(%s::text[]) AS q(name)", "w.queue_name <> '' AND w.queue_name = q.name"))
+        params += [list(queues), *bound, limit]
+    if not parts:
+        return []
+    merged = " UNION ALL ".join(parts)
+    order = "ORDER BY m.urgency, m.next_attempt_at LIMIT %s"
+    statement = f"{head}SELECT m.id, m.queue_name FROM ({merged}) AS m {order}"
+    with connections[using].cursor() as cursor:
+        cursor.execute(statement, [*params, limit])
+        rows = cursor.fetchall()
+    # A task row of a kind also named among ``kinds`` comes from both reads: once is enough.
+    return list(dict.fromkeys((row[0], row[1]) for row in rows))
 
 
 def notify(cursor: Any, channel: str, payload: str = "") -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "can_return_from_update",
     "claimable",
     "constraint_name",
+    "due_ids",
     "insert_returning_pk",
     "lock_waits_at_most",
     "notify",
@@ -52,6 +53,14 @@ def violated_constraint(error: IntegrityError) -> str | None:
             columns = {f"{table}.{field.column}" for field in named}
             if columns and columns == failed:
                 return constraint.name
+    return None
+
+
+def due_ids(
+    using: str, kinds: Sequence[str], queues: Sequence[str] | None, now: Any, limit: int
+) -> None:
+    """None: the claim reads ``nw_due_idx`` through the ORM here (PostgreSQL's merge of
+    per-kind reads is :func:`nexus_workflows.sql.postgresql.due_ids`)."""
     return None
 
 
