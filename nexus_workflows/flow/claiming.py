@@ -280,6 +280,9 @@ class FlowClaimer:
         if flow.concurrency is not None:
             slots = self.free_slots(kind, flow.concurrency)
             limit = min(limit, len(slots))
+            # Every slot held: nothing of the kind can start until an attempt ends (one
+            # of ours wakes the kind; another runner's is seen after at most _REST).
+            self._found_nothing = not slots
         if limit <= 0:
             return [], 0
         candidates = (
@@ -384,7 +387,40 @@ class FlowClaimer:
                 picked.append(pk)
                 if len(picked) >= limit:
                     break
+        if not rows:
+            return self._rest_for_key_windows(kind, period, candidates)
         return picked
+
+    def _rest_for_key_windows(self, kind: str, period: float, candidates: Any) -> list[int] | None:
+        """No candidate's rate key has room: rest the kind until the first start in those
+        keys' windows leaves (a lower bound of when one has room; at most _REST) and
+        return None; [] when there is no candidate at all."""
+        keys = (
+            candidates.order_by()
+            .annotate(window_key=Coalesce(F("rate_key_hash"), Value("")))
+            .values("window_key")
+        )
+        first = (
+            FlowWindowSlot.objects.using(self.using)
+            .filter(
+                name=window_name(kind),
+                key_hash__in=keys,
+                started_at__gt=DatabaseNow() - windows.held_for(period),
+            )
+            .annotate(db_now=DatabaseNow())
+            .order_by("started_at")
+            .values_list("started_at", "db_now")
+            .first()
+        )
+        if first is None:
+            return []
+        started_at, now = first
+        # A reserved start is stamped ahead (windows.RESERVED_FOR): its attempt starts in
+        # a moment and is stamped then, so its window frees a period from now at the soonest.
+        wait = max(0.0, (min(started_at, now) + windows.held_for(period) - now).total_seconds())
+        self._retry_within(wait)
+        self._rest_for(kind, self._began, min(wait, _REST))
+        return None
 
     def _claim_and_start(
         self,
