@@ -35,11 +35,24 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Case, Count, F, Min, OuterRef, Q, Subquery, Value, When
+from django.db.models import (
+    Case,
+    Count,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce
 
 from nexus_workflows.clock import DatabaseNow
@@ -167,6 +180,7 @@ class FlowClaimer:
         # write it): a wake-up after a rest began ends it, one during the claim too.
         self._woken: dict[str | None, float] = {}
         self._found_nothing = False
+        self._quiet = _REST  # how long the kind rests when it found nothing
         self._spread = False
         self._began = 0.0  # when the running claim began (monotonic)
 
@@ -231,11 +245,12 @@ class FlowClaimer:
             budget -= len(works)
             if budget > 0:
                 self._found_nothing = False
+                self._quiet = _REST
                 self._claim_kind(claimer, workflow, budget, now, works)
                 if self._found_nothing:
                     # Nothing of this kind can start: a busy runner claims its other kinds
                     # many times a second, and need not ask again for a moment.
-                    self._rest_for(workflow.kind, clock, _REST)
+                    self._rest_for(workflow.kind, clock, self._quiet)
 
     def _retry_within(self, seconds: float) -> None:
         self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
@@ -299,12 +314,13 @@ class FlowClaimer:
         if ids is None:  # a full rate window: it rests until the window frees (_pick)
             return [], 0
         if not ids:
-            # Rest only when nothing of the kind is due at all: due rows held by a key or
-            # a rate key's window can start as soon as one of our own attempts ends.
-            due = DeferredWork.objects.using(self.using).filter(
-                kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at
-            )
-            self._found_nothing = not (flow.keyed or flow.rate_key) or not due.exists()
+            # Rest only when nothing of the kind is due at all: due rows held by a key can
+            # start as soon as an attempt of the key ends. A row coming due sooner than the
+            # rest would end ends it then (nothing announces a delayed row coming due).
+            soon = self._next_due_in(kind, due_at)
+            self._found_nothing = not flow.keyed or soon is None or soon > 0
+            if soon is not None:
+                self._quiet = min(_REST, max(soon, 0.0))
             return [], 0
         # transitions.claim sets the status itself. A limit the kind no longer has is
         # cleared from the rows it claims (see claims.NO_FLOW_LIMITS).
@@ -329,6 +345,35 @@ class FlowClaimer:
         )
         works = self._claim_and_start(claimer, kind, flow, recheck, ids, reclaimed=False, changes=changes)
         return works, len(ids)
+
+    def _next_due_in(self, kind: str, due_at: Any) -> float | None:
+        """Seconds until the first pending row of ``kind`` is due (≤ 0: one is due now), if
+        one is due within ``_REST``; None if none is. Reads no further than that (the
+        due index's range), so many rows waiting for later retries cost nothing."""
+        ahead = timedelta(seconds=_REST)
+        horizon: Any = (
+            due_at + ahead
+            if isinstance(due_at, datetime)
+            else ExpressionWrapper(
+                due_at + Value(ahead, output_field=DurationField()), output_field=DateTimeField()
+            )
+        )
+        first = (
+            DeferredWork.objects.using(self.using)
+            .filter(
+                kind=kind,
+                status=Status.PENDING,
+                next_attempt_at__lte=horizon,
+            )
+            .annotate(db_now=DatabaseNow())
+            .order_by("next_attempt_at")
+            .values_list("next_attempt_at", "db_now")
+            .first()
+        )
+        if first is None:
+            return None
+        due, db_now = first
+        return (due - (due_at if isinstance(due_at, datetime) else db_now)).total_seconds()
 
     def free_slots(self, kind: str, concurrency: int) -> list[int]:
         """Slot numbers no processing row of ``kind`` holds, in random order (so runners

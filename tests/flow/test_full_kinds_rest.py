@@ -100,3 +100,18 @@ def test_a_rate_key_kind_resting_on_full_windows_is_asked_again_on_a_wake_up_nam
     busy.lanes.new_work(work_id, kind)  # the listener, on the NOTIFY naming the row
     assert busy.lanes.claim_due(None)[0] == 1
     assert [item.trigger["key"] for item in busy.handed_out] == ["a1", "b1"]
+
+
+def test_a_resting_limited_kind_is_asked_when_its_delayed_row_comes_due(
+    register_workflow: Any, long_rest: None
+) -> None:
+    """Nothing announces a delayed row coming due: a kind that finds nothing due rests
+    only until its first pending row is due, not for the whole rest."""
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(100, 60)).kind
+    enqueue(kind, {"key": "later"}, delay=1.0)
+    busy = BusyLane([kind])
+    claimed, asked = claim_counting_queries(busy)  # nothing due yet: it rests
+    assert (claimed, asked > 0) == (0, True)
+    assert claim_counting_queries(busy) == (0, 0)
+    wait_for(lambda: busy.lanes.claim_due(None)[0] == 1, timeout=5, what="the delayed row claimed")
+    assert [item.trigger["key"] for item in busy.handed_out] == ["later"]
