@@ -176,11 +176,15 @@ class FlowClaimer:
         self.stale_held_back = False
         # Kinds whose last claim found nothing that could start: (since, until) monotonic.
         self._rest: dict[str, tuple[float, float]] = {}
+        # Kinds that rested and have not claimed anything since: on PostgreSQL the runner
+        # holds their rest locks, so enqueues of them notify it (deferred.rest_locks).
+        self.quiet: set[str] = set()
         # When each kind (or every kind: None) was last woken (monotonic; other threads
         # write it): a wake-up after a rest began ends it, one during the claim too.
         self._woken: dict[str | None, float] = {}
         self._found_nothing = False
         self._quiet = _REST  # how long the kind rests when it found nothing
+        self._slots_full = False  # whether it found nothing because every slot is held
         self._spread = False
         self._began = 0.0  # when the running claim began (monotonic)
 
@@ -211,8 +215,16 @@ class FlowClaimer:
             return 0.0
         return until - clock
 
-    def _rest_for(self, kind: str, since: float, seconds: float) -> None:
+    def _rest_for(self, kind: str, since: float, seconds: float, *, new_rows_can_start: bool = True) -> None:
+        """Rest ``kind`` ``seconds`` from ``since``. While it rests because nothing is due
+        (or no due row's key has room), a new row could start: its enqueue must wake the
+        runner, which holds the kind's rest lock (``quiet``). While every slot or the
+        kind's one window is full, a new row could not: its enqueue need not notify."""
         self._rest[kind] = (since, since + seconds)
+        if new_rows_can_start:
+            self.quiet.add(kind)
+        else:
+            self.quiet.discard(kind)
 
     def _in_turn(self, claim: str) -> list[Workflow]:
         # Start with a different kind each claim, so no limited kind starves another.
@@ -246,11 +258,15 @@ class FlowClaimer:
             if budget > 0:
                 self._found_nothing = False
                 self._quiet = _REST
+                self._slots_full = False
+                before = len(works)
                 self._claim_kind(claimer, workflow, budget, now, works)
+                if len(works) > before:
+                    self.quiet.discard(workflow.kind)  # asked every turn while it finds work
                 if self._found_nothing:
                     # Nothing of this kind can start: a busy runner claims its other kinds
                     # many times a second, and need not ask again for a moment.
-                    self._rest_for(workflow.kind, clock, self._quiet)
+                    self._rest_for(workflow.kind, clock, self._quiet, new_rows_can_start=not self._slots_full)
 
     def _retry_within(self, seconds: float) -> None:
         self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
@@ -297,7 +313,7 @@ class FlowClaimer:
             limit = min(limit, len(slots))
             # Every slot held: nothing of the kind can start until an attempt ends (one
             # of ours wakes the kind; another runner's is seen after at most _REST).
-            self._found_nothing = not slots
+            self._found_nothing = self._slots_full = not slots
         if limit <= 0:
             return [], 0
         candidates = (
@@ -415,7 +431,7 @@ class FlowClaimer:
                 self._retry_within(wait)
                 # Until its oldest start leaves the window: no slot opens sooner but by a
                 # release, whose NOTIFY wakes the kind (at most _REST where none comes).
-                self._rest_for(kind, self._began, min(wait, _REST))
+                self._rest_for(kind, self._began, min(wait, _REST), new_rows_can_start=False)
                 return None
             return self._first(candidates, min(limit, room))
         rows = (
