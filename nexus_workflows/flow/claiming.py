@@ -330,13 +330,7 @@ class FlowClaimer:
         if ids is None:  # a full rate window: it rests until the window frees (_pick)
             return [], 0
         if not ids:
-            # Rest only when nothing of the kind is due at all: due rows held by a key can
-            # start as soon as an attempt of the key ends. A row coming due sooner than the
-            # rest would end ends it then (nothing announces a delayed row coming due).
-            soon = self._next_due_in(kind, due_at)
-            self._found_nothing = not flow.keyed or soon is None or soon > 0
-            if soon is not None:
-                self._quiet = min(_REST, max(soon, 0.0))
+            self._found_none(kind, flow, due_at)
             return [], 0
         # transitions.claim sets the status itself. A limit the kind no longer has is
         # cleared from the rows it claims (see claims.NO_FLOW_LIMITS).
@@ -361,6 +355,15 @@ class FlowClaimer:
         )
         works = self._claim_and_start(claimer, kind, flow, recheck, ids, reclaimed=False, changes=changes)
         return works, len(ids)
+
+    def _found_none(self, kind: str, flow: FlowLimits, due_at: Any) -> None:
+        """No candidate: rest only when nothing of the kind is due at all (due rows held by
+        a key can start as soon as an attempt of the key ends). A row coming due sooner
+        than the rest would end ends it then (nothing announces a delayed row coming due)."""
+        soon = self._next_due_in(kind, due_at)
+        self._found_nothing = not flow.keyed or soon is None or soon > 0
+        if soon is not None:
+            self._quiet = min(_REST, max(soon, 0.0))
 
     def _next_due_in(self, kind: str, due_at: Any) -> float | None:
         """Seconds until the first pending row of ``kind`` is due (≤ 0: one is due now), if
