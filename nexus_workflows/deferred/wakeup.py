@@ -170,7 +170,8 @@ class PostgresListener(threading.Thread):
         self._waiting = False
         self.holds_waiting_lock = False
         # The rest locks of the limited kinds the runner rests (this thread holds them).
-        self.rest_locks = RestLocks(on_rest_held)
+        self.on_rest_held = on_rest_held
+        self.rest_locks = RestLocks(self._rest_held)
         # Rung by the runner's thread so that this one, asleep in select(), acts at once.
         self._bell, self._bell_rope = socket.socketpair()
         # Seconds between statements that keep an idle session alive (see _connect).
@@ -197,6 +198,12 @@ class PostgresListener(threading.Thread):
         """From the runner's thread: the limited kinds it rests now (:mod:`.rest_locks`)."""
         if self.rest_locks.want(kinds):
             self._ring()
+
+    def _rest_held(self, kind: str) -> None:
+        """A rest lock is held: the runner asks the kind once more, now (see rest_locks)."""
+        if self.on_rest_held is not None:
+            self.on_rest_held(kind)
+        self.event.set()
 
     def ready_to_wait(self) -> bool:
         """Whether a runner that waits now is woken by a NOTIFY when work arrives: wake-ups

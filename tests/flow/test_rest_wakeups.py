@@ -177,3 +177,40 @@ def test_a_waiting_runner_gets_one_notify_for_a_limited_row_enqueued_in_a_transa
         sender.execute("SELECT pg_notify(%s, 'marker')", [CHANNEL])
         payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
     assert payloads == [f"{work_id} {limited}", "marker"]
+
+
+@pytest.mark.postgresql
+def test_a_listener_holds_the_rest_lock_of_a_resting_kind_and_its_enqueue_ends_the_rest(
+    register_workflow: Any, long_rest: None
+) -> None:
+    """A real listener thread: told the kinds the runner rests, it holds their locks, the
+    trigger then names a new row of the kind, and the kind is claimed; once the kind found
+    work the lock goes, and enqueues of it send nothing."""
+    from nexus_workflows.deferred import wakeup
+    from tests.processes import wait_for
+
+    limited = register_workflow(noop, retry_schedule=[1], rate_limit=(100, 60)).kind
+    busy = BusyLane([limited])
+    assert busy.lanes.claim_due(None)[0] == 0  # nothing due: it rests
+    event = threading.Event()
+    listener = wakeup.PostgresListener(
+        "default",
+        event,
+        on_new_work=busy.lanes.new_work,
+        on_any_work=busy.lanes.wake_limited,
+        on_rest_held=busy.lanes.wake_limited,
+    )
+    listener.start()
+    try:
+        wait_for(lambda: listener.mode is wakeup.WakeupMode.LISTENING, timeout=10, what="wake-ups proven")
+        listener.rest_on(busy.lanes.quiet_kinds())
+        wait_for(lambda: listener.rest_locks.held == {limited}, timeout=10, what="the rest lock held")
+        assert busy.lanes.claim_due(None)[0] == 0  # asked once more (on_held): still nothing
+        assert busy.lanes.claim_due(None)[0] == 0  # resting again
+        work_id = int(enqueue(limited, {"key": "new"}) or 0)
+        wait_for(lambda: busy.lanes.claim_due(None)[0] == 1, timeout=10, what="the new row claimed")
+        assert [item.id for item in busy.handed_out] == [work_id]
+        listener.rest_on(busy.lanes.quiet_kinds())  # found work: asked every turn
+        wait_for(lambda: listener.rest_locks.held == set(), timeout=10, what="the rest lock released")
+    finally:
+        listener.stop()
