@@ -147,7 +147,7 @@ def _enqueue_many_deferred(
                         f"workflow {workflow.kind!r}: could not settle {len(chunk)} dedupe key(s) "
                         f"after {_DEDUPE_ROUNDS} rounds; rows kept changing under concurrent writers"
                     )
-            notify(using, inserted=True, limited="" if workflow.flow else None)  # "": many rows
+            notify(using, inserted=True)
     except (IntegrityError, DataError) as error:  # never the dedupe race: ON CONFLICT skips it
         raise _rejected(workflow, error, using) from None
     return results
@@ -417,9 +417,7 @@ def _enqueue_deferred(
         except DataError as error:
             raise _rejected(workflow, error, using) from None
         if work_id is not None:
-            # A limited kind's row is named even to busy runners (the trigger's, if sent, is
-            # the same NOTIFY: PostgreSQL delivers one per transaction).
-            notify(using, inserted=True, limited=f"{work_id} {workflow.kind}" if workflow.flow else None)
+            notify(using, inserted=True)
             logger.debug("%s #%s enqueued", workflow.kind, work_id)
             signals.send(signals.work_enqueued, kind=workflow.kind, id=work_id, attempt=1)
             return str(work_id)

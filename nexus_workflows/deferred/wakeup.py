@@ -24,8 +24,12 @@ runner with nothing to claim holds an advisory lock on its ``LISTEN`` session
 (:data:`~nexus_workflows.sql.postgresql.WAITING_LOCK`), and the trigger notifies only
 when it cannot take that lock. Taking it waits for every enqueue that did not notify, and
 the runner claims once more once it holds it, so no wake-up is lost; a runner with a
-backlog lets it go, since it claims again by itself (migration 0011).
+backlog lets it go, since it claims again by itself (migration 0011). A busy runner holds,
+the same way, a lock for each limited kind it rests (:mod:`.rest_locks`, migration 0016).
 """
+
+# Long module: the listener thread (its connection, probes, waiting and rest locks) and the
+# notify side it answers, kept together so the wake-up protocol reads in one place.
 
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from nexus_workflows.conf import app_settings
+from nexus_workflows.deferred.rest_locks import RestLocks
 from nexus_workflows.sql import postgresql
 
 logger = logging.getLogger("nexus_workflows.wakeup")  # the name it has always logged under
@@ -82,16 +87,15 @@ def _wake_local_waiters() -> None:
         event.set()
 
 
-def notify(using: str, *, inserted: bool = False, limited: str | None = None) -> None:
+def notify(using: str, *, inserted: bool = False) -> None:
     """Tell runners that work is due now; call after writing it on ``using``.
 
-    ``inserted``: just inserted, so on PostgreSQL the trigger sent the NOTIFY (if a runner
-    waits). ``limited``: rows of a kind with flow limits were, and this payload is sent
-    anyway: busy runners rest such kinds between asks (``flow.claiming``)."""
+    ``inserted``: just inserted, so on PostgreSQL the trigger sent the NOTIFY if a runner
+    waits, or rests a kind inserted (:mod:`.rest_locks`)."""
     connection = connections[using]
-    if connection.vendor == "postgresql" and app_settings.WAKEUP and (limited is not None or not inserted):
+    if connection.vendor == "postgresql" and not inserted and app_settings.WAKEUP:
         with connection.cursor() as cursor:
-            postgresql.notify(cursor, CHANNEL, limited or "")
+            postgresql.notify(cursor, CHANNEL)
     if _local_waiters:
         transaction.on_commit(_wake_local_waiters, using=using)
 
@@ -141,6 +145,7 @@ class PostgresListener(threading.Thread):
         on_mode_change: Callable[[], None] | None = None,
         on_new_work: Callable[[int, str], None] | None = None,
         on_any_work: Callable[[], None] | None = None,
+        on_rest_held: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(name="nexus-workflows-listener", daemon=True)
         self.using = using
@@ -164,6 +169,9 @@ class PostgresListener(threading.Thread):
         # this session holds the waiting lock that makes enqueues send them (this thread).
         self._waiting = False
         self.holds_waiting_lock = False
+        # The rest locks of the limited kinds the runner rests (this thread holds them).
+        self.on_rest_held = on_rest_held
+        self.rest_locks = RestLocks(self._rest_held)
         # Rung by the runner's thread so that this one, asleep in select(), acts at once.
         self._bell, self._bell_rope = socket.socketpair()
         # Seconds between statements that keep an idle session alive (see _connect).
@@ -185,6 +193,17 @@ class PostgresListener(threading.Thread):
         if waiting != self._waiting:
             self._waiting = waiting
             self._ring()
+
+    def rest_on(self, kinds: frozenset[str]) -> None:
+        """From the runner's thread: the limited kinds it rests now (:mod:`.rest_locks`)."""
+        if self.rest_locks.want(kinds):
+            self._ring()
+
+    def _rest_held(self, kind: str) -> None:
+        """A rest lock is held: the runner asks the kind once more, now (see rest_locks)."""
+        if self.on_rest_held is not None:
+            self.on_rest_held(kind)
+        self.event.set()
 
     def ready_to_wait(self) -> bool:
         """Whether a runner that waits now is woken by a NOTIFY when work arrives: wake-ups
@@ -261,12 +280,14 @@ class PostgresListener(threading.Thread):
                         self._probe_answered(arrived)
                         next_probe = float("inf") if arrived else time.monotonic() + REPROBE_INTERVAL
                 self._settle_waiting_lock(connection)
+                self.rest_locks.settle(connection, listening=self.mode is WakeupMode.LISTENING)
                 # Also those that arrived while a statement ran (psycopg keeps them).
                 for notification in connection.notifies(timeout=0):
                     self._received(notification.payload)
                 self._sleep(connection)
         finally:
             self.holds_waiting_lock = False  # the session's locks end with it
+            self.rest_locks.lost()
 
     def _next_keep_alive(self) -> float:
         every = self._keep_alive_every

@@ -35,11 +35,24 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Case, Count, F, Min, OuterRef, Q, Subquery, Value, When
+from django.db.models import (
+    Case,
+    Count,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Min,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+    When,
+)
 from django.db.models.functions import Coalesce
 
 from nexus_workflows.clock import DatabaseNow
@@ -163,10 +176,15 @@ class FlowClaimer:
         self.stale_held_back = False
         # Kinds whose last claim found nothing that could start: (since, until) monotonic.
         self._rest: dict[str, tuple[float, float]] = {}
+        # Kinds that rested and have not claimed anything since: on PostgreSQL the runner
+        # holds their rest locks, so enqueues of them notify it (deferred.rest_locks).
+        self.quiet: set[str] = set()
         # When each kind (or every kind: None) was last woken (monotonic; other threads
         # write it): a wake-up after a rest began ends it, one during the claim too.
         self._woken: dict[str | None, float] = {}
         self._found_nothing = False
+        self._quiet = _REST  # how long the kind rests when it found nothing
+        self._slots_full = False  # whether it found nothing because every slot is held
         self._spread = False
         self._began = 0.0  # when the running claim began (monotonic)
 
@@ -197,8 +215,16 @@ class FlowClaimer:
             return 0.0
         return until - clock
 
-    def _rest_for(self, kind: str, since: float, seconds: float) -> None:
+    def _rest_for(self, kind: str, since: float, seconds: float, *, new_rows_can_start: bool = True) -> None:
+        """Rest ``kind`` ``seconds`` from ``since``. While it rests because nothing is due
+        (or no due row's key has room), a new row could start: its enqueue must wake the
+        runner, which holds the kind's rest lock (``quiet``). While every slot or the
+        kind's one window is full, a new row could not: its enqueue need not notify."""
         self._rest[kind] = (since, since + seconds)
+        if new_rows_can_start:
+            self.quiet.add(kind)
+        else:
+            self.quiet.discard(kind)
 
     def _in_turn(self, claim: str) -> list[Workflow]:
         # Start with a different kind each claim, so no limited kind starves another.
@@ -231,11 +257,16 @@ class FlowClaimer:
             budget -= len(works)
             if budget > 0:
                 self._found_nothing = False
+                self._quiet = _REST
+                self._slots_full = False
+                before = len(works)
                 self._claim_kind(claimer, workflow, budget, now, works)
+                if len(works) > before:
+                    self.quiet.discard(workflow.kind)  # asked every turn while it finds work
                 if self._found_nothing:
                     # Nothing of this kind can start: a busy runner claims its other kinds
                     # many times a second, and need not ask again for a moment.
-                    self._rest_for(workflow.kind, clock, _REST)
+                    self._rest_for(workflow.kind, clock, self._quiet, new_rows_can_start=not self._slots_full)
 
     def _retry_within(self, seconds: float) -> None:
         self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
@@ -280,6 +311,9 @@ class FlowClaimer:
         if flow.concurrency is not None:
             slots = self.free_slots(kind, flow.concurrency)
             limit = min(limit, len(slots))
+            # Every slot held: nothing of the kind can start until an attempt ends (one
+            # of ours wakes the kind; another runner's is seen after at most _REST).
+            self._found_nothing = self._slots_full = not slots
         if limit <= 0:
             return [], 0
         candidates = (
@@ -296,12 +330,7 @@ class FlowClaimer:
         if ids is None:  # a full rate window: it rests until the window frees (_pick)
             return [], 0
         if not ids:
-            # Rest only when nothing of the kind is due at all: due rows held by a key or
-            # a rate key's window can start as soon as one of our own attempts ends.
-            due = DeferredWork.objects.using(self.using).filter(
-                kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at
-            )
-            self._found_nothing = not (flow.keyed or flow.rate_key) or not due.exists()
+            self._found_none(kind, flow, due_at)
             return [], 0
         # transitions.claim sets the status itself. A limit the kind no longer has is
         # cleared from the rows it claims (see claims.NO_FLOW_LIMITS).
@@ -326,6 +355,44 @@ class FlowClaimer:
         )
         works = self._claim_and_start(claimer, kind, flow, recheck, ids, reclaimed=False, changes=changes)
         return works, len(ids)
+
+    def _found_none(self, kind: str, flow: FlowLimits, due_at: Any) -> None:
+        """No candidate: rest only when nothing of the kind is due at all (due rows held by
+        a key can start as soon as an attempt of the key ends). A row coming due sooner
+        than the rest would end ends it then (nothing announces a delayed row coming due)."""
+        soon = self._next_due_in(kind, due_at)
+        self._found_nothing = not flow.keyed or soon is None or soon > 0
+        if soon is not None:
+            self._quiet = min(_REST, max(soon, 0.0))
+
+    def _next_due_in(self, kind: str, due_at: Any) -> float | None:
+        """Seconds until the first pending row of ``kind`` is due (≤ 0: one is due now), if
+        one is due within ``_REST``; None if none is. Reads no further than that (the
+        due index's range), so many rows waiting for later retries cost nothing."""
+        ahead = timedelta(seconds=_REST)
+        horizon: Any = (
+            due_at + ahead
+            if isinstance(due_at, datetime)
+            else ExpressionWrapper(
+                due_at + Value(ahead, output_field=DurationField()), output_field=DateTimeField()
+            )
+        )
+        first = (
+            DeferredWork.objects.using(self.using)
+            .filter(
+                kind=kind,
+                status=Status.PENDING,
+                next_attempt_at__lte=horizon,
+            )
+            .annotate(db_now=DatabaseNow())
+            .order_by("next_attempt_at")
+            .values_list("next_attempt_at", "db_now")
+            .first()
+        )
+        if first is None:
+            return None
+        due, db_now = first
+        return (due - (due_at if isinstance(due_at, datetime) else db_now)).total_seconds()
 
     def free_slots(self, kind: str, concurrency: int) -> list[int]:
         """Slot numbers no processing row of ``kind`` holds, in random order (so runners
@@ -367,7 +434,7 @@ class FlowClaimer:
                 self._retry_within(wait)
                 # Until its oldest start leaves the window: no slot opens sooner but by a
                 # release, whose NOTIFY wakes the kind (at most _REST where none comes).
-                self._rest_for(kind, self._began, min(wait, _REST))
+                self._rest_for(kind, self._began, min(wait, _REST), new_rows_can_start=False)
                 return None
             return self._first(candidates, min(limit, room))
         rows = (
@@ -384,7 +451,40 @@ class FlowClaimer:
                 picked.append(pk)
                 if len(picked) >= limit:
                     break
+        if not rows:
+            return self._rest_for_key_windows(kind, period, candidates)
         return picked
+
+    def _rest_for_key_windows(self, kind: str, period: float, candidates: Any) -> list[int] | None:
+        """No candidate's rate key has room: rest the kind until the first start in those
+        keys' windows leaves (a lower bound of when one has room; at most _REST) and
+        return None; [] when there is no candidate at all."""
+        keys = (
+            candidates.order_by()
+            .annotate(window_key=Coalesce(F("rate_key_hash"), Value("")))
+            .values("window_key")
+        )
+        first = (
+            FlowWindowSlot.objects.using(self.using)
+            .filter(
+                name=window_name(kind),
+                key_hash__in=keys,
+                started_at__gt=DatabaseNow() - windows.held_for(period),
+            )
+            .annotate(db_now=DatabaseNow())
+            .order_by("started_at")
+            .values_list("started_at", "db_now")
+            .first()
+        )
+        if first is None:
+            return []
+        started_at, now = first
+        # A reserved start is stamped ahead (windows.RESERVED_FOR): its attempt starts in
+        # a moment and is stamped then, so its window frees a period from now at the soonest.
+        wait = max(0.0, (min(started_at, now) + windows.held_for(period) - now).total_seconds())
+        self._retry_within(wait)
+        self._rest_for(kind, self._began, min(wait, _REST))
+        return None
 
     def _claim_and_start(
         self,

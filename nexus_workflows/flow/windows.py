@@ -333,24 +333,18 @@ def seconds_until_free(name: str, key_hash: str, limit: int, period: float, *, u
     """Seconds (database clock) until the window's oldest start leaves it, or a
     lengthened period's pause ends if that is later (:func:`_lengthened_wait`); 0 when a
     slot is free now."""
-    shorter = list(
+    # One read of the ring: the rows stamped under a shorter period and the oldest start
+    # below the limit both come from it (a ring is a few rows: its largest limit's).
+    rows: list[_Row] = list(
         _slots(name, key_hash, using)
-        .filter(period__lt=period)
         .annotate(db_now=DatabaseNow())
         .values_list("slot", "started_at", "db_now", "period")
     )
-    pause = max(0.0, _lengthened_wait(shorter, period))
-    oldest = (
-        _slots(name, key_hash, using)
-        .filter(slot__lt=limit)
-        .annotate(db_now=DatabaseNow())
-        .order_by("started_at")
-        .values_list("started_at", "db_now")
-        .first()
-    )
-    if oldest is None:
+    pause = max(0.0, _lengthened_wait(rows, period))
+    below = [(started_at, now) for slot, started_at, now, _ in rows if slot < limit]
+    if not below:
         return pause
-    started_at, now = oldest
+    started_at, now = min(below)
     return max(pause, (started_at + held_for(period) - now).total_seconds())
 
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EPOCH_OF_MINUTE",
+    "REST_LOCK_CLASS",
     "WAITING_LOCK",
     "add_outcome_counts",
     "allocate_token_sql",
@@ -37,6 +38,7 @@ __all__ = [
     "distinct_kinds",
     "due_ids",
     "estimated_rows",
+    "hold_rest_lock",
     "hold_waiting_lock",
     "index_validity",
     "insert_many_from_json_sql",
@@ -45,6 +47,7 @@ __all__ = [
     "listen",
     "lock_waits_at_most",
     "notify",
+    "release_rest_lock",
     "release_waiting_lock",
     "save_journals",
     "set_local_lock_timeout",
@@ -240,6 +243,31 @@ def hold_waiting_lock(connection: Any, *, lock_timeout: float | None = None) -> 
     with connection.transaction():
         connection.execute("SELECT set_config('lock_timeout', %s, true)", [f"{round(lock_timeout * 1000)}ms"])
         connection.execute("SELECT pg_advisory_lock_shared(%s, %s)", WAITING_LOCK)
+
+
+#: The class of the advisory locks a busy runner holds, shared, on its ``LISTEN`` session
+#: for each limited kind that rests (``flow.claiming``): keys (this, ``hashtext(kind)``).
+#: The work table's trigger also sends its ``NOTIFY`` when it cannot take the lock of a
+#: kind it inserted (migration 0016 writes the same class); a hash shared by two kinds
+#: only costs a NOTIFY more.
+REST_LOCK_CLASS = 0x6E77_6B67  # "nwkg"
+
+
+def hold_rest_lock(connection: Any, kind: str, *, lock_timeout: float) -> None:
+    """On the listener's psycopg connection (autocommit): this runner rests ``kind``.
+    Waits (at most ``lock_timeout`` s, then ``LockNotAvailable``) for every open
+    transaction that inserted rows of the kind without notifying; see
+    :func:`hold_waiting_lock` for why the bound is the transaction's own."""
+    with connection.transaction():
+        connection.execute(
+            "SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(lock_timeout * 1000))}ms"]
+        )
+        connection.execute("SELECT pg_advisory_lock_shared(%s, hashtext(%s))", [REST_LOCK_CLASS, kind])
+
+
+def release_rest_lock(connection: Any, kind: str) -> None:
+    """On the listener's connection: this runner asks ``kind`` each turn again."""
+    connection.execute("SELECT pg_advisory_unlock_shared(%s, hashtext(%s))", [REST_LOCK_CLASS, kind])
 
 
 def set_local_lock_timeout(cursor: Any, seconds: float) -> None:

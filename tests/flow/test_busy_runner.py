@@ -40,7 +40,7 @@ PLAIN_SECONDS = 0.002
 # Each limited item must start before this share of the time the backlog took to drain
 # (from the first limited enqueue) has passed. One waits for at most a claim turn, the
 # kind's rest after a claim that found nothing (flow.claiming._REST, 0.2 s, ended early by
-# the NOTIFY a limited kind's enqueue sends on PostgreSQL) and one quick
+# the NOTIFY the trigger sends on PostgreSQL for a kind the runner rests) and one quick
 # attempt; before the fix it waited for the whole backlog (a share of about 1.0).
 SHARE = 0.25
 # Limited items enqueued one after another, each once the one before started: before the

@@ -194,3 +194,16 @@ def test_an_open_transaction_that_took_a_start_does_not_hold_other_callers_past_
         leave.set()
         holder.join(30)
     assert waited < 1
+
+
+def test_seconds_until_free_reads_the_ring_once() -> None:
+    """The wait of a full window, from one read of its rows (it read them twice)."""
+    from django.test.utils import CaptureQueriesContext
+
+    from nexus_workflows.flow.windows import seconds_until_free, take_starts
+
+    assert take_starts("read-once", "", 2, 60, 2, using="default") == 2
+    with CaptureQueriesContext(connections["default"]) as queries:
+        wait = seconds_until_free("read-once", "", 2, 60, using="default")
+    assert 59 < wait <= 60.025
+    assert len(queries) == 1

@@ -122,6 +122,12 @@ class LaneClaims:
             if claimer.flow is not None and (kind is None or kind in claimer.flow.kinds):
                 claimer.flow.wake(kind)
 
+    def quiet_kinds(self) -> frozenset[str]:
+        """The limited kinds that rest (found nothing and claimed nothing since)."""
+        return frozenset(
+            kind for claimer in self.claimers.values() if claimer.flow for kind in claimer.flow.quiet
+        )
+
     def claim_notified(self, cutoff: datetime | None) -> int:
         """Claim the rows NOTIFYs named, by id in one statement per lane, each lane only as
         far as it has free slots (the ordinary claim takes the rest); how many."""

@@ -283,6 +283,7 @@ class Runner:
                 on_mode_change=self._observer.heartbeat,
                 on_new_work=self._lanes.new_work,
                 on_any_work=self._lanes.wake_limited if self._lanes.limited else None,
+                on_rest_held=self._lanes.wake_limited if self._lanes.limited else None,
             )
             self._listener.start()
             # The start line says whether wake-ups work; the probe takes milliseconds
@@ -352,6 +353,8 @@ class Runner:
             if self._listener is not None:
                 # With a backlog it claims again by itself: enqueues may skip their NOTIFY.
                 self._listener.wait_for_notifies(not self._lanes.backlogged())
+                if self._lanes.limited:  # enqueues of the kinds it rests notify it
+                    self._listener.rest_on(self._lanes.quiet_kinds())
             # Claim again at once only if the last claim may have left due work behind;
             # otherwise wait, so the workers start the work just claimed right away.
             if purging or (more_due and self._wants_more()):
