@@ -1,5 +1,5 @@
 """The advisory locks a busy runner holds, on its ``LISTEN`` session, for the limited kinds
-it rests (PostgreSQL; migration 0016).
+it rests (PostgreSQL; migration 0017).
 
 A busy runner holds no waiting lock, so the work table's trigger would not wake it, and it
 asks a limited kind that found nothing only now and then (``flow.claiming``). While such a

@@ -25,7 +25,7 @@ runner with nothing to claim holds an advisory lock on its ``LISTEN`` session
 when it cannot take that lock. Taking it waits for every enqueue that did not notify, and
 the runner claims once more once it holds it, so no wake-up is lost; a runner with a
 backlog lets it go, since it claims again by itself (migration 0011). A busy runner holds,
-the same way, a lock for each limited kind it rests (:mod:`.rest_locks`, migration 0016).
+the same way, a lock for each limited kind it rests (:mod:`.rest_locks`, migration 0017).
 """
 
 # Long module: the listener thread (its connection, probes, waiting and rest locks) and the

@@ -248,7 +248,7 @@ def hold_waiting_lock(connection: Any, *, lock_timeout: float | None = None) -> 
 #: The class of the advisory locks a busy runner holds, shared, on its ``LISTEN`` session
 #: for each limited kind that rests (``flow.claiming``): keys (this, ``hashtext(kind)``).
 #: The work table's trigger also sends its ``NOTIFY`` when it cannot take the lock of a
-#: kind it inserted (migration 0016 writes the same class); a hash shared by two kinds
+#: kind it inserted (migration 0017 writes the same class); a hash shared by two kinds
 #: only costs a NOTIFY more.
 REST_LOCK_CLASS = 0x6E77_6B67  # "nwkg"
 

@@ -48,7 +48,7 @@ _0012 = import_module("nexus_workflows.migrations.0012_no_notify_for_no_rows")
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("nexus_workflows", "0015_window_slot_period"),
+        ("nexus_workflows", "0016_due_per_kind_and_queue"),
     ]
 
     operations = [
