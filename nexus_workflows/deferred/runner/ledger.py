@@ -103,6 +103,8 @@ class Ledger:
         self._unmarked: dict[tuple[str, int], ClaimedWork] = {}
         self._unwritten: list[Pending] = []
         self._unguarded: list[ClaimedWork] = []
+        # Refused guard writes by claim (not a lock wait cut short, a deadlock, a cancel).
+        self._guard_refusals: Counter[tuple[str, int]] = Counter()
         # When each queued claim was last known to be ours (monotonic), and the queued
         # claims given up because that was too long ago.
         self._confirmed: dict[tuple[str, int], float] = {}
@@ -311,6 +313,17 @@ class Ledger:
     def has_unguarded(self) -> bool:
         with self.lock:
             return bool(self._unguarded)
+
+    def guard_refused(self, work: ClaimedWork) -> int:
+        """Count a refused guard write of ``work``; returns how many so far."""
+        with self.lock:
+            self._guard_refusals[work.key] += 1
+            return self._guard_refusals[work.key]
+
+    def guard_settled(self, work: ClaimedWork) -> None:
+        """The guard of ``work`` was written, or given up: forget its refusals."""
+        with self.lock:
+            self._guard_refusals.pop(work.key, None)
 
     # --- everything ---------------------------------------------------------------------
 
