@@ -33,7 +33,11 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from nexus_workflows.deferred import transitions
-from nexus_workflows.deferred.runner.unavailable import close_connection, rerun_on_a_new_connection
+from nexus_workflows.deferred.runner.unavailable import (
+    close_connection,
+    close_if_past_max_age,
+    rerun_on_a_new_connection,
+)
 from nexus_workflows.deferred.transitions import ClaimedWork, validate_patch
 from nexus_workflows.exceptions import ClaimLost
 
@@ -238,6 +242,7 @@ class JournalWriter:
     def _run(self) -> None:
         try:
             while (first := self._waiting.get()) is not None:
+                close_if_past_max_age(self.using)  # between batches, as Django between requests
                 if isinstance(first, _Call):
                     self._call(first)
                     continue
@@ -290,10 +295,12 @@ class JournalWriter:
             )
         except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
             close_connection(self.using)  # the next batch reconnects
-            # One instance per attempt: each raises it in its own thread or task.
-            _complete_once(batch, lambda save: _own_copy(error))
+            failed: BaseException = error
         else:
             _complete_once(batch, lambda save: None if save.work.id in written else claim_lost(save.work))
+            return
+        # One instance per attempt: each raises it in its own thread or task.
+        _complete_once(batch, lambda save: _own_copy(failed))
 
     def _fail_in_hand(self) -> None:
         """Fail the saves of writers still writing after the stop's wait: their callers

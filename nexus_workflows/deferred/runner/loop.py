@@ -43,6 +43,7 @@ from nexus_workflows.deferred.runner.stats import RunStats, Tally
 from nexus_workflows.deferred.runner.stop_signals import StopSignals
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
+    close_if_past_max_age,
     describe_unavailable,
     is_database_unavailable,
     session_ended_idle,
@@ -339,6 +340,7 @@ class Runner:
         while not self._stop_requested.is_set():
             self._wake.clear()
             try:
+                close_if_past_max_age(self.using)  # between turns, as Django between requests
                 if self.once and cutoff is None:
                     cutoff = database_now(self.using)
                 claimed, more_due, purging = self._turn(cutoff, schedule)
