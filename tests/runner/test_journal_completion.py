@@ -62,7 +62,8 @@ def test_a_save_a_stop_failed_keeps_that_answer_when_its_stuck_writer_finishes(w
     save = _Save(replace(work, claim_token="another runner's"), {"step": 1}, written=threading.Event())
     in_hand(writer, [save])
     writer._fail_in_hand()
-    assert save.written is not None and save.written.is_set()
+    assert save.written is not None
+    assert save.written.is_set()
     told = save.error
     assert isinstance(told, ClaimLost)
     assert "the runner stopped" in str(told)

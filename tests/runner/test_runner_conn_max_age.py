@@ -86,7 +86,8 @@ def run_work_for(register_workflow: Any, seconds: float, sessions: dict[str, lis
             thread.join(30)
     assert not thread.is_alive()
     assert DeferredWork.objects.filter(pk__in=ids, status=Status.DONE).count() == len(ids)
-    assert {row.checkpoints["step"] for row in DeferredWork.objects.filter(pk__in=ids)} == set(range(len(ids)))
+    saved = {row.checkpoints["step"] for row in DeferredWork.objects.filter(pk__in=ids)}
+    assert saved == set(range(len(ids)))
     return sorted(alive)
 
 

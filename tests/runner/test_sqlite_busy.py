@@ -69,7 +69,8 @@ def test_the_runner_waits_out_a_held_write_lock_without_an_outage(
     kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
     work_id = enqueue(kind, {"key": "a"})
     holder.execute("BEGIN IMMEDIATE")
-    with override_settings(NEXUS_WORKFLOWS=SETTINGS), caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
+    logged = caplog.at_level(logging.DEBUG, logger="nexus_workflows")
+    with override_settings(NEXUS_WORKFLOWS=SETTINGS), logged:
         runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
         thread = threading.Thread(target=runner.run, name="test-runner")
         thread.start()

@@ -45,7 +45,8 @@ def test_a_guard_write_refused_for_good_is_given_up_once(
     # The reclaim's own claim passes (it leaves the history alone); the guard's write is
     # the history alone: refused.
     write_blocker.install("NEW.dedupe_key = 'refused' AND NEW.history <> OLD.history")
-    with override_settings(NEXUS_WORKFLOWS=SETTINGS), caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
+    logged = caplog.at_level(logging.DEBUG, logger="nexus_workflows")
+    with override_settings(NEXUS_WORKFLOWS=SETTINGS), logged:
         runner = Runner(kinds=[kind], once=True, install_signal_handlers=False)
         thread = threading.Thread(target=runner.run, name="test-runner")
         thread.start()
