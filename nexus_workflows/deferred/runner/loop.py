@@ -450,7 +450,7 @@ class Runner:
         retry_in = self._lanes.retry_in()
         if retry_in is not None:
             wait = min(wait, max(retry_in, 0.005))
-        if self._ledger.has_unguarded():
+        if self._ledger.has_unguarded(self._ledger.clock()):
             wait = min(wait, 0.05)
         next_retry = self._ledger.next_retry()
         if next_retry is not None:
