@@ -1,7 +1,8 @@
 """Which database errors mean "the database cannot take this statement right now" (down,
 unreachable, read-only, or it ended the session) rather than anything about the work, and
-which mean "the database refused this statement" (a lock wait cut short, a deadlock, a
-cancel by a time-out: :func:`statement_refused`), which is no outage: the session is fine.
+which mean "the database refused this statement" (a lock wait cut short, SQLite's
+"database is locked" among them, a deadlock, a cancel by a time-out:
+:func:`statement_refused`), which is no outage: the session is fine.
 Used by the runner (:mod:`nexus_workflows.deferred.runner.unavailable`) and by its
 observer, which must not import the runner."""
 
@@ -47,6 +48,14 @@ MYSQL_TRANSACTION_CONFLICTS = {
     1205: "it waited longer than innodb_lock_wait_timeout for a lock",
     1213: "the database ended it to break a deadlock",
 }
+
+#: SQLite's result code of a statement that waited its connection's ``timeout`` for the
+#: file's write lock another connection held (``database is locked``), by its primary code
+#: (extended ones, ``SQLITE_BUSY_SNAPSHOT`` …, keep it in their low byte): the database
+#: answered "busy", as a server's lock wait cut short does. No outage: the file is fine.
+SQLITE_BUSY = 5
+SQLITE_BUSY_MEANS = "another connection held the database file's write lock longer than timeout (SQLite busy)"
+
 
 #: MySQL/MariaDB errors about the statement's values, which mysqlclient files under
 #: OperationalError (it maps few server errors): the server answered and refused this
@@ -112,13 +121,26 @@ def statement_refused(error: BaseException) -> str | None:
 
 def transaction_conflict(error: BaseException) -> str | None:
     """What ``error`` says when it is a statement meeting another transaction (see
-    :data:`TRANSACTION_CONFLICTS` and :data:`MYSQL_TRANSACTION_CONFLICTS`): "it waited
-    longer than lock_timeout for a lock", …; None for any other error."""
+    :data:`TRANSACTION_CONFLICTS`, :data:`MYSQL_TRANSACTION_CONFLICTS` and SQLite's
+    :data:`SQLITE_BUSY`): "it waited longer than lock_timeout for a lock", …; None for
+    any other error."""
     code = sqlstate(error)
     if code is not None:
         return TRANSACTION_CONFLICTS.get(code)
+    if sqlite_busy(error):
+        return SQLITE_BUSY_MEANS
     number = mysql_error_number(error)
     return MYSQL_TRANSACTION_CONFLICTS.get(number) if number is not None else None
+
+
+def sqlite_busy(error: BaseException) -> bool:
+    """Whether ``error`` is SQLite's ``database is locked`` (:data:`SQLITE_BUSY`), on
+    Django's wrapper or the driver's error it wraps."""
+    driver = error.__cause__ or error.__context__ or error
+    if type(driver).__module__ != "sqlite3":
+        return False
+    code = getattr(driver, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF == SQLITE_BUSY
 
 
 def mysql_error_number(error: BaseException) -> int | None:

@@ -51,6 +51,8 @@ def _deselected_because(item: pytest.Item, vendor: str) -> str | None:
         return "marked postgresql"
     if item.get_closest_marker("mysql") and vendor != "mysql":
         return "marked mysql"
+    if item.get_closest_marker("sqlite") and vendor != "sqlite":
+        return "marked sqlite"
     for marker in item.iter_markers("needs"):
         (feature,) = marker.args
         if feature not in FEATURES:
@@ -61,7 +63,7 @@ def _deselected_because(item: pytest.Item, vendor: str) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``postgresql`` (or ``mysql``) are deselected (not skipped) on the other
+    """Tests marked ``postgresql`` (or ``mysql``, ``sqlite``) are deselected (not skipped) on the other
     databases, and tests marked ``needs(feature)`` on a database that lacks the feature."""
     vendor = connection.vendor
     selected, deselected = [], []

@@ -11,7 +11,11 @@ from django.db import connections
 
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.ledger import Ledger
-from nexus_workflows.deferred.runner.unavailable import close_connection, rerun_on_a_new_connection
+from nexus_workflows.deferred.runner.unavailable import (
+    close_connection,
+    close_if_past_max_age,
+    rerun_on_a_new_connection,
+)
 from nexus_workflows.flow import starts as flow_starts
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
@@ -103,6 +107,7 @@ class Heartbeat:
 
     def _turn(self, next_beat: float) -> float:
         """Mark started attempts if wanted, beat if due; returns the next beat's time."""
+        close_if_past_max_age(self.using)
         if self.mark_wanted.is_set():
             # A rate-limited attempt's window row stays held until its marker confirms it.
             delay = flow_starts.mark_delay(self.ledger.unmarked(), MARK_STARTED_DELAY)

@@ -33,7 +33,11 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from nexus_workflows.deferred import transitions
-from nexus_workflows.deferred.runner.unavailable import close_connection, rerun_on_a_new_connection
+from nexus_workflows.deferred.runner.unavailable import (
+    close_connection,
+    close_if_past_max_age,
+    rerun_on_a_new_connection,
+)
 from nexus_workflows.deferred.transitions import ClaimedWork, validate_patch
 from nexus_workflows.exceptions import ClaimLost
 
@@ -58,6 +62,25 @@ class _Save:
     future: asyncio.Future[dict[str, Any]] | None = None
     loop: asyncio.AbstractEventLoop | None = None
     error: BaseException | None = None
+    # Completed (its error, or none, is final and its caller woken): at most once, by
+    # whichever comes first of its writer and a stop that gave up on that writer.
+    completed: bool = False
+
+
+#: Guards every ``_Save.completed`` (a writer and a stop may complete one save at once).
+_completion = threading.Lock()
+
+
+def _complete_once(saves: list[_Save], error_of: Callable[[_Save], BaseException | None]) -> None:
+    """Complete those of ``saves`` not completed yet, each with ``error_of(save)``: a save
+    a stop failed (its caller told ClaimLost) is not written again later by its stuck
+    writer, nor is a written one failed by a stop that came after its writer."""
+    with _completion:
+        mine = [save for save in saves if not save.completed]
+        for save in mine:
+            save.completed = True
+            save.error = error_of(save)
+    _complete(mine)
 
 
 @dataclass(eq=False)
@@ -219,6 +242,7 @@ class JournalWriter:
     def _run(self) -> None:
         try:
             while (first := self._waiting.get()) is not None:
+                close_if_past_max_age(self.using)  # between batches, as Django between requests
                 if isinstance(first, _Call):
                     self._call(first)
                     continue
@@ -271,26 +295,21 @@ class JournalWriter:
             )
         except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
             close_connection(self.using)  # the next batch reconnects
-            for save in batch:
-                # One instance per attempt: each raises it in its own thread or task.
-                save.error = _own_copy(error)
+            failed: BaseException = error
         else:
-            for save in batch:
-                if save.work.id not in written:
-                    save.error = claim_lost(save.work)
-        _complete(batch)
+            _complete_once(batch, lambda save: None if save.work.id in written else claim_lost(save.work))
+            return
+        # One instance per attempt: each raises it in its own thread or task.
+        _complete_once(batch, lambda save: _own_copy(failed))
 
     def _fail_in_hand(self) -> None:
         """Fail the saves of writers still writing after the stop's wait: their callers
-        end now (ClaimLost, the claim kept) instead of waiting for a silent network."""
+        end now (ClaimLost, the claim kept) instead of waiting for a silent network. A
+        save its writer completed first keeps that writer's answer."""
         with self._lock:
             held = [save for batch in self._in_hand.values() for save in batch]
             self._in_hand.clear()
-        held = [save for save in held if save.written is None or not save.written.is_set()]
-        for save in held:
-            if save.error is None:
-                save.error = stopped(save.work)
-        _complete(held)
+        _complete_once(held, lambda save: stopped(save.work))
 
     def _fail_waiting(self) -> None:
         failed = []
@@ -300,9 +319,8 @@ class JournalWriter:
                 if isinstance(save, _Call):
                     self._call(save)  # a start after the writers stopped: on this thread
                 elif save is not None:
-                    save.error = stopped(save.work)
                     failed.append(save)
-        _complete(failed)
+        _complete_once(failed, lambda save: stopped(save.work))
 
 
 def _own_copy(error: BaseException) -> BaseException:

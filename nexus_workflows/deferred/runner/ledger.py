@@ -103,6 +103,11 @@ class Ledger:
         self._unmarked: dict[tuple[str, int], ClaimedWork] = {}
         self._unwritten: list[Pending] = []
         self._unguarded: list[ClaimedWork] = []
+        # Failed guard writes by claim, those that were refusals (not a lock wait cut
+        # short, a deadlock, a cancel), and when each may be tried again (self.clock).
+        self._guard_failures: Counter[tuple[str, int]] = Counter()
+        self._guard_refusals: Counter[tuple[str, int]] = Counter()
+        self._guard_retry_at: dict[tuple[str, int], float] = {}
         # When each queued claim was last known to be ours (monotonic), and the queued
         # claims given up because that was too long ago.
         self._confirmed: dict[tuple[str, int], float] = {}
@@ -292,9 +297,10 @@ class Ledger:
             return len(self._unwritten)
 
     def next_retry(self) -> float | None:
-        """When the earliest outcome whose write failed may be tried again."""
+        """When the earliest outcome or guard whose write failed may be tried again."""
         with self.lock:
             retries = [pending.retry_at for pending in self._unwritten if pending.failures]
+            retries += self._guard_retry_at.values()
         return min(retries) if retries else None
 
     # --- reclaimed ----------------------------------------------------------------------
@@ -303,14 +309,39 @@ class Ledger:
         with self.lock:
             self._unguarded.extend(works)
 
-    def take_unguarded(self) -> list[ClaimedWork]:
+    def take_unguarded(self, now: float | None = None) -> list[ClaimedWork]:
+        """The reclaimed work whose guard is to be written: all of it, or with ``now``
+        only what is due (a failed guard write waits until its retry time)."""
         with self.lock:
-            works, self._unguarded = self._unguarded, []
-        return works
+            works = self._unguarded
+            if now is None:
+                self._unguarded = []
+                return works
+            self._unguarded = [work for work in works if self._guard_waits(work, now)]
+            return [work for work in works if not self._guard_waits(work, now)]
 
-    def has_unguarded(self) -> bool:
+    def _guard_waits(self, work: ClaimedWork, now: float) -> bool:
+        return self._guard_retry_at.get(work.key, now) > now
+
+    def has_unguarded(self, now: float) -> bool:
+        """Whether reclaimed work's guard is due to be written at ``now``."""
         with self.lock:
-            return bool(self._unguarded)
+            return any(not self._guard_waits(work, now) for work in self._unguarded)
+
+    def guard_failed(self, work: ClaimedWork, delay: Callable[[int], float], *, refused: bool) -> int:
+        """A guard write of ``work`` failed (with ``refused``, a refusal of the value or
+        the row): tried again ``delay(failures)`` seconds from now. Returns the refusals."""
+        with self.lock:
+            self._guard_failures[work.key] += 1
+            self._guard_refusals[work.key] += int(refused)
+            self._guard_retry_at[work.key] = self.clock() + delay(self._guard_failures[work.key])
+            return self._guard_refusals[work.key]
+
+    def guard_settled(self, work: ClaimedWork) -> None:
+        """The guard of ``work`` was written, or given up: forget its failures."""
+        with self.lock:
+            for failed in (self._guard_failures, self._guard_refusals, self._guard_retry_at):
+                failed.pop(work.key, None)
 
     # --- everything ---------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from nexus_workflows.deferred.runner.stats import RunStats, Tally
 from nexus_workflows.deferred.runner.stop_signals import StopSignals
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
+    close_if_past_max_age,
     describe_unavailable,
     is_database_unavailable,
     session_ended_idle,
@@ -109,6 +110,13 @@ class Runner:
         self._held_nothing = False
         # Turns in a row whose claim the database refused (see _claim_refused).
         self._refusals = 0
+        # A run of purge batches goes on (the last turn purged and wants more), when the
+        # last full claim was made (monotonic), whether it left due work behind, and
+        # whether the loop was woken (an attempt ended) since the last turn: see _claim_turn.
+        self._purge_run = False
+        self._claimed_at = 0.0
+        self._more_due = False
+        self._woken = False
         # Attempts still running when the runner stopped (after the grace); see run().
         self.left_running = 0
         self._build_parts(metrics_host, metrics_port)
@@ -338,8 +346,10 @@ class Runner:
             min(self.poll_interval, self.stale_after.total_seconds() / 4), self.sweep_interval
         )
         while not self._stop_requested.is_set():
+            self._woken = self._wake.is_set()
             self._wake.clear()
             try:
+                close_if_past_max_age(self.using)  # between turns, as Django between requests
                 if self.once and cutoff is None:
                     cutoff = database_now(self.using)
                 claimed, more_due, purging = self._turn(cutoff, schedule)
@@ -400,17 +410,29 @@ class Runner:
         purging = schedule.purge_due() and self._purging.batch()
         if purging:
             schedule.purge_next_turn()
+        claim_turn, self._purge_run = self._claim_turn(), purging
         # --once is done after a claim that had room for everything found nothing: one
         # made while an attempt (or an outcome not yet written) was held may have had
         # none, and that attempt may have ended by the time the claim returned.
         self._held_nothing = self._ledger.held_count() == 0
         claimed, more_due = 0, False
-        if self._may_claim():
+        if claim_turn and self._may_claim():
             # A lane without room still claims limited work it can start at once.
             wants_more = self._lanes.wants_more()
             if wants_more or self._lanes.limited:
+                self._claimed_at = time.monotonic()
                 claimed, more_due = self._claim(cutoff, check_stale=wants_more and schedule.stale_check_due())
+                self._more_due = more_due
         return claimed, more_due, purging
+
+    def _claim_turn(self) -> bool:
+        """Whether this turn makes the full claim: every turn, but in a run of purge batches
+        (one after another, no wait between them) only as an idle loop would, at each poll
+        interval, or at once when an attempt ended (a slot is free) or the last claim left
+        due work behind: not one claim per batch. Wake-ups' claims by id run each turn."""
+        if self.once or not self._purge_run or self._woken or self._more_due:
+            return True
+        return time.monotonic() - self._claimed_at >= self.idle_interval()
 
     def _log_forfeited(self, works: list[ClaimedWork]) -> None:
         if works:
@@ -431,7 +453,7 @@ class Runner:
         retry_in = self._lanes.retry_in()
         if retry_in is not None:
             wait = min(wait, max(retry_in, 0.005))
-        if self._ledger.has_unguarded():
+        if self._ledger.has_unguarded(self._ledger.clock()):
             wait = min(wait, 0.05)
         next_retry = self._ledger.next_retry()
         if next_retry is not None:

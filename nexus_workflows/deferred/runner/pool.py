@@ -8,12 +8,15 @@ import time
 from collections.abc import Callable
 
 from django.db import close_old_connections, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 from nexus_workflows.deferred.execution import Outcome, Result, SavePatch, execute
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.ledger import Ledger
-from nexus_workflows.deferred.runner.unavailable import close_connection, is_database_unavailable
+from nexus_workflows.deferred.runner.unavailable import (
+    close_connection,
+    is_database_unavailable,
+    past_max_age,
+)
 from nexus_workflows.deferred.transitions import ClaimedWork
 
 #: Seconds a worker thread may sit idle before its next attempt checks that its
@@ -50,14 +53,6 @@ def check_connections(using: str, outage: bool, idle: bool = False) -> None:
                     connection.close()
             except Exception:  # noqa: BLE001 - a broken connection fails to close, too
                 close_connection(connection.alias)
-
-
-def past_max_age(connection: BaseDatabaseWrapper) -> bool:
-    """Whether the connection has outlived a positive ``CONN_MAX_AGE`` of its alias (None
-    keeps it for ever; 0, which in a web process means "one request", keeps it for the
-    thread's life here: a new connection per attempt would cost more than the attempt)."""
-    max_age = connection.settings_dict.get("CONN_MAX_AGE")
-    return bool(max_age) and connection.close_at is not None and time.monotonic() >= connection.close_at
 
 
 def failed_for_an_outage(outcome: Outcome) -> bool:

@@ -53,13 +53,13 @@ class Tally:
         self.observer.finished(work, counter)
         log_outcome(work, line, level)
 
-    def not_written(self, work: ClaimedWork, error: BaseException) -> None:
-        """No write of the outcome of ``work`` was taken (``error`` the last one's; by type
+    def not_written(self, work: ClaimedWork, error: BaseException, what: str = "outcome") -> None:
+        """No write of the ``what`` of ``work`` was taken (``error`` the last one's; by type
         only, its text may echo the row): counted and logged once, at ERROR."""
         self.stats.unwritten += 1
         log_outcome(
             work,
-            f"its outcome could not be written ({type(error).__name__}, not an outage); no longer "
+            f"its {what} could not be written ({type(error).__name__}, not an outage); no longer "
             "held: its claim goes stale and is reclaimed after STALE_AFTER",
             logging.ERROR,
         )

@@ -5,10 +5,12 @@ new one."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from nexus_workflows.database_errors import (
     DATABASE_UNAVAILABLE,
@@ -22,8 +24,10 @@ T = TypeVar("T")
 __all__ = [
     "DATABASE_UNAVAILABLE",
     "close_connection",
+    "close_if_past_max_age",
     "describe_unavailable",
     "is_database_unavailable",
+    "past_max_age",
     "rerun_on_a_new_connection",
     "session_ended_idle",
 ]
@@ -33,6 +37,24 @@ def close_connection(using: str) -> None:
     """Drop this thread's connection so the next query reconnects."""
     with contextlib.suppress(Exception):  # closing a broken connection may fail too
         connections[using].close()
+
+
+def past_max_age(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the connection has outlived a positive ``CONN_MAX_AGE`` of its alias (None
+    keeps it for ever; 0, which in a web process means "one request", keeps it for the
+    thread's life here: a new connection per attempt would cost more than the attempt)."""
+    max_age = connection.settings_dict.get("CONN_MAX_AGE")
+    return bool(max_age) and connection.close_at is not None and time.monotonic() >= connection.close_at
+
+
+def close_if_past_max_age(using: str) -> None:
+    """Close this thread's connection to ``using`` if it outlived a positive
+    ``CONN_MAX_AGE``, as Django does between requests: the runner's own threads (its loop,
+    heartbeats, journal writers) call this where no transaction is open, so a long-lived
+    runner's sessions are recycled as its workers' are. The next statement reconnects."""
+    connection = connections[using]
+    if connection.connection is not None and not connection.in_atomic_block and past_max_age(connection):
+        close_connection(using)
 
 
 def rerun_on_a_new_connection(using: str, write: Callable[[], T]) -> T:
