@@ -14,8 +14,8 @@ from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
-from django.dispatch import Signal
 from django.db import DatabaseError, DataError, IntegrityError, connections, router, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
