@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nexus_workflows import PermanentError, enqueue, enqueue_many, signals
+from nexus_workflows import EnqueueRejected, PermanentError, enqueue, enqueue_many, signals
 from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.deferred.triage import revive
 from nexus_workflows.models import DeferredWork, Status
@@ -120,6 +120,27 @@ def test_enqueue_many_announces_new_rows_only(
     new = {int(results[1]), int(results[2])}
     assert [name for name, _ in received] == ["work_enqueued", "work_enqueued"]
     assert {kwargs["id"] for _, kwargs in received} == new
+
+
+def test_enqueue_many_announces_nothing_of_a_batch_that_was_refused_and_rolled_back(
+    register_workflow: Any, received: list[tuple[str, dict[str, Any]]], project_refusal: Any
+) -> None:
+    """No caller transaction: a signal then means a committed write. The first chunk of
+    500 (a new row, a revived one) is written before the second is refused; the whole
+    batch rolls back, so neither may have been announced."""
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    abandoned = int(enqueue(kind, {"key": "k-0"}))
+    DeferredWork.objects.filter(pk=abandoned).update(status=Status.ABANDONED)
+    project_refusal.install("dedupe_key", "forbidden-key")
+    received.clear()
+    triggers = [{"key": f"k-{n}"} for n in range(500)] + [{"key": "forbidden-key"}]
+    with pytest.raises(EnqueueRejected):
+        enqueue_many(kind, triggers)
+    assert list(DeferredWork.objects.values_list("pk", "status")) == [(abandoned, Status.ABANDONED)]
+    assert received == []
+    # And a batch that is written is announced, revived row included.
+    enqueue_many(kind, triggers[:2])
+    assert sorted(name for name, _ in received) == ["work_enqueued", "work_revived"]
 
 
 def test_a_receiver_that_raises_is_logged_by_type_and_breaks_nothing(

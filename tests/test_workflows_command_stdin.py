@@ -79,3 +79,21 @@ def test_a_shell_pipes_the_trigger_into_manage_py() -> None:
     work = DeferredWork.objects.get()
     assert (work.kind, work.trigger) == ("test-noop", trigger)
     assert done.stdout.strip() == f"enqueued test-noop #{work.pk}"
+
+
+@pytest.mark.parametrize(
+    ("stdin", "rule"),
+    [(f"{PHONE}\x00\n", "NUL character"), (f"{PHONE}\udcff\n", "not valid Unicode")],
+    ids=["nul", "lone-surrogate"],
+)
+def test_a_dedupe_key_no_work_can_have_is_a_command_error_that_does_not_echo_it(
+    kind: str, stdin: str, rule: str
+) -> None:
+    """No enqueue stores such a key (PostgreSQL cannot even compare with one: it crashed
+    with the driver's error and a traceback); the command says what is allowed instead."""
+    DeferredWork.objects.create(kind=kind, dedupe_key=PHONE, trigger={}, status=Status.ABANDONED)
+    with pytest.raises(CommandError, match=rule) as raised:
+        run("revive", "--kind", kind, "--key", "-", stdin=stdin)
+    assert "valid Unicode text without NUL characters" in str(raised.value)
+    assert PHONE not in str(raised.value)
+    assert DeferredWork.objects.get().status == Status.ABANDONED

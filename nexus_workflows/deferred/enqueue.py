@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, DataError, IntegrityError, connections, router, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
@@ -133,13 +134,16 @@ def _enqueue_many_deferred(
 
     results: dict[str, str | None] = {}
     keys = list(by_key)
+    # Announced once the batch's own atomic block is over: a later chunk's refusal rolls
+    # back the rows of the earlier ones, which must not have been announced by then.
+    announce: list[tuple[Signal, int]] = []
     try:
         with transaction.atomic(using=using):
             ordering.lock_keys(using, workflow.kind, (serial for serial, _ in hashes.values()))
             for start in range(0, len(keys), _BULK_CHUNK):
                 chunk = keys[start : start + _BULK_CHUNK]
                 for _ in range(_DEDUPE_ROUNDS):
-                    chunk = _settle_chunk(workflow, by_key, hashes, chunk, delay, using, results)
+                    chunk = _settle_chunk(workflow, by_key, hashes, chunk, delay, using, results, announce)
                     if not chunk:
                         break
                 else:
@@ -150,6 +154,8 @@ def _enqueue_many_deferred(
             notify(using, inserted=True)
     except (IntegrityError, DataError) as error:  # never the dedupe race: ON CONFLICT skips it
         raise _rejected(workflow, error, using) from None
+    for signal, pk in announce:
+        signals.send(signal, kind=workflow.kind, id=pk, attempt=1)
     return results
 
 
@@ -161,9 +167,11 @@ def _settle_chunk(
     delay: timedelta,
     using: str,
     results: dict[str, str | None],
+    announce: list[tuple[Signal, int]],
 ) -> list[str]:
     """Insert the keys of ``chunk`` that are new and record every key's result; returns
-    the keys to try again (their conflicting row was purged before it could be read)."""
+    the keys to try again (their conflicting row was purged before it could be read).
+    The signals to send once the batch is written are added to ``announce``."""
     # Long function: one batch's insert, dedupe and revive in one atomic.
     from nexus_workflows.deferred.inserts import insert_pending_many_postgresql
     from nexus_workflows.deferred.transitions import revive_ids
@@ -185,8 +193,7 @@ def _settle_chunk(
             flow_hashes=hashes,
         )
         results.update((key, str(pk)) for key, pk in inserted.items())
-        for pk in inserted.values():
-            signals.send(signals.work_enqueued, kind=workflow.kind, id=pk, attempt=1)
+        announce.extend((signals.work_enqueued, pk) for pk in inserted.values())
         chunk = [key for key in chunk if key not in inserted]
         if not chunk:
             return []
@@ -196,12 +203,12 @@ def _settle_chunk(
         )
         if signals.has_receivers(signals.work_enqueued):
             # Rows inserted just now carry this call's exact creation time.
-            for pk in (
-                DeferredWork.objects.using(using)
+            announce.extend(
+                (signals.work_enqueued, pk)
+                for pk in DeferredWork.objects.using(using)
                 .filter(kind=workflow.kind, dedupe_key__in=chunk, created_at=now)
                 .values_list("pk", flat=True)
-            ):
-                signals.send(signals.work_enqueued, kind=workflow.kind, id=pk, attempt=1)
+            )
     rows = list(
         DeferredWork.objects.using(using)
         .filter(kind=workflow.kind, dedupe_key__in=chunk)
@@ -214,8 +221,7 @@ def _settle_chunk(
         revived = revive_ids(candidates, due=due, by="enqueue")
         if revived:
             notify(using)
-        for pk in revived:
-            signals.send(signals.work_revived, kind=workflow.kind, id=pk, attempt=1)
+        announce.extend((signals.work_revived, pk) for pk in revived)
         if len(revived) < len(abandoned):
             # Changed since the read: revived by someone else (pending, or claimed by
             # now) or purged (then the key is new again: tried once more).
@@ -236,7 +242,7 @@ def _settle_chunk(
     if missing and connections[using].vendor != "postgresql":
         # INSERT OR IGNORE skips a row any constraint refuses, not only a taken key: one
         # by one, a refusal by another constraint raises (and the batch is rolled back).
-        return _insert_one_by_one(workflow, by_key, hashes, missing, due, now, using, results)
+        return _insert_one_by_one(workflow, by_key, hashes, missing, due, now, using, results, announce)
     return missing
 
 
@@ -273,6 +279,7 @@ def _insert_one_by_one(
     now: Any,
     using: str,
     results: dict[str, str | None],
+    announce: list[tuple[Signal, int]],
 ) -> list[str]:
     """Insert each of ``keys`` on its own; returns those whose key was taken meanwhile (to
     settle again). Any other refusal raises ``IntegrityError``."""
@@ -288,7 +295,7 @@ def _insert_one_by_one(
             taken.append(key)
             continue
         results[key] = str(work.pk)
-        signals.send(signals.work_enqueued, kind=workflow.kind, id=work.pk, attempt=1)
+        announce.append((signals.work_enqueued, work.pk))
     return taken
 
 

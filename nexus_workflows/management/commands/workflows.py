@@ -12,7 +12,7 @@ from nexus_workflows.deferred.enqueue import enqueue
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.status import build_status_report, render_status_report
 from nexus_workflows.exceptions import WorkflowError
-from nexus_workflows.json_values import MAX_DEPTH
+from nexus_workflows.json_values import MAX_DEPTH, text_problem
 from nexus_workflows.management.commands._arguments import number, whole_number
 from nexus_workflows.management.commands._database import require_migrated
 from nexus_workflows.models import DeferredWork, Status
@@ -162,6 +162,8 @@ class Command(BaseCommand):
             raise CommandError("--kind cannot be combined with ids; give the ids alone")
         if key == FROM_STDIN:  # its first line, without the line's end
             key = _stdin(options).readline().removesuffix("\n").removesuffix("\r")
+        _check_text("--key", key)
+        _check_text("--kind", kind)
         if ids:
             queryset = DeferredWork.objects.filter(pk__in=ids)
         elif key is not None:
@@ -194,6 +196,15 @@ class Command(BaseCommand):
             )
         skipped = len(result.skipped) + len(set(ids) - found) + (1 if key is not None and not found else 0)
         self.stdout.write(f"revived {len(result.changed)}, skipped {skipped}")
+
+
+def _check_text(option: str, value: str | None) -> None:
+    """Refuse a key or kind no work can have: PostgreSQL cannot even compare with it."""
+    problem = value is not None and text_problem(value)
+    if problem:  # the value is never quoted: a key may be patient data
+        raise CommandError(
+            f"{option}: the value {problem}; it must be valid Unicode text without NUL characters"
+        )
 
 
 def _stdin(options: dict[str, Any]) -> IO[str]:
