@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.processes import ManagePy, url_of_test_database, wait_for
 from tests.tcp_proxy import TcpProxy
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# A database server behind a TCP proxy: SQLite has none to cut.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.needs("server")]
 
 FAST = {"POLL_INTERVAL": 0.1, "HEARTBEAT_INTERVAL": 1, "STALE_AFTER": 60, "SHUTDOWN_GRACE": 1}
 MISSING = "metrics: the database did not answer"
