@@ -44,6 +44,7 @@ from nexus_workflows.admin.actions import (
     MADE_DUE,
     REVIVED,
     ResultWording,
+    count_gone,
     delete_summary,
     describe_losses,
     describe_result,
@@ -302,11 +303,11 @@ class DeferredWorkAdmin(
 
     @admin.action(description=_("Revive selected abandoned work"), permissions=["revive"])
     def revive_selected(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
-        self._revive(request, queryset)
+        self._revive(request, queryset, selected=True)
 
     @admin.action(description=_("Run selected pending work now"), permissions=["revive"])
     def run_selected_now(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
-        self._run_now(request, queryset)
+        self._run_now(request, queryset, selected=True)
 
     def render_delete_form(self, request: HttpRequest, context: dict[str, Any]) -> HttpResponse:
         # One item's delete page says what is lost too, like the bulk action's.
@@ -340,16 +341,20 @@ class DeferredWorkAdmin(
             request, "admin/nexus_workflows/deferredwork/delete_selected_confirmation.html", context
         )
 
-    def _revive(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
+    def _revive(
+        self, request: HttpRequest, queryset: QuerySet[DeferredWork], *, selected: bool = False
+    ) -> None:
         result = triage.revive(queryset, by="admin", user=request.user.get_username())
         message = gettext("Revived: abandoned → pending, attempt 0, due now, checkpoints kept.")
         self._log(request, result, message)
-        self._report(request, result, REVIVED)
+        self._report(request, result, REVIVED, selected=selected)
 
-    def _run_now(self, request: HttpRequest, queryset: QuerySet[DeferredWork]) -> None:
+    def _run_now(
+        self, request: HttpRequest, queryset: QuerySet[DeferredWork], *, selected: bool = False
+    ) -> None:
         result = triage.run_now(queryset, by="admin", user=request.user.get_username())
         self._log(request, result, gettext("Run now: pending work made due now."))
-        self._report(request, result, MADE_DUE)
+        self._report(request, result, MADE_DUE, selected=selected)
 
     def _log(self, request: HttpRequest, result: triage.TriageResult, message: str) -> None:
         if not result.changed:
@@ -362,7 +367,11 @@ class DeferredWorkAdmin(
         )
         LogEntry.objects.log_actions(staff_user_pk(request), changed, CHANGE, change_message=message)
 
-    def _report(self, request: HttpRequest, result: triage.TriageResult, wording: ResultWording) -> None:
+    def _report(
+        self, request: HttpRequest, result: triage.TriageResult, wording: ResultWording, *, selected: bool
+    ) -> None:
+        if selected:  # rows ticked on the list page and deleted since are counted too
+            count_gone(request, result)
         self.message_user(
             request,
             describe_result(result, wording),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.contrib.admin import helpers
 from django.core import signing
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -83,6 +84,19 @@ REVIVED = ResultWording(
 MADE_DUE = ResultWording(
     (gettext_noop("Made due now %(count)d item"), gettext_noop("Made due now %(count)d items")), _("pending")
 )
+
+
+def count_gone(request: HttpRequest, result: triage.TriageResult) -> None:
+    """Add the rows the action's POST selected that no longer exist (deleted or purged
+    since the list page) to ``result``'s skipped, as gone: Django's action only gets the
+    rows that are left, and the message would count the others nowhere. Not for "select
+    all" (that selection is a filter, not rows) nor a detail page's button."""
+    if request.POST.get("select_across") == "1":
+        return
+    seen = {str(ref.pk) for ref in (*result.changed, *result.skipped)}
+    gone = len(set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)) - seen)
+    # Nothing is known of a gone row but the id it was posted with, which no message shows.
+    result.skipped.extend(triage.WorkRef(pk=0, kind="", dedupe_key="", status="gone") for _ in range(gone))
 
 
 def describe_result(result: triage.TriageResult, wording: ResultWording) -> str:

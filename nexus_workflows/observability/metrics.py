@@ -69,6 +69,10 @@ class DatabaseCollector(Collector):
         self.close_connection = close_connection
         self.swallow_errors = swallow_errors
         self._asking = threading.Lock()  # one scrape asks the database at a time
+        # Whether the last scrape went without the database's figures: Prometheus scrapes
+        # every few seconds, and an outage is logged once when it starts and once at its end.
+        self._missing = False
+        self._missing_lock = threading.Lock()
 
     def describe(self) -> Iterable[Any]:
         return list(self._families())  # names only: registering must not query
@@ -113,7 +117,7 @@ class DatabaseCollector(Collector):
 
         work, oldest, runners, slots, waiting, unknown = self._families()
         if not self._asking.acquire(blocking=not self.swallow_errors):
-            logger.warning("metrics: the database's figures left out; an earlier scrape still waits for them")
+            self._figures_missing("the database's figures left out; an earlier scrape still waits for them")
             return []
         try:
             figures = work_figures(self.using)
@@ -123,13 +127,14 @@ class DatabaseCollector(Collector):
             if not self.swallow_errors:
                 raise
             # The runner's own counters are still worth serving during an outage.
-            logger.warning("metrics: the database did not answer (%s)", type(error).__name__)
+            self._figures_missing(f"the database did not answer ({type(error).__name__})")
             return []
         finally:
             if self.close_connection:
                 with contextlib.suppress(Exception):
                     connections[self.using].close()
             self._asking.release()
+        self._figures_back()
         for kind in figures.kinds:
             for status in COUNTED_STATUSES:
                 work.add_metric([kind, status.value], figures.count(kind, status.value))
@@ -144,6 +149,18 @@ class DatabaseCollector(Collector):
         for kind, n in figures.due_unknown.items():
             unknown.add_metric([kind], n)
         return [work, oldest, runners, slots, waiting, unknown]
+
+    def _figures_missing(self, why: str) -> None:
+        with self._missing_lock:
+            first, self._missing = not self._missing, True
+        # Later scrapes of the same outage at DEBUG: one WARNING per outage, not per scrape.
+        logger.log(logging.WARNING if first else logging.DEBUG, "metrics: %s", why)
+
+    def _figures_back(self) -> None:
+        with self._missing_lock:
+            back, self._missing = self._missing, False
+        if back:
+            logger.info("metrics: the database's figures are served again")
 
 
 def database_registry(using: str = "default") -> CollectorRegistry:

@@ -46,7 +46,7 @@ def test_list_shows_the_triage_columns_and_no_key_trigger_checkpoints_or_message
 ):
     abandoned = make_work(
         Status.ABANDONED,
-        dedupe_key="visit-9",
+        dedupe_key="visit-nine",
         trigger={"patient": SECRET},
         checkpoints={"sent_to": SECRET},
     )
@@ -57,7 +57,7 @@ def test_list_shows_the_triage_columns_and_no_key_trigger_checkpoints_or_message
     assert response.status_code == 200
     html = response.content.decode()
     assert SECRET not in html
-    assert "visit-9" not in html  # dedupe keys are often derived from patient data
+    assert "visit-nine" not in html  # dedupe keys are often derived from patient data
     assert workflow.kind in html
     assert 'class="nw-badge nw-badge--abandoned"' in html
     assert 'class="nw-badge nw-badge--pending"' in html
@@ -149,11 +149,11 @@ def test_the_search_box_posts_the_key_and_finds_only_the_exact_dedupe_key(viewer
 def test_a_key_in_several_kinds_leads_to_the_first_and_names_the_others_by_kind_and_id(
     viewer, make_work, register_workflow
 ):
-    first = make_work(Status.DONE, dedupe_key="visit-9")
+    first = make_work(Status.DONE, dedupe_key="visit-nine")
     other_kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
-    second = make_work(Status.PENDING, dedupe_key="visit-9", kind=other_kind)
+    second = make_work(Status.PENDING, dedupe_key="visit-nine", kind=other_kind)
     response = client_for(viewer).post(
-        reverse("admin:nexus_workflows_deferredwork_find"), {"key": "visit-9"}, follow=True
+        reverse("admin:nexus_workflows_deferredwork_find"), {"key": "visit-nine"}, follow=True
     )
     shown = second if response.redirect_chain[0][0] == change_url(second) else first
     assert response.redirect_chain == [(change_url(shown), 302)]
@@ -162,23 +162,23 @@ def test_a_key_in_several_kinds_leads_to_the_first_and_names_the_others_by_kind_
     assert text.startswith("2 items have that dedupe key: ")
     assert f"{first.kind} #{first.pk}" in text
     assert f"{other_kind} #{second.pk}" in text
-    assert "visit-9" not in response.content.decode()
+    assert "visit-nine" not in response.content.decode()
     assert LogEntry.objects.count() == 2
 
 
 def test_the_find_box_looks_only_at_what_the_filtered_list_shows(viewer, make_work, register_workflow):
     # Django's own search looks within the list's filters; so does the find box: with the
     # list filtered to one kind, a key two kinds share leads to that kind's item.
-    first = make_work(Status.DONE, dedupe_key="visit-9")
+    first = make_work(Status.DONE, dedupe_key="visit-nine")
     other_kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
-    second = make_work(Status.PENDING, dedupe_key="visit-9", kind=other_kind)
+    second = make_work(Status.PENDING, dedupe_key="visit-nine", kind=other_kind)
     client = client_for(viewer)
     find = reverse("admin:nexus_workflows_deferredwork_find")
     listed = client.get(reverse(CHANGELIST), {"kind": other_kind}).content.decode()
     assert f'name="_changelist_filters" value="kind={other_kind}"' in listed
 
     filters = f"kind={other_kind}&p=2"  # the page it was on does not hide the find
-    found = client.post(find, {"key": "visit-9", "_changelist_filters": filters}, follow=True)
+    found = client.post(find, {"key": "visit-nine", "_changelist_filters": filters}, follow=True)
 
     # Its page's way back leads to the filtered list; no "2 items" (the other is not listed).
     assert found.redirect_chain == [(f"{change_url(second)}?_changelist_filters=kind%3D{other_kind}", 302)]
@@ -186,7 +186,7 @@ def test_the_find_box_looks_only_at_what_the_filtered_list_shows(viewer, make_wo
     assert [e.object_id for e in LogEntry.objects.all()] == [str(second.pk)]
 
     missed = client.post(
-        find, {"key": "visit-9", "_changelist_filters": f"kind={first.kind}&status=abandoned"}, follow=True
+        find, {"key": "visit-nine", "_changelist_filters": f"kind={first.kind}&status=abandoned"}, follow=True
     )
     assert missed.redirect_chain == [(f"{reverse(CHANGELIST)}?kind={first.kind}&status=abandoned", 302)]
     assert message_texts(missed) == [
@@ -196,7 +196,7 @@ def test_the_find_box_looks_only_at_what_the_filtered_list_shows(viewer, make_wo
         )
     ]
     assert LogEntry.objects.filter(object_id=None).count() == 1  # the miss, audited as before
-    assert "visit-9" not in missed.content.decode()
+    assert "visit-nine" not in missed.content.decode()
 
 
 def test_the_find_box_refuses_filters_the_list_does_not_offer(viewer, make_work):
