@@ -3,8 +3,8 @@ PostgreSQL. A measurement, not a test.
 
     DATABASE_URL=postgres://…/nw_flow_read .venv/bin/python benchmarks/flow_claim_read.py
 
-``--rows`` due rows of a kind with ``concurrency=`` (priorities -10..50), then ``--ahead``
-due rows of another kind due an hour earlier. Timed, in alternating blocks: the flow
+``--rows`` due rows of a kind with ``concurrency=``, then ``--ahead`` due rows of another
+kind due an hour earlier (a workflow's priority is always 0: those come first). Timed, in alternating blocks: the flow
 claim's candidate read (the first 3 ids) in the old order (``priority DESC``: ``nw_due_idx``
 filtered by kind) and the new (``sql.postgresql.due_in_order``: ``nw_due_kind_idx``), and
 the whole ``Claimer.claim_due(3)`` with each (each claim undone outside the timing).
@@ -95,14 +95,15 @@ def main() -> None:
     from nexus_workflows.deferred.registry import registry
     from nexus_workflows.models import DeferredWork
 
-    registry.register(KIND, dedupe_key=lambda t: str(t), prepare=lambda t, c, s: None, concurrency=10)
+    registry.register(
+        KIND, dedupe_key=lambda t: str(t), prepare=lambda t, c, s: None, retry_schedule=[1], concurrency=10
+    )
     call_command("migrate", verbosity=0)
     assert connection.vendor == "postgresql", "the per-kind read is PostgreSQL's"
     table = DeferredWork._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {table}")
         fill(cursor, "postgresql", table, KIND, 60, options.rows, "")
-        cursor.execute(f"UPDATE {table} SET priority = (ARRAY[-10, 0, 0, 10, 50])[1 + id % 5]")
         analyze(cursor, "postgresql", table)
     print(f"postgresql; load average {os.getloadavg()[0]:.2f} (1 min) at the start")
     measure(options, "no other kind's rows")
