@@ -143,7 +143,7 @@ _PENDING_QUEUES = (
 )
 
 
-# The claim's order as nw_due_kind_idx (nw_due_idx) keys it, for an ORM read of one kind's
+# The claim's order as nw_due_kind_idx keys it, for an ORM read of one kind's
 # due rows (the flow claims): the status and the -1 are literals, not parameters, so a
 # generic plan of a prepared statement (server-side binding) still matches the partial
 # index's condition and its expression.
