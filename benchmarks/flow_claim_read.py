@@ -4,10 +4,11 @@ PostgreSQL. A measurement, not a test.
     DATABASE_URL=postgres://…/nw_flow_read .venv/bin/python benchmarks/flow_claim_read.py
 
 ``--rows`` due rows of a kind with ``concurrency=``, then ``--ahead`` due rows of another
-kind due an hour earlier (a workflow's priority is always 0: those come first). Timed, in alternating blocks: the flow
-claim's candidate read (the first 3 ids) in the old order (``priority DESC``: ``nw_due_idx``
-filtered by kind) and the new (``sql.postgresql.due_in_order``: ``nw_due_kind_idx``), and
-the whole ``Claimer.claim_due(3)`` with each (each claim undone outside the timing).
+kind due an hour earlier (a workflow's priority is always 0: those come first). Timed, in
+alternating blocks: the flow claim's candidate read (the first 3 ids) in the old order
+(``priority DESC``: ``nw_due_idx`` filtered by kind) and the new
+(``sql.postgresql.due_in_order``: ``nw_due_kind_idx``), and the whole
+``Claimer.claim_due(3)`` with each (each claim undone outside the timing).
 """
 
 from __future__ import annotations
