@@ -55,6 +55,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
+from nexus_workflows import sql
 from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.flow import windows
 from nexus_workflows.models import DeferredWork, FlowWindowSlot, Status
@@ -321,8 +322,9 @@ class FlowClaimer:
             .filter(kind=kind, status=Status.PENDING, next_attempt_at__lte=due_at)
             .filter(key_conditions(kind, flow, due_at))
         )
-        # Workflows' priority is always 0: the same order as before, and that of nw_due_idx.
-        ordered = candidates.order_by("-priority", "next_attempt_at", "pk")
+        # Highest priority, then longest due, then id: on PostgreSQL a read of the kind's
+        # own due rows (nw_due_kind_idx), never walking past other kinds' due rows.
+        ordered = sql.for_connection(self.using).due_in_order(candidates)
         ids = self._pick(kind, flow, ordered, limit)
         if not ids and now is not None and flow.rate_limit is not None:
             # --once: the candidates it found none of are held back by rate windows only.

@@ -80,6 +80,8 @@ class Observer:
         # The heartbeat thread must not write the row again once stop() removed it.
         self._row_lock = threading.Lock()
         self._stopped = False
+        # Failed writes of the runner's row in a row (see _register_failed).
+        self._register_failures = 0
 
     # --- lifecycle (main thread) -----------------------------------------------------------
 
@@ -143,8 +145,24 @@ class Observer:
             )
         except DatabaseError as error:
             # The heartbeat tries again; the runner itself need not wait for it.
-            logger.warning("could not write this runner's row (%s); retrying", type(error).__name__)
+            self._register_failed(type(error).__name__)
             _close(self.using)
+            return
+        self._register_written()
+
+    def _register_failed(self, what: str) -> None:
+        """Said once (WARNING) per spell of failed writes, then at DEBUG while it lasts:
+        the heartbeat tries every interval (SQLite busy for minutes was a WARNING each)."""
+        self._register_failures += 1
+        if self._register_failures == 1:
+            logger.warning("could not write this runner's row (%s); retrying", what)
+        else:
+            logger.debug("could not write this runner's row again (%s)", what)
+
+    def _register_written(self) -> None:
+        if self._register_failures:
+            logger.debug("this runner's row written after %d failed tries", self._register_failures)
+            self._register_failures = 0
 
     # --- attempts ------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ __all__ = [
     "claimable",
     "constraint_name",
     "due_ids",
+    "due_in_order",
     "estimated_rows",
     "lock_waits_at_most",
     "notify",
@@ -89,6 +90,12 @@ def violated_constraint(error: IntegrityError) -> str | None:
     if found is None or found[0] != _DUPLICATE_KEY:
         return None
     return constraint_name(error)
+
+
+def due_in_order(candidates: QuerySet[Any]) -> QuerySet[Any]:
+    """``candidates`` (pending rows of one kind) in the claim's order: highest priority
+    first, then the longest due, then the id."""
+    return candidates.order_by("-priority", "next_attempt_at", "pk")
 
 
 def due_ids(

@@ -17,6 +17,7 @@ __all__ = [
     "claimable",
     "constraint_name",
     "due_ids",
+    "due_in_order",
     "lock_waits_at_most",
     "notify",
     "statement_timeout",
@@ -38,6 +39,12 @@ def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
     """The rows ``ids`` of ``candidates``, as they are: how another database skips a
     locked row is not known here."""
     return candidates.filter(pk__in=ids)
+
+
+def due_in_order(candidates: QuerySet[Any]) -> QuerySet[Any]:
+    """``candidates`` (pending rows of one kind) in the claim's order: highest priority
+    first, then the longest due, then the id."""
+    return candidates.order_by("-priority", "next_attempt_at", "pk")
 
 
 def due_ids(

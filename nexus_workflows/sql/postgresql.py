@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
 from django.db import IntegrityError, connections, transaction
-from django.db.models import BooleanField, Expression, F, QuerySet
+from django.db.models import BooleanField, Expression, F, Func, IntegerField, QuerySet
 
 from nexus_workflows.sql.returning import can_return_from_update, insert_returning_pk, update_returning
 
@@ -37,6 +37,7 @@ __all__ = [
     "constraint_name",
     "distinct_kinds",
     "due_ids",
+    "due_in_order",
     "estimated_rows",
     "hold_rest_lock",
     "hold_waiting_lock",
@@ -140,6 +141,21 @@ _PENDING_QUEUES = (
     " AND t.queue_name <> '' AND t.queue_name > nw_queues.name ORDER BY t.queue_name LIMIT 1)"
     " FROM nw_queues WHERE nw_queues.name IS NOT NULL) "
 )
+
+
+# The claim's order as nw_due_kind_idx keys it, for an ORM read of one kind's
+# due rows (the flow claims): the status and the -1 are literals, not parameters, so a
+# generic plan of a prepared statement (server-side binding) still matches the partial
+# index's condition and its expression.
+_PENDING = Func(F("status"), template="%(expressions)s = 'pending'", output_field=BooleanField())
+_URGENCY = Func(F("priority"), template="(%(expressions)s * -1)", output_field=IntegerField())
+
+
+def due_in_order(candidates: QuerySet[Any]) -> QuerySet[Any]:
+    """``candidates`` (pending rows of one kind) in the claim's order: highest priority
+    first, then the longest due, then the id; read through ``nw_due_kind_idx``, so the
+    due rows of other kinds are not walked past (``-priority`` reads ``nw_due_idx``)."""
+    return candidates.filter(_PENDING).order_by(_URGENCY.asc(), "next_attempt_at", "pk")
 
 
 def due_ids(

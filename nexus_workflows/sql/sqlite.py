@@ -26,6 +26,7 @@ __all__ = [
     "claimable",
     "constraint_name",
     "due_ids",
+    "due_in_order",
     "insert_returning_pk",
     "lock_waits_at_most",
     "notify",
@@ -54,6 +55,12 @@ def violated_constraint(error: IntegrityError) -> str | None:
             if columns and columns == failed:
                 return constraint.name
     return None
+
+
+def due_in_order(candidates: QuerySet[Any]) -> QuerySet[Any]:
+    """``candidates`` (pending rows of one kind) in the claim's order: highest priority
+    first, then the longest due, then the id."""
+    return candidates.order_by("-priority", "next_attempt_at", "pk")
 
 
 def due_ids(

@@ -1,0 +1,121 @@
+"""A limited kind's due claim behind due rows of other kinds, old order against new, on
+PostgreSQL. A measurement, not a test.
+
+    DATABASE_URL=postgres://…/nw_flow_read .venv/bin/python benchmarks/flow_claim_read.py
+
+``--rows`` due rows of a kind with ``concurrency=``, then ``--ahead`` due rows of another
+kind due an hour earlier (a workflow's priority is always 0: those come first). Timed, in
+alternating blocks: the flow claim's candidate read (the first 3 ids) in the old order
+(``priority DESC``: ``nw_due_idx`` filtered by kind) and the new
+(``sql.postgresql.due_in_order``: ``nw_due_kind_idx``), and the whole
+``Claimer.claim_due(3)`` with each (each claim undone outside the timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+
+KIND = "bench-limited"
+
+
+def old_order(candidates: Any) -> Any:
+    return candidates.order_by("-priority", "next_attempt_at", "pk")
+
+
+def timed_read(order: Any) -> float:
+    from nexus_workflows.clock import DatabaseNow
+    from nexus_workflows.models import DeferredWork
+
+    candidates = DeferredWork.objects.filter(kind=KIND, status="pending", next_attempt_at__lte=DatabaseNow())
+    started = time.perf_counter()
+    ids = list(order(candidates).values_list("pk", flat=True)[:3])
+    took = (time.perf_counter() - started) * 1000
+    assert len(ids) == 3
+    return took
+
+
+def timed_claim(order: Any) -> float:
+    from nexus_workflows import sql
+    from nexus_workflows.deferred.claims import Claimer
+    from nexus_workflows.models import DeferredWork
+
+    module = sql.for_connection("default")
+    kept = module.due_in_order
+    module.due_in_order = order
+    try:
+        started = time.perf_counter()
+        works = Claimer(kinds=[KIND], using="default").claim_due(3)
+        took = (time.perf_counter() - started) * 1000
+    finally:
+        module.due_in_order = kept
+    assert len(works) == 3
+    DeferredWork.objects.filter(pk__in=[w.id for w in works]).update(status="pending", flow_slot=None)
+    return took
+
+
+def measure(options: Any, label: str) -> None:
+    from nexus_workflows import sql
+
+    orders = {"old": old_order, "new": sql.for_connection("default").due_in_order}
+    reads: dict[str, list[float]] = {name: [] for name in orders}
+    claims: dict[str, list[float]] = {name: [] for name in orders}
+    for _block in range(options.blocks):
+        for name, order in orders.items():
+            reads[name] += [timed_read(order) for _ in range(options.runs)]
+            claims[name] += [timed_claim(order) for _ in range(options.runs)]
+    for what, timings in (("candidate read", reads), ("claim_due(3)", claims)):
+        figures = ", ".join(f"{name} {statistics.median(ms):.2f} ms" for name, ms in timings.items())
+        print(f"  {label}, {what}: median {figures} ({options.blocks * options.runs} each)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--ahead", type=int, default=200_000)
+    parser.add_argument("--blocks", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=25)
+    options = parser.parse_args()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from benchmarks.unknown_kinds import analyze, fill
+    from nexus_workflows.deferred.registry import registry
+    from nexus_workflows.models import DeferredWork
+
+    registry.register(
+        KIND, dedupe_key=lambda t: str(t), prepare=lambda t, c, s: None, retry_schedule=[1], concurrency=10
+    )
+    call_command("migrate", verbosity=0)
+    assert connection.vendor == "postgresql", "the per-kind read is PostgreSQL's"
+    table = DeferredWork._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {table}")
+        fill(cursor, "postgresql", table, KIND, 60, options.rows, "")
+        analyze(cursor, "postgresql", table)
+    print(f"postgresql; load average {os.getloadavg()[0]:.2f} (1 min) at the start")
+    measure(options, "no other kind's rows")
+    with connection.cursor() as cursor:
+        fill(cursor, "postgresql", table, "other-kind", 3600, options.ahead)
+        analyze(cursor, "postgresql", table)
+    measure(options, f"{options.ahead:,} due rows of another kind first")
+    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {table}")
+
+
+if __name__ == "__main__":
+    main()
