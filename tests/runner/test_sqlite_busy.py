@@ -7,12 +7,11 @@ the test database's file."""
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 from django.test import override_settings
 
 from nexus_workflows import enqueue
@@ -32,24 +31,6 @@ def messages(caplog: pytest.LogCaptureFixture, text: str, level: int | None = No
         for record in caplog.records
         if text in record.getMessage() and (level is None or record.levelno == level)
     ]
-
-
-@pytest.fixture
-def holder() -> Any:
-    """A second connection to the test database's file, in autocommit until it begins."""
-    held = sqlite3.connect(connection.settings_dict["NAME"], timeout=5, isolation_level=None)
-    yield held
-    if held.in_transaction:
-        held.execute("ROLLBACK")
-    held.close()
-
-
-@pytest.fixture
-def short_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runner's connections wait 0.1 s for the write lock (the project's is 30 s)."""
-    options = connection.settings_dict.setdefault("OPTIONS", {})
-    monkeypatch.setitem(options, "timeout", 0.1)
-    connections.close_all()
 
 
 def test_database_is_locked_is_a_refusal_not_an_outage(holder: Any, short_timeout: None) -> None:

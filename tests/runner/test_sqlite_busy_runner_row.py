@@ -6,12 +6,11 @@ the row is written once the lock goes."""
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 from django.test import override_settings
 
 from nexus_workflows.deferred.runner import Runner
@@ -26,23 +25,6 @@ TEXT = "could not write this runner's row"
 
 def said(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
     return [r.getMessage() for r in caplog.records if TEXT in r.getMessage() and r.levelno == level]
-
-
-@pytest.fixture
-def holder() -> Any:
-    held = sqlite3.connect(connection.settings_dict["NAME"], timeout=5, isolation_level=None)
-    yield held
-    if held.in_transaction:
-        held.execute("ROLLBACK")
-    held.close()
-
-
-@pytest.fixture
-def short_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runner's connections wait 0.1 s for the write lock (the project's is 30 s)."""
-    options = connection.settings_dict.setdefault("OPTIONS", {})
-    monkeypatch.setitem(options, "timeout", 0.1)
-    connections.close_all()
 
 
 def test_a_runner_row_not_written_while_sqlite_is_busy_is_said_once(
