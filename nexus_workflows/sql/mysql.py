@@ -32,6 +32,9 @@ from django.db.models import QuerySet
 
 from nexus_workflows.database_errors import mysql_error_number
 
+# The claims' reads of due rows are the ORM's here (nw_due_idx): the portable answers.
+from nexus_workflows.sql.portable import due_ids, due_in_order
+
 __all__ = [
     "EPOCH_OF_MINUTE",
     "INTEGER_DIVIDE",
@@ -90,20 +93,6 @@ def violated_constraint(error: IntegrityError) -> str | None:
     if found is None or found[0] != _DUPLICATE_KEY:
         return None
     return constraint_name(error)
-
-
-def due_in_order(candidates: QuerySet[Any]) -> QuerySet[Any]:
-    """``candidates`` (pending rows of one kind) in the claim's order: highest priority
-    first, then the longest due, then the id."""
-    return candidates.order_by("-priority", "next_attempt_at", "pk")
-
-
-def due_ids(
-    using: str, kinds: Sequence[str], queues: Sequence[str] | None, now: Any, limit: int
-) -> None:
-    """None: the claim reads ``nw_due_idx`` through the ORM here (PostgreSQL's merge of
-    per-kind reads is :func:`nexus_workflows.sql.postgresql.due_ids`)."""
-    return None
 
 
 def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:

@@ -17,6 +17,8 @@ from django.apps import apps
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Field, QuerySet
 
+# The claims' reads of due rows are the ORM's here (nw_due_idx): the portable answers.
+from nexus_workflows.sql.portable import due_ids, due_in_order
 from nexus_workflows.sql.returning import can_return_from_update, insert_returning_pk, update_returning
 
 __all__ = [
@@ -54,20 +56,6 @@ def violated_constraint(error: IntegrityError) -> str | None:
             columns = {f"{table}.{field.column}" for field in named}
             if columns and columns == failed:
                 return constraint.name
-    return None
-
-
-def due_in_order(candidates: QuerySet[Any]) -> QuerySet[Any]:
-    """``candidates`` (pending rows of one kind) in the claim's order: highest priority
-    first, then the longest due, then the id."""
-    return candidates.order_by("-priority", "next_attempt_at", "pk")
-
-
-def due_ids(
-    using: str, kinds: Sequence[str], queues: Sequence[str] | None, now: Any, limit: int
-) -> None:
-    """None: the claim reads ``nw_due_idx`` through the ORM here (PostgreSQL's merge of
-    per-kind reads is :func:`nexus_workflows.sql.postgresql.due_ids`)."""
     return None
 
 
