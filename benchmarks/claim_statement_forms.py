@@ -6,8 +6,10 @@ it TRUNCATEs the work table of the database it is given. A measurement, not a te
 
     python benchmarks/claim_statement_forms.py postgres://…/nw_bench ROWS ROUNDS
 """
+
 # ruff: noqa
 import psycopg, time, statistics, sys, os
+
 c = psycopg.connect(sys.argv.pop(1), autocommit=True)
 t = "nexus_workflows_deferredwork"
 c.execute(f"TRUNCATE {t}")
@@ -20,16 +22,17 @@ c.execute(f"VACUUM ANALYZE {t}")
 cond = "status = 'pending' AND next_attempt_at <= statement_timestamp() AND kind = ANY(%(k)s)"
 set_ = "SET status = 'processing', claim_token = 'x', claimed_at = statement_timestamp(), heartbeat_at = statement_timestamp(), updated_at = statement_timestamp()"
 forms = {
- "plain": f"UPDATE {t} {set_} WHERE {cond} AND id = ANY(%(ids)s) RETURNING id, kind, trigger",
- "in-subquery": f"UPDATE {t} {set_} WHERE {cond} AND id IN (SELECT id FROM {t} WHERE {cond} AND id = ANY(%(ids)s) FOR NO KEY UPDATE SKIP LOCKED) RETURNING id, kind, trigger",
- "array": f"UPDATE {t} {set_} WHERE {cond} AND id = ANY(ARRAY(SELECT id FROM {t} WHERE {cond} AND id = ANY(%(ids)s) FOR NO KEY UPDATE SKIP LOCKED)) RETURNING id, kind, trigger",
- "array, ids only": f"UPDATE {t} {set_} WHERE {cond} AND id = ANY(ARRAY(SELECT l.id FROM {t} AS l WHERE l.id = ANY(%(ids)s) FOR NO KEY UPDATE SKIP LOCKED)) RETURNING id, kind, trigger",
+    "plain": f"UPDATE {t} {set_} WHERE {cond} AND id = ANY(%(ids)s) RETURNING id, kind, trigger",
+    "in-subquery": f"UPDATE {t} {set_} WHERE {cond} AND id IN (SELECT id FROM {t} WHERE {cond} AND id = ANY(%(ids)s) FOR NO KEY UPDATE SKIP LOCKED) RETURNING id, kind, trigger",
+    "array": f"UPDATE {t} {set_} WHERE {cond} AND id = ANY(ARRAY(SELECT id FROM {t} WHERE {cond} AND id = ANY(%(ids)s) FOR NO KEY UPDATE SKIP LOCKED)) RETURNING id, kind, trigger",
+    "array, ids only": f"UPDATE {t} {set_} WHERE {cond} AND id = ANY(ARRAY(SELECT l.id FROM {t} AS l WHERE l.id = ANY(%(ids)s) FOR NO KEY UPDATE SKIP LOCKED)) RETURNING id, kind, trigger",
 }
-n = int(sys.argv[1]); base = c.execute(f"SELECT min(id) FROM {t}").fetchone()[0]
+n = int(sys.argv[1])
+base = c.execute(f"SELECT min(id) FROM {t}").fetchone()[0]
 res = {k: [] for k in forms}
 for rnd in range(int(sys.argv[2])):
     names = list(forms)
-    names = names[rnd % len(names):] + names[:rnd % len(names)]  # each form first in turn
+    names = names[rnd % len(names) :] + names[: rnd % len(names)]  # each form first in turn
     for j, name in enumerate(names):
         sql = forms[name]
         start = (rnd * len(names) + j) * n % 19000  # rows of their own, fresh to every form
@@ -40,11 +43,15 @@ for rnd in range(int(sys.argv[2])):
             res[name].append((time.perf_counter() - t0) * 1000)
             assert len(rows) == n, (name, len(rows))
             c.execute(f"UPDATE {t} SET status = 'pending' WHERE id = ANY(%s)", [ids])
-    if rnd % 10 == 9: c.execute(f"VACUUM {t}")
+    if rnd % 10 == 9:
+        c.execute(f"VACUUM {t}")
 print("load", os.getloadavg()[0])
-for name, v in res.items(): print(f"{n} rows {name}: median {statistics.median(v):.3f} ms p90 {statistics.quantiles(v, n=10)[-1]:.3f} ({len(v)})")
+for name, v in res.items():
+    print(
+        f"{n} rows {name}: median {statistics.median(v):.3f} ms p90 {statistics.quantiles(v, n=10)[-1]:.3f} ({len(v)})"
+    )
 for name, sql in forms.items():
     c.execute("BEGIN")
-    plan = c.execute("EXPLAIN (ANALYZE) " + sql, {"k": ["k"], "ids": list(range(base, base+n))}).fetchall()
+    plan = c.execute("EXPLAIN (ANALYZE) " + sql, {"k": ["k"], "ids": list(range(base, base + n))}).fetchall()
     c.execute("ROLLBACK")
     print(name, [r[0] for r in plan if "Time" in r[0]])

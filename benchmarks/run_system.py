@@ -450,9 +450,7 @@ class Procrastinate(System):
         return done, failed, float(last) if last is not None else None
 
 
-SYSTEMS: dict[str, type[System]] = {
-    cls.name: cls for cls in (Ours, OursTasks, DjangoTasks, Procrastinate)
-}
+SYSTEMS: dict[str, type[System]] = {cls.name: cls for cls in (Ours, OursTasks, DjangoTasks, Procrastinate)}
 
 
 # --- The protocol -------------------------------------------------------------------------

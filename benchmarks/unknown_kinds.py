@@ -35,9 +35,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
 COLUMNS = [
-    "kind", "dedupe_key", "trigger", "checkpoints", "status", "attempt", "next_attempt_at",
-    "claim_token", "last_error", "history", "created_at", "updated_at", "priority", "queue_name",
-    "backend_name", "worker_ids", "errors", "lost_unstarted",
+    "kind",
+    "dedupe_key",
+    "trigger",
+    "checkpoints",
+    "status",
+    "attempt",
+    "next_attempt_at",
+    "claim_token",
+    "last_error",
+    "history",
+    "created_at",
+    "updated_at",
+    "priority",
+    "queue_name",
+    "backend_name",
+    "worker_ids",
+    "errors",
+    "lost_unstarted",
 ]
 # Parameters: kind, key prefix, seconds before now, priority step (0: all 0), queue, rows.
 FILL = {

@@ -24,15 +24,7 @@ edge_integers = st.sampled_from(
 edge_floats = st.sampled_from(
     [0.0, -0.0, 1e15 + 0.5, 9999999999999998.0, 1e16, 1e20, 1e308, 5e-324, 1e-7, -2.5, 0.1]
 )
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | edge_integers
-    | st.floats()
-    | edge_floats
-    | any_text
-)
+scalars = st.none() | st.booleans() | st.integers() | edge_integers | st.floats() | edge_floats | any_text
 # Mostly string keys, sometimes keys JSON would rewrite.
 keys = any_text | st.integers(-3, 3) | st.booleans() | st.none() | st.floats(allow_nan=False)
 

@@ -87,7 +87,8 @@ def test_workflow_kinds_alone_and_queues_alone_keep_their_order(two_kinds: list[
     workflows = claim_all(Claimer(kinds=two_kinds, queues=[], using="default"))
     assert workflows == [f"w{n}" for n in range(12)]
     assert claim_all(Claimer(kinds=[], queues=["other"], using="default")) == [
-        f"t{n}" for n in (5, 11, 1, 7, 3, 9)  # priority 7, 0, -5; then by due time
+        f"t{n}"
+        for n in (5, 11, 1, 7, 3, 9)  # priority 7, 0, -5; then by due time
     ]
 
 

@@ -131,4 +131,3 @@ def test_an_unreachable_database_is_one_line_not_a_traceback(args: list[str]) ->
         f"127.0.0.1:{port}): OperationalError." in output
     ), output
     assert "Traceback" not in output
-

@@ -28,7 +28,7 @@ def _collations() -> set[str]:
 
 
 def test_going_back_before_0013_refuses_keys_that_would_become_one_and_names_no_key() -> None:
-    """"maria" and "María" are two dedupe keys (two patients) under 0013's exact collation
+    """ "maria" and "María" are two dedupe keys (two patients) under 0013's exact collation
     and one under the server's default: the reverse used to fail half-way with the server's
     duplicate-key error, which quotes the key (patient data, into a deploy's log)."""
     for key in ("maria", "María"):

@@ -132,8 +132,15 @@ def test_canaries_reach_no_log_message_output_page_metric_or_hashed_column(
     client = Client()
     client.force_login(django_user_model.objects.create_superuser("root", "root@example.org", "pw"))
     base = "/admin/nexus_workflows/deferredwork/"
-    for url in ("/admin/", base, f"{base}?status=attention", f"{base}?q={NAME}", f"{base}dashboard/",
-                "/admin/nexus_workflows/runner/", "/internal/metrics"):
+    for url in (
+        "/admin/",
+        base,
+        f"{base}?status=attention",
+        f"{base}?q={NAME}",
+        f"{base}dashboard/",
+        "/admin/nexus_workflows/runner/",
+        "/internal/metrics",
+    ):
         response = client.get(url)
         assert response.status_code == 200, url
         seen.append((url, response.content.decode()))

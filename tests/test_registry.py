@@ -168,7 +168,13 @@ def test_an_unknown_kind_asked_for_is_not_echoed_but_a_stored_rows_kind_is_named
     assert "known-kind" in str(asked.value)
 
     stored = ClaimedWork(
-        id=1, kind="removed-kind", dedupe_key="k", trigger={}, checkpoints={}, attempt=1, history=[],
+        id=1,
+        kind="removed-kind",
+        dedupe_key="k",
+        trigger={},
+        checkpoints={},
+        attempt=1,
+        history=[],
         claim_token="",
     )
     with pytest.raises(UnknownWorkflow, match="registered for kind 'removed-kind' in this process"):

@@ -12,6 +12,7 @@ from tests.structure import cycles, functions, import_graph, module_files, modul
 MODULE_LINES = 400
 FUNCTION_LINES = 60
 
+
 def test_no_module_imports_itself_through_others() -> None:
     assert cycles(import_graph()) == []
 

@@ -19,6 +19,7 @@ from tests.structure import module_files
 WRITES = {"update", "create", "bulk_create", "update_or_create", "get_or_create", "bulk_update"}
 STATE_MACHINE = "nexus_workflows.deferred.transitions"
 
+
 def status_writes(path: Path) -> list[int]:
     """Lines that write a row's status: ``status=`` in a write call (``update``, ``create``
     …), a ``"status": Status.X`` dict entry, or ``….status = Status.X``."""

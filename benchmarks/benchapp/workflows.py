@@ -30,7 +30,6 @@ def latency(trigger: Any, checkpoints: Any, save: Any) -> None:
     save({"started": time.time()})
 
 
-
 # --- The I/O workload (benchmarks/io_workload.py): each job waits IO_WAIT seconds, as a
 # call out over the network would, and journals one step when its trigger says so.
 

@@ -53,4 +53,3 @@ def listed_lookups(list_filter: Any) -> set[str]:
         elif getattr(field, "parameter_name", None):
             allowed.add(field.parameter_name)
     return allowed
-

@@ -110,9 +110,7 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
             # A request of this attempt was answered: an operation of several requests
             # (a batch over 10 records) has carried out part of its writes.
             partly_done = answers_received() != answers
-        retryable = error.transient and (
-            retry_network_errors or (not partly_done and not error.request_sent)
-        )
+        retryable = error.transient and (retry_network_errors or (not partly_done and not error.request_sent))
         delay = _delay(error, attempt) if retryable and attempt < max_attempts else None
         if delay is None:
             _log_failure(error, attempt, max_attempts, retryable, partly_done)

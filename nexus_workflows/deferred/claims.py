@@ -302,6 +302,7 @@ class Claimer:
         if some is False:
             return changes
         if not every:
+
             def field_of(name: str) -> Field[Any, Any]:
                 return cast("Field[Any, Any]", DeferredWork._meta.get_field(name))  # each name is a column
 

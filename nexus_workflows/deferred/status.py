@@ -114,13 +114,10 @@ def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
             note = _MODE_NOTES.get(runner.wakeup_mode, "")
             lines.append(
                 f"  {runner.host}:{runner.pid} {runner.wakeup_mode} since "
-                f"{runner.wakeup_mode_since:%Y-%m-%d %H:%M:%S %Z}"
-                + (f": {note}" if note else "")
+                f"{runner.wakeup_mode_since:%Y-%m-%d %H:%M:%S %Z}" + (f": {note}" if note else "")
             )
     else:
-        lines.append(
-            "Runners' wake-ups: no runner listening (no runworkflows process is alive)"
-        )
+        lines.append("Runners' wake-ups: no runner listening (no runworkflows process is alive)")
     return "\n".join(lines)
 
 

@@ -262,7 +262,9 @@ def save_journals(saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], *, using:
     statements = sql.for_connection(using)
     if hasattr(statements, "save_journals"):
         return statements.save_journals(
-            using, [work.id for work, _ in saves], [work.claim_token for work, _ in saves],
+            using,
+            [work.id for work, _ in saves],
+            [work.claim_token for work, _ in saves],
             [journal for _, journal in saves],
         )
     written = set()

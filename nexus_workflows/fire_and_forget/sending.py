@@ -94,8 +94,7 @@ def _parse_job_timeout(kind: str, value: Any) -> int:
         )
     if not 0 < seconds <= MAX_DELAY.total_seconds():
         raise InvalidEnqueueOption(
-            f"workflow {kind!r}: job_timeout must be greater than 0 seconds and at most "
-            f"{MAX_DELAY.days} days"
+            f"workflow {kind!r}: job_timeout must be greater than 0 seconds and at most {MAX_DELAY.days} days"
         )
     return math.ceil(seconds)
 

@@ -214,11 +214,15 @@ def _fold(name: str, key_hash: str, limit: int, period: float, rows: list[_Row],
         with transaction.atomic(using=using):
             for (high_stamp, high_slot), (low_stamp, low_slot) in swaps:
                 # Each stamp keeps its period (_lengthened_wait).
-                moved = _slots(name, key_hash, using).filter(slot=low_slot, started_at=low_stamp).update(
-                    started_at=high_stamp, period=periods[high_slot]
+                moved = (
+                    _slots(name, key_hash, using)
+                    .filter(slot=low_slot, started_at=low_stamp)
+                    .update(started_at=high_stamp, period=periods[high_slot])
                 )
-                moved += _slots(name, key_hash, using).filter(slot=high_slot, started_at=high_stamp).update(
-                    started_at=low_stamp, period=periods[low_slot]
+                moved += (
+                    _slots(name, key_hash, using)
+                    .filter(slot=high_slot, started_at=high_stamp)
+                    .update(started_at=low_stamp, period=periods[low_slot])
                 )
                 if moved != 2:
                     raise _Raced

@@ -205,4 +205,3 @@ def estimated_rows(using: str, sql: str, params: Sequence[Any], *, filtered: boo
         columns = [column[0] for column in cursor.description]
         row = dict(zip(columns, cursor.fetchone(), strict=True))
     return int(float(row["rows"] or 0) * float(row.get("filtered") or 100) / 100)
-

@@ -47,9 +47,7 @@ def due_in_order(candidates: QuerySet[Any]) -> QuerySet[Any]:
     return candidates.order_by("-priority", "next_attempt_at", "pk")
 
 
-def due_ids(
-    using: str, kinds: Sequence[str], queues: Sequence[str] | None, now: Any, limit: int
-) -> None:
+def due_ids(using: str, kinds: Sequence[str], queues: Sequence[str] | None, now: Any, limit: int) -> None:
     """None: the claim reads the due rows through the ORM."""
     return None
 

@@ -113,8 +113,7 @@ def stored_return_value(path: str, value: Any, *, database_depth: int | None = N
         json.dumps(value, allow_nan=False)
     except ValueError:
         raise ValueError(
-            f"task {path!r} returned NaN, infinity or an integer too long to write, which JSON "
-            "cannot hold"
+            f"task {path!r} returned NaN, infinity or an integer too long to write, which JSON cannot hold"
         ) from None
     problem = _text_problem(value)
     if problem:
@@ -173,9 +172,7 @@ def task_workflow(path: str, backend_alias: str) -> TaskWorkflow:
         from nexus_workflows.tasks.compat import task_backends
 
         backend = task_backends[backend_alias]
-        schedule = (
-            backend.retry_schedule_for(load_task(path)) if isinstance(backend, DeferredBackend) else ()
-        )
+        schedule = backend.retry_schedule_for(load_task(path)) if isinstance(backend, DeferredBackend) else ()
     except Exception:  # noqa: BLE001 - the attempt reports it: run_task raises it again
         return TaskWorkflow(
             path, _not_enqueued_here, _run_through_run_task, (), backend_alias=backend_alias, loaded=False

@@ -400,9 +400,11 @@ def test_revealed_payload_is_escaped(revealer, make_work):
         last_error="Boom: <img src=x onerror=alert(1)>",
     )
 
-    html = client_for(revealer).post(
-        reverse("admin:nexus_workflows_deferredwork_reveal", args=[work.pk])
-    ).content.decode()
+    html = (
+        client_for(revealer)
+        .post(reverse("admin:nexus_workflows_deferredwork_reveal", args=[work.pk]))
+        .content.decode()
+    )
 
     assert "<script>alert(1)</script>" not in html
     assert "<img src=x" not in html

@@ -238,7 +238,9 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
         self._user("revealer", "view_deferredwork", "reveal_deferredwork")
         with browser.chromium() as driver:
             self._log_in(driver, "revealer")
-            driver.get(f"{self.live_server_url}/admin/nexus_workflows/deferredwork/{self.abandoned.pk}/change/")
+            driver.get(
+                f"{self.live_server_url}/admin/nexus_workflows/deferredwork/{self.abandoned.pk}/change/"
+            )
             page = driver.find_element(By.ID, "content").text
             assert "visit-4711" not in page
             assert "HTTP 503" not in page

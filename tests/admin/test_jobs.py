@@ -126,7 +126,6 @@ def test_a_value_no_key_opens_is_said_so_and_never_shown_as_ciphertext(
     assert LogEntry.objects.count() == 1  # the attempt is audited all the same
 
 
-
 def test_a_job_sent_before_triggers_were_sealed_is_revealed_too(
     rq_redis: Any, rq_burst: Callable[..., int], revealer: Any
 ) -> None:

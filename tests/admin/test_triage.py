@@ -191,9 +191,7 @@ def test_unregistered_kinds_are_reported(make_work):
         ("a script", "", "by a script"),
     ],
 )
-def test_the_log_line_says_where_a_triage_action_came_from_and_who_did_it(
-    make_work, caplog, by, user, words
-):
+def test_the_log_line_says_where_a_triage_action_came_from_and_who_did_it(make_work, caplog, by, user, words):
     work = make_work(Status.ABANDONED)
     caplog.set_level("INFO", logger="nexus_workflows.triage")
 

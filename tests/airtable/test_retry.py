@@ -149,9 +149,7 @@ def test_a_408_is_transient_not_permanent(airtable: AirtableEmulator) -> None:
     assert not is_permanent_airtable_error(caught.value)
 
 
-def test_a_503s_retry_after_is_waited(
-    airtable: AirtableEmulator, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_503s_retry_after_is_waited(airtable: AirtableEmulator, caplog: pytest.LogCaptureFixture) -> None:
     airtable.fail(503, method="GET", retry_after="0.2")
 
     with caplog.at_level(logging.WARNING, logger="nexus_workflows.airtable"):

@@ -131,9 +131,7 @@ def test_a_key_function_returning_text_that_cannot_be_hashed_writes_nothing(
 
 @pytest.mark.django_db
 def test_a_key_function_that_raises_writes_nothing(register_workflow: Any) -> None:
-    kind = register_workflow(
-        noop, retry_schedule=[1], rate_limit=(1, 1), rate_key=lambda t: t["sender"]
-    ).kind
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(1, 1), rate_key=lambda t: t["sender"]).kind
     with pytest.raises(InvalidFlowKey, match="rate_key raised KeyError"):
         enqueue(kind, {"key": 1})
     assert not DeferredWork.objects.filter(kind=kind).exists()

@@ -70,7 +70,6 @@ def test_the_view_reports_rows_per_kind_and_status_and_the_oldest_due_age(regist
         assert text not in body
 
 
-
 def test_the_view_reports_due_rows_of_kinds_no_runner_knows(register_workflow: Any) -> None:
     """Rows of a kind removed from the code (and of a Django task whose module is gone)
     stay pending for ever: a gauge per such kind counts the due ones. Known kinds, tasks

@@ -160,7 +160,7 @@ def test_a_runner_whose_row_is_locked_still_stops_at_sigterm() -> None:
 
 
 def test_the_runner_list_reads_the_databases_clock_in_its_own_query() -> None:
-    """"started" and "last seen" are judged by the database's clock, carried by the list's
+    """ "started" and "last seen" are judged by the database's clock, carried by the list's
     own query: no query a row (two a row after the clock moved to the database)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext

@@ -58,8 +58,10 @@ def test_the_runner_waits_out_a_held_write_lock_without_an_outage(
         try:
             # Three turns refused (the old code's outage is said at its first turn).
             wait_for(
-                lambda: len(messages(caplog, "did not pass again")) >= 3
-                or bool(messages(caplog, "database unavailable")),
+                lambda: (
+                    len(messages(caplog, "did not pass again")) >= 3
+                    or bool(messages(caplog, "database unavailable"))
+                ),
                 timeout=30,
                 what="three turns refused",
             )

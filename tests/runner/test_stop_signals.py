@@ -52,9 +52,12 @@ CHILD = textwrap.dedent(
 def test_a_signal_landing_while_the_main_thread_holds_the_wake_lock_still_stops_the_runner() -> None:
     # Before the fix the handler set the event itself and waited for its lock forever.
     result = subprocess.run(
-        [sys.executable, "-c", CHILD], cwd=PROJECT_ROOT,
+        [sys.executable, "-c", CHILD],
+        cwd=PROJECT_ROOT,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
-        capture_output=True, text=True, timeout=30
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "stopped"

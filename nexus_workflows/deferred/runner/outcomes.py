@@ -204,8 +204,7 @@ class OutcomeWriter:
             )
         elif transitions.reschedule(work, delay=delay, error=error):
             line = (
-                f"failed ({error_type}); {attempt_of(work, work.attempt + 1)} "
-                f"in {delay.total_seconds():g}s"
+                f"failed ({error_type}); {attempt_of(work, work.attempt + 1)} in {delay.total_seconds():g}s"
             )
             self.tally.finished(work, "rescheduled", line, logging.WARNING)
         else:
