@@ -233,6 +233,7 @@ def add_due_indexes(schema_editor: Any, table: str) -> None:
 
 
 def drop_due_indexes(schema_editor: Any, table: str) -> None:
+    """Drop :data:`DUE_INDEXES` from ``table`` (0018's reverse); those missing are skipped."""
     quote = schema_editor.quote_name
     drops = ", ".join(f"DROP INDEX IF EXISTS {quote(name)}" for name in DUE_INDEXES)
     schema_editor.execute(f"ALTER TABLE {quote(table)} {drops}")
