@@ -13,10 +13,10 @@ in order, filtered by kind and queue: the ORM's, with the new indexes dropped in
 block's transaction, as before migration 0016) and the new one (``sql.postgresql.due_ids``:
 one ordered read per kind and queue, merged), with no unknown rows and with ``--unknown``
 due rows (half of a kind gone from the code, half tasks of a queue nobody runs) due an
-hour before the real work. On MariaDB the claim reads as before (no
-expression indexes there: ``due_ids`` answers None), so one figure. Last, on PostgreSQL,
-what the two new indexes cost: their size, and an insert of ``--rows`` rows with and
-without them.
+hour before the real work. On MariaDB the old read is the ORM's with migration 0018's
+indexes ignored (``ALTER INDEX … IGNORED``: still written, never read, as before 0018), the
+new one ``sql.mysql.due_ids``. Last, what the new indexes cost: their size, an insert of
+``--rows`` rows with and without them, and ``enqueue()`` of one row (alternating blocks).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def claims(options: Any, label: str) -> None:
             return lambda limit: None  # the ORM's read of nw_due_idx
 
     runners: dict[str, type[Claimer]] = {"old": OldClaimer, "new": Claimer}
-    if connection.vendor != "postgresql":
+    if connection.vendor not in ("postgresql", "mysql"):
         runners = {"as is": Claimer}
     for limit in (1, 100):
         reads: dict[str, list[float]] = {name: [] for name in runners}
@@ -118,15 +118,43 @@ def claims(options: Any, label: str) -> None:
 def old_schema(old: bool) -> Iterator[None]:
     """One transaction, rolled back (so no commit is timed, in either mode); for the old
     read, without the new indexes (dropped in it: the rollback puts them back), as before
-    migration 0016, where the planner had only nw_due_idx to read in order."""
+    migration 0016, where the planner had only nw_due_idx to read in order. MariaDB rolls
+    back no DDL: its indexes (0018) are ignored by the optimizer around the block instead."""
     from django.db import connection, transaction
 
-    with transaction.atomic():
+    with mariadb_indexes_ignored(old), transaction.atomic():
         if old and connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute("DROP INDEX nw_due_kind_idx, nw_due_queue_idx")
         yield
         transaction.set_rollback(True)
+
+
+@contextlib.contextmanager
+def mariadb_indexes_ignored(ignored: bool) -> Iterator[None]:
+    """On MariaDB (10.6+), when ``ignored``, migration 0018's indexes are left out of every
+    plan in the block (still maintained: an instant change of the table's metadata), so the
+    ORM's read plans as before 0018. Elsewhere nothing."""
+    from django.db import connection
+
+    from nexus_workflows.models import DeferredWork
+    from nexus_workflows.sql.mysql import DUE_INDEXES
+
+    if not ignored or connection.vendor != "mysql":
+        yield
+        return
+    table = DeferredWork._meta.db_table
+
+    def alter(visibility: str) -> None:
+        with connection.cursor() as cursor:
+            for name in DUE_INDEXES:
+                cursor.execute(f"ALTER TABLE {table} ALTER INDEX {name} {visibility}")
+
+    alter("IGNORED")
+    try:
+        yield
+    finally:
+        alter("NOT IGNORED")
 
 
 def timed(run: Any, *args: Any) -> float:
@@ -158,36 +186,47 @@ def claim_and_undo(claimer: Any, limit: int) -> float:
     return took
 
 
+NEW_INDEXES = {
+    "postgresql": ("nw_due_kind_idx", "nw_due_queue_idx"),
+    "mysql": ("nw_mariadb_due_kind_idx", "nw_mariadb_due_queue_idx"),
+}
+SIZES = {
+    "postgresql": "SELECT relname, pg_relation_size(oid) FROM pg_class WHERE relname IN {names} "
+    "ORDER BY relname",
+    # InnoDB's persistent statistics (ANALYZE TABLE first): pages of 16 KiB by default.
+    "mysql": "SELECT index_name, stat_value * @@innodb_page_size FROM mysql.innodb_index_stats "
+    "WHERE database_name = DATABASE() AND stat_name = 'size' AND index_name IN {names} ORDER BY index_name",
+}
+
+
 def index_costs(options: Any, table: str) -> None:
-    """PostgreSQL: the new indexes' size, and an insert of --rows rows with and without them."""
+    """The new indexes' size, and an insert of --rows rows and enqueue() of one row with and
+    without them (alternating blocks)."""
     from django.db import connection
 
+    vendor = connection.vendor
+    names = NEW_INDEXES[vendor]
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT relname, pg_relation_size(oid) FROM pg_class WHERE relname IN "
-            "('nw_due_idx', 'nw_due_kind_idx', 'nw_due_queue_idx') ORDER BY relname"
-        )
+        analyze(cursor, vendor, table)
+        cursor.execute(SIZES[vendor].format(names=_literals("nw_due_idx", *names)))
         sizes = ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in cursor.fetchall())
-        print(f"index sizes (every row pending): {sizes}")
-        names = "('nw_due_kind_idx', 'nw_due_queue_idx')"
-        cursor.execute(f"SELECT indexdef FROM pg_indexes WHERE indexname IN {names}")
-        definitions = [row[0] for row in cursor.fetchall()]
+        print(f"index sizes: {sizes}")
         took: dict[str, list[float]] = {"with": [], "without": []}
         enqueues: dict[str, list[float]] = {"with": [], "without": []}
         for block in range(6):
             mode = "with" if block % 2 == 0 else "without"
             if mode == "without":
-                cursor.execute("DROP INDEX nw_due_kind_idx, nw_due_queue_idx")
+                rebuild = new_indexes_dropped(cursor, vendor, table, names)
             started = time.perf_counter()
-            fill(cursor, "postgresql", table, "bench-insert", 0, options.rows // 2)
-            fill(cursor, "postgresql", table, "bench.tasks.noop", 0, options.rows // 2, "default")
+            fill(cursor, vendor, table, "bench-insert", 0, options.rows // 2)
+            fill(cursor, vendor, table, "bench.tasks.noop", 0, options.rows // 2, "default")
             took[mode].append(time.perf_counter() - started)
             enqueues[mode] += enqueue_one_by_one(block, options.runs * 4)
             cursor.execute(f"DELETE FROM {table} WHERE kind IN ('bench-insert', 'bench.tasks.noop')")
             if mode == "without":
-                for definition in definitions:
-                    cursor.execute(definition)
-            cursor.execute(f"VACUUM {table}")
+                rebuild()
+            if vendor == "postgresql":
+                cursor.execute(f"VACUUM {table}")
         print(
             f"insert of {options.rows:,} pending rows (half workflows, half tasks): median "
             f"{statistics.median(took['with']):.2f} s with the new indexes, "
@@ -198,6 +237,36 @@ def index_costs(options: Any, table: str) -> None:
             f"{statistics.median(enqueues['with']):.3f} ms with the new indexes, "
             f"{statistics.median(enqueues['without']):.3f} ms without ({len(enqueues['with'])} each)"
         )
+
+
+def _literals(*names: str) -> str:
+    return "(" + ", ".join(f"'{name}'" for name in names) + ")"  # the indexes' own names
+
+
+def new_indexes_dropped(cursor: Any, vendor: str, table: str, names: tuple[str, ...]) -> Any:
+    """Drop the new indexes; returns what builds them again."""
+    from django.db import connection
+
+    from nexus_workflows.sql import mysql
+
+    if vendor == "mysql":
+        with connection.schema_editor() as editor:
+            mysql.drop_due_indexes(editor, table)
+
+        def build_mysql() -> None:
+            with connection.schema_editor() as editor:
+                mysql.add_due_indexes(editor, table)
+
+        return build_mysql
+    cursor.execute(f"SELECT indexdef FROM pg_indexes WHERE indexname IN {_literals(*names)}")
+    definitions = [row[0] for row in cursor.fetchall()]
+    cursor.execute(f"DROP INDEX {', '.join(names)}")
+
+    def build_postgresql() -> None:
+        for definition in definitions:
+            cursor.execute(definition)
+
+    return build_postgresql
 
 
 def enqueue_one_by_one(block: int, count: int) -> list[float]:
@@ -247,7 +316,7 @@ def main() -> None:
         analyze(cursor, vendor, table)
     if not options.costs_only:
         claims(options, f"{options.unknown:,} unknown due rows first")
-    if vendor == "postgresql":
+    if vendor in NEW_INDEXES:
         index_costs(options, table)
     print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
     with connection.cursor() as cursor:

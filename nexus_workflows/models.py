@@ -157,7 +157,8 @@ class DeferredWork(models.Model):
             # The priority is an expression (its negation), which nw_due_idx cannot give
             # the order of: the planner never reads nw_due_idx filtered by kind instead
             # (its estimates assume the other kinds' rows spread evenly, not ahead).
-            # MariaDB has no expression indexes: Django creates neither there.
+            # MariaDB has no expression indexes: Django creates neither there; migration 0018
+            # builds MariaDB's own, outside the models (sql/mysql.py, DUE_INDEXES).
             models.Index(
                 F("kind"),
                 -F("priority"),

@@ -196,6 +196,15 @@ def test_every_backend_module_answers_the_same_questions() -> None:
 
 @pytest.mark.postgresql
 def test_due_ids_merges_kinds_and_queues_in_the_claims_order() -> None:
+    due_ids_merge_kinds_and_queues_in_the_claims_order()
+
+
+@pytest.mark.mysql
+def test_due_ids_on_mariadb_merge_kinds_and_queues_in_the_claims_order() -> None:
+    due_ids_merge_kinds_and_queues_in_the_claims_order()
+
+
+def due_ids_merge_kinds_and_queues_in_the_claims_order() -> None:
     """Per kind and per queue, merged: priority first, then due time; rows of other kinds
     and queues, not yet due, or not pending are left out; a task row whose kind is also
     asked for comes once; ``now`` given or the database's."""
@@ -234,6 +243,24 @@ def test_due_ids_merges_kinds_and_queues_in_the_claims_order() -> None:
     assert keys(["k"], [], now=timezone.now() + timedelta(hours=2)) == ["a2", "a1", "later"]
     assert keys([], []) == []
     assert due_ids("default", [], ["q1"], None, 1) == [(rows["t-high"], "q1")]
+
+
+@pytest.mark.mysql
+def test_due_ids_on_mariadb_without_its_indexes_leave_the_read_to_the_orm() -> None:
+    """Code that runs before migration 0018 has built MariaDB's due indexes: ``due_ids``
+    answers None (the ORM's read of nw_due_idx, as before) instead of failing every claim on
+    the missing index; with the indexes built again it reads them."""
+    from nexus_workflows.sql import mysql
+
+    work = DeferredWork.objects.create(kind="k", dedupe_key="a", trigger={}, next_attempt_at=timezone.now())
+    with connection.schema_editor() as editor:
+        mysql.drop_due_indexes(editor, DeferredWork._meta.db_table)
+    try:
+        assert mysql.due_ids("default", ["k"], None, None, 5) is None
+    finally:
+        with connection.schema_editor() as editor:
+            mysql.add_due_indexes(editor, DeferredWork._meta.db_table)
+    assert mysql.due_ids("default", ["k"], [], None, 5) == [(work.pk, "")]
 
 
 def claimable_ids(ids: list[int]) -> list[int]:

@@ -351,8 +351,8 @@ class Claimer:
 
     def _due_reader(self, now: datetime | None) -> Callable[[int], list[tuple[int, str]] | None]:
         """The claim's read of due rows where the database merges one ordered read per
-        kind and per task queue (PostgreSQL): due rows of kinds and queues this runner does
-        not take are never walked past. Elsewhere it answers None (the ORM's read)."""
+        kind and per task queue (PostgreSQL, MariaDB): due rows of kinds and queues this runner
+        does not take are never walked past. Elsewhere it answers None (the ORM's read)."""
         backend = sql.for_connection(self.using)
 
         def read(limit: int) -> list[tuple[int, str]] | None:

@@ -323,7 +323,8 @@ class FlowClaimer:
             .filter(key_conditions(kind, flow, due_at))
         )
         # Highest priority, then longest due, then id: on PostgreSQL a read of the kind's
-        # own due rows (nw_due_kind_idx), never walking past other kinds' due rows.
+        # own due rows (nw_due_kind_idx; MariaDB: nw_mariadb_due_kind_idx, migration 0018),
+        # never walking past other kinds' due rows.
         ordered = sql.for_connection(self.using).due_in_order(candidates)
         ids = self._pick(kind, flow, ordered, limit)
         if not ids and now is not None and flow.rate_limit is not None:
