@@ -180,6 +180,9 @@ class FlowClaimer:
         # Kinds that rested and have not claimed anything since: on PostgreSQL the runner
         # holds their rest locks, so enqueues of them notify it (deferred.rest_locks).
         self.quiet: set[str] = set()
+        # Kinds that rest because every slot is held: on PostgreSQL the runner holds their
+        # ending locks, so an attempt of them ending on another runner notifies it.
+        self.full: set[str] = set()
         # When each kind (or every kind: None) was last woken (monotonic; other threads
         # write it): a wake-up after a rest began ends it, one during the claim too.
         self._woken: dict[str | None, float] = {}
@@ -216,16 +219,24 @@ class FlowClaimer:
             return 0.0
         return until - clock
 
-    def _rest_for(self, kind: str, since: float, seconds: float, *, new_rows_can_start: bool = True) -> None:
+    def _rest_for(
+        self, kind: str, since: float, seconds: float, *, new_rows_can_start: bool = True, full: bool = False
+    ) -> None:
         """Rest ``kind`` ``seconds`` from ``since``. While it rests because nothing is due
         (or no due row's key has room), a new row could start: its enqueue must wake the
         runner, which holds the kind's rest lock (``quiet``). While every slot or the
-        kind's one window is full, a new row could not: its enqueue need not notify."""
+        kind's one window is full, a new row could not: its enqueue need not notify. While
+        every slot is held (``full``), an attempt ending anywhere frees one: the runner
+        holds the kind's ending lock, so such an end notifies it."""
         self._rest[kind] = (since, since + seconds)
         if new_rows_can_start:
             self.quiet.add(kind)
         else:
             self.quiet.discard(kind)
+        if full:
+            self.full.add(kind)
+        else:
+            self.full.discard(kind)
 
     def _in_turn(self, claim: str) -> list[Workflow]:
         # Start with a different kind each claim, so no limited kind starves another.
@@ -264,10 +275,12 @@ class FlowClaimer:
                 self._claim_kind(claimer, workflow, budget, now, works)
                 if len(works) > before:
                     self.quiet.discard(workflow.kind)  # asked every turn while it finds work
+                    self.full.discard(workflow.kind)
                 if self._found_nothing:
                     # Nothing of this kind can start: a busy runner claims its other kinds
                     # many times a second, and need not ask again for a moment.
-                    self._rest_for(workflow.kind, clock, self._quiet, new_rows_can_start=not self._slots_full)
+                    full = self._slots_full
+                    self._rest_for(workflow.kind, clock, self._quiet, new_rows_can_start=not full, full=full)
 
     def _retry_within(self, seconds: float) -> None:
         self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
@@ -313,7 +326,8 @@ class FlowClaimer:
             slots = self.free_slots(kind, flow.concurrency)
             limit = min(limit, len(slots))
             # Every slot held: nothing of the kind can start until an attempt ends (one
-            # of ours wakes the kind; another runner's is seen after at most _REST).
+            # of ours wakes the kind; another runner's NOTIFYs it, migration 0018, or is
+            # seen after at most _REST without wake-ups).
             self._found_nothing = self._slots_full = not slots
         if limit <= 0:
             return [], 0
