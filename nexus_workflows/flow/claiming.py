@@ -189,6 +189,7 @@ class FlowClaimer:
         self._found_nothing = False
         self._quiet = _REST  # how long the kind rests when it found nothing
         self._slots_full = False  # whether it found nothing because every slot is held
+        self._keys_busy = False  # ... or because every due row waits behind its serial key
         self._spread = False
         self._began = 0.0  # when the running claim began (monotonic)
 
@@ -270,7 +271,7 @@ class FlowClaimer:
             if budget > 0:
                 self._found_nothing = False
                 self._quiet = _REST
-                self._slots_full = False
+                self._slots_full = self._keys_busy = False
                 before = len(works)
                 self._claim_kind(claimer, workflow, budget, now, works)
                 if len(works) > before:
@@ -279,8 +280,11 @@ class FlowClaimer:
                 if self._found_nothing:
                     # Nothing of this kind can start: a busy runner claims its other kinds
                     # many times a second, and need not ask again for a moment.
+                    # Until an attempt ends (every slot held; every due row's key busy) it
+                    # holds the kind's ending lock; a new row of a free key could start.
                     full = self._slots_full
-                    self._rest_for(workflow.kind, clock, self._quiet, new_rows_can_start=not full, full=full)
+                    ends = full or self._keys_busy
+                    self._rest_for(workflow.kind, clock, self._quiet, new_rows_can_start=not full, full=ends)
 
     def _retry_within(self, seconds: float) -> None:
         self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
@@ -373,12 +377,16 @@ class FlowClaimer:
         return works, len(ids)
 
     def _found_none(self, kind: str, flow: FlowLimits, due_at: Any) -> None:
-        """No candidate: rest only when nothing of the kind is due at all (due rows held by
-        a key can start as soon as an attempt of the key ends). A row coming due sooner
-        than the rest would end ends it then (nothing announces a delayed row coming due)."""
+        """No candidate: the kind rests. When rows are due, each waits behind its serial key
+        (a processing row of the key, or an earlier one): none starts until an attempt of
+        such a key ends (one of ours wakes the kind; another runner's NOTIFYs, migration
+        0018) or a row of a free key is enqueued (its NOTIFY). A row coming due sooner than
+        the rest would end ends it then (nothing announces a delayed row coming due)."""
         soon = self._next_due_in(kind, due_at)
-        self._found_nothing = not flow.keyed or soon is None or soon > 0
-        if soon is not None:
+        self._found_nothing = True
+        if soon is not None and soon <= 0 and flow.keyed:
+            self._keys_busy = True
+        elif soon is not None:
             self._quiet = min(_REST, max(soon, 0.0))
 
     def _next_due_in(self, kind: str, due_at: Any) -> float | None:

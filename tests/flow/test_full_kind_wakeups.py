@@ -137,3 +137,68 @@ def test_an_ending_lock_waits_for_an_open_end_of_its_kind_then_the_kind_is_asked
         locks.settle(listener, listening=True)  # the listener's next turn
         assert locks.held_ending == {kind}
     assert other.lanes.claim_due(None)[0] == 1  # on_held woke the kind
+
+
+def claim_counting_queries(busy: BusyLane) -> tuple[int, int]:
+    """One claim turn of the busy lane: (rows claimed, queries made)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        claimed = busy.lanes.claim_due(None)[0]
+    return claimed, len(queries)
+
+
+@pytest.fixture
+def keys_busy(register_workflow: Any, long_rest: None) -> tuple[BusyLane, BusyLane, str]:
+    """Two busy runners' lanes of a serial-key kind: the first runs the row "a1" of key a,
+    the second found only "a2" due (key a busy) and rests."""
+    kind = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: t["to"]).kind
+    enqueue(kind, {"key": "a1", "to": "a"})
+    holder, other = BusyLane([kind]), BusyLane([kind])
+    assert holder.lanes.claim_due(None)[0] == 1
+    enqueue(kind, {"key": "a2", "to": "a"})
+    claimed, asked = claim_counting_queries(other)
+    assert (claimed, asked > 0) == (0, True)
+    return holder, other, kind
+
+
+@pytest.mark.needs("partial_indexes")
+def test_a_serial_key_kind_whose_due_rows_wait_behind_busy_keys_rests(
+    keys_busy: tuple[BusyLane, BusyLane, str],
+) -> None:
+    """No query while it rests; it wants both locks (an end frees a key, a row of a free
+    key can start), and a wake-up naming the kind (such a row) ends the rest."""
+    _holder, other, kind = keys_busy
+    for _ in range(3):
+        assert claim_counting_queries(other) == (0, 0)
+    assert other.lanes.full_kinds() == {kind}
+    assert other.lanes.quiet_kinds() == {kind}
+    work_id = int(enqueue(kind, {"key": "b1", "to": "b"}) or 0)
+    other.lanes.new_work(work_id, kind)  # the listener, on that enqueue's NOTIFY
+    assert other.lanes.claim_due(None)[0] == 1
+    assert [item.id for item in other.handed_out] == [work_id]
+
+
+@pytest.mark.needs("partial_indexes")
+def test_a_serial_key_kinds_rest_ends_when_an_attempt_ends(keys_busy: tuple[BusyLane, BusyLane, str]) -> None:
+    holder, other, kind = keys_busy
+    assert claim_counting_queries(other) == (0, 0)
+    transitions.finish_done(holder.handed_out)
+    other.lanes.wake_limited(kind)  # its own attempt's end, or another runner's NOTIFY
+    assert other.lanes.claim_due(None)[0] == 1  # "a2"
+
+
+@pytest.mark.postgresql
+def test_an_attempt_of_a_serial_key_ending_notifies_while_a_runner_holds_the_kinds_ending_lock(
+    keys_busy: tuple[BusyLane, BusyLane, str],
+) -> None:
+    holder, _other, kind = keys_busy
+    with raw_connection() as listener, raw_connection() as sender, raw_connection() as resting:
+        postgresql.listen(listener, CHANNEL)
+        postgresql.hold_rest_lock(resting, kind, lock_timeout=5, lock_class=postgresql.ENDING_LOCK_CLASS)
+        (first,) = holder.handed_out
+        transitions.finish_done([first])
+        sender.execute("SELECT pg_notify(%s, 'marker')", [CHANNEL])
+        payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
+    assert payloads == [f"{first.id} {kind}", "marker"]
