@@ -3,6 +3,7 @@ BENCH_FLOW=1), so that the other benchmarks' runners claim exactly what they did
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -34,3 +35,12 @@ def rated(trigger: Any, checkpoints: Any, save: Any) -> None:
 @workflow("bench-serial", dedupe_key=by_key, retry_schedule=[1], serial_key=lambda t: t["to"])
 def serial(trigger: Any, checkpoints: Any, save: Any) -> None:
     """Does nothing, one at a time per key."""
+
+
+@workflow("bench-single", dedupe_key=by_key, retry_schedule=[1], concurrency=1)
+def single(trigger: Any, checkpoints: Any, save: Any) -> None:
+    """One at a time: writes "<pid> <time>" to its journal as it starts (which runner
+    holds the slot, and when), then waits ``seconds``."""
+    with open(trigger["journal"], "a") as journal:
+        journal.write(f"{os.getpid()} {time.time():.6f}\n")
+    time.sleep(trigger["seconds"])

@@ -14,6 +14,11 @@ the kind once more (``on_held``), in a transaction that began after that commit:
 the row. An enqueue whose trigger runs after the lock is held cannot take it and
 notifies. Until the lock is held (wake-ups not working, a long enqueue transaction still
 open) the kind rests at most ``flow.claiming._REST``, as on databases without ``NOTIFY``.
+
+A kind resting because every slot is held needs no wake-up for an enqueue, but one for an
+attempt of it ending on another runner: its lock is of another class
+(``ENDING_LOCK_CLASS``), which the work table's row trigger tries when such an attempt's
+row leaves ``processing`` (migration 0018), with the same protocol.
 """
 
 from __future__ import annotations
@@ -34,16 +39,31 @@ class RestLocks:
     the rest from the listener's."""
 
     def __init__(self, on_held: Callable[[str], None] | None = None) -> None:
-        self._wanted: frozenset[str] = frozenset()
-        self.held: set[str] = set()
+        self._wanted: frozenset[tuple[int, str]] = frozenset()
+        self._held: set[tuple[int, str]] = set()
         # Called (listener thread) once a kind's lock is held: ask the kind once more.
         self.on_held = on_held
 
-    def want(self, kinds: frozenset[str]) -> bool:
-        """The kinds the runner rests now; returns whether that changed."""
-        if kinds == self._wanted:
+    @property
+    def held(self) -> set[str]:
+        """The kinds whose rest lock (enqueues notify) this session holds."""
+        return {kind for lock_class, kind in self._held if lock_class == postgresql.REST_LOCK_CLASS}
+
+    @property
+    def held_ending(self) -> set[str]:
+        """The kinds whose ending lock (their attempts' ends notify) this session holds."""
+        return {kind for lock_class, kind in self._held if lock_class == postgresql.ENDING_LOCK_CLASS}
+
+    def want(self, kinds: frozenset[str], ending: frozenset[str] = frozenset()) -> bool:
+        """The kinds the runner rests now (``ending``: until an attempt of theirs ends);
+        returns whether that changed."""
+        wanted = frozenset(
+            [(postgresql.REST_LOCK_CLASS, kind) for kind in kinds]
+            + [(postgresql.ENDING_LOCK_CLASS, kind) for kind in ending]
+        )
+        if wanted == self._wanted:
             return False
-        self._wanted = kinds
+        self._wanted = wanted
         return True
 
     def settle(self, connection: Any, *, listening: bool) -> None:
@@ -51,18 +71,20 @@ class RestLocks:
         import psycopg
 
         wanted = self._wanted if listening else frozenset()
-        for kind in sorted(self.held - wanted):
-            postgresql.release_rest_lock(connection, kind)
-            self.held.discard(kind)
-        for kind in sorted(wanted - self.held):
+        for lock_class, kind in sorted(self._held - wanted):
+            postgresql.release_rest_lock(connection, kind, lock_class)
+            self._held.discard((lock_class, kind))
+        for lock_class, kind in sorted(wanted - self._held):
             try:
-                postgresql.hold_rest_lock(connection, kind, lock_timeout=REST_LOCK_TIMEOUT)
+                postgresql.hold_rest_lock(
+                    connection, kind, lock_timeout=REST_LOCK_TIMEOUT, lock_class=lock_class
+                )
             except psycopg.errors.LockNotAvailable:
-                continue  # an enqueue of the kind is still open: the next turn tries again
-            self.held.add(kind)
+                continue  # an enqueue (an end) of the kind is still open: the next turn tries again
+            self._held.add((lock_class, kind))
             if self.on_held is not None:
                 self.on_held(kind)
 
     def lost(self) -> None:
         """The session ended, and its locks with it."""
-        self.held.clear()
+        self._held.clear()

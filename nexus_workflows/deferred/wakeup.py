@@ -194,9 +194,10 @@ class PostgresListener(threading.Thread):
             self._waiting = waiting
             self._ring()
 
-    def rest_on(self, kinds: frozenset[str]) -> None:
-        """From the runner's thread: the limited kinds it rests now (:mod:`.rest_locks`)."""
-        if self.rest_locks.want(kinds):
+    def rest_on(self, kinds: frozenset[str], ending: frozenset[str] = frozenset()) -> None:
+        """From the runner's thread: the limited kinds it rests now (``ending``: until an
+        attempt of theirs ends; :mod:`.rest_locks`)."""
+        if self.rest_locks.want(kinds, ending):
             self._ring()
 
     def _rest_held(self, kind: str) -> None:

@@ -180,12 +180,16 @@ class FlowClaimer:
         # Kinds that rested and have not claimed anything since: on PostgreSQL the runner
         # holds their rest locks, so enqueues of them notify it (deferred.rest_locks).
         self.quiet: set[str] = set()
+        # Kinds that rest because every slot is held: on PostgreSQL the runner holds their
+        # ending locks, so an attempt of them ending on another runner notifies it.
+        self.full: set[str] = set()
         # When each kind (or every kind: None) was last woken (monotonic; other threads
         # write it): a wake-up after a rest began ends it, one during the claim too.
         self._woken: dict[str | None, float] = {}
         self._found_nothing = False
         self._quiet = _REST  # how long the kind rests when it found nothing
         self._slots_full = False  # whether it found nothing because every slot is held
+        self._keys_busy = False  # ... or because every due row waits behind its serial key
         self._spread = False
         self._began = 0.0  # when the running claim began (monotonic)
 
@@ -216,16 +220,24 @@ class FlowClaimer:
             return 0.0
         return until - clock
 
-    def _rest_for(self, kind: str, since: float, seconds: float, *, new_rows_can_start: bool = True) -> None:
+    def _rest_for(
+        self, kind: str, since: float, seconds: float, *, new_rows_can_start: bool = True, full: bool = False
+    ) -> None:
         """Rest ``kind`` ``seconds`` from ``since``. While it rests because nothing is due
         (or no due row's key has room), a new row could start: its enqueue must wake the
         runner, which holds the kind's rest lock (``quiet``). While every slot or the
-        kind's one window is full, a new row could not: its enqueue need not notify."""
+        kind's one window is full, a new row could not: its enqueue need not notify. While
+        every slot is held (``full``), an attempt ending anywhere frees one: the runner
+        holds the kind's ending lock, so such an end notifies it."""
         self._rest[kind] = (since, since + seconds)
         if new_rows_can_start:
             self.quiet.add(kind)
         else:
             self.quiet.discard(kind)
+        if full:
+            self.full.add(kind)
+        else:
+            self.full.discard(kind)
 
     def _in_turn(self, claim: str) -> list[Workflow]:
         # Start with a different kind each claim, so no limited kind starves another.
@@ -259,15 +271,20 @@ class FlowClaimer:
             if budget > 0:
                 self._found_nothing = False
                 self._quiet = _REST
-                self._slots_full = False
+                self._slots_full = self._keys_busy = False
                 before = len(works)
                 self._claim_kind(claimer, workflow, budget, now, works)
                 if len(works) > before:
                     self.quiet.discard(workflow.kind)  # asked every turn while it finds work
+                    self.full.discard(workflow.kind)
                 if self._found_nothing:
                     # Nothing of this kind can start: a busy runner claims its other kinds
                     # many times a second, and need not ask again for a moment.
-                    self._rest_for(workflow.kind, clock, self._quiet, new_rows_can_start=not self._slots_full)
+                    # Until an attempt ends (every slot held; every due row's key busy) it
+                    # holds the kind's ending lock; a new row of a free key could start.
+                    full = self._slots_full
+                    ends = full or self._keys_busy
+                    self._rest_for(workflow.kind, clock, self._quiet, new_rows_can_start=not full, full=ends)
 
     def _retry_within(self, seconds: float) -> None:
         self.retry_in = seconds if self.retry_in is None else min(self.retry_in, seconds)
@@ -313,7 +330,8 @@ class FlowClaimer:
             slots = self.free_slots(kind, flow.concurrency)
             limit = min(limit, len(slots))
             # Every slot held: nothing of the kind can start until an attempt ends (one
-            # of ours wakes the kind; another runner's is seen after at most _REST).
+            # of ours wakes the kind; another runner's NOTIFYs it, migration 0018, or is
+            # seen after at most _REST without wake-ups).
             self._found_nothing = self._slots_full = not slots
         if limit <= 0:
             return [], 0
@@ -360,12 +378,16 @@ class FlowClaimer:
         return works, len(ids)
 
     def _found_none(self, kind: str, flow: FlowLimits, due_at: Any) -> None:
-        """No candidate: rest only when nothing of the kind is due at all (due rows held by
-        a key can start as soon as an attempt of the key ends). A row coming due sooner
-        than the rest would end ends it then (nothing announces a delayed row coming due)."""
+        """No candidate: the kind rests. When rows are due, each waits behind its serial key
+        (a processing row of the key, or an earlier one): none starts until an attempt of
+        such a key ends (one of ours wakes the kind; another runner's NOTIFYs, migration
+        0018) or a row of a free key is enqueued (its NOTIFY). A row coming due sooner than
+        the rest would end ends it then (nothing announces a delayed row coming due)."""
         soon = self._next_due_in(kind, due_at)
-        self._found_nothing = not flow.keyed or soon is None or soon > 0
-        if soon is not None:
+        self._found_nothing = True
+        if soon is not None and soon <= 0 and flow.keyed:
+            self._keys_busy = True
+        elif soon is not None:
             self._quiet = min(_REST, max(soon, 0.0))
 
     def _next_due_in(self, kind: str, due_at: Any) -> float | None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 # tokens, counts, the admin's estimates, migrations' index checks).
 
 __all__ = [
+    "ENDING_LOCK_CLASS",
     "EPOCH_OF_MINUTE",
     "REST_LOCK_CLASS",
     "WAITING_LOCK",
@@ -269,21 +270,31 @@ def hold_waiting_lock(connection: Any, *, lock_timeout: float | None = None) -> 
 REST_LOCK_CLASS = 0x6E77_6B67  # "nwkg"
 
 
-def hold_rest_lock(connection: Any, kind: str, *, lock_timeout: float) -> None:
+#: The class of the advisory locks a runner holds the same way for each limited kind it
+#: rests until an attempt of it ends (every slot held): keys (this, ``hashtext(kind)``).
+#: The work table's row trigger sends a ``NOTIFY`` naming an ended row of such a kind when
+#: it cannot take its lock (migration 0018 writes the same class).
+ENDING_LOCK_CLASS = 0x6E77_6B68  # "nwkh"
+
+
+def hold_rest_lock(
+    connection: Any, kind: str, *, lock_timeout: float, lock_class: int = REST_LOCK_CLASS
+) -> None:
     """On the listener's psycopg connection (autocommit): this runner rests ``kind``.
     Waits (at most ``lock_timeout`` s, then ``LockNotAvailable``) for every open
-    transaction that inserted rows of the kind without notifying; see
-    :func:`hold_waiting_lock` for why the bound is the transaction's own."""
+    transaction that inserted rows of the kind (``ENDING_LOCK_CLASS``: ended an attempt
+    of it) without notifying; see :func:`hold_waiting_lock` for why the bound is the
+    transaction's own."""
     with connection.transaction():
         connection.execute(
             "SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(lock_timeout * 1000))}ms"]
         )
-        connection.execute("SELECT pg_advisory_lock_shared(%s, hashtext(%s))", [REST_LOCK_CLASS, kind])
+        connection.execute("SELECT pg_advisory_lock_shared(%s, hashtext(%s))", [lock_class, kind])
 
 
-def release_rest_lock(connection: Any, kind: str) -> None:
+def release_rest_lock(connection: Any, kind: str, lock_class: int = REST_LOCK_CLASS) -> None:
     """On the listener's connection: this runner asks ``kind`` each turn again."""
-    connection.execute("SELECT pg_advisory_unlock_shared(%s, hashtext(%s))", [REST_LOCK_CLASS, kind])
+    connection.execute("SELECT pg_advisory_unlock_shared(%s, hashtext(%s))", [lock_class, kind])
 
 
 def set_local_lock_timeout(cursor: Any, seconds: float) -> None:

@@ -128,6 +128,12 @@ class LaneClaims:
             kind for claimer in self.claimers.values() if claimer.flow for kind in claimer.flow.quiet
         )
 
+    def full_kinds(self) -> frozenset[str]:
+        """The limited kinds that rest until an attempt of theirs ends (every slot held)."""
+        return frozenset(
+            kind for claimer in self.claimers.values() if claimer.flow for kind in claimer.flow.full
+        )
+
     def claim_notified(self, cutoff: datetime | None) -> int:
         """Claim the rows NOTIFYs named, by id in one statement per lane, each lane only as
         far as it has free slots (the ordinary claim takes the rest); how many."""

@@ -363,8 +363,8 @@ class Runner:
             if self._listener is not None:
                 # With a backlog it claims again by itself: enqueues may skip their NOTIFY.
                 self._listener.wait_for_notifies(not self._lanes.backlogged())
-                if self._lanes.limited:  # enqueues of the kinds it rests notify it
-                    self._listener.rest_on(self._lanes.quiet_kinds())
+                if self._lanes.limited:  # enqueues (ends) of the kinds it rests notify it
+                    self._listener.rest_on(self._lanes.quiet_kinds(), self._lanes.full_kinds())
             # Claim again at once only if the last claim may have left due work behind;
             # otherwise wait, so the workers start the work just claimed right away.
             if purging or (more_due and self._wants_more()):
