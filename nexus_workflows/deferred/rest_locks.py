@@ -18,7 +18,7 @@ open) the kind rests at most ``flow.claiming._REST``, as on databases without ``
 A kind resting because every slot is held needs no wake-up for an enqueue, but one for an
 attempt of it ending on another runner: its lock is of another class
 (``ENDING_LOCK_CLASS``), which the work table's row trigger tries when such an attempt's
-row leaves ``processing`` (migration 0018), with the same protocol.
+row leaves ``processing`` (migration 0019), with the same protocol.
 """
 
 from __future__ import annotations

@@ -330,7 +330,7 @@ class FlowClaimer:
             slots = self.free_slots(kind, flow.concurrency)
             limit = min(limit, len(slots))
             # Every slot held: nothing of the kind can start until an attempt ends (one
-            # of ours wakes the kind; another runner's NOTIFYs it, migration 0018, or is
+            # of ours wakes the kind; another runner's NOTIFYs it, migration 0019, or is
             # seen after at most _REST without wake-ups).
             self._found_nothing = self._slots_full = not slots
         if limit <= 0:
@@ -381,7 +381,7 @@ class FlowClaimer:
         """No candidate: the kind rests. When rows are due, each waits behind its serial key
         (a processing row of the key, or an earlier one): none starts until an attempt of
         such a key ends (one of ours wakes the kind; another runner's NOTIFYs, migration
-        0018) or a row of a free key is enqueued (its NOTIFY). A row coming due sooner than
+        0019) or a row of a free key is enqueued (its NOTIFY). A row coming due sooner than
         the rest would end ends it then (nothing announces a delayed row coming due)."""
         soon = self._next_due_in(kind, due_at)
         self._found_nothing = True

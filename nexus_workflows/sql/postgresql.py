@@ -273,7 +273,7 @@ REST_LOCK_CLASS = 0x6E77_6B67  # "nwkg"
 #: The class of the advisory locks a runner holds the same way for each limited kind it
 #: rests until an attempt of it ends (every slot held): keys (this, ``hashtext(kind)``).
 #: The work table's row trigger sends a ``NOTIFY`` naming an ended row of such a kind when
-#: it cannot take its lock (migration 0018 writes the same class).
+#: it cannot take its lock (migration 0019 writes the same class).
 ENDING_LOCK_CLASS = 0x6E77_6B68  # "nwkh"
 
 

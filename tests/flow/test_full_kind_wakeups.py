@@ -2,7 +2,7 @@
 it ends. One of the runner's own attempts ends the rest at once; one of ANOTHER runner's
 did only by the rest's bound (``flow.claiming._REST``). On PostgreSQL the resting runner
 now holds the kind's ending lock (``deferred.rest_locks``), and the work table's row
-trigger (migration 0018) names an ended row of the kind in a NOTIFY while some runner
+trigger (migration 0019) names an ended row of the kind in a NOTIFY while some runner
 holds it, not otherwise; enqueues of a full kind still send nothing.
 
 Each test makes the rest a minute long, so only the wake-up under test ends it in time."""

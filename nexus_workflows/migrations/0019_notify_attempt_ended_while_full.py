@@ -55,7 +55,7 @@ def drop_trigger(apps: Any, schema_editor: Any) -> None:
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("nexus_workflows", "0017_notify_resting_limited_kinds"),
+        ("nexus_workflows", "0018_mariadb_due_per_kind_and_queue"),
     ]
 
     operations = [
