@@ -7,9 +7,9 @@ is not enough), and every such action leaves an admin log entry naming the user.
 Minimum necessary: the dedupe key, the trigger, the checkpoints and error messages may
 hold patient data. List and detail pages show kind, id, status, attempts, times and the
 exception *type* only. Users with ``nexus_workflows.reveal_deferredwork`` see the rest
-after a POST from the detail page, audited (see :mod:`nexus_workflows.admin.reveal`); the
-same permission opens a fire-and-forget job's sealed trigger and error message
-(:mod:`nexus_workflows.admin.jobs`).
+after a POST from the detail page, audited (see :mod:`nexus_workflows.admin.reveal`), if
+they may view deferred work too; the same two permissions open a fire-and-forget job's
+sealed trigger and error message (:mod:`nexus_workflows.admin.jobs`).
 Work is found by typing its dedupe key exactly. Deleting selected work always goes
 through a confirmation page that says what will be lost.
 """
@@ -437,7 +437,7 @@ class DeferredWorkAdmin(
         return observability_admin.dashboard_view(self, request)
 
     def job_reveal_view(self, request: HttpRequest, queue_name: str, job_id: str) -> HttpResponse:
-        return jobs.reveal_job_view(request, queue_name, job_id, admin_site=self.admin_site)
+        return jobs.reveal_job_view(request, queue_name, job_id, model_admin=self)
 
     def revive_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return self._button(request, object_id, self._revive)
