@@ -38,6 +38,10 @@ PAGES = {
     "pending": "?status=pending",
     "one kind": "?kind=bench-kind-3",
     "done of one kind": "?status=done&kind=bench-kind-3",
+    # The end of an estimated list: its last estimated page, and past it (a stale link).
+    "last page": "?p=6000",
+    "past the end": "?p=7000",
+    "done of one kind, past the end": "?status=done&kind=bench-kind-3&p=700",
 }
 
 

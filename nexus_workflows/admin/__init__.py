@@ -52,12 +52,13 @@ from nexus_workflows.admin.actions import (
     sign_confirmation,
 )
 from nexus_workflows.admin.changelist import (
+    LIST_COUNTER,
     FlowLimitFilter,
     KindFilter,
     StatusFilter,
     TriageChangeList,
 )
-from nexus_workflows.admin.counting import EstimatingPaginator
+from nexus_workflows.admin.counting import EstimatingPaginator, page_wanted
 from nexus_workflows.admin.finding import FindByPostMixin
 from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
 from nexus_workflows.admin.reveal import (
@@ -214,6 +215,9 @@ class DeferredWorkAdmin(
         self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any
     ) -> EstimatingPaginator:
         paginator = EstimatingPaginator(queryset, per_page, *args, **kwargs)
+        # The summary's count when it has this list's (TriageChangeList), and the page asked for.
+        paginator.counter = getattr(request, LIST_COUNTER, None)
+        paginator.wanted = page_wanted(request)
         # Only the unfiltered list and done work are estimated; what needs action is counted.
         status = request.GET.get(StatusFilter.parameter_name)
         paginator.exact = status not in (None, Status.DONE.value)
