@@ -100,6 +100,9 @@ class EstimatingPaginator(Paginator):
         """``estimate`` corrected by the rows of page ``number`` and the one after them."""
         rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
         bottom = (number - 1) * self.per_page
+        if bottom >= estimate:  # past the estimate: counted, not an offset read that may find nothing
+            self.estimated = False
+            return rows.count()
         ahead = list(rows[bottom : bottom + self.per_page + 1])
         if len(ahead) > self.per_page:  # more follow: at least one page more
             self._read_ahead = (number, ahead[: self.per_page])
@@ -119,4 +122,8 @@ class EstimatingPaginator(Paginator):
             self.past_end, number = True, self.num_pages
         if self._read_ahead is not None and self._read_ahead[0] == number:
             return Page(self._read_ahead[1], number, self)
+        if self.past_end:  # the last rows read from the list's other end, not past an offset
+            rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
+            last = self.count - (number - 1) * self.per_page
+            return Page(list(rows.reverse()[:last])[::-1], number, self)
         return super().page(number)

@@ -113,6 +113,17 @@ def test_a_counted_list_asked_for_a_page_past_its_end_shows_its_last_page(
     assert sorted(work.pk for work in response.context["cl"].result_list) == made[:5]
     assert response.context["cl"].page_num == 2
     assert f"{PAST_END} 2: this is the last page." in response.content.decode()
+    # Read from the list's other end: the same rows, in the same order, whatever the sort.
+    for index, work in enumerate(DeferredWork.objects.filter(pk__in=made[::7])):
+        work.next_attempt_at = work.next_attempt_at.replace(year=2030 + index % 3)
+        work.save(update_fields=["next_attempt_at"])
+    client = client_for(superuser)
+    for order in ("5", "-5.1", "2.-5"):
+        query = {"status": "abandoned", "o": order}
+        last = client.get(reverse(CHANGELIST), {**query, "p": 2}).context["cl"].result_list
+        past = client.get(reverse(CHANGELIST), {**query, "p": 9}).context["cl"].result_list
+        assert [work.pk for work in past] == [work.pk for work in last], order
+        assert len(last) == 5
 
 
 def test_a_page_filtered_by_kind_counts_its_rows_once_and_never_the_done_rows(
