@@ -122,8 +122,11 @@ class EstimatingPaginator(Paginator):
             self.past_end, number = True, self.num_pages
         if self._read_ahead is not None and self._read_ahead[0] == number:
             return Page(self._read_ahead[1], number, self)
-        if self.past_end:  # the last rows read from the list's other end, not past an offset
+        bottom = (number - 1) * self.per_page
+        if not self.estimated and self.count - bottom < bottom:
+            # In the back half of a counted list: read from its other end, not past an
+            # offset of every row before (the last of 300,000: 910 ms on PostgreSQL).
             rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
-            last = self.count - (number - 1) * self.per_page
-            return Page(list(rows.reverse()[:last])[::-1], number, self)
+            top = min(bottom + self.per_page, self.count)
+            return Page(list(rows.reverse()[self.count - top : self.count - bottom])[::-1], number, self)
         return super().page(number)
