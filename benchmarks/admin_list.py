@@ -7,7 +7,9 @@ Fills its own database (emptied first) with ``--rows`` rows by one ``INSERT … 
 (94% done, 2% abandoned, 2% pending of which half due, 1% processing of which half with a
 stale heartbeat, 1% of a kind no longer registered; ten kinds), analyses the table, then
 requests list pages through Django's test client as a superuser and prints, per page,
-the median time of the whole request and of its SQL, and its slowest statements. Asserts
+the median time of the whole request and of its SQL, and its slowest statements.
+``--backlog N`` first makes N done rows pending and due (runners down); the median time of
+the unknown-kinds read (the notice above every list page) is printed too. Asserts
 nothing.
 """
 
@@ -38,6 +40,10 @@ PAGES = {
     "pending": "?status=pending",
     "one kind": "?kind=bench-kind-3",
     "done of one kind": "?status=done&kind=bench-kind-3",
+    # The end of an estimated list: its last estimated page, and past it (a stale link).
+    "last page": "?p=6000",
+    "past the end": "?p=7000",
+    "done of one kind, past the end": "?status=done&kind=bench-kind-3&p=700",
 }
 
 
@@ -102,6 +108,35 @@ def fill(rows: int) -> float:
     return seconds
 
 
+def make_backlog(rows: int) -> None:
+    """``rows`` done rows made pending and due a minute ago, then analysed: an outage's backlog."""
+    from django.db import connection
+
+    now = "now()" if connection.vendor == "postgresql" else "UTC_TIMESTAMP(6)"
+    execute(
+        f"UPDATE {TABLE} SET status = 'pending', next_attempt_at = {now} - INTERVAL '1' MINUTE "
+        f"WHERE status = 'done' AND id <= (SELECT m FROM (SELECT MIN(id) + {rows} * 100 / 94 AS m "
+        f"FROM {TABLE}) AS bounds)"
+    )
+    # The kind no longer registered is due too (the notice has something to show).
+    execute(f"UPDATE {TABLE} SET next_attempt_at = {now} WHERE kind = 'removed-kind'")
+    execute(f"ANALYZE {TABLE}" if connection.vendor == "postgresql" else f"ANALYZE TABLE {TABLE}")
+
+
+def time_unknown_kinds(runs: int) -> float:
+    """Median ms of the admin's due-of-unknown-kinds read (the notice above every list page)."""
+    from nexus_workflows.clock import DatabaseNow
+    from nexus_workflows.deferred.unknown_kinds import due_of_unknown_kinds
+
+    due_of_unknown_kinds(DatabaseNow())  # warm
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        due_of_unknown_kinds(DatabaseNow())
+        times.append((time.perf_counter() - started) * 1000)
+    return round(statistics.median(times), 1)
+
+
 def measure(client: Any, query: str, runs: int) -> dict[str, Any]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -133,6 +168,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--no-fill", action="store_true", help="measure the rows already there")
+    parser.add_argument(
+        "--backlog", type=int, default=0, help="make this many done rows pending and due (runners down)"
+    )
     options = parser.parse_args()
     if options.database_url.startswith("postgres"):
         from benchmarks.deferred_throughput import ensure_postgres_database
@@ -153,6 +191,9 @@ def main() -> None:
     report: dict[str, Any] = {"rows": options.rows, "load": os.getloadavg()}
     if not options.no_fill:
         report["fill_seconds"] = round(fill(options.rows), 1)
+    if options.backlog:
+        make_backlog(options.backlog)
+    report["unknown_kinds_ms"] = time_unknown_kinds(options.runs)
     user, _ = User.objects.get_or_create(username="bench", defaults={"is_staff": True, "is_superuser": True})
     client = Client()
     client.force_login(user)

@@ -7,9 +7,9 @@ is not enough), and every such action leaves an admin log entry naming the user.
 Minimum necessary: the dedupe key, the trigger, the checkpoints and error messages may
 hold patient data. List and detail pages show kind, id, status, attempts, times and the
 exception *type* only. Users with ``nexus_workflows.reveal_deferredwork`` see the rest
-after a POST from the detail page, audited (see :mod:`nexus_workflows.admin.reveal`); the
-same permission opens a fire-and-forget job's sealed trigger and error message
-(:mod:`nexus_workflows.admin.jobs`).
+after a POST from the detail page, audited (see :mod:`nexus_workflows.admin.reveal`), if
+they may view deferred work too; the same two permissions open a fire-and-forget job's
+sealed trigger and error message (:mod:`nexus_workflows.admin.jobs`).
 Work is found by typing its dedupe key exactly. Deleting selected work always goes
 through a confirmation page that says what will be lost.
 """
@@ -52,12 +52,13 @@ from nexus_workflows.admin.actions import (
     sign_confirmation,
 )
 from nexus_workflows.admin.changelist import (
+    LIST_COUNTER,
     FlowLimitFilter,
     KindFilter,
     StatusFilter,
     TriageChangeList,
 )
-from nexus_workflows.admin.counting import EstimatingPaginator
+from nexus_workflows.admin.counting import EstimatingPaginator, page_wanted
 from nexus_workflows.admin.finding import FindByPostMixin
 from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
 from nexus_workflows.admin.reveal import (
@@ -214,6 +215,9 @@ class DeferredWorkAdmin(
         self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any
     ) -> EstimatingPaginator:
         paginator = EstimatingPaginator(queryset, per_page, *args, **kwargs)
+        # The summary's count when it has this list's (TriageChangeList), and the page asked for.
+        paginator.counter = getattr(request, LIST_COUNTER, None)
+        paginator.wanted = page_wanted(request)
         # Only the unfiltered list and done work are estimated; what needs action is counted.
         status = request.GET.get(StatusFilter.parameter_name)
         paginator.exact = status not in (None, Status.DONE.value)
@@ -437,7 +441,7 @@ class DeferredWorkAdmin(
         return observability_admin.dashboard_view(self, request)
 
     def job_reveal_view(self, request: HttpRequest, queue_name: str, job_id: str) -> HttpResponse:
-        return jobs.reveal_job_view(request, queue_name, job_id, admin_site=self.admin_site)
+        return jobs.reveal_job_view(request, queue_name, job_id, model_admin=self)
 
     def revive_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         return self._button(request, object_id, self._revive)

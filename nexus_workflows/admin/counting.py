@@ -12,11 +12,14 @@ estimate (SQLite; MariaDB under a kind filter), they are counted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from django.contrib.admin.views.main import PAGE_VAR
 from django.core.exceptions import EmptyResultSet
-from django.core.paginator import Paginator
+from django.core.paginator import EmptyPage, Page, Paginator
 from django.db.models import QuerySet
+from django.http import HttpRequest
 from django.utils.functional import cached_property
 
 from nexus_workflows import sql
@@ -47,21 +50,83 @@ def count(queryset: QuerySet[Any], *, filtered: bool = True) -> tuple[int, bool]
     return queryset.count(), False
 
 
+def page_wanted(request: HttpRequest) -> int | None:
+    """The page a list's ``?p=`` asks for; None for none, or one Django's list refuses."""
+    try:
+        return max(int(request.GET.get(PAGE_VAR, 1)), 1)
+    except ValueError:
+        return None
+
+
 class EstimatingPaginator(Paginator):
     """Django's paginator, counting as :func:`count` does: past a large estimate, "about".
-    The last page of an estimate may come out short or empty; the order and the rows of
-    each page are exact."""
+
+    An estimate is off by a few per cent, which at the end of a long list is whole pages: so
+    the rows of the page asked for (:attr:`wanted`) are read with one more, and the count
+    corrected by them. Rows found but no more: the count is exact (the real last page). More
+    than a page: at least one page more. None (past the end of an estimate that was high):
+    counted exactly, once. A page asked for past the last is shown as the last page
+    (:attr:`past_end`), not Django's error redirect."""
 
     #: Conditions beyond the status are applied (see :func:`estimated_rows`).
     filtered = True
     #: Count exactly whatever the size (a slice that needs action).
     exact = False
     estimated = False
+    #: The page the list asks for (its ``?p=``), read ahead to check an estimate near its end.
+    wanted: int | None = None
+    #: ``() -> (rows, estimated)``: the list's own count of these rows, when it has one.
+    counter: Callable[[], tuple[int, bool]] | None = None
+    #: The page asked for was past the last row; the last page was shown instead.
+    past_end = False
+    _read_ahead: tuple[int, list[Any]] | None = None
 
     @cached_property
     def count(self) -> int:
+        total, self.estimated = self._counted()
+        if self.estimated and self.wanted:
+            return self._checked(total, self.wanted)
+        return total
+
+    def _counted(self) -> tuple[int, bool]:
+        if self.counter is not None:
+            return self.counter()
         rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]  # the admin's queryset
         if self.exact:
+            return rows.count(), False
+        return count(rows, filtered=self.filtered)
+
+    def _checked(self, estimate: int, number: int) -> int:
+        """``estimate`` corrected by the rows of page ``number`` and the one after them."""
+        rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
+        bottom = (number - 1) * self.per_page
+        if bottom >= estimate:  # past the estimate: counted, not an offset read that may find nothing
+            self.estimated = False
             return rows.count()
-        total, self.estimated = count(rows, filtered=self.filtered)
-        return total
+        ahead = list(rows[bottom : bottom + self.per_page + 1])
+        if len(ahead) > self.per_page:  # more follow: at least one page more
+            self._read_ahead = (number, ahead[: self.per_page])
+            return max(estimate, bottom + len(ahead))
+        self.estimated = False
+        if ahead:  # the real last page: the count is known
+            self._read_ahead = (number, ahead)
+            return bottom + len(ahead)
+        return rows.count()  # past the end (the estimate was high): counted, once
+
+    def page(self, number: Any) -> Page:
+        try:
+            number = self.validate_number(number)
+        except EmptyPage:
+            if int(number) < 1:
+                raise
+            self.past_end, number = True, self.num_pages
+        if self._read_ahead is not None and self._read_ahead[0] == number:
+            return Page(self._read_ahead[1], number, self)
+        bottom = (number - 1) * self.per_page
+        if not self.estimated and self.count - bottom < bottom:
+            # In the back half of a counted list: read from its other end, not past an
+            # offset of every row before (the last of 300,000: 910 ms on PostgreSQL).
+            rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
+            top = min(bottom + self.per_page, self.count)
+            return Page(list(rows.reverse()[self.count - top : self.count - bottom])[::-1], number, self)
+        return super().page(number)

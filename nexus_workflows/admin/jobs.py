@@ -2,9 +2,10 @@
 
 django-rq's job pages show a job's arguments and meta to any staff user; for our jobs they
 hold only ciphertext (:mod:`nexus_workflows.fire_and_forget.sealing`). This page opens them
-as the deferred work's reveal page does (:mod:`nexus_workflows.admin.reveal`): for a user
-with ``nexus_workflows.reveal_deferredwork`` (the permission for workflow data, deferred or
-fire-and-forget), ``GET`` asks for confirmation and shows nothing, ``POST`` shows the data,
+as the deferred work's reveal page does (:mod:`nexus_workflows.admin.reveal`), for a user
+with the same two permissions, the ones for workflow data, deferred or fire-and-forget:
+``nexus_workflows.reveal_deferredwork`` and the view (or change) permission on deferred
+work. ``GET`` asks for confirmation and shows nothing, ``POST`` shows the data,
 writes one admin log entry (who, when, which job; never the data) and is sent with
 ``Cache-Control: no-store``.
 """
@@ -21,7 +22,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext
 
 from nexus_workflows.admin import display
-from nexus_workflows.admin.reveal import REVEAL_WORKFLOW_DATA, private, staff_user_pk
+from nexus_workflows.admin.reveal import private, staff_user_pk
 from nexus_workflows.exceptions import SealedDataUnreadable
 from nexus_workflows.fire_and_forget.job import error_of, is_workflow_job, trigger_of
 from nexus_workflows.fire_and_forget.sending import configured_queues, get_queue
@@ -30,9 +31,12 @@ from nexus_workflows.phi.keys import keyring
 TEMPLATE = "admin/nexus_workflows/job_reveal.html"
 
 
-def reveal_job_view(request: HttpRequest, queue_name: str, job_id: str, *, admin_site: Any) -> HttpResponse:
-    if not request.user.has_perm(REVEAL_WORKFLOW_DATA):
+def reveal_job_view(request: HttpRequest, queue_name: str, job_id: str, *, model_admin: Any) -> HttpResponse:
+    """``model_admin``: deferred work's, whose reveal permission (reveal and view, as for a
+    work item: django-rq's own job pages ask only for staff) this page asks for."""
+    if not model_admin.has_reveal_permission(request):
         raise PermissionDenied
+    admin_site = model_admin.admin_site
     if queue_name not in configured_queues():
         raise Http404(gettext("No RQ queue of that name is configured."))
     job = get_queue(queue_name).fetch_job(job_id)

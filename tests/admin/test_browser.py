@@ -295,3 +295,33 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
             assert "UpstreamRejected: upstream rejected the message for Rosa Elena" in revealed
         entry = LogEntry.objects.get(object_id=audit_id(job_id.split("__", 1)[0], job_id))
         assert entry.user.username == "revealer"
+
+    def test_a_job_reveal_with_the_reveal_permission_alone_is_refused(self) -> None:
+        """The job's reveal page asks for view on deferred work too, as a work item's does."""
+        import redis
+        from django.conf import settings
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        from nexus_workflows import enqueue
+        from nexus_workflows.fire_and_forget import get_queue
+
+        server = redis.Redis.from_url(settings.REDIS_TEST_URL)
+        server.flushdb()  # the test database only (REDIS_TEST_URL), never FLUSHALL
+        self.addCleanup(server.flushdb)
+        job_id = enqueue("test-ff-ledger", {"key": "br2", "phone": "+525500112233"}, delay=3600)
+        assert get_queue("default").fetch_job(job_id) is not None
+        reveal = reverse("admin:nexus_workflows_deferredwork_job_reveal", args=["default", job_id])
+        self._user("reveal-only", "reveal_deferredwork")
+        with browser.chromium() as driver:
+            driver.get(f"{self.live_server_url}/admin/login/?next=/admin/")
+            driver.find_element(By.NAME, "username").send_keys("reveal-only")
+            driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+            driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+            WebDriverWait(driver, 10).until(lambda d: "/login/" not in d.current_url)
+            driver.get(f"{self.live_server_url}{reveal}")
+            body = driver.find_element(By.TAG_NAME, "body").text
+            assert "403" in body or "Forbidden" in body, body[:200]
+            assert "+525500112233" not in body
+            assert not driver.find_elements(By.CSS_SELECTOR, ".nw-reveal input[type=submit]")
+        assert not LogEntry.objects.exists()
