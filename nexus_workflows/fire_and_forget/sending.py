@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from nexus_workflows.limits import MAX_DELAY
 logger = logging.getLogger("nexus_workflows.fire_and_forget")
 
 FIRE_AND_FORGET_OPTIONS = frozenset({"queue", "job_timeout", "at_front", "delay"})
+#: The key of a job's meta naming the enqueue call that created it (a random value).
+CREATED_BY = "nexus_enqueue_call"
 
 
 # --- options ------------------------------------------------------------------------------
@@ -217,34 +220,52 @@ def _send(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOption
     it was created. A job cancelled more than the horizon ago does not count as existing
     (see :mod:`~nexus_workflows.fire_and_forget.cancelled`)."""
     horizon = horizon_seconds()
-    try:
-        _create(queue, kind, trigger, job_id, options, horizon)
-        created = True
-    except DuplicateJobError:
-        # Looked for only here: a new job costs nothing more, a duplicate one status read.
-        created = free_if_cancel_expired(queue, job_id, horizon) and _create_again(
-            queue, kind, trigger, job_id, options, horizon
-        )
-    # Once Redis has answered (an outage is not waited for twice), at most once a minute:
-    # cancelled jobs whose keys are never enqueued again.
+    # This call's mark, written into the job's meta by the same atomic create: a create that
+    # redis-py sent again after a lost reply finds the job, and the mark says it is its own.
+    call = secrets.token_hex(16)
+    created = _create_unless_taken(queue, kind, trigger, job_id, options, horizon, call) or (
+        free_if_cancel_expired(queue, job_id, horizon)
+        and _create_unless_taken(queue, kind, trigger, job_id, options, horizon, call)
+    )
+    # Once Redis has answered (an outage is not waited for twice): cancelled jobs whose keys
+    # are never enqueued again, a bounded page at a time.
     sweep_cancelled(queue, horizon)
     return created
 
 
-def _create_again(
-    queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int
+def _create_unless_taken(
+    queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int, call: str
 ) -> bool:
+    """Whether this call created the job: created now, or found made by this very call (its
+    reply was lost and the command retried). ``False``: another enqueue's job holds the id."""
     try:
-        _create(queue, kind, trigger, job_id, options, horizon)
-    except DuplicateJobError:  # a job holds the key after all (another enqueue won)
-        return False
+        _create(queue, kind, trigger, job_id, options, horizon, call)
+    except DuplicateJobError:
+        # Looked at only here: a new job costs nothing more, a duplicate one read of its meta.
+        return _created_by(queue, job_id, call)
     return True
 
 
-def _create(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int) -> None:
-    """Create the job with RQ's ``unique=True``; raises ``DuplicateJobError`` if its id exists."""
+def _created_by(queue: Queue, job_id: str, call: str) -> bool:
+    """Whether the job ``job_id`` carries the mark of the enqueue call ``call``."""
+    raw = queue.connection.hget(queue.job_class.key_for(job_id), "meta")
+    if not isinstance(raw, bytes) or not raw:  # RQ's connections answer bytes
+        return False
+    try:
+        meta = queue.serializer.loads(raw)
+    except Exception:  # noqa: BLE001 - a meta this process cannot read is not its own
+        return False
+    return isinstance(meta, dict) and meta.get(CREATED_BY) == call
+
+
+def _create(
+    queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int, call: str
+) -> None:
+    """Create the job with RQ's ``unique=True``, marked as made by the enqueue call ``call``;
+    raises ``DuplicateJobError`` if its id exists."""
     common: dict[str, Any] = {
         "job_id": job_id,
+        "meta": {CREATED_BY: call},
         "unique": True,
         "result_ttl": horizon,
         "failure_ttl": horizon,
