@@ -26,7 +26,7 @@ from nexus_workflows.exceptions import (
     InvalidEnqueueOption,
     QueueUnavailable,
 )
-from nexus_workflows.fire_and_forget.cancelled import free_if_cancel_expired, sweep_cancelled
+from nexus_workflows.fire_and_forget.cancelled import CANCELED, free_if_cancel_expired, sweep_cancelled
 from nexus_workflows.fire_and_forget.embedded import warn_if_embedded
 from nexus_workflows.fire_and_forget.job import RUN_SEALED_JOB
 from nexus_workflows.fire_and_forget.job_ids import job_id_for
@@ -217,45 +217,54 @@ def enqueue_job(
 
 def _send(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions) -> bool:
     """Create the job, its ``trigger`` sealed, unless its id exists (atomically); whether
-    it was created. A job cancelled more than the horizon ago does not count as existing
-    (see :mod:`~nexus_workflows.fire_and_forget.cancelled`)."""
+    this call created it. A job cancelled more than the horizon ago does not count as
+    existing (see :mod:`~nexus_workflows.fire_and_forget.cancelled`)."""
     horizon = horizon_seconds()
     # This call's mark, written into the job's meta by the same atomic create: a create that
-    # redis-py sent again after a lost reply finds the job, and the mark says it is its own.
+    # redis-py sent again after a lost answer finds the job, and the mark says it is its own.
     call = secrets.token_hex(16)
-    created = _create_unless_taken(queue, kind, trigger, job_id, options, horizon, call) or (
-        free_if_cancel_expired(queue, job_id, horizon)
-        and _create_unless_taken(queue, kind, trigger, job_id, options, horizon, call)
-    )
+    created = _create_or_find(queue, kind, trigger, job_id, options, horizon, call)
     # Once Redis has answered (an outage is not waited for twice): cancelled jobs whose keys
     # are never enqueued again, a bounded page at a time.
     sweep_cancelled(queue, horizon)
     return created
 
 
-def _create_unless_taken(
+def _create_or_find(
     queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int, call: str
 ) -> bool:
-    """Whether this call created the job: created now, or found made by this very call (its
-    reply was lost and the command retried). ``False``: another enqueue's job holds the id."""
+    """Whether this call created the job: created now, found made by this very call (its
+    answer was lost and the command sent again), or created once the cancelled job holding
+    the id was deleted. ``False``: another enqueue's job holds the id."""
     try:
         _create(queue, kind, trigger, job_id, options, horizon, call)
+        return True
     except DuplicateJobError:
-        # Looked at only here: a new job costs nothing more, a duplicate one read of its meta.
-        return _created_by(queue, job_id, call)
+        pass
+    # Read only here: a new job costs nothing more, a duplicate one read (status and mark).
+    status, meta = queue.connection.hmget(queue.job_class.key_for(job_id), "status", "meta")
+    if _marked_by(queue, meta, call):
+        return True
+    if status is not None and status != CANCELED:
+        return False
+    if not free_if_cancel_expired(queue, job_id, horizon):
+        return False
+    try:
+        _create(queue, kind, trigger, job_id, options, horizon, call)
+    except DuplicateJobError:  # another enqueue won, unless the answer was lost again
+        return _marked_by(queue, queue.connection.hget(queue.job_class.key_for(job_id), "meta"), call)
     return True
 
 
-def _created_by(queue: Queue, job_id: str, call: str) -> bool:
-    """Whether the job ``job_id`` carries the mark of the enqueue call ``call``."""
-    raw = queue.connection.hget(queue.job_class.key_for(job_id), "meta")
-    if not isinstance(raw, bytes) or not raw:  # RQ's connections answer bytes
+def _marked_by(queue: Queue, meta: Any, call: str) -> bool:
+    """Whether a job's stored ``meta`` carries the mark of the enqueue call ``call``."""
+    if not isinstance(meta, bytes) or not meta:  # RQ's connections answer bytes
         return False
     try:
-        meta = queue.serializer.loads(raw)
+        loaded = queue.serializer.loads(meta)
     except Exception:  # noqa: BLE001 - a meta this process cannot read is not its own
         return False
-    return isinstance(meta, dict) and meta.get(CREATED_BY) == call
+    return isinstance(loaded, dict) and loaded.get(CREATED_BY) == call
 
 
 def _create(
