@@ -117,15 +117,20 @@ def sweep_cancelled(queue: Queue, horizon: int) -> int:
         if not sweep.due(now, horizon):
             return 0
         offset = sweep.start()
+    read = deleted = orphans = -1  # -1: the page failed (or was interrupted)
     try:
         read, deleted, orphans = _sweep_page(queue, horizon, offset)
     except Exception as error:  # noqa: BLE001 - housekeeping must not fail the enqueue
         logger.debug("sweep of cancelled jobs of queue %r failed (%s)", queue.name, type(error).__name__)
+    finally:
+        # Also after an interrupt: a pass left busy would never sweep again in this process.
         with _sweeping:
-            sweep.failed(now)
+            if read < 0:
+                sweep.failed(now)
+            else:
+                sweep.page_done(now, read, deleted + orphans)
+    if read < 0:
         return 0
-    with _sweeping:
-        sweep.page_done(now, read, deleted + orphans)
     if deleted or orphans:
         logger.debug(
             "queue %r: %d cancelled job(s) past the horizon deleted, %d entries of gone jobs removed",
