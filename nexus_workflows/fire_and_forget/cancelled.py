@@ -55,7 +55,7 @@ for i = 0, (#KEYS - 1) / 3 - 1 do
     local id, description = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
     local cancelled_at = redis.call('ZSCORE', KEYS[1], id)
     local fields = redis.call('HMGET', job, 'status', 'description', 'origin')
-    if cancelled_at and not fields[1] then
+    if cancelled_at and redis.call('EXISTS', job) == 0 then
         redis.call('ZREM', KEYS[1], id)
         orphans = orphans + 1
     elseif cancelled_at and fields[1] == 'canceled' and fields[2] == description
