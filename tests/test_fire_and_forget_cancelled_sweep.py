@@ -92,7 +92,36 @@ def test_other_cancelled_jobs_ahead_in_the_registry_do_not_starve_the_sweep(
     assert cancelled_at is not None
     wait_for_redis_time(queue, cancelled_at + 3)
 
+    # An enqueue sweeps one page (SWEEP_BATCH entries, all the project's here); the next
+    # enqueue takes the next page at once, past them.
     assert enqueue(LEDGER, {"key": "another"}) is not None
+    assert queue.fetch_job(cancelled) is not None
+    assert enqueue(LEDGER, {"key": "and-another"}) is not None
 
     assert queue.fetch_job(cancelled) is None
     assert len(registry.get_job_ids()) == 150
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_entry_naming_a_gone_workflow_job_is_removed_and_other_entries_are_left(
+    queue: Queue, settings: Any
+) -> None:
+    settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 2}
+    gone = enqueue(LEDGER, {"key": "hash-gone"})
+    assert gone is not None
+    others = ["someone-elses-gone-job", f"{LEDGER}__still-there"]
+    queue.enqueue_call("builtins.print", job_id=others[1])
+    for job_id in [gone, *others[1:]]:
+        queue.fetch_job(job_id).cancel()
+    registry = CanceledJobRegistry(queue=queue)
+    queue.connection.zadd(registry.key, {others[0]: queue.connection.zscore(registry.key, gone)})
+    # The hashes go, as a flush of keys or a TTL set by hand would take them; the entries stay.
+    queue.connection.delete(queue.job_class.key_for(gone), queue.job_class.key_for(others[0]))
+    cancelled_at = max(score for _, score in queue.connection.zrange(registry.key, 0, -1, withscores=True))
+    wait_for_redis_time(queue, cancelled_at + 3)
+
+    assert enqueue(LEDGER, {"key": "another"}) is not None
+
+    # Only the workflow job id's entry goes: the other id is not the app's to clean up, and
+    # the look-alike's job is there (not a workflow's: its description says so).
+    assert sorted(registry.get_job_ids()) == sorted(others)

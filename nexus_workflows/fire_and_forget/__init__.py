@@ -16,7 +16,9 @@ is created with RQ's ``unique=True``: one atomic Lua script checks that no job h
 that id exists and creates it, so two processes enqueueing the same key at the same
 instant produce one job. ``enqueue`` returns the job id, or ``None`` while a job with that
 id still exists in Redis: queued, scheduled, running, finished, failed (stopped
-included) or cancelled within the horizon.
+included) or cancelled within the horizon. The create also writes a random mark of the
+enqueue call into the job's meta (``CREATED_BY``): a create that redis-py sent again after
+a lost answer, and that so finds the job its first try made, still returns the job id.
 
 Dedupe horizon. Finished and failed jobs keep their hash for ``NEXUS_WORKFLOWS['RETENTION']``
 seconds (both ``result_ttl`` and ``failure_ttl`` are set to it, overriding RQ's 500 s and

@@ -10,9 +10,11 @@ it, as django-rq's Delete would, and creates the new job.
 
 A key that is never enqueued again would keep its cancelled job in Redis for ever, so
 :func:`sweep_cancelled` also deletes, from time to time, the workflow jobs of a queue
-cancelled more than the horizon ago: an ``enqueue`` on the queue runs it at most once a
-minute per process (once a horizon, if shorter), at the cost of one read of the canceled
-registry.
+cancelled more than the horizon ago, and the canceled registry's entries of workflow job ids
+whose job is gone. An ``enqueue`` on the queue runs it at most once a minute per process
+(once a horizon, if shorter), and each run takes one page of the registry (``SWEEP_BATCH``
+entries) in two round trips: a backlog goes over the next enqueues, each taking the next
+page at once, from where the last one stopped.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import cast
 
 import redis
@@ -32,69 +35,135 @@ from rq.results import Result
 logger = logging.getLogger("nexus_workflows.fire_and_forget")
 
 CANCELED = JobStatus.CANCELED.value.encode()
-#: At most this many seconds between two sweeps of one queue by one process.
+#: At most this many seconds between two sweeps of one queue by one process, when the last
+#: one reached the end of the registry.
 SWEEP_EVERY = 60.0
-#: Cancelled jobs read per page, and pages per sweep: a longer backlog goes over the next
-#: sweeps.
+#: Canceled-registry entries one sweep reads: all the work one ``enqueue`` does for it.
 SWEEP_BATCH = 100
-SWEEP_PAGES = 10
 
-_last_sweeps: dict[str, float] = {}  # queue name -> time.monotonic() of its last sweep
+# Decides each entry in Redis, atomically (no WATCH to lose), by Redis's clock. KEYS[1]: the
+# queue's canceled registry; then per job its hash, results and executions. ARGV[1]: the
+# horizon; ARGV[2]: the queue's name; then per job its id and its workflow's description.
+# An entry whose hash is gone is removed; a job is deleted as free_if_cancel_expired would.
+SWEEP_SCRIPT = """
+local time = redis.call('TIME')
+local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
+local horizon = tonumber(ARGV[1])
+local deleted, orphans = 0, 0
+for i = 0, (#KEYS - 1) / 3 - 1 do
+    local job, results, executions = KEYS[2 + 3 * i], KEYS[3 + 3 * i], KEYS[4 + 3 * i]
+    local id, description = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
+    local cancelled_at = redis.call('ZSCORE', KEYS[1], id)
+    local fields = redis.call('HMGET', job, 'status', 'description', 'origin')
+    if cancelled_at and redis.call('EXISTS', job) == 0 then
+        redis.call('ZREM', KEYS[1], id)
+        orphans = orphans + 1
+    elseif cancelled_at and fields[1] == 'canceled' and fields[2] == description
+        and fields[3] == ARGV[2] and tonumber(cancelled_at) + horizon <= now
+        and redis.call('ZCOUNT', executions, '(' .. now, '+inf') == 0 then
+        redis.call('DEL', job, results, executions)
+        redis.call('ZREM', KEYS[1], id)
+        deleted = deleted + 1
+    end
+end
+return {deleted, orphans}
+"""
+
+
+@dataclass
+class _Pass:
+    """One process's way through one queue's canceled registry."""
+
+    last: float | None = None  # time.monotonic() of the last sweep that reached the end
+    offset: int = 0  # entries before the next page that stay (other jobs, running ones)
+    more: bool = False  # the last page was full: the next one is due at once
+    busy: bool = False  # a thread of this process is sweeping the queue
+
+    def due(self, now: float, horizon: int) -> bool:
+        if self.busy:
+            return False
+        return self.more or self.last is None or now - self.last >= min(SWEEP_EVERY, horizon)
+
+    def start(self) -> int:
+        self.busy = True
+        return self.offset
+
+    def page_done(self, now: float, read: int, removed: int) -> None:
+        """A page of ``read`` entries swept, ``removed`` of them gone: the next page follows
+        at the next enqueue, or, at the end of the registry, a new pass after the interval."""
+        self.busy = False
+        if read < SWEEP_BATCH:
+            self.last, self.offset, self.more = now, 0, False
+        else:
+            self.offset, self.more = self.offset + read - removed, True
+
+    def failed(self, now: float) -> None:
+        self.busy, self.last, self.offset, self.more = False, now, 0, False
+
+
+_passes: dict[str, _Pass] = {}  # queue name -> this process's pass through its registry
 _sweeping = threading.Lock()
 
 
 def sweep_cancelled(queue: Queue, horizon: int) -> int:
-    """Delete the workflow jobs of ``queue`` cancelled more than ``horizon`` seconds ago,
-    unless this process swept the queue less than ``min(SWEEP_EVERY, horizon)`` seconds
-    ago; how many were deleted. Each goes through :func:`free_if_cancel_expired`, which
-    decides by Redis's clock. Jobs that are not a workflow's are left alone. Never raises:
-    a sweep that fails is said at DEBUG and tried again at the next interval."""
+    """Sweep one page of ``queue``'s canceled registry if one is due (see the module
+    docstring); how many jobs were deleted. Workflow jobs cancelled more than ``horizon``
+    seconds ago are deleted (by Redis's clock, unless an execution is alive), entries of
+    workflow job ids whose hash is gone are removed, and everything else is left alone.
+    Never raises: a sweep that fails is said at DEBUG and tried again at the next interval."""
     now = time.monotonic()
     with _sweeping:
-        last = _last_sweeps.get(queue.name)
-        if last is not None and now - last < min(SWEEP_EVERY, horizon):
+        sweep = _passes.setdefault(queue.name, _Pass())
+        if not sweep.due(now, horizon):
             return 0
-        _last_sweeps[queue.name] = now
+        offset = sweep.start()
+    read = deleted = orphans = -1  # -1: the page failed (or was interrupted)
     try:
-        return _sweep(queue, horizon)
+        read, deleted, orphans = _sweep_page(queue, horizon, offset)
     except Exception as error:  # noqa: BLE001 - housekeeping must not fail the enqueue
         logger.debug("sweep of cancelled jobs of queue %r failed (%s)", queue.name, type(error).__name__)
-        return 0
-
-
-def _sweep(queue: Queue, horizon: int) -> int:
-    connection = queue.connection
-    registry = CanceledJobRegistry(queue.name, connection=connection).key
-    # The host's clock only narrows the read; free_if_cancel_expired decides by Redis's.
-    cutoff = time.time() - horizon
-    kept, deleted = 0, 0
-    # Page on past what stays (other jobs, running ones): they never starve the sweep.
-    for _ in range(SWEEP_PAGES):
-        ids = connection.zrangebyscore(registry, "-inf", cutoff, start=kept, num=SWEEP_BATCH)
-        for raw_id in ids:
-            if _delete_if_ours_and_expired(queue, cast(bytes, raw_id).decode(), horizon):
-                deleted += 1
+    finally:
+        # Also after an interrupt: a pass left busy would never sweep again in this process.
+        with _sweeping:
+            if read < 0:
+                sweep.failed(now)
             else:
-                kept += 1
-        if len(ids) < SWEEP_BATCH:
-            break
-    if deleted:
-        logger.debug("queue %r: %d cancelled job(s) past the horizon deleted", queue.name, deleted)
+                sweep.page_done(now, read, deleted + orphans)
+    if read < 0:
+        return 0
+    if deleted or orphans:
+        logger.debug(
+            "queue %r: %d cancelled job(s) past the horizon deleted, %d entries of gone jobs removed",
+            queue.name,
+            deleted,
+            orphans,
+        )
     return deleted
 
 
-def _delete_if_ours_and_expired(queue: Queue, job_id: str, horizon: int) -> bool:
-    """Whether the cancelled job ``job_id``, a workflow's, was deleted here."""
+def _sweep_page(queue: Queue, horizon: int, offset: int) -> tuple[int, int, int]:
+    """Entries read, jobs deleted and entries of gone jobs removed, in two round trips."""
     from nexus_workflows.fire_and_forget.job_ids import split_job_id
 
-    try:
-        kind, _ = split_job_id(job_id)
-    except ValueError:
-        return False  # not a workflow's job id: no round trip
-    key = queue.job_class.key_for(job_id)
-    if queue.connection.hget(key, "description") != f"workflow {kind}".encode():
-        return False  # another job of the project's whose id looks like one
-    return free_if_cancel_expired(queue, job_id, horizon) and not queue.connection.exists(key)
+    connection = queue.connection
+    registry = CanceledJobRegistry(queue.name, connection=connection).key
+    # The host's clock only narrows the read; the script decides by Redis's.
+    cutoff = time.time() - horizon
+    raw_ids = connection.zrangebyscore(registry, "-inf", cutoff, start=offset, num=SWEEP_BATCH)
+    keys, args = [registry], [str(horizon), queue.name]
+    for raw_id in cast(list[bytes], raw_ids):
+        job_id = raw_id.decode()
+        try:
+            kind, _ = split_job_id(job_id)
+        except ValueError:
+            continue  # not a workflow's job id: left alone
+        executions = ExecutionRegistry(job_id, connection=connection).key
+        keys += [queue.job_class.key_for(job_id), Result.get_key(job_id), executions]
+        args += [job_id, f"workflow {kind}"]
+    if len(keys) == 1:
+        return len(raw_ids), 0, 0
+    deleted, orphans = connection.register_script(SWEEP_SCRIPT)(keys=keys, args=args)
+    return len(raw_ids), int(deleted), int(orphans)
 
 
 def free_if_cancel_expired(queue: Queue, job_id: str, horizon: int) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from nexus_workflows.exceptions import (
     InvalidEnqueueOption,
     QueueUnavailable,
 )
-from nexus_workflows.fire_and_forget.cancelled import free_if_cancel_expired, sweep_cancelled
+from nexus_workflows.fire_and_forget.cancelled import CANCELED, free_if_cancel_expired, sweep_cancelled
 from nexus_workflows.fire_and_forget.embedded import warn_if_embedded
 from nexus_workflows.fire_and_forget.job import RUN_SEALED_JOB
 from nexus_workflows.fire_and_forget.job_ids import job_id_for
@@ -35,6 +36,8 @@ from nexus_workflows.limits import MAX_DELAY
 logger = logging.getLogger("nexus_workflows.fire_and_forget")
 
 FIRE_AND_FORGET_OPTIONS = frozenset({"queue", "job_timeout", "at_front", "delay"})
+#: The key of a job's meta naming the enqueue call that created it (a random value).
+CREATED_BY = "nexus_enqueue_call"
 
 
 # --- options ------------------------------------------------------------------------------
@@ -214,37 +217,64 @@ def enqueue_job(
 
 def _send(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions) -> bool:
     """Create the job, its ``trigger`` sealed, unless its id exists (atomically); whether
-    it was created. A job cancelled more than the horizon ago does not count as existing
-    (see :mod:`~nexus_workflows.fire_and_forget.cancelled`)."""
+    this call created it. A job cancelled more than the horizon ago does not count as
+    existing (see :mod:`~nexus_workflows.fire_and_forget.cancelled`)."""
     horizon = horizon_seconds()
-    try:
-        _create(queue, kind, trigger, job_id, options, horizon)
-        created = True
-    except DuplicateJobError:
-        # Looked for only here: a new job costs nothing more, a duplicate one status read.
-        created = free_if_cancel_expired(queue, job_id, horizon) and _create_again(
-            queue, kind, trigger, job_id, options, horizon
-        )
-    # Once Redis has answered (an outage is not waited for twice), at most once a minute:
-    # cancelled jobs whose keys are never enqueued again.
+    # This call's mark, written into the job's meta by the same atomic create: a create that
+    # redis-py sent again after a lost answer finds the job, and the mark says it is its own.
+    call = secrets.token_hex(16)
+    created = _create_or_find(queue, kind, trigger, job_id, options, horizon, call)
+    # Once Redis has answered (an outage is not waited for twice): cancelled jobs whose keys
+    # are never enqueued again, a bounded page at a time.
     sweep_cancelled(queue, horizon)
     return created
 
 
-def _create_again(
-    queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int
+def _create_or_find(
+    queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int, call: str
 ) -> bool:
+    """Whether this call created the job: created now, found made by this very call (its
+    answer was lost and the command sent again), or created once the cancelled job holding
+    the id was deleted. ``False``: another enqueue's job holds the id."""
     try:
-        _create(queue, kind, trigger, job_id, options, horizon)
-    except DuplicateJobError:  # a job holds the key after all (another enqueue won)
+        _create(queue, kind, trigger, job_id, options, horizon, call)
+        return True
+    except DuplicateJobError:
+        pass
+    # Read only here: a new job costs nothing more, a duplicate one read (status and mark).
+    status, meta = queue.connection.hmget(queue.job_class.key_for(job_id), "status", "meta")
+    if _marked_by(queue, meta, call):
+        return True
+    if status is not None and status != CANCELED:
         return False
+    if not free_if_cancel_expired(queue, job_id, horizon):
+        return False
+    try:
+        _create(queue, kind, trigger, job_id, options, horizon, call)
+    except DuplicateJobError:  # another enqueue won, unless the answer was lost again
+        return _marked_by(queue, queue.connection.hget(queue.job_class.key_for(job_id), "meta"), call)
     return True
 
 
-def _create(queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int) -> None:
-    """Create the job with RQ's ``unique=True``; raises ``DuplicateJobError`` if its id exists."""
+def _marked_by(queue: Queue, meta: Any, call: str) -> bool:
+    """Whether a job's stored ``meta`` carries the mark of the enqueue call ``call``."""
+    if not isinstance(meta, bytes) or not meta:  # RQ's connections answer bytes
+        return False
+    try:
+        loaded = queue.serializer.loads(meta)
+    except Exception:  # noqa: BLE001 - a meta this process cannot read is not its own
+        return False
+    return isinstance(loaded, dict) and loaded.get(CREATED_BY) == call
+
+
+def _create(
+    queue: Queue, kind: str, trigger: str, job_id: str, options: JobOptions, horizon: int, call: str
+) -> None:
+    """Create the job with RQ's ``unique=True``, marked as made by the enqueue call ``call``;
+    raises ``DuplicateJobError`` if its id exists."""
     common: dict[str, Any] = {
         "job_id": job_id,
+        "meta": {CREATED_BY: call},
         "unique": True,
         "result_ttl": horizon,
         "failure_ttl": horizon,
