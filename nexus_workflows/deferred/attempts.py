@@ -37,5 +37,9 @@ def number_of(attempt: int, allowed: int | None) -> int:
 def describe_attempt(kind: str, attempt: int, backend_name: str = "") -> str:
     """``"attempt 2 of 3"`` (``"attempt 2"`` for a kind this project does not register)."""
     allowed = max_attempts(kind, backend_name)
-    number = attempt_number(kind, attempt, backend_name)
+    return attempt_text(number_of(attempt, allowed), allowed)
+
+
+def attempt_text(number: int, allowed: int | None) -> str:
+    """:func:`describe_attempt` when the number and the runs allowed are known already."""
     return f"attempt {number} of {allowed}" if allowed else f"attempt {number}"

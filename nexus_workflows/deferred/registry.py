@@ -7,6 +7,7 @@ start-up the way the admin imports ``admin.py``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -55,8 +56,10 @@ class Workflow:
     def is_deferred(self) -> bool:
         return self.retry_schedule is not None
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
+        # Cached: the runner asks per item (its lane) and inspect's test costs ~10 calls;
+        # prepare cannot change on a frozen workflow. (cached_property writes __dict__.)
         return iscoroutinefunction(self.prepare)
 
     @property

@@ -94,6 +94,9 @@ class ClaimedWork:
     # Claimed by flow control: it holds a slot, a serial key or a reserved start from its
     # claim, so the runner hands it to a worker ahead of plain work (runner.ledger).
     limited: bool = False
+    # The runner's lane for it (runner.lanes.lane_of), decided once: the ledger counts it
+    # in that lane from its dispatch to its outcome, and asks several times per item.
+    lane: str | None = field(default=None, repr=False)
 
     @property
     def is_task(self) -> bool:

@@ -19,7 +19,14 @@ from nexus_workflows.deferred.transitions import ClaimedWork
 
 def lane_of(work: ClaimedWork) -> str:
     """The lane an attempt of ``work`` runs in: the event loop for an ``async def``
-    prepare, the thread pool for the rest (sync prepares, Django tasks, unknown kinds)."""
+    prepare, the thread pool for the rest (sync prepares, Django tasks, unknown kinds).
+    Decided at the first ask and kept on ``work``."""
+    if work.lane is None:
+        work.lane = _lane(work)
+    return work.lane
+
+
+def _lane(work: ClaimedWork) -> str:
     if work.is_task or work.kind not in registry:
         return SYNC
     return ASYNC if registry.get(work.kind).is_async else SYNC

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import logging
 
-from nexus_workflows.deferred.attempts import attempt_number, describe_attempt
+from nexus_workflows.deferred.attempts import (
+    attempt_number,
+    attempt_text,
+    describe_attempt,
+    max_attempts,
+    number_of,
+)
 from nexus_workflows.deferred.transitions import ClaimedWork
 
 # One logger for every part: the projects' formatters name it.
@@ -20,19 +26,17 @@ def attempt_of(work: ClaimedWork, attempt: int | None = None) -> str:
 
 def log_outcome(work: ClaimedWork, outcome: str, level: int) -> None:
     """One line about one attempt of ``work``."""
+    # The runs allowed looked up once for the text and the number: two lines per item.
+    allowed = max_attempts(work.kind, work.backend_name)
+    number = number_of(work.attempt, allowed)
     logger.log(
         level,
         "%s #%s %s: %s",
         work.kind,
         work.id,
-        attempt_of(work),
+        attempt_text(number, allowed),
         outcome,
-        extra={
-            "workflow_kind": work.kind,
-            "work_id": work.id,
-            "attempt": attempt_number(work.kind, work.attempt, work.backend_name),
-            "outcome": outcome,
-        },
+        extra={"workflow_kind": work.kind, "work_id": work.id, "attempt": number, "outcome": outcome},
     )
 
 

@@ -1,0 +1,60 @@
+"""The drain's per-item CPU: look-ups whose answer does not change between items are not
+made again for each one (a no-op drain's Python calls per item are its cost). Counted
+with a profile hook on the runner's threads, while a real runner drains real rows."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import threading
+from collections import Counter
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from nexus_workflows import enqueue_many
+from nexus_workflows.deferred import attempts
+from nexus_workflows.deferred.runner import Runner
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ITEMS = 30
+
+
+def drain_counting(kind: str, codes: dict[str, Any]) -> tuple[int, Counter[str]]:
+    """Drain ``kind`` with a runner (once) while counting calls of the ``codes`` (name:
+    code object) in every thread; returns (items done, calls by name)."""
+    names = {code: name for name, code in codes.items()}
+    calls: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in names:
+            calls[names[frame.f_code]] += 1
+
+    threading.setprofile(profile)  # the worker threads the runner starts
+    sys.setprofile(profile)
+    try:
+        stats = Runner(once=True, kinds=[kind], concurrency=2, install_signal_handlers=False).run()
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    return stats.done, calls
+
+
+def test_a_drain_inspects_a_workflows_prepare_once_not_per_item(register_workflow: Any) -> None:
+    # Each item's lane (thread pool or event loop) depends on whether prepare is async.
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": f"k{number}"} for number in range(ITEMS)])
+    done, calls = drain_counting(kind, {"inspect": inspect.iscoroutinefunction.__code__})
+    assert done == ITEMS
+    assert calls["inspect"] <= 2, calls
+
+
+def test_a_log_line_looks_the_runs_allowed_up_once(register_workflow: Any) -> None:
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": f"k{number}"} for number in range(ITEMS)])
+    done, calls = drain_counting(kind, {"max_attempts": attempts.max_attempts.__code__})
+    assert done == ITEMS
+    # Two lines per item (started, done); signals without receivers build nothing.
+    assert calls["max_attempts"] <= 2 * ITEMS, calls
