@@ -146,15 +146,16 @@ class Command(BaseCommand):
             ) from error
         if options["once"]:
             self.stdout.write(f"runworkflows --once: {stats.summary()}")
+        given_up = stats.given_up()
         unwritten = (
-            f"{stats.unwritten} outcome(s) could not be written (the database refused them, not "
-            "an outage; see the runner's ERROR lines): their claims go stale"
+            f"{given_up} could not be written (the database refused them, not an outage; see "
+            "the runner's ERROR lines): their claims go stale"
         )
         if runner.left_running and getattr(self, "_called_from_command_line", False):
             # Not from call_command: that would end the caller's process.
-            if options["once"] and stats.unwritten:
+            if options["once"] and given_up:
                 self.stderr.write(unwritten)
                 end_process(1)
             end_process()
-        if options["once"] and stats.unwritten:
+        if options["once"] and given_up:
             raise CommandError(unwritten)  # a cron job must see it: exit status 1
