@@ -31,6 +31,7 @@ _SECONDS = (
     "SWEEP_INTERVAL",
     "PURGE_BATCH_SECONDS",
     "SHUTDOWN_GRACE",
+    "METRICS_IDLE_TIMEOUT",
 )
 _ZERO_SECONDS_ALLOWED = ("SHUTDOWN_GRACE",)
 # Whole-number settings: (least, most). A runner's DB_CONNECTIONS covers its main loop,

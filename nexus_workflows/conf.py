@@ -73,6 +73,11 @@ DEFAULTS: dict[str, Any] = {
     # them with a NOTIFY to itself after every LISTEN, and says so when they fail), and
     # while its listener waits for the lock that makes enqueues notify (wakeup.py).
     "WAKEUP_FALLBACK_POLL_INTERVAL": 0.1,
+    # Seconds the endpoint of `runworkflows --metrics-port` waits for a connection's
+    # request (or for the client to take the answer) before dropping it: each connection
+    # holds a thread, and one that sends nothing would hold it for good. A scrape sends its
+    # request at once; computing the answer does not count.
+    "METRICS_IDLE_TIMEOUT": 10,
     # django-rq queue used by fire-and-forget workflows.
     "RQ_QUEUE": "default",
     # --- Airtable helpers (nexus_workflows.airtable); the API key is the Django setting

@@ -1,7 +1,7 @@
 """Which database errors mean "the database cannot take this statement right now" (down,
 unreachable, read-only, or it ended the session) rather than anything about the work, and
 which mean "the database refused this statement" (a lock wait cut short, SQLite's
-"database is locked" among them, a deadlock, a cancel by a time-out:
+"database is locked" and "database table is locked" among them, a deadlock, a cancel by a time-out:
 :func:`statement_refused`), which is no outage: the session is fine.
 Used by the runner (:mod:`nexus_workflows.deferred.runner.unavailable`) and by its
 observer, which must not import the runner."""
@@ -54,7 +54,17 @@ MYSQL_TRANSACTION_CONFLICTS = {
 #: (extended ones, ``SQLITE_BUSY_SNAPSHOT`` …, keep it in their low byte): the database
 #: answered "busy", as a server's lock wait cut short does. No outage: the file is fine.
 SQLITE_BUSY = 5
-SQLITE_BUSY_MEANS = "another connection held the database file's write lock longer than timeout (SQLite busy)"
+#: SQLite's result code of a statement that met a lock on a table another connection of
+#: this process holds in the cache they share (``cache=shared`` in the database's URI:
+#: ``database table is locked``, extended ``SQLITE_LOCKED_SHAREDCACHE``), or another
+#: statement of the same connection holds. SQLite returns it at once (the ``timeout``
+#: does not wait for it), but it is a refusal as busy is: the database answered, the
+#: file is fine, and the same statement passes once the other transaction ends.
+SQLITE_LOCKED = 6
+SQLITE_REFUSALS = {
+    SQLITE_BUSY: "another connection held the database file's write lock longer than timeout (SQLite busy)",
+    SQLITE_LOCKED: "another connection sharing its cache (or statement) held a table's lock (SQLite locked)",
+}
 
 
 #: MySQL/MariaDB errors about the statement's values, which mysqlclient files under
@@ -122,13 +132,14 @@ def statement_refused(error: BaseException) -> str | None:
 def transaction_conflict(error: BaseException) -> str | None:
     """What ``error`` says when it is a statement meeting another transaction (see
     :data:`TRANSACTION_CONFLICTS`, :data:`MYSQL_TRANSACTION_CONFLICTS` and SQLite's
-    :data:`SQLITE_BUSY`): "it waited longer than lock_timeout for a lock", …; None for
+    :data:`SQLITE_REFUSALS`): "it waited longer than lock_timeout for a lock", …; None for
     any other error."""
     code = sqlstate(error)
     if code is not None:
         return TRANSACTION_CONFLICTS.get(code)
-    if sqlite_busy(error):
-        return SQLITE_BUSY_MEANS
+    sqlite_code = sqlite_result_code(error)
+    if sqlite_code in SQLITE_REFUSALS:
+        return SQLITE_REFUSALS[sqlite_code]
     number = mysql_error_number(error)
     return MYSQL_TRANSACTION_CONFLICTS.get(number) if number is not None else None
 
@@ -136,11 +147,18 @@ def transaction_conflict(error: BaseException) -> str | None:
 def sqlite_busy(error: BaseException) -> bool:
     """Whether ``error`` is SQLite's ``database is locked`` (:data:`SQLITE_BUSY`), on
     Django's wrapper or the driver's error it wraps."""
+    return sqlite_result_code(error) == SQLITE_BUSY
+
+
+def sqlite_result_code(error: BaseException) -> int | None:
+    """The primary result code of an SQLite error (:data:`SQLITE_BUSY`,
+    :data:`SQLITE_LOCKED` …: extended codes keep it in their low byte), on Django's
+    wrapper or the driver's error it wraps; None for any other driver's."""
     driver = error.__cause__ or error.__context__ or error
     if type(driver).__module__ != "sqlite3":
-        return False
+        return None
     code = getattr(driver, "sqlite_errorcode", None)
-    return isinstance(code, int) and code & 0xFF == SQLITE_BUSY
+    return code & 0xFF if isinstance(code, int) else None
 
 
 def mysql_error_number(error: BaseException) -> int | None:

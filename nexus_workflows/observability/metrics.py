@@ -31,13 +31,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import prometheus_client.metrics
 from django.db import Error as DatabaseError  # InterfaceError included
 from django.db import connections
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from nexus_workflows.conf import app_settings
+from nexus_workflows.observability import metrics_server
 from nexus_workflows.observability.figures import COUNTED_STATUSES, work_figures
 from nexus_workflows.observability.runners import count_alive
 
@@ -208,6 +212,7 @@ class _Durations(_FirstServedAtZero):
         super().__init__()
         self.counts = [0] * len(DURATION_BUCKETS)  # per bucket, not cumulative
         self.sum = 0.0
+        self.created = time.time()
         self._lock = threading.Lock()
 
     def observe(self, seconds: float) -> None:
@@ -292,9 +297,12 @@ class RunnerMetrics:
             return sorted(self._attempts.items()), sorted(self._durations.items())
 
     def serve(self, host: str, port: int) -> int:
-        """Serve ``/metrics`` on ``host:port`` in a daemon thread; returns the port (0 picks one)."""
-        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return self._server.server_address[1]
+        """Serve ``/metrics`` on ``host:port`` in a daemon thread; returns the port (0 picks
+        one). Raises :class:`~.metrics_server.MetricsEndpointUnavailable` when it cannot
+        listen there; a connection idle for ``METRICS_IDLE_TIMEOUT`` is dropped."""
+        idle_timeout = float(app_settings.METRICS_IDLE_TIMEOUT)
+        self._server = metrics_server.serve(host, port, self.registry, idle_timeout=idle_timeout)
+        return int(self._server.server_address[1])
 
     def stop(self) -> None:
         if self._server is not None:
@@ -318,13 +326,14 @@ class _RunnerCollector(Collector):
             labels=["kind", "outcome"],
         )
         for (kind, outcome), count in attempt_series:
-            attempts.add_metric([kind, outcome], count.scraped(), created=count.created)
+            attempts.add_metric([kind, outcome], count.scraped(), created=_created(count.created))
         duration = HistogramMetricFamily(
             "nexus_workflows_attempt_duration_seconds", "Seconds prepare ran, per attempt.", labels=["kind"]
         )
         for kind, durations in duration_series:
             buckets, total = durations.cumulative()
             duration.add_metric([kind], buckets, total)
+            _add_created(duration, {"kind": kind}, durations.created)
         in_flight = GaugeMetricFamily(
             "nexus_workflows_in_flight", "Attempts whose prepare is running now.", value=metrics.in_flight()
         )
@@ -332,12 +341,26 @@ class _RunnerCollector(Collector):
             "nexus_workflows_claims",
             "Rows this runner claimed (due and reclaimed).",
             value=metrics.claims.scraped(),
-            created=metrics.claims.created,
+            created=_created(metrics.claims.created),
         )
         outages = CounterMetricFamily(
             "nexus_workflows_database_outages",
             "Times this runner lost the database (each outage once).",
             value=metrics.outages.scraped(),
-            created=metrics.outages.created,
+            created=_created(metrics.outages.created),
         )
         return [attempts, duration, in_flight, claims, outages]
+
+
+def _created(created: float) -> float | None:
+    """A series' ``_created`` time, or None when prometheus-client's own metrics leave it
+    out (``PROMETHEUS_DISABLE_CREATED_SERIES``, ``disable_created_metrics()``): ours
+    follow the same switch."""
+    return created if getattr(prometheus_client.metrics, "_use_created", True) else None
+
+
+def _add_created(family: HistogramMetricFamily, labels: dict[str, str], created: float) -> None:
+    """A histogram's ``_created`` sample, as prometheus-client's ``Histogram`` gives one:
+    ``HistogramMetricFamily.add_metric`` takes no ``created`` (CounterMetricFamily's does)."""
+    if _created(created) is not None:
+        family.samples.append(Sample(family.name + "_created", labels, created))

@@ -137,17 +137,20 @@ class Observer:
 
     def _register(self) -> None:
         try:
-            self.runner_id = runners.register(
-                kinds=self.kinds,
-                concurrency=self.concurrency,
-                wakeup_mode=str(self.wakeup_mode()),
-                using=self.using,
-            )
+            self._insert_row()
         except DatabaseError as error:
             # The heartbeat tries again; the runner itself need not wait for it.
             self._register_failed(type(error).__name__)
-            _close(self.using)
-            return
+            _close_if_gone(self.using, error)
+
+    def _insert_row(self) -> None:
+        """Write this runner's row (a new one); raises the database's errors."""
+        self.runner_id = runners.register(
+            kinds=self.kinds,
+            concurrency=self.concurrency,
+            wakeup_mode=str(self.wakeup_mode()),
+            using=self.using,
+        )
         self._register_written()
 
     def _register_failed(self, what: str) -> None:
@@ -271,36 +274,57 @@ class Observer:
         runner's row; now and then purge old rows. Each statement waits at most
         :func:`row_lock_wait` for a lock: a lock held on the row (an operator's open
         transaction, a migration queued on the table) must not hold these threads back,
-        or the claims would go stale and another runner reclaim attempts still running."""
-        with self._row_lock:
-            if not self._stopped:
-                try:
-                    with _waiting_at_most(self.using, row_lock_wait()):
-                        self._refresh()
-                except DatabaseError as error:  # a lock waited for too long, or an outage
-                    logger.debug("runner row not refreshed (%s)", type(error).__name__)
-                    if statement_refused(error) is None:  # the session is fine after a refusal
-                        _close(self.using)
+        or the claims would go stale and another runner reclaim attempts still running.
 
-    def _refresh(self) -> None:
-        try:
-            if self.runner_id is None or not runners.refresh(
-                self.runner_id,
-                in_flight=self.in_flight(),
-                done=self.done,
-                failed=self.failed,
-                wakeup_mode=str(self.wakeup_mode()),
-                using=self.using,
-            ):
-                self._register()
+        A failed statement leaves its block (on PostgreSQL its transaction, rolled back)
+        before anything else is done about it: nothing runs on in an aborted or closed
+        transaction. The row and the sweep go in blocks of their own, so a failed sweep
+        never takes back a row just written."""
+        with self._row_lock:
+            if self._stopped:
+                return
+            if not self._bounded(self._write_row, "runner row not refreshed"):
+                return
             if time.monotonic() >= self._next_sweep:
                 self._next_sweep = time.monotonic() + float(app_settings.SWEEP_INTERVAL)
-                now = database_now(self.using)
-                runners.purge_dead(now, using=self.using)
-                counts.purge(now, using=self.using)
+                self._bounded(self._sweep, "old runner rows and counts not purged")
+
+    def _bounded(self, write: Callable[[], None], failed: str) -> bool:
+        """Run ``write`` with its lock waits bounded; whether it passed. A failure is said
+        at DEBUG; the connection is closed only when the error says the session is gone
+        (an outage): after a refusal or a rolled-back error it is fine, and a new one per
+        heartbeat would cost a login every interval for as long as the fault lasts."""
+        try:
+            with _waiting_at_most(self.using, row_lock_wait()):
+                write()
+        except DatabaseError as error:  # a lock waited for too long, a refusal, or an outage
+            logger.debug("%s (%s)", failed, type(error).__name__)
+            _close_if_gone(self.using, error)
+            return False
+        return True
+
+    def _write_row(self) -> None:
+        """Refresh this runner's row, or write it again when it is missing (never written,
+        or purged while the runner was away); raises the database's errors."""
+        if self.runner_id is not None and runners.refresh(
+            self.runner_id,
+            in_flight=self.in_flight(),
+            done=self.done,
+            failed=self.failed,
+            wakeup_mode=str(self.wakeup_mode()),
+            using=self.using,
+        ):
+            return
+        try:
+            self._insert_row()
         except DatabaseError as error:
-            logger.debug("runner row not refreshed (%s)", type(error).__name__)
-            _close(self.using)
+            self._register_failed(type(error).__name__)
+            raise  # out of the block first: heartbeat() closes the connection if need be
+
+    def _sweep(self) -> None:
+        now = database_now(self.using)
+        runners.purge_dead(now, using=self.using)
+        counts.purge(now, using=self.using)
 
 
 def row_lock_wait() -> float:
@@ -323,3 +347,11 @@ def _waiting_at_most(using: str, seconds: float) -> Iterator[None]:
 def _close(using: str) -> None:
     with contextlib.suppress(Exception):
         connections[using].close()
+
+
+def _close_if_gone(using: str, error: BaseException) -> None:
+    """Close the connection when ``error`` says its session is gone or unusable (an
+    outage, read-only): the next statement opens a new one. Only ever called outside the
+    block that ran the statement, so no transaction is left open on it."""
+    if is_database_unavailable(error):
+        _close(using)

@@ -5,12 +5,15 @@ keeps refusing for a reason other than an outage (a project's trigger): given up
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
@@ -57,7 +60,7 @@ def test_a_guard_write_refused_for_good_is_given_up_once(
             thread.join(30)
             connection.close()
     stats = runner.stats
-    assert (stats.reclaimed, stats.done, stats.unwritten) == (2, 1, 1)
+    assert (stats.reclaimed, stats.done, stats.unwritten, stats.unwritten_guards) == (2, 1, 0, 1)
     gave_up = [record for record in caplog.records if "could not be written" in record.getMessage()]
     assert [record.levelno for record in gave_up] == [logging.ERROR]
     assert f"{kind} #{refused} " in gave_up[0].getMessage()
@@ -67,4 +70,26 @@ def test_a_guard_write_refused_for_good_is_given_up_once(
     assert "blocked by the test" not in caplog.text  # the database's text: by type only
     # Given up: still processing under the reclaim's claim, no longer heart-beaten.
     assert DeferredWork.objects.get(pk=refused).status == Status.PROCESSING
+    assert DeferredWork.objects.get(pk=fine).status == Status.DONE
+
+
+def test_once_names_a_given_up_guard_write_as_such(register_workflow: Any, write_blocker: Any) -> None:
+    """``--once`` exits 1 naming what was given up: a crash-loop guard write, counted, not
+    an outcome. On the old code: "1 outcome(s) could not be written", and the summary's
+    "1 unwritten" (an outcome's word), though every outcome was written."""
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    _, fine = stale_rows(kind, "refused-key", "fine")
+    write_blocker.install("NEW.dedupe_key = 'refused-key' AND NEW.history <> OLD.history")
+    out = io.StringIO()
+    with override_settings(NEXUS_WORKFLOWS=SETTINGS), pytest.raises(CommandError) as raised:
+        call_command("runworkflows", "--once", "--kind", kind, stdout=out)
+    summary = "runworkflows --once: 1 done, 0 rescheduled, 0 abandoned, 2 reclaimed, 1 unwritten guard(s)"
+    assert out.getvalue().strip() == summary
+    message = str(raised.value)
+    assert message.startswith(
+        "1 crash-loop guard write(s) (a reclaimed item's lost attempt) could not be written "
+        "(the database refused them, not an outage"
+    ), message
+    assert "outcome(s)" not in message
+    assert "refused-key" not in message  # counts only, never a dedupe key
     assert DeferredWork.objects.get(pk=fine).status == Status.DONE

@@ -87,7 +87,7 @@ def _refused_for_good(ledger: Ledger, tally: Tally, work: ClaimedWork, error: Ex
     refused = statement_refused(error) is None
     if ledger.guard_failed(work, retry_delay, refused=refused) >= GUARD_WRITES_MAX:
         ledger.guard_settled(work)
-        tally.not_written(work, error, "reclaim (its lost attempt)")
+        tally.guard_not_written(work, error)
         return True
     log_write_error(work, "reclaim", error)
     return False

@@ -24,6 +24,9 @@ class RunStats:
     # Finished attempts whose outcome the database kept refusing (not an outage): given
     # up, their claims left to go stale (outcomes.FAILURE_WRITES_MAX).
     unwritten: int = 0
+    # Reclaimed items whose crash-loop guard write (their lost attempt's history) the
+    # database kept refusing: given up likewise (reclaim.GUARD_WRITES_MAX).
+    unwritten_guards: int = 0
 
     def summary(self) -> str:
         return (
@@ -34,7 +37,21 @@ class RunStats:
             + (f", {self.purged} purged" if self.purged else "")
             + (f", {self.forfeited} forfeited" if self.forfeited else "")
             + (f", {self.unwritten} unwritten" if self.unwritten else "")
+            + (f", {self.unwritten_guards} unwritten guard(s)" if self.unwritten_guards else "")
         )
+
+    def given_up(self) -> str:
+        """What the database kept refusing and was given up, counted by what it was
+        ("1 outcome(s) and 2 crash-loop guard write(s)"); empty when nothing was. Counts
+        only: the items are named in the runner's ERROR lines (kind and id)."""
+        parts = []
+        if self.unwritten:
+            parts.append(f"{self.unwritten} outcome(s)")
+        if self.unwritten_guards:
+            parts.append(
+                f"{self.unwritten_guards} crash-loop guard write(s) (a reclaimed item's lost attempt)"
+            )
+        return " and ".join(parts)
 
     def as_dict(self) -> dict[str, int]:
         return {field.name: getattr(self, field.name) for field in fields(self)}
@@ -53,10 +70,20 @@ class Tally:
         self.observer.finished(work, counter)
         log_outcome(work, line, level)
 
-    def not_written(self, work: ClaimedWork, error: BaseException, what: str = "outcome") -> None:
-        """No write of the ``what`` of ``work`` was taken (``error`` the last one's; by type
-        only, its text may echo the row): counted and logged once, at ERROR."""
+    def not_written(self, work: ClaimedWork, error: BaseException) -> None:
+        """No write of the outcome of ``work`` was taken (``error`` the last one's):
+        counted and logged once, at ERROR."""
         self.stats.unwritten += 1
+        self._given_up(work, error, "outcome")
+
+    def guard_not_written(self, work: ClaimedWork, error: BaseException) -> None:
+        """No write of the crash-loop guard of reclaimed ``work`` was taken: counted apart
+        from outcomes (no attempt of it ran here) and logged once."""
+        self.stats.unwritten_guards += 1
+        self._given_up(work, error, "reclaim (its lost attempt)")
+
+    def _given_up(self, work: ClaimedWork, error: BaseException, what: str) -> None:
+        # By type only: the error's text may echo the row.
         log_outcome(
             work,
             f"its {what} could not be written ({type(error).__name__}, not an outage); no longer "

@@ -18,6 +18,7 @@ from nexus_workflows.management.commands._arguments import seconds, whole_number
 from nexus_workflows.management.commands._database import DatabaseUnreachable, require_migrated
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.observability.logs import install_default_handler, remove_default_handler
+from nexus_workflows.observability.metrics_server import MetricsEndpointUnavailable
 
 
 def _port(value: str) -> int:
@@ -137,24 +138,21 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         try:
             stats = runner.run()
-        except OSError as error:
-            if options["metrics_port"] is None:
-                raise
-            raise CommandError(
-                f"cannot serve metrics on {options['metrics_host']}:{options['metrics_port']} "
-                f"({error.strerror or type(error).__name__}); choose another --metrics-port"
-            ) from error
+        except MetricsEndpointUnavailable as error:
+            # Only the endpoint's own bind: any other OSError goes up with its own message.
+            raise CommandError(f"{error}; choose another --metrics-port") from error
         if options["once"]:
             self.stdout.write(f"runworkflows --once: {stats.summary()}")
+        given_up = stats.given_up()
         unwritten = (
-            f"{stats.unwritten} outcome(s) could not be written (the database refused them, not "
-            "an outage; see the runner's ERROR lines): their claims go stale"
+            f"{given_up} could not be written (the database refused them, not an outage; see "
+            "the runner's ERROR lines): their claims go stale"
         )
         if runner.left_running and getattr(self, "_called_from_command_line", False):
             # Not from call_command: that would end the caller's process.
-            if options["once"] and stats.unwritten:
+            if options["once"] and given_up:
                 self.stderr.write(unwritten)
                 end_process(1)
             end_process()
-        if options["once"] and stats.unwritten:
+        if options["once"] and given_up:
             raise CommandError(unwritten)  # a cron job must see it: exit status 1

@@ -1,0 +1,137 @@
+"""The endpoint of ``runworkflows --metrics-port`` itself: only a failure to listen is
+blamed on the port; a connection that sends nothing is dropped after
+``METRICS_IDLE_TIMEOUT`` (each holds a thread); histograms carry ``_created`` as
+prometheus-client's own do. Real sockets, real scrapes over loopback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import prometheus_client
+import pytest
+from django.test import override_settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from nexus_workflows.observability.metrics import RunnerMetrics
+from tests.processes import ManagePy, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+IDLE_TIMEOUT = 0.5
+DURATIONS = "nexus_workflows_attempt_duration_seconds"
+
+
+@pytest.fixture
+def endpoint() -> Iterator[tuple[RunnerMetrics, int]]:
+    """A runner's metrics endpoint on a free port, with a short idle timeout."""
+    with override_settings(NEXUS_WORKFLOWS={"METRICS_IDLE_TIMEOUT": IDLE_TIMEOUT}):
+        metrics = RunnerMetrics(kinds=["test-outcomes"], using="default", in_flight=lambda: 0)
+        port = metrics.serve("127.0.0.1", 0)
+    try:
+        yield metrics, port
+    finally:
+        metrics.stop()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def connection_threads() -> int:
+    """Threads serving a connection (socketserver's ThreadingMixIn names them so), of any
+    server in this process: other threads of the process come and go as they will."""
+    return sum("process_request_thread" in thread.name for thread in threading.enumerate())
+
+
+def created_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name.endswith("_created")
+    }
+
+
+def test_an_oserror_that_is_not_the_endpoints_is_not_blamed_on_the_port(tmp_path: Path) -> None:
+    """The project's log file sits in a directory that is gone: the runner's first log line
+    raises the system's FileNotFoundError, after the endpoint listens. On the old code:
+    "cannot serve metrics on 127.0.0.1:0 (No such file or directory); choose another
+    --metrics-port"."""
+    log_file = tmp_path / "gone" / "runner.log"
+    process = ManagePy(
+        "runworkflows",
+        "--once",
+        "--kind",
+        "test-outcomes",
+        "--metrics-port",
+        "0",
+        env={"DJANGO_SETTINGS_MODULE": "tests.settings_log_file", "NEXUS_TEST_LOG_FILE": str(log_file)},
+    )
+    try:
+        code = process.wait(timeout=60)
+        output = process.output()
+    finally:
+        process.close()
+    assert code != 0, output
+    assert "FileNotFoundError" in output, output
+    assert "cannot serve metrics" not in output, output
+    assert "--metrics-port" not in output, output
+
+
+def test_an_idle_connection_is_dropped_after_the_timeout(endpoint: tuple[RunnerMetrics, int]) -> None:
+    """On the old code the connection stayed open (and its thread alive) for good."""
+    _, port = endpoint
+    baseline = connection_threads()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:
+        wait_for(lambda: connection_threads() == baseline + 1, timeout=10, what="its thread to start")
+        began = time.monotonic()
+        try:
+            received = idle.recv(1024)  # nothing sent: b"" once the server closes it
+        except TimeoutError:
+            pytest.fail("the endpoint kept an idle connection open for 10 s")
+        held = time.monotonic() - began
+    assert received == b""
+    assert IDLE_TIMEOUT * 0.8 <= held < 5, held
+    wait_for(lambda: connection_threads() == baseline, timeout=10, what="its thread to end")
+    assert "nexus_workflows_in_flight 0.0" in scrape(port)  # the endpoint still serves
+
+
+def test_a_taken_port_still_names_the_port() -> None:
+    from nexus_workflows.observability.metrics_server import MetricsEndpointUnavailable
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        metrics = RunnerMetrics(kinds=[], using="default", in_flight=lambda: 0)
+        with pytest.raises(MetricsEndpointUnavailable, match=f"cannot serve metrics on 127.0.0.1:{port} \\("):
+            metrics.serve("127.0.0.1", port)
+
+
+def test_a_duration_histogram_has_its_created_time(endpoint: tuple[RunnerMetrics, int]) -> None:
+    """prometheus-client's own Histogram gives ``<name>_created`` per series, as its
+    Counter does; our collector gave the counters theirs but not the histogram."""
+    metrics, port = endpoint
+    metrics.observe_duration("test-outcomes", 0.2)
+    found = created_samples(scrape(port))
+    created = found[(f"{DURATIONS}_created", (("kind", "test-outcomes"),))]
+    assert abs(created - time.time()) < 60
+    assert ("nexus_workflows_claims_created", ()) in found
+
+
+def test_created_series_follow_prometheus_clients_switch(endpoint: tuple[RunnerMetrics, int]) -> None:
+    """``disable_created_metrics()`` (or PROMETHEUS_DISABLE_CREATED_SERIES) takes them off
+    prometheus-client's own metrics; ours follow it."""
+    _, port = endpoint
+    prometheus_client.disable_created_metrics()
+    try:
+        assert created_samples(scrape(port)) == {}
+    finally:
+        prometheus_client.enable_created_metrics()
+    assert created_samples(scrape(port))

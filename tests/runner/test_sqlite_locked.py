@@ -1,0 +1,114 @@
+"""SQLite's "database table is locked" (``SQLITE_LOCKED``, 6; extended
+``SQLITE_LOCKED_SHAREDCACHE``): the database's URI asks for a shared cache
+(``file:…?cache=shared``, which Django's backend opens with ``uri=True``), and another
+connection of the same process holds a write on the work table. SQLite answers at once
+(its ``timeout`` does not wait for this lock), as it answers "busy": a refusal, not an
+outage. A real second connection shares the test database's cache."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.test import override_settings
+
+from nexus_workflows import enqueue
+from nexus_workflows.database_errors import is_database_unavailable, statement_refused
+from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.models import DeferredWork, Status
+from tests.conftest import work_table
+from tests.processes import wait_for
+
+#: SQLite's primary result code (sqlite3.h), spelt out: the test is of the error SQLite gave.
+SQLITE_LOCKED = 6
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
+
+SETTINGS = {"POLL_INTERVAL": 0.05, "HEARTBEAT_INTERVAL": 0.2, "STALE_AFTER": 30, "SHUTDOWN_GRACE": 2}
+
+
+@pytest.fixture
+def shared_cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every Django connection to the test database shares one cache per process; yields
+    the URI, for a second connection of the test's own to share it too."""
+    uri = f"file:{Path(connection.settings_dict['NAME']).resolve()}?cache=shared"
+    connections.close_all()
+    monkeypatch.setitem(connection.settings_dict, "NAME", uri)
+    yield uri
+    connections.close_all()  # before the plain file name comes back
+
+
+@pytest.fixture
+def table_holder(shared_cache: str) -> Iterator[sqlite3.Connection]:
+    """A connection in the shared cache, in autocommit until it begins."""
+    held = sqlite3.connect(shared_cache, uri=True, timeout=5, isolation_level=None)
+    yield held
+    if held.in_transaction:
+        held.execute("ROLLBACK")
+    held.close()
+
+
+def hold_the_work_table(holder: sqlite3.Connection) -> None:
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute(f"UPDATE {work_table()} SET attempt = attempt WHERE id < 0")
+
+
+def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [record.getMessage() for record in caplog.records if text in record.getMessage()]
+
+
+def test_a_table_locked_in_the_shared_cache_is_a_refusal_not_an_outage(table_holder: Any) -> None:
+    """On the old code: an outage (``is_database_unavailable``), no refusal."""
+    hold_the_work_table(table_holder)
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - the driver's error, whatever its class
+        DeferredWork.objects.update(attempt=0)
+    assert type(raised.value).__name__ == "OperationalError"
+    assert raised.value.__cause__.sqlite_errorcode & 0xFF == SQLITE_LOCKED
+    assert not is_database_unavailable(raised.value)
+    assert "SQLite locked" in (statement_refused(raised.value) or "")
+
+
+def test_the_runner_waits_out_a_table_locked_in_the_shared_cache_without_an_outage(
+    register_workflow: Any, table_holder: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On the old code each turn was an outage: "database unavailable (OperationalError)",
+    a growing back-off and the outage metric."""
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    work_id = enqueue(kind, {"key": "a"})
+    hold_the_work_table(table_holder)
+    logged = caplog.at_level(logging.DEBUG, logger="nexus_workflows")
+    with override_settings(NEXUS_WORKFLOWS=SETTINGS), logged:
+        runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
+        thread = threading.Thread(target=runner.run, name="test-runner")
+        thread.start()
+        try:
+            wait_for(
+                lambda: (
+                    len(messages(caplog, "did not pass again")) >= 3
+                    or bool(messages(caplog, "database unavailable"))
+                ),
+                timeout=30,
+                what="three turns refused",
+            )
+            table_holder.execute("ROLLBACK")
+            wait_for(
+                lambda: DeferredWork.objects.get(pk=work_id).status == Status.DONE,
+                timeout=30,
+                what="the work to run once the lock went",
+            )
+        finally:
+            runner.request_stop()
+            thread.join(30)
+            connections.close_all()
+    assert not thread.is_alive()
+    assert not messages(caplog, "database unavailable")
+    refused = messages(caplog, "of the runner's turn did not pass (")
+    assert len(refused) == 1, refused
+    assert "SQLite locked" in refused[0]
+    assert runner.stats.done == 1
