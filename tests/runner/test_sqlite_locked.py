@@ -7,30 +7,24 @@ outage. A real second connection shares the test database's cache."""
 
 from __future__ import annotations
 
-import logging
 import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection, connections
-from django.test import override_settings
 
 from nexus_workflows import enqueue
 from nexus_workflows.database_errors import is_database_unavailable, statement_refused
-from nexus_workflows.deferred.runner import Runner
-from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.models import DeferredWork
 from tests.conftest import work_table
-from tests.processes import wait_for
+from tests.runner.refusals import messages, run_through_refused_turns
 
 #: SQLite's primary result code (sqlite3.h), spelt out: the test is of the error SQLite gave.
 SQLITE_LOCKED = 6
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.sqlite]
-
-SETTINGS = {"POLL_INTERVAL": 0.05, "HEARTBEAT_INTERVAL": 0.2, "STALE_AFTER": 30, "SHUTDOWN_GRACE": 2}
 
 
 @pytest.fixture
@@ -59,10 +53,6 @@ def hold_the_work_table(holder: sqlite3.Connection) -> None:
     holder.execute(f"UPDATE {work_table()} SET attempt = attempt WHERE id < 0")
 
 
-def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
-    return [record.getMessage() for record in caplog.records if text in record.getMessage()]
-
-
 def test_a_table_locked_in_the_shared_cache_is_a_refusal_not_an_outage(table_holder: Any) -> None:
     """On the old code: an outage (``is_database_unavailable``), no refusal."""
     hold_the_work_table(table_holder)
@@ -82,31 +72,7 @@ def test_the_runner_waits_out_a_table_locked_in_the_shared_cache_without_an_outa
     kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
     work_id = enqueue(kind, {"key": "a"})
     hold_the_work_table(table_holder)
-    logged = caplog.at_level(logging.DEBUG, logger="nexus_workflows")
-    with override_settings(NEXUS_WORKFLOWS=SETTINGS), logged:
-        runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
-        thread = threading.Thread(target=runner.run, name="test-runner")
-        thread.start()
-        try:
-            wait_for(
-                lambda: (
-                    len(messages(caplog, "did not pass again")) >= 3
-                    or bool(messages(caplog, "database unavailable"))
-                ),
-                timeout=30,
-                what="three turns refused",
-            )
-            table_holder.execute("ROLLBACK")
-            wait_for(
-                lambda: DeferredWork.objects.get(pk=work_id).status == Status.DONE,
-                timeout=30,
-                what="the work to run once the lock went",
-            )
-        finally:
-            runner.request_stop()
-            thread.join(30)
-            connections.close_all()
-    assert not thread.is_alive()
+    runner = run_through_refused_turns(kind, work_id, lambda: table_holder.execute("ROLLBACK"), caplog)
     assert not messages(caplog, "database unavailable")
     refused = messages(caplog, "of the runner's turn did not pass (")
     assert len(refused) == 1, refused
