@@ -68,10 +68,11 @@ class TcpProxy:
             with self._lock:
                 self._connections += [client, upstream]
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+                threading.Thread(target=self._relay, args=(source, sink, upstream), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def _relay(self, source: socket.socket, sink: socket.socket, upstream: socket.socket) -> None:
+        """Pass what ``source`` sends on to ``sink`` until either side ends (``upstream``:
+        the server's side of the pair, for a subclass that reads the answers)."""
         try:
             while data := source.recv(65536):
                 sink.sendall(data)

@@ -41,20 +41,6 @@ class ReplyDroppingProxy(TcpProxy):
         self.dropped = threading.Event()
         self._awaiting: set[socket.socket] = set()  # upstreams whose next answer is a create's
 
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._relay, args=(source, sink, upstream), daemon=True).start()
-
     def _relay(self, source: socket.socket, sink: socket.socket, upstream: socket.socket) -> None:
         try:
             while data := source.recv(65536):
