@@ -15,7 +15,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from nexus_workflows import enqueue
-from nexus_workflows.flow import claiming, starts
+from nexus_workflows.flow import starts
 from tests.flow.test_lane_claims import BusyLane
 from tests.processes import wait_for
 
@@ -24,13 +24,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
     pass
-
-
-@pytest.fixture
-def long_rest(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A rest bound of a minute: a claim made after the first finds the kind resting
-    # however loaded the machine is, and only the events under test end the rest.
-    monkeypatch.setattr(claiming, "_REST", 60.0)
 
 
 def claim_counting_queries(busy: BusyLane) -> tuple[int, int]:

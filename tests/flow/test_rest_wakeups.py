@@ -16,7 +16,6 @@ import pytest
 
 from nexus_workflows import enqueue, enqueue_many
 from nexus_workflows.deferred.wakeup import CHANNEL
-from nexus_workflows.flow import claiming
 from nexus_workflows.sql import postgresql
 from tests.flow.test_lane_claims import BusyLane
 from tests.raw_connections import raw_connection
@@ -26,11 +25,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
     pass
-
-
-@pytest.fixture
-def long_rest(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(claiming, "_REST", 60.0)
 
 
 @pytest.fixture
