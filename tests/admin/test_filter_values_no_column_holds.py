@@ -35,3 +35,16 @@ def test_a_nul_character_in_a_list_filter_is_an_invalid_filter_not_a_server_erro
 
     assert (response.status_code, response["Location"]) == (302, f"{url}?e=1")
     assert client.get(f"{url}?e=1").status_code == 200
+
+
+def test_the_find_box_refuses_list_filters_with_a_nul_character(superuser, make_work):
+    """The find box POSTs the list's filters too, and they go through the same list: refused
+    as a filter the list does not offer is (400), where the find's query was a 500."""
+    work = make_work()
+
+    response = client_for(superuser).post(
+        reverse("admin:nexus_workflows_deferredwork_find"),
+        {"key": work.dedupe_key, "_changelist_filters": "kind=visit%00summary"},
+    )
+
+    assert response.status_code == 400
