@@ -10,7 +10,8 @@ from __future__ import annotations
 
 
 class WorkflowError(Exception):
-    """Base class of every registration and enqueue error."""
+    """Base class of every registration and enqueue error, and of the app's other errors
+    a caller can act on (bad purge options, a dedupe key that would not settle)."""
 
 
 class RegistrationError(WorkflowError, ValueError):
@@ -31,6 +32,14 @@ class UnknownQueue(WorkflowError, LookupError):
 
 class EnqueueError(WorkflowError, ValueError):
     """An enqueue call was rejected before anything was written."""
+
+
+class DedupeKeyUnsettled(WorkflowError, RuntimeError):
+    """An enqueue gave up on a dedupe key whose row kept changing under concurrent writers
+    (inserted, purged, revived by others) for every one of its rounds; no work was enqueued
+    or revived by the call (a bulk call's whole batch is rolled back). Transient: enqueueing
+    again later settles it. A ``RuntimeError`` too, as it was before it had a class of its
+    own. Its message names the kind and a count, never a key."""
 
 
 class InvalidDedupeKey(EnqueueError):
@@ -67,6 +76,11 @@ class RateLimitTimeout(TimeoutError):
     """
 
     permanent = False
+
+
+class InvalidPurgeOption(WorkflowError, ValueError):
+    """A purge (``retention.purge_batch``, ``prune_rate_windows``) was given a batch size or
+    a lock wait it cannot use; nothing was deleted."""
 
 
 class QueueUnavailable(WorkflowError):

@@ -87,16 +87,14 @@ MADE_DUE = ResultWording(
 
 
 def count_gone(request: HttpRequest, result: triage.TriageResult) -> None:
-    """Add the rows the action's POST selected that no longer exist (deleted or purged
-    since the list page) to ``result``'s skipped, as gone: Django's action only gets the
-    rows that are left, and the message would count the others nowhere. Not for "select
-    all" (that selection is a filter, not rows) nor a detail page's button."""
+    """Add the rows the action's POST selected but did not get to ``result``'s skipped:
+    "gone" when deleted or purged since the list page, "changed" when still there but out
+    of the list's filter since (Django's action only gets the rows the filter still shows,
+    and the message would count the others nowhere). Not for "select all" (that selection
+    is a filter, not rows) nor a detail page's button."""
     if request.POST.get("select_across") == "1":
         return
-    seen = {str(ref.pk) for ref in (*result.changed, *result.skipped)}
-    gone = len(set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)) - seen)
-    # Nothing is known of a gone row but the id it was posted with, which no message shows.
-    result.skipped.extend(triage.WorkRef(pk=0, kind="", dedupe_key="", status="gone") for _ in range(gone))
+    triage.account_for_selected(result, request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
 
 
 def describe_result(result: triage.TriageResult, wording: ResultWording) -> str:

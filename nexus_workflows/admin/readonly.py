@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.http import HttpRequest
+
+from nexus_workflows.json_values import text_problem
 
 
 class ReadOnlyAdminMixin:
@@ -34,9 +37,20 @@ class ListedFiltersOnlyMixin:
     (``?trigger__patient__icontains=mar``): the row count then answers whether a guess
     about a trigger, an error or a key was right, letter by letter, with view permission
     alone, no reveal and no audit. Anything else gets Django's 400.
+
+    A value no column can hold (a NUL character, a lone surrogate) gets Django's "invalid
+    filter" redirect (``?e=1``), as other bad lookups do: PostgreSQL refuses to even
+    compare with it, which was a server error (500).
     """
 
     list_filter: ClassVar[Any]
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        for _name, values in request.GET.lists():
+            if any(text_problem(value) for value in values):
+                # Never the value: it may be patient data typed into a URL.
+                raise IncorrectLookupParameters("a filter's value cannot be stored in any column")
+        return super().get_changelist_instance(request)  # type: ignore[misc]
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
         return lookup in listed_lookups(self.list_filter)

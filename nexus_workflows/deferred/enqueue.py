@@ -23,7 +23,13 @@ from nexus_workflows import json_values, signals, sql
 from nexus_workflows.clock import due_after
 from nexus_workflows.deferred.registry import Workflow, registry
 from nexus_workflows.delays import parse_delay
-from nexus_workflows.exceptions import EnqueueRejected, InvalidDedupeKey, InvalidEnqueueOption, InvalidTrigger
+from nexus_workflows.exceptions import (
+    DedupeKeyUnsettled,
+    EnqueueRejected,
+    InvalidDedupeKey,
+    InvalidEnqueueOption,
+    InvalidTrigger,
+)
 from nexus_workflows.flow import ordering
 from nexus_workflows.flow.keys import flow_key_hashes
 from nexus_workflows.limits import DEDUPE_KEY_MAX_LENGTH
@@ -147,7 +153,8 @@ def _enqueue_many_deferred(
                     if not chunk:
                         break
                 else:
-                    raise RuntimeError(
+                    # The kind and a count only: the keys may be patient data.
+                    raise DedupeKeyUnsettled(
                         f"workflow {workflow.kind!r}: could not settle {len(chunk)} dedupe key(s) "
                         f"after {_DEDUPE_ROUNDS} rounds; rows kept changing under concurrent writers"
                     )
@@ -447,7 +454,7 @@ def _enqueue_deferred(
             logger.info("%s #%s revived by enqueue: pending, attempt 0", workflow.kind, existing["pk"])
             return str(existing["pk"])
         # someone else changed it first: look again
-    raise RuntimeError(
+    raise DedupeKeyUnsettled(
         f"workflow {workflow.kind!r}: could not settle the dedupe key after {_DEDUPE_ROUNDS} "
         "rounds; the row kept changing under concurrent writers"
     )

@@ -15,6 +15,7 @@ a row lock held for long by another session would otherwise hold up its claims a
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
@@ -29,6 +30,7 @@ from nexus_workflows.database_errors import is_query_canceled, transaction_confl
 from nexus_workflows.deferred.purge_batches import PurgeBatchSize, halved
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.transitions import purge
+from nexus_workflows.exceptions import InvalidPurgeOption
 from nexus_workflows.flow import windows
 from nexus_workflows.flow.claiming import window_name
 from nexus_workflows.models import FINISHED_STATUSES, DeferredWork
@@ -72,9 +74,13 @@ def purge_batch(
     With nothing expired it prunes rate-window rows instead, unless ``prune`` is false.
     With ``lock_wait``, the ``DELETE`` waits at most that many seconds for a row lock
     another session holds (:func:`_lock_waits_at_most`); the read of the ids takes none.
+    A ``batch_size`` other than a whole number from 1 (``None``: ``PURGE_BATCH_SIZE``), or a
+    ``lock_wait`` other than a finite number above 0, raises :class:`.InvalidPurgeOption`
+    before anything is read or deleted.
     """
+    batch_size = app_settings.PURGE_BATCH_SIZE if batch_size is None else _checked_batch_size(batch_size)
+    _check_lock_wait(lock_wait)
     using = using or router.db_for_write(DeferredWork)
-    batch_size = batch_size or app_settings.PURGE_BATCH_SIZE
     expired = DeferredWork.objects.using(using).expired(expiry_cutoff(now))
     ids: list[int] = []
     for status in FINISHED_STATUSES:
@@ -94,6 +100,31 @@ def purge_batch(
         return 0
     with _lock_waits_at_most(using, lock_wait):
         return purge(expired, ids)
+
+
+def _checked_batch_size(batch_size: object) -> int:
+    # bool is an int to Python, never a row count; the value itself is not echoed.
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise InvalidPurgeOption(
+            f"batch_size must be a whole number of rows, at least 1 (or None for PURGE_BATCH_SIZE); "
+            f"got a {type(batch_size).__name__}"
+        )
+    if batch_size < 1:
+        raise InvalidPurgeOption(
+            "batch_size must be at least 1 row (or None for PURGE_BATCH_SIZE); got a number below 1"
+        )
+    return batch_size
+
+
+def _check_lock_wait(lock_wait: object) -> None:
+    if lock_wait is None:
+        return
+    # bool is an int to Python, never a number of seconds; NaN compares false with 0.
+    if isinstance(lock_wait, bool) or not isinstance(lock_wait, int | float) or not 0 < lock_wait < math.inf:
+        raise InvalidPurgeOption(
+            "lock_wait must be a finite number of seconds above 0, or None to wait as the "
+            "session's own lock_timeout says"
+        )
 
 
 def _lock_waits_at_most(using: str, seconds: float | None) -> AbstractContextManager[Any]:
@@ -179,6 +210,7 @@ def prune_rate_windows(using: str, lock_wait: float | None) -> str | None:
     from passing, for the caller to say (the runner says it once while it lasts): the
     other transaction it met (:func:`.database_errors.transaction_conflict`), or
     :data:`PRUNE_CANCELLED` (``statement_timeout``); else None."""
+    _check_lock_wait(lock_wait)
     # A slot row can be locked for long too: a project's transaction that called
     # rate_limited() on a key unused for its period, and stays open.
     try:

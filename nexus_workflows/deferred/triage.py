@@ -9,7 +9,7 @@ read is read again instead of being overwritten.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,6 +37,13 @@ _CHUNK = 500
 _FIELDS = ("pk", "kind", "dedupe_key", "status", "history", "updated_at")
 
 
+#: What a skipped row's status says when it was deleted or purged before the action.
+GONE = "gone"
+#: ... when it is still there but no longer matched the action's selection (a list filtered
+#: by status, say, after a runner or a colleague changed the row).
+CHANGED = "changed"
+
+
 @dataclass(frozen=True)
 class WorkRef:
     """One row as the operator sees it in a result: never its trigger or checkpoints."""
@@ -46,7 +53,8 @@ class WorkRef:
     # Patient data, often: out of the repr (and a result's), which tracebacks, debuggers
     # and a caller's log lines show.
     dedupe_key: str = field(repr=False)
-    # The status the row had when it was changed or skipped ("gone" when it vanished).
+    # The status the row had when it was changed or skipped: GONE when it vanished, CHANGED
+    # when it left the action's filter since the page listed it.
     status: str
 
     def __str__(self) -> str:
@@ -106,14 +114,16 @@ def is_stale(work: DeferredWork, now: datetime | None = None) -> bool:
 
 
 def _rows(queryset: QuerySet[DeferredWork]) -> Iterator[dict]:
-    """The rows of ``queryset`` in id order, read in chunks from where they are changed.
+    """The rows of ``queryset`` in id order, ids and rows read from where they are changed.
 
     The ids are collected first, so that the updates made while walking them cannot move
     rows in or out of an open cursor (SQLite gives no isolation within a connection).
     Only what the compare-and-set needs is read: the trigger and checkpoints stay put.
     """
-    pks = sorted(queryset.order_by().values_list("pk", flat=True))
     using = _database(queryset)
+    # The ids too: a replica that lags would leave out rows abandoned since it last caught
+    # up, and "revive every abandoned" would quietly revive fewer.
+    pks = sorted(queryset.using(using).order_by().values_list("pk", flat=True))
     for start in range(0, len(pks), _CHUNK):
         chunk = pks[start : start + _CHUNK]
         yield from DeferredWork.objects.using(using).filter(pk__in=chunk).order_by("pk").values(*_FIELDS)
@@ -161,7 +171,7 @@ def revive(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> Tria
                 break
             fresh = _reread(using, row["pk"])
             if fresh is None:
-                result.skipped.append(_ref(row, "gone"))
+                result.skipped.append(_ref(row, GONE))
                 break
             row = fresh
         else:
@@ -188,9 +198,26 @@ def run_now(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> Tri
             result.changed.append(_ref(row))
         else:
             fresh = _reread(using, row["pk"])
-            result.skipped.append(_ref(row, fresh["status"] if fresh else "gone"))
+            result.skipped.append(_ref(row, fresh["status"] if fresh else GONE))
     _after(result, using, "made due now", {"by": by, **({"user": user} if user else {})})
     return result
+
+
+def account_for_selected(result: TriageResult, selected: Iterable[str]) -> None:
+    """Add the ``selected`` ids (as posted) that the action's queryset did not hold to
+    ``result``'s skipped: GONE where no row has the id any more, CHANGED where the row is
+    there but left the selection's filter since it was listed. Read where the action wrote."""
+    seen = {ref.pk for ref in (*result.changed, *result.skipped)}
+    missing = {int(pk) for pk in map(str, selected) if pk.isascii() and pk.isdigit()} - seen
+    if not missing:
+        return
+    # Kind and id only, as for every other ref: the dedupe key is not needed to count it.
+    present = dict(DeferredWork.objects.using(result.using).filter(pk__in=missing).values_list("pk", "kind"))
+    for pk in sorted(missing):
+        if pk in present:
+            result.skipped.append(WorkRef(pk, present[pk], "", CHANGED))
+        else:  # nothing is known of it but the posted id, which no message shows
+            result.skipped.append(WorkRef(0, "", "", GONE))
 
 
 def _after(result: TriageResult, using: str, what: str, who: dict[str, str]) -> None:

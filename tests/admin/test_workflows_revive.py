@@ -59,7 +59,7 @@ def test_by_kind_and_key_that_does_not_exist(workflow):
 
     assert out.splitlines() == [
         f"skipped: no deferred work of kind {workflow.kind!r} with that key",
-        "revived 0, skipped 1",
+        "revived 0, skipped 1: nothing to revive",
     ]
 
 

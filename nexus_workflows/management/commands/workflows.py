@@ -27,6 +27,16 @@ _WORK_ID = whole_number(1, 2**63 - 1, "the id of deferred work: a whole number")
 FROM_STDIN = "-"
 
 
+#: The revive subcommand's exit statuses (its help's epilog; the README says the same).
+REVIVE_EXIT_STATUS = (
+    "Exit status: 0 when the revive ran, whether it revived anything or not (nothing to revive "
+    "is not a failure for a cron job: the last line says so); 1 when the request was refused "
+    "(ways of choosing work combined or missing, a key or kind no work can have, an unmigrated "
+    "database) or the database failed; 2 when the arguments do not parse (an id that is not "
+    "a whole number from 1)."
+)
+
+
 class Command(BaseCommand):
     help = "Enqueue workflows and inspect deferred work."
     # call_command(..., stdin=...) gives the text that "-" reads (sys.stdin otherwise).
@@ -72,7 +82,9 @@ class Command(BaseCommand):
             description="Revive abandoned deferred work: pending, due now, its next run attempt 1, "
             "error cleared, "
             "checkpoints kept. Work that is not abandoned is skipped (a runner may be working on "
-            "it). Prints what was revived and what was skipped.",
+            "it). Prints what was revived and what was skipped, then a last line "
+            "'revived N, skipped M', which ends ': nothing to revive' when N is 0.",
+            epilog=REVIVE_EXIT_STATUS,
         )
         revive_parser.add_argument(
             "ids", nargs="*", type=_WORK_ID, metavar="ID", help="Ids of deferred work (64-bit, from 1)."
@@ -173,7 +185,11 @@ class Command(BaseCommand):
             if kind is not None:
                 queryset = queryset.filter(kind=kind)
         result = triage.revive(queryset, by="command line")
+        self._report_revive(result, ids=ids, kind=kind, key=key, reveal=reveal)
 
+    def _report_revive(
+        self, result: triage.TriageResult, *, ids: list[int], kind: str | None, key: str | None, reveal: bool
+    ) -> None:
         def key_of(ref: triage.WorkRef) -> str:
             return f" (key {ref.dedupe_key})" if reveal else ""  # keys may be patient data
 
@@ -181,7 +197,9 @@ class Command(BaseCommand):
             self.stdout.write(f"revived {ref}{key_of(ref)}")
         for ref in result.skipped:
             reason = (
-                "it is gone (purged or deleted)" if ref.status == "gone" else f"{ref.status}, not abandoned"
+                "it is gone (purged or deleted)"
+                if ref.status == triage.GONE
+                else f"{ref.status}, not abandoned"
             )
             self.stdout.write(f"skipped {ref}{key_of(ref)}: {reason}")
         found = {ref.pk for ref in [*result.changed, *result.skipped]}
@@ -189,13 +207,17 @@ class Command(BaseCommand):
             self.stdout.write(f"skipped #{missing}: no such deferred work")
         if key is not None and not found:
             self.stdout.write(f"skipped: no deferred work of kind {kind!r} with that key")
+        if not ids and key is None and not found:  # --all-abandoned
+            self.stdout.write("no abandoned work" + (f" of kind {kind!r}" if kind is not None else ""))
         for unregistered in result.unregistered_kinds:
             self.stderr.write(
                 f"warning: no workflow is registered for kind {unregistered!r} in this project; "
                 "the revived work waits until a runner that knows the kind starts"
             )
         skipped = len(result.skipped) + len(set(ids) - found) + (1 if key is not None and not found else 0)
-        self.stdout.write(f"revived {len(result.changed)}, skipped {skipped}")
+        # Still exit status 0 (see the help's epilog): a cron job that finds nothing is not failing.
+        nothing = "" if result.changed else ": nothing to revive"
+        self.stdout.write(f"revived {len(result.changed)}, skipped {skipped}{nothing}")
 
 
 def _check_text(option: str, value: str | None) -> None:
