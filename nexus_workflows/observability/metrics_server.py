@@ -48,9 +48,9 @@ class _RequestReads(io.RawIOBase):
     what is left of the idle timeout: a socket timeout alone bounds each read, and a client
     sending a byte now and then held its thread for good."""
 
-    def __init__(self, connection: socket.socket, seconds: float) -> None:
+    def __init__(self, connection: socket.socket, seconds: float | None) -> None:
         self.connection = connection
-        self.deadline: float | None = time.monotonic() + seconds
+        self.deadline = None if seconds is None else time.monotonic() + seconds
 
     def readable(self) -> bool:
         return True
@@ -72,7 +72,7 @@ class _Handler(WSGIRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.rfile.close()  # the socket's own file: the reads go through the deadline instead
-        self.request_reads = _RequestReads(self.connection, float(self.timeout or 0))
+        self.request_reads = _RequestReads(self.connection, self.timeout)
         self.rfile = io.BufferedReader(self.request_reads)
 
     def parse_request(self) -> bool:
