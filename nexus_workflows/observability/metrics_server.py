@@ -7,15 +7,18 @@ differences:
   for nothing else;
 * each connection has a socket timeout (``METRICS_IDLE_TIMEOUT``): the server gives every
   connection a thread, and a client that connects and sends nothing (a port scanner, a
-  half-open connection, a load balancer's probe) held its thread for good. Such a client is
-  dropped quietly after the timeout; a scrape's request arrives at once, and the time the
-  answer takes to compute (the database's figures) does not count.
+  half-open connection, a load balancer's probe) held its thread for good, and so did one
+  sending a byte now and then. Such a client is dropped quietly once the timeout has passed
+  without its whole request; a scrape's request arrives at once, and the time the answer
+  takes to compute (the database's figures) does not count.
 """
 
 from __future__ import annotations
 
+import io
 import socket
 import threading
+import time
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -40,9 +43,44 @@ class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scrape's thread never holds the runner's exit
 
 
+class _RequestReads(io.RawIOBase):
+    """A connection's reads, which until its request is in (:attr:`deadline`) wait only
+    what is left of the idle timeout: a socket timeout alone bounds each read, and a client
+    sending a byte now and then held its thread for good."""
+
+    def __init__(self, connection: socket.socket, seconds: float | None) -> None:
+        self.connection = connection
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no whole request within METRICS_IDLE_TIMEOUT")
+            self.connection.settimeout(left)
+        return self.connection.recv_into(buffer)
+
+
 class _Handler(WSGIRequestHandler):
     """One connection: one request (HTTP/1.0), under a socket timeout (its class's
-    ``timeout``, which ``StreamRequestHandler.setup`` applies)."""
+    ``timeout``, which ``StreamRequestHandler.setup`` applies) and, until the request is
+    in, a deadline as long (:class:`_RequestReads`)."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own file: the reads go through the deadline instead
+        self.request_reads = _RequestReads(self.connection, self.timeout)
+        self.rfile = io.BufferedReader(self.request_reads)
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        # The request is in: the answer's writes wait the whole timeout again, each.
+        self.request_reads.deadline = None
+        self.connection.settimeout(self.timeout)
+        return parsed
 
     def handle(self) -> None:
         try:

@@ -135,3 +135,25 @@ def test_created_series_follow_prometheus_clients_switch(endpoint: tuple[RunnerM
     finally:
         prometheus_client.enable_created_metrics()
     assert created_samples(scrape(port))
+
+
+def test_a_request_trickling_in_is_dropped_after_the_timeout(endpoint: tuple[RunnerMetrics, int]) -> None:
+    """A byte now and then (each within the timeout) no longer holds the connection's
+    thread: the whole request must be in within METRICS_IDLE_TIMEOUT."""
+    _, port = endpoint
+    baseline = connection_threads()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as trickle:
+        wait_for(lambda: connection_threads() == baseline + 1, timeout=10, what="its thread to start")
+        began = time.monotonic()
+        for byte in b"GET /metrics HTTP/1.0\r\n"[:12]:  # a byte every half of the timeout, 6 timeouts
+            try:
+                trickle.sendall(bytes([byte]))
+            except ConnectionError:
+                break  # dropped
+            if connection_threads() == baseline:
+                break
+            time.sleep(IDLE_TIMEOUT / 2)
+        wait_for(lambda: connection_threads() == baseline, timeout=10, what="its thread to end")
+        held = time.monotonic() - began
+    assert held < IDLE_TIMEOUT * 3, held
+    assert "nexus_workflows_in_flight 0.0" in scrape(port)  # the endpoint still serves
