@@ -46,6 +46,9 @@ SWEEP_BATCH = 100
 # horizon; ARGV[2]: the queue's name; then per job its id and its workflow's description.
 # An entry whose hash is gone is removed; a job is deleted as free_if_cancel_expired would.
 SWEEP_SCRIPT = """
+-- Writes after TIME (a non-deterministic command): Redis 3.2-4 refuse them unless the script
+-- replicates its effects, which Redis 5 and later do anyway (there the call is a no-op).
+if redis.replicate_commands then redis.replicate_commands() end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
 local horizon = tonumber(ARGV[1])
