@@ -154,8 +154,12 @@ def sqlite_result_code(error: BaseException) -> int | None:
     """The primary result code of an SQLite error (:data:`SQLITE_BUSY`,
     :data:`SQLITE_LOCKED` …: extended codes keep it in their low byte), on Django's
     wrapper or the driver's error it wraps; None for any other driver's."""
-    driver = error.__cause__ or error.__context__ or error
-    if type(driver).__module__ != "sqlite3":
+    # The error itself first: a driver's error raised while another was handled has that
+    # other one as its context.
+    for driver in (error, error.__cause__, error.__context__):
+        if driver is not None and type(driver).__module__ == "sqlite3":
+            break
+    else:
         return None
     code = getattr(driver, "sqlite_errorcode", None)
     return code & 0xFF if isinstance(code, int) else None

@@ -16,7 +16,7 @@ import pytest
 from django.db import connection, connections
 
 from nexus_workflows import enqueue
-from nexus_workflows.database_errors import is_database_unavailable, statement_refused
+from nexus_workflows.database_errors import is_database_unavailable, sqlite_result_code, statement_refused
 from nexus_workflows.models import DeferredWork
 from tests.conftest import work_table
 from tests.runner.refusals import messages, run_through_refused_turns
@@ -78,3 +78,29 @@ def test_the_runner_waits_out_a_table_locked_in_the_shared_cache_without_an_outa
     assert len(refused) == 1, refused
     assert "SQLite locked" in refused[0]
     assert runner.stats.done == 1
+
+
+def drop_while_handling_another_error(holder: sqlite3.Connection) -> None:
+    try:
+        raise KeyError("unrelated")
+    except KeyError:
+        holder.execute("DROP TABLE t")  # "database table is locked": SQLITE_LOCKED
+
+
+def test_a_drivers_own_error_raised_while_another_was_handled_is_read_itself() -> None:
+    """The old code read the error's context first: a raw ``sqlite3`` error raised while
+    handling another exception was not recognised as busy or locked."""
+    holder = sqlite3.connect(":memory:", isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("INSERT INTO t VALUES (1), (2)")
+    reader = holder.execute("SELECT x FROM t")
+    reader.fetchone()  # a statement still reading the table
+    try:
+        with pytest.raises(sqlite3.OperationalError) as raised:
+            drop_while_handling_another_error(holder)
+    finally:
+        reader.close()
+        holder.close()
+    assert isinstance(raised.value.__context__, KeyError)
+    assert sqlite_result_code(raised.value) == SQLITE_LOCKED
+    assert "SQLite locked" in (statement_refused(raised.value) or "")
