@@ -10,7 +10,9 @@
 # kind's attempts, no NOTIFY, and no runner can begin such a rest before this transaction
 # ends (the shared lock waits for it; the runner then asks the kind once more). It does
 # not: NOTIFY. The trigger's WHEN keeps every other UPDATE (heartbeats, claims, rows of
-# unlimited kinds) from calling the function at all; no statement is added anywhere.
+# unlimited kinds) from calling the function at all; no statement is added anywhere. Two
+# ends of a kind at once: the second cannot take the lock the first holds, and notifies
+# though nobody may rest the kind (a spurious wake-up, as between enqueues in 0011).
 #
 # CREATE TRIGGER takes a SHARE ROW EXCLUSIVE lock on the work table (DROP TRIGGER, the
 # reverse, an ACCESS EXCLUSIVE one): queued behind a transaction that wrote the table, it
