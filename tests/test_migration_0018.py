@@ -12,7 +12,7 @@ from django.db.migrations.state import ProjectState
 
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.sql import mysql
-from tests.migrating import index_definitions, migrate
+from tests.migrating import index_definitions, migrate, migrate_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -69,3 +69,50 @@ def test_the_model_state_does_not_know_the_indexes() -> None:
     loader = MigrationExecutor(connection).loader
     detector = MigrationAutodetector(loader.project_state(), ProjectState.from_apps(apps))
     assert "nexus_workflows" not in detector.changes(graph=loader.graph)
+
+
+def _run_behind_an_open_transaction(
+    target: str, *, lock_wait: float, margin: float
+) -> tuple[bool, list[Exception]]:
+    """``migrate(target)`` in a thread while another session keeps open a transaction that
+    read the work table (its metadata lock, which an online ALTER still needs for a moment
+    at its start and end): (whether it was still waiting after ``lock_wait`` + ``margin``,
+    what it raised)."""
+    import MySQLdb
+
+    session = MySQLdb.connect(**connection.get_connection_params())
+    failures: list[Exception] = []
+    try:
+        cursor = session.cursor()
+        cursor.execute("START TRANSACTION")
+        cursor.execute(f"SELECT COUNT(*) FROM {DeferredWork._meta.db_table}")
+        thread = migrate_in_thread(target, failures)
+        thread.join(timeout=lock_wait + margin)
+        stuck = thread.is_alive()
+        session.rollback()
+        thread.join(timeout=60)
+    finally:
+        session.close()
+    return stuck, failures
+
+
+@pytest.mark.mysql
+def test_on_mariadb_the_build_behind_an_open_transaction_gives_up_after_its_bound() -> None:
+    """Waiting for the metadata lock, an ALTER holds every later statement on the table
+    (enqueues, claims, reads) behind it; the server's own bound is a day
+    (``lock_wait_timeout``). The build waits at most ``sql.mysql.DDL_LOCK_WAIT`` seconds,
+    fails (nothing built, error 1205), and is run again."""
+    from django.db.utils import OperationalError
+
+    migrate("0017_notify_resting_limited_kinds")
+    try:
+        stuck, failures = _run_behind_an_open_transaction(
+            "0018_mariadb_due_per_kind_and_queue", lock_wait=5.0, margin=10.0
+        )
+        assert not stuck, "the build waited for the table's metadata lock beyond its bound"
+        assert [type(error) for error in failures] == [OperationalError]
+        assert failures[0].args[0] == 1205
+        assert _built() == {}
+    finally:
+        migrate(None)
+    assert _built() == MARIADB_INDEXES

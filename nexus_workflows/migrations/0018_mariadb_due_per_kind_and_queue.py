@@ -3,8 +3,8 @@
 # nobody runs) ahead of the real work were walked past on every claim (200,000 such rows: a
 # read of 43 ms instead of 0.7 ms). PostgreSQL got its per-kind and per-queue indexes in 0016;
 # MariaDB has neither partial nor expression indexes, so Django built nothing there. This
-# builds MariaDB's own (sql/mysql.py, DUE_INDEXES), online (ALGORITHM=INPLACE, LOCK=NONE), and
-# is a no-op elsewhere. Outside the model state: no model Index would be built on MariaDB
+# builds MariaDB's own (sql/mysql.py, DUE_INDEXES), online (ALGORITHM=INPLACE, LOCK=NONE; its
+# metadata lock waited for at most DDL_LOCK_WAIT), and is a no-op elsewhere. Outside the model state: no model Index would be built on MariaDB
 # alone (a plain one would be built on SQLite and PostgreSQL too, duplicating 0016's there).
 
 from typing import Any

@@ -10,7 +10,16 @@
 # kind's attempts, no NOTIFY, and no runner can begin such a rest before this transaction
 # ends (the shared lock waits for it; the runner then asks the kind once more). It does
 # not: NOTIFY. The trigger's WHEN keeps every other UPDATE (heartbeats, claims, rows of
-# unlimited kinds) from calling the function at all; no statement is added anywhere.
+# unlimited kinds) from calling the function at all; no statement is added anywhere. Two
+# ends of a kind at once: the second cannot take the lock the first holds, and notifies
+# though nobody may rest the kind (a spurious wake-up, as between enqueues in 0011).
+#
+# CREATE TRIGGER takes a SHARE ROW EXCLUSIVE lock on the work table (DROP TRIGGER, the
+# reverse, an ACCESS EXCLUSIVE one): queued behind a transaction that wrote the table, it
+# would hold every later enqueue, claim and heartbeat behind it. lock_timeout bounds that
+# wait to LOCK_WAIT, after which the migration fails, nothing written, and is run again
+# (as 0015). Re-runnable: CREATE OR REPLACE (PostgreSQL 14+, as Django 5.2 needs), which
+# takes no stronger lock than CREATE.
 
 from typing import Any
 
@@ -29,6 +38,10 @@ $$
 """
 
 
+#: How long the migration waits for its lock on the work table (either way).
+LOCK_WAIT = "5s"
+
+
 def _table(apps: Any, schema_editor: Any) -> str:
     return str(schema_editor.quote_name(apps.get_model("nexus_workflows", "DeferredWork")._meta.db_table))
 
@@ -37,9 +50,10 @@ def add_trigger(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor != "postgresql":
         return
     table = _table(apps, schema_editor)
+    schema_editor.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT}'")
     schema_editor.execute(ENDED_FUNCTION)
     schema_editor.execute(
-        f"CREATE TRIGGER nexus_workflows_attempt_ended AFTER UPDATE ON {table} FOR EACH ROW "
+        f"CREATE OR REPLACE TRIGGER nexus_workflows_attempt_ended AFTER UPDATE ON {table} FOR EACH ROW "
         "WHEN (OLD.status = 'processing' AND NEW.status <> 'processing' "
         "AND (OLD.flow_slot IS NOT NULL OR OLD.serial_key_hash IS NOT NULL)) "
         "EXECUTE FUNCTION nexus_workflows_notify_attempt_ended()"
@@ -49,7 +63,9 @@ def add_trigger(apps: Any, schema_editor: Any) -> None:
 def drop_trigger(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.vendor != "postgresql":
         return
-    schema_editor.execute(f"DROP TRIGGER IF EXISTS nexus_workflows_attempt_ended ON {_table(apps, schema_editor)}")
+    table = _table(apps, schema_editor)
+    schema_editor.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT}'")
+    schema_editor.execute(f"DROP TRIGGER IF EXISTS nexus_workflows_attempt_ended ON {table}")
     schema_editor.execute("DROP FUNCTION IF EXISTS nexus_workflows_notify_attempt_ended()")
 
 

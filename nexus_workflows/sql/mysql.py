@@ -40,6 +40,7 @@ from nexus_workflows.database_errors import mysql_error_number
 from nexus_workflows.sql.portable import due_in_order
 
 __all__ = [
+    "DDL_LOCK_WAIT",
     "DUE_INDEXES",
     "EPOCH_OF_MINUTE",
     "INTEGER_DIVIDE",
@@ -225,18 +226,28 @@ DUE_INDEXES = {
 }
 
 
+#: Seconds an ALTER of the work table waits for its metadata lock (``WAIT``, MariaDB
+#: 10.3+), which even an online one needs for a moment at its start and end: waiting, it
+#: holds every later statement on the table behind it, and the server's own bound
+#: (``lock_wait_timeout``) is a day. Past it the ALTER fails (1205), nothing built, and
+#: the migration is run again (as PostgreSQL's 0015 and 0019).
+DDL_LOCK_WAIT = 5
+
+
 def add_due_indexes(schema_editor: Any, table: str) -> None:
     """Build :data:`DUE_INDEXES` on ``table`` in one online pass (writes go on); re-runnable."""
     quote = schema_editor.quote_name
     adds = ", ".join(f"ADD INDEX IF NOT EXISTS {quote(n)} ({c})" for n, c in DUE_INDEXES.items())
-    schema_editor.execute(f"ALTER TABLE {quote(table)} {adds}, ALGORITHM=INPLACE, LOCK=NONE")
+    schema_editor.execute(
+        f"ALTER TABLE {quote(table)} WAIT {DDL_LOCK_WAIT} {adds}, ALGORITHM=INPLACE, LOCK=NONE"
+    )
 
 
 def drop_due_indexes(schema_editor: Any, table: str) -> None:
     """Drop :data:`DUE_INDEXES` from ``table`` (0018's reverse); those missing are skipped."""
     quote = schema_editor.quote_name
     drops = ", ".join(f"DROP INDEX IF EXISTS {quote(name)}" for name in DUE_INDEXES)
-    schema_editor.execute(f"ALTER TABLE {quote(table)} {drops}")
+    schema_editor.execute(f"ALTER TABLE {quote(table)} WAIT {DDL_LOCK_WAIT} {drops}")
 
 
 # One kind's (or task queue's) due rows in the claim's order, a read of its index that stops

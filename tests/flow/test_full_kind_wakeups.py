@@ -17,6 +17,7 @@ import pytest
 from nexus_workflows import enqueue
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.wakeup import CHANNEL
+from nexus_workflows.models import DeferredWork
 from nexus_workflows.sql import postgresql
 from tests.flow.test_lane_claims import BusyLane
 from tests.processes import wait_for
@@ -196,3 +197,29 @@ def test_an_attempt_of_a_serial_key_ending_notifies_while_a_runner_holds_the_kin
         sender.execute("SELECT pg_notify(%s, 'marker')", [CHANNEL])
         payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
     assert payloads == [f"{first.id} {kind}", "marker"]
+
+
+@pytest.mark.postgresql
+def test_an_end_while_another_end_of_the_kind_is_open_notifies_though_nobody_rests_it(
+    register_workflow: Any,
+) -> None:
+    """The trigger's lock is taken exclusively by the first end of the kind until its
+    transaction ends: a second end meanwhile cannot take it and notifies, whether or not
+    a runner rests the kind (a wake-up of every listening runner, which claims once more
+    and finds what there is). The README says so."""
+    kind = register_workflow(noop, retry_schedule=[1], concurrency=2).kind
+    enqueue(kind, {"key": "first"})
+    enqueue(kind, {"key": "second"})
+    holder = BusyLane([kind])
+    assert holder.lanes.claim_due(None)[0] == 2
+    first, second = holder.handed_out
+    table = DeferredWork._meta.db_table
+    with raw_connection() as listener, raw_connection() as sender, raw_connection() as ending:
+        postgresql.listen(listener, CHANNEL)
+        ending.execute("BEGIN")
+        ending.execute(f"UPDATE {table} SET status = 'done' WHERE id = %s", [first.id])  # nobody rests
+        transitions.finish_done([second])  # the first end's transaction holds the lock
+        ending.execute("COMMIT")
+        sender.execute("SELECT pg_notify(%s, 'marker')", [CHANNEL])
+        payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
+    assert payloads == [f"{second.id} {kind}", "marker"]
