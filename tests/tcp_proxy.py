@@ -71,10 +71,12 @@ class TcpProxy:
                 threading.Thread(target=self._relay, args=(source, sink, upstream), daemon=True).start()
 
     def _relay(self, source: socket.socket, sink: socket.socket, upstream: socket.socket) -> None:
-        """Pass what ``source`` sends on to ``sink`` until either side ends (``upstream``:
-        the server's side of the pair, for a subclass that reads the answers)."""
+        """Pass what ``source`` sends on to ``sink`` until either side ends, or
+        :meth:`_passes` stops it (``upstream``: the server's side of the pair)."""
         try:
             while data := source.recv(65536):
+                if not self._passes(data, source, upstream):
+                    break  # not passed on; the finally drops both sockets
                 sink.sendall(data)
         except OSError:
             pass
@@ -82,3 +84,7 @@ class TcpProxy:
             for sock in (source, sink):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+    def _passes(self, data: bytes, source: socket.socket, upstream: socket.socket) -> bool:
+        """Whether ``data`` from ``source`` goes on; a subclass that drops answers says no."""
+        return True

@@ -7,7 +7,6 @@ made itself; ``enqueue`` must still say it created it (its id), not report a dup
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -41,24 +40,16 @@ class ReplyDroppingProxy(TcpProxy):
         self.dropped = threading.Event()
         self._awaiting: set[socket.socket] = set()  # upstreams whose next answer is a create's
 
-    def _relay(self, source: socket.socket, sink: socket.socket, upstream: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                if source is not upstream and self.armed.is_set() and b"EVALSHA" in data.upper():
-                    self._awaiting.add(upstream)  # before the request goes: its answer may be fast
-                elif source is upstream and upstream in self._awaiting:
-                    self._awaiting.discard(upstream)
-                    if data.startswith(b":1\r\n"):
-                        self.armed.clear()
-                        self.dropped.set()
-                        break  # the answer is never passed on; the finally drops both sockets
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+    def _passes(self, data: bytes, source: socket.socket, upstream: socket.socket) -> bool:
+        if source is not upstream and self.armed.is_set() and b"EVALSHA" in data.upper():
+            self._awaiting.add(upstream)  # before the request goes: its answer may be fast
+        elif source is upstream and upstream in self._awaiting:
+            self._awaiting.discard(upstream)
+            if data.startswith(b":1\r\n"):
+                self.armed.clear()
+                self.dropped.set()
+                return False  # the answer is never passed on
+        return True
 
 
 @pytest.fixture
