@@ -25,6 +25,8 @@ import redis
 from django.conf import settings
 from django.db import transaction
 from django.urls import reverse
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from rq.command import send_stop_job_command
 from rq.job import JobStatus, validate_job_id
 from rq.queue import Queue
@@ -893,3 +895,33 @@ def test_unreachable_redis_inside_a_transaction_raises_at_enqueue_and_leaves_not
         assert transaction.get_connection().run_on_commit == []
     assert "lost at commit" not in logs.text
     assert "s3cret-pw" not in logs.text
+
+
+# --- sending commands again after a connection error ------------------------------------------
+
+
+def test_a_url_queue_sends_commands_again_as_a_host_and_port_queue_does(settings: Any) -> None:
+    # Nothing listens on port 1; no command is sent here, the clients connect lazily.
+    settings.RQ_QUEUES = {
+        "default": {"URL": "redis://127.0.0.1:1/0"},
+        "urgent": {"HOST": "127.0.0.1", "PORT": 1, "DB": 0},
+    }
+    by_url, by_host = (get_queue(name).connection.get_retry() for name in ("default", "urgent"))
+    assert by_url is not None, "a URL queue's client does not send a command again"
+    assert by_host is not None
+    assert by_url.get_retries() == by_host.get_retries() > 0
+    assert by_url is not by_host  # its own: a Retry keeps backoff state
+
+
+def test_a_queue_given_its_own_retry_keeps_it(settings: Any) -> None:
+    settings.RQ_QUEUES = {
+        "default": {
+            "HOST": "127.0.0.1",
+            "PORT": 1,
+            "DB": 0,
+            "REDIS_CLIENT_KWARGS": {"retry": Retry(NoBackoff(), 0)},
+        }
+    }
+    retry = get_queue("default").connection.get_retry()
+    assert retry is not None
+    assert retry.get_retries() == 0

@@ -15,6 +15,8 @@ from rq.registry import CanceledJobRegistry
 
 from nexus_workflows import enqueue
 from nexus_workflows.fire_and_forget import get_queue
+from nexus_workflows.fire_and_forget.cancelled import SWEEP_BATCH, _passes, sweep_cancelled
+from tests.processes import wait_for
 
 LEDGER = "test-ff-ledger"
 
@@ -125,3 +127,34 @@ def test_an_entry_naming_a_gone_workflow_job_is_removed_and_other_entries_are_le
     # Only the workflow job id's entry goes: the other id is not the app's to clean up, and
     # the look-alike's job is there (not a workflow's: its description says so).
     assert sorted(registry.get_job_ids()) == sorted(others)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_entry_a_page_skips_after_removals_ahead_of_it_is_swept_by_the_next_pass(queue: Queue) -> None:
+    """Guard: a pass's cursor counts the entries it left; when another process removes some of
+    them, the next page starts past entries it never read. The next pass starts at the top."""
+    horizon = 2
+    project_jobs = [
+        queue.enqueue_call("builtins.print", job_id=f"a-job-of-the-project-{number}")
+        for number in range(SWEEP_BATCH)
+    ]
+    for job in project_jobs:
+        job.cancel()
+    skipped = enqueue(LEDGER, {"key": "skipped-once"})
+    assert skipped is not None
+    queue.fetch_job(skipped).cancel()
+    registry = CanceledJobRegistry(queue=queue)
+    cancelled_at = queue.connection.zscore(registry.key, skipped)
+    assert cancelled_at is not None
+    wait_for_redis_time(queue, cancelled_at + horizon + 1)
+    _passes.pop(queue.name, None)  # this process starts a new pass
+
+    assert sweep_cancelled(queue, horizon) == 0  # the first page: the project's jobs, left
+    for job in project_jobs:  # another process deletes them: the skipped job moves up
+        job.delete()
+    assert sweep_cancelled(queue, horizon) == 0  # the next page starts past it: the pass ends
+    assert queue.fetch_job(skipped) is not None
+
+    wait_for(lambda: sweep_cancelled(queue, horizon) == 1, timeout=30, what="the next pass")
+    assert queue.fetch_job(skipped) is None
+    assert registry.get_job_ids() == []

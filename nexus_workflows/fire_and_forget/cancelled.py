@@ -15,6 +15,14 @@ whose job is gone. An ``enqueue`` on the queue runs it at most once a minute per
 (once a horizon, if shorter), and each run takes one page of the registry (``SWEEP_BATCH``
 entries) in two round trips: a backlog goes over the next enqueues, each taking the next
 page at once, from where the last one stopped.
+
+A page starts past the entries this process's pass has read and left. If another process
+removed some of those (or of the page being swept) meanwhile, it starts past entries no one
+read yet; the pass then reaches the end sooner, and the next one, from the top, reads them.
+No entry is skipped by every pass: a skip needs a removal ahead of the entry, and only
+finitely many entries ever come ahead of one (a cancel is scored with its time, after the
+entries already there, give or take the cancelling hosts' clocks; an entry removed and
+added again comes back at the end).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ commit (see :mod:`nexus_workflows.fire_and_forget`)."""
 
 from __future__ import annotations
 
+import copy
+import inspect
 import logging
 import math
 import secrets
@@ -16,6 +18,7 @@ import redis
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, transaction
+from redis.retry import Retry
 from rq.exceptions import DuplicateJobError
 from rq.queue import Queue
 
@@ -130,8 +133,31 @@ def get_queue(name: str) -> Queue:
     if queue is None:
         import django_rq
 
-        queue = _queues.setdefault(name, django_rq.get_queue(name, commit_mode="auto"))
+        built = django_rq.get_queue(name, commit_mode="auto")
+        retry_like_host_and_port(name, built.connection)
+        queue = _queues.setdefault(name, built)
     return queue
+
+
+def retry_like_host_and_port(name: str, connection: redis.Redis) -> None:
+    """Give the client of a queue configured with ``URL`` the retry that redis-py gives a
+    client built from host and port.
+
+    django-rq builds a ``URL`` queue with ``Redis.from_url``, whose connections get no
+    ``retry`` and so never send a command again after a connection error: a lost answer to
+    the create became ``QueueUnavailable`` there, while a ``HOST``/``PORT`` queue's create,
+    sent again, finds its own job. The default is read from redis-py itself, so both kinds
+    of queue keep retrying alike on any redis-py version (none where it has none). Other
+    clients (``SENTINELS``, ``USE_REDIS_CACHE``, a ``HOST`` queue's own ``retry``) are left
+    as configured; the cache's client is not the queue's to change."""
+    queues = getattr(settings, "RQ_QUEUES", None)
+    config = queues.get(name) if isinstance(queues, dict) else None
+    if not isinstance(config, dict) or "URL" not in config or connection.get_retry() is not None:
+        return
+    default = inspect.signature(redis.Redis.__init__).parameters["retry"].default
+    if isinstance(default, Retry):
+        # A copy, as redis.Redis(host=…) takes one: a Retry object keeps backoff state.
+        connection.set_retry(copy.deepcopy(default))
 
 
 def describe_server(connection: redis.Redis) -> str:

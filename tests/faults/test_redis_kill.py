@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from nexus_workflows import QueueUnavailable, enqueue
 from tests.faults.servers import PrivateRedis
@@ -35,7 +37,13 @@ def private_redis(settings: Any) -> Iterator[PrivateRedis]:
     server = PrivateRedis()
     try:
         server.start()
-        settings.RQ_QUEUES = {"default": {"URL": server.url, "DEFAULT_TIMEOUT": 60}}
+        # A client that never sends a command again (redis-py's default retry, which URL
+        # queues get too, would bridge this short outage): each connection failure reaches
+        # the caller as QueueUnavailable, as one longer than the retries would.
+        no_retry = {"REDIS_CLIENT_KWARGS": {"retry": Retry(NoBackoff(), 0)}}
+        settings.RQ_QUEUES = {
+            "default": {"HOST": "127.0.0.1", "PORT": server.port, "DB": 0, "DEFAULT_TIMEOUT": 60, **no_retry}
+        }
         yield server
     finally:
         server.cleanup()

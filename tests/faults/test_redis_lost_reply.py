@@ -1,23 +1,31 @@
 """Fault suite: the reply to the job's atomic create is lost (the connection drops after
-Redis ran the create, before its answer came back), and redis-py, which retries a command on
-a connection error by default (a client built from host and port, as django-rq does for a
-queue configured with HOST and PORT), sends the create again. The retried create finds the job it
-made itself; ``enqueue`` must still say it created it (its id), not report a duplicate
-(``None``) — while a true duplicate stays ``None``."""
+Redis ran the create, before its answer came back), and redis-py sends the create again: by
+default on a client built from host and port (django-rq's for a queue configured with HOST
+and PORT), and on a queue configured with URL because the app gives its client the same
+retry. The retried create finds the job it made itself; ``enqueue`` must still say it
+created it (its id), not report a duplicate (``None``) — while a true duplicate stays
+``None``."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
+from rq import SimpleWorker
+from rq.job import JobStatus
+from rq.queue import Queue
 
 from nexus_workflows import enqueue
 from nexus_workflows.fire_and_forget import get_queue
 from tests.faults.servers import PrivateRedis
+from tests.processes import wait_for
 from tests.tcp_proxy import TcpProxy
+from tests.testapp.models import Ledger
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,9 +46,17 @@ class ReplyDroppingProxy(TcpProxy):
         super().__init__(target_host, target_port)
         self.armed = threading.Event()
         self.dropped = threading.Event()
+        # Set: the create sent again after the drop waits here until ``release``.
+        self.hold_retry = threading.Event()
+        self.retry_held = threading.Event()
+        self.release = threading.Event()
         self._awaiting: set[socket.socket] = set()  # upstreams whose next answer is a create's
 
     def _passes(self, data: bytes, source: socket.socket, upstream: socket.socket) -> bool:
+        retried = source is not upstream and self.dropped.is_set() and b"EVALSHA" in data.upper()
+        if retried and self.hold_retry.is_set() and not self.retry_held.is_set():
+            self.retry_held.set()
+            self.release.wait(60)
         if source is not upstream and self.armed.is_set() and b"EVALSHA" in data.upper():
             self._awaiting.add(upstream)  # before the request goes: its answer may be fast
         elif source is upstream and upstream in self._awaiting:
@@ -52,20 +68,24 @@ class ReplyDroppingProxy(TcpProxy):
         return True
 
 
-@pytest.fixture
-def proxied_redis(settings: Any) -> Iterator[tuple[PrivateRedis, ReplyDroppingProxy]]:
+@pytest.fixture(params=["host-port", "url"])
+def proxied_redis(settings: Any, request: Any) -> Iterator[tuple[PrivateRedis, ReplyDroppingProxy]]:
     server = PrivateRedis()
     proxy = ReplyDroppingProxy("127.0.0.1", server.port)
     try:
         server.start()
         proxy.start()
-        # HOST and PORT, not URL: django-rq then builds redis.Redis(host=…), whose default
-        # Retry sends a command again after a connection error (from_url's clients do not).
-        settings.RQ_QUEUES = {
-            "default": {"HOST": "127.0.0.1", "PORT": proxy.port, "DB": 0, "DEFAULT_TIMEOUT": 60}
-        }
+        # HOST and PORT: django-rq builds redis.Redis(host=…), whose default Retry sends a
+        # command again after a connection error. URL: it builds Redis.from_url(…), whose
+        # clients had no retry before the app gave them the same one.
+        if request.param == "url":
+            where: dict[str, Any] = {"URL": f"redis://127.0.0.1:{proxy.port}/0"}
+        else:
+            where = {"HOST": "127.0.0.1", "PORT": proxy.port, "DB": 0}
+        settings.RQ_QUEUES = {"default": {**where, "DEFAULT_TIMEOUT": 60}}
         yield server, proxy
     finally:
+        proxy.release.set()
         proxy.cut()
         server.cleanup()
 
@@ -85,3 +105,43 @@ def test_a_create_whose_reply_is_lost_and_retried_returns_the_job_id_not_a_dupli
     assert get_queue("default").fetch_job(job_id) is not None
     # A later enqueue of the key is a true duplicate, with nothing dropped.
     assert enqueue(LEDGER, {"key": "lost-reply"}, delay=delay) is None
+
+
+def run_jobs_directly(server: PrivateRedis) -> Queue:
+    """One in-process RQ worker in burst mode on a connection of its own (not through the
+    proxy); the queue it ran."""
+    queue = Queue("default", connection=redis.Redis(host="127.0.0.1", port=server.port))
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        SimpleWorker([queue], connection=queue.connection).work(burst=True, logging_level="WARNING")
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    return queue
+
+
+def test_a_job_run_between_the_lost_answer_and_the_retry_is_found_not_created_again(
+    proxied_redis: tuple[PrivateRedis, ReplyDroppingProxy],
+) -> None:
+    server, proxy = proxied_redis
+    assert enqueue(LEDGER, {"key": "warm-up"}) is not None
+    proxy.armed.set()
+    proxy.hold_retry.set()
+    returned: dict[str, str | None] = {}
+    caller = threading.Thread(
+        target=lambda: returned.update(job_id=enqueue(LEDGER, {"key": "ran-meanwhile"}))
+    )
+    caller.start()
+    try:
+        # The answer is lost and the create sent again is held: a worker runs the job now.
+        wait_for(proxy.retry_held.is_set, timeout=30, what="the create sent again after the lost answer")
+        queue = run_jobs_directly(server)
+        job_id = f"{LEDGER}__ran-meanwhile"
+        assert queue.fetch_job(job_id).get_status() == JobStatus.FINISHED
+    finally:
+        proxy.release.set()
+        caller.join(60)
+
+    assert returned == {"job_id": job_id}
+    assert queue.count == 0  # nothing queued again
+    assert Ledger.objects.filter(kind=LEDGER, key="ran-meanwhile").count() == 1
