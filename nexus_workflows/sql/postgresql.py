@@ -50,6 +50,7 @@ __all__ = [
     "lock_waits_at_most",
     "notify",
     "pending_kinds",
+    "read_only_snapshot",
     "release_rest_lock",
     "release_waiting_lock",
     "save_journals",
@@ -340,6 +341,22 @@ def lock_waits_at_most(using: str, seconds: float) -> Iterator[float | None]:
             cursor.execute(_BOUNDED_LOCK_TIMEOUT, [min(seconds, LOCK_TIMEOUT_MAX)])
             milliseconds = cursor.fetchone()[0]
         yield milliseconds / 1000
+
+
+@contextlib.contextmanager
+def read_only_snapshot(using: str) -> Iterator[bool]:
+    """The block's reads in one snapshot (a ``REPEATABLE READ, READ ONLY`` transaction): an
+    admin list's counts and rows agree, whatever commits meanwhile. Yields True; already
+    in a transaction, the block runs in it as it is and yields False (the isolation level
+    is set by a transaction's first statement)."""
+    connection = connections[using]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        yield False
+        return
+    with transaction.atomic(using=using):
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield True
 
 
 def release_waiting_lock(connection: Any) -> None:
