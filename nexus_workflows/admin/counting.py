@@ -18,7 +18,8 @@ the list's other end, placed by its total, showed rows of its neighbour or misse
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from django.contrib.admin.views.main import PAGE_VAR
@@ -56,14 +57,32 @@ def count(queryset: QuerySet[Any], *, filtered: bool = True) -> tuple[int, bool]
     return queryset.count(), False
 
 
-def one_snapshot(using: str) -> contextlib.AbstractContextManager[bool]:
+#: The databases whose reads this context makes in one snapshot (:func:`one_snapshot`).
+_SNAPSHOTS: ContextVar[tuple[str, ...]] = ContextVar("nexus_workflows_snapshots", default=())
+
+
+@contextlib.contextmanager
+def one_snapshot(using: str) -> Iterator[bool]:
     """The block's reads in one snapshot of ``using`` (a read-only ``REPEATABLE READ``
     transaction: PostgreSQL, MariaDB); True if so. Not on SQLite, whose transactions take
     the write lock in this project (``IMMEDIATE``): its counts are one statement instead (see
     ``TriageChangeList.status_counts``). Nor inside a transaction already open (the isolation
     level is its first statement's)."""
     snapshot = getattr(sql.for_connection(using), "read_only_snapshot", None)
-    return snapshot(using) if snapshot else contextlib.nullcontext(False)
+    if snapshot is None:
+        yield False
+        return
+    with snapshot(using) as taken:
+        token = _SNAPSHOTS.set((*_SNAPSHOTS.get(), using) if taken else _SNAPSHOTS.get())
+        try:
+            yield taken
+        finally:
+            _SNAPSHOTS.reset(token)
+
+
+def in_snapshot(using: str) -> bool:
+    """Whether reads of ``using`` are in a :func:`one_snapshot` block that took one."""
+    return using in _SNAPSHOTS.get()
 
 
 def page_wanted(request: HttpRequest) -> int | None:

@@ -350,13 +350,22 @@ def read_only_snapshot(using: str) -> Iterator[bool]:
     in a transaction, the block runs in it as it is and yields False (the isolation level
     is set by a transaction's first statement)."""
     connection = connections[using]
-    if connection.in_atomic_block or not connection.get_autocommit():
+    if connection.in_atomic_block or not connection.get_autocommit() or _in_raw_transaction(connection):
         yield False
         return
     with transaction.atomic(using=using):
         with connection.cursor() as cursor:
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         yield True
+
+
+def _in_raw_transaction(connection: Any) -> bool:
+    """A transaction begun on the session behind Django's back (a raw ``BEGIN``): Django
+    could not open its own, and the reads are that transaction's already."""
+    from psycopg import pq
+
+    raw = connection.connection
+    return raw is not None and raw.info.transaction_status != pq.TransactionStatus.IDLE
 
 
 def release_waiting_lock(connection: Any) -> None:

@@ -1,7 +1,7 @@
 """The triage list's counts agree with each other and with the rows shown while a runner
 drains: a row that moves from pending to processing between two of the page's reads is
-counted once, in one of them (the counts are one statement where the total is counted, and
-one snapshot on PostgreSQL and MariaDB where it is estimated), never in both."""
+counted once, in one of them (one snapshot on PostgreSQL and MariaDB, one statement on
+SQLite), never in both."""
 
 from __future__ import annotations
 
