@@ -581,3 +581,42 @@ def test_an_index_is_valid_invalid_or_missing() -> None:
     finally:
         session.execute("DROP INDEX IF EXISTS nw_test_invalid_idx")
         session.close()
+
+
+def snapshot_sees_one_state_and_writes_nothing() -> None:
+    """A row another connection commits inside the block is not seen by its reads; a write
+    in it is refused (READ ONLY); already in a transaction it runs as it is (False)."""
+    import threading
+
+    from django.db import DatabaseError
+
+    new_row("before")
+
+    def commit_another() -> None:
+        try:
+            new_row("meanwhile")
+        finally:
+            connection.close()
+
+    with sql.for_connection("default").read_only_snapshot("default") as snapshot:
+        assert DeferredWork.objects.count() == 1
+        thread = threading.Thread(target=commit_another)
+        thread.start()
+        thread.join()
+        assert DeferredWork.objects.count() == 1
+        with pytest.raises(DatabaseError), transaction.atomic():
+            DeferredWork.objects.update(priority=1)
+    assert snapshot is True
+    assert DeferredWork.objects.count() == 2
+    with transaction.atomic(), sql.for_connection("default").read_only_snapshot("default") as inner:
+        assert inner is False
+
+
+@pytest.mark.postgresql
+def test_a_read_only_snapshot_on_postgresql() -> None:
+    snapshot_sees_one_state_and_writes_nothing()
+
+
+@pytest.mark.mysql
+def test_a_read_only_snapshot_on_mariadb() -> None:
+    snapshot_sees_one_state_and_writes_nothing()

@@ -27,6 +27,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
+from django.db import router
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.loader import render_to_string
@@ -58,7 +59,7 @@ from nexus_workflows.admin.changelist import (
     StatusFilter,
     TriageChangeList,
 )
-from nexus_workflows.admin.counting import EstimatingPaginator, page_wanted
+from nexus_workflows.admin.counting import EstimatingPaginator, one_snapshot, page_wanted
 from nexus_workflows.admin.finding import FindByPostMixin
 from nexus_workflows.admin.readonly import ListedFiltersOnlyMixin, ReadOnlyAdminMixin
 from nexus_workflows.admin.reveal import (
@@ -210,6 +211,12 @@ class DeferredWorkAdmin(
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return TriageChangeList
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        # The list's counts, its page's total and its rows in one snapshot, so that they
+        # agree while runners drain (see counting.one_snapshot); actions run after it.
+        with one_snapshot(router.db_for_read(self.model)):
+            return super().get_changelist_instance(request)
 
     def get_paginator(
         self, request: HttpRequest, queryset: Any, per_page: int, *args: Any, **kwargs: Any

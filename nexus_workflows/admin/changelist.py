@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import PAGE_VAR
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest
 from django.utils.functional import Promise, cached_property
 from django.utils.translation import gettext
@@ -151,6 +151,7 @@ class TriageChangeList(SearchNotEchoedChangeList):
             self.page_num = self.paginator.num_pages
         # One read of the database's clock for the page's "ago", "due now" and "stale".
         display.read_now(request, list(self.result_list), self.queryset.db)
+        self.status_counts  # noqa: B018 - read with the rows, in their snapshot (shown later)
 
     def summary_count(self) -> tuple[int, bool]:
         """The rows this list shows, ``(count, estimated)``: the summary's of its status."""
@@ -170,17 +171,27 @@ class TriageChangeList(SearchNotEchoedChangeList):
     @cached_property
     def status_counts(self) -> dict[str | None, tuple[int, bool]]:
         """``(count, estimated)`` per status filter value of the current filter (status left
-        out; None: all). Pending, processing, stale and abandoned work is counted exactly,
-        each through its partial index; done work is the rest of the total, which is
-        estimated when there is much of it (see :mod:`.counting`), and then says "about"."""
+        out; None: all). Pending, processing, stale and abandoned work is counted exactly;
+        done work is the rest of the total, which is estimated when there is much of it (see
+        :mod:`.counting`), and then says "about". Counted apart, each through its partial
+        index, in the page's snapshot (``DeferredWorkAdmin.get_changelist_instance``); where
+        there is none (SQLite), in one statement: counts taken apart by statements of their
+        own disagree under a draining runner (a row counted pending, then processing)."""
         queryset = self.get_queryset(self.request, exclude_parameters=[StatusFilter.parameter_name])
         queryset = queryset.order_by()
         filtered = any(
             name.split("__")[0] in (FlowLimitFilter.parameter_name, "kind") for name in self.params
         )
-        exact = {status: queryset.filter(status=status).count() for status in ACTION_STATUSES}
-        stale = queryset.filter(triage.stale_q()).count() if exact[Status.PROCESSING] else 0
-        total, estimated = counting.count(queryset, filtered=filtered)
+        estimate = counting.estimated_rows(queryset, filtered=filtered)
+        estimated = estimate is not None and estimate >= counting.EXACT_UP_TO
+        if estimated or counting.in_snapshot(queryset.db):
+            # Each through its partial index (on MariaDB under a kind filter one statement
+            # of them all read every row of the kind: 507 against 27 ms at 300,000 rows).
+            exact = {status: queryset.filter(status=status).count() for status in ACTION_STATUSES}
+            stale = queryset.filter(triage.stale_q()).count() if exact[Status.PROCESSING] else 0
+            total = estimate if estimated and estimate is not None else queryset.count()
+        else:
+            exact, stale, total = _counted_at_once(queryset)
         # Done rows are the rest (four statuses), never a count of their own: on MariaDB
         # under a kind filter that read the whole table (160 ms at 300,000 rows).
         done = max(total - sum(exact.values()), 0)
@@ -214,3 +225,14 @@ class TriageChangeList(SearchNotEchoedChangeList):
             item(Status.DONE.value, _("Done"), "done"),
             item(Status.ABANDONED.value, _("Abandoned"), "abandoned"),
         ]
+
+
+def _counted_at_once(rows: QuerySet[DeferredWork]) -> tuple[dict[Status, int], int, int]:
+    """``(per action status, stale, total)`` of ``rows`` in one statement (conditional
+    aggregates: ``FILTER`` on PostgreSQL and SQLite, ``CASE`` on MariaDB), so they agree."""
+    figures = rows.aggregate(
+        total=Count("pk"),
+        stale=Count("pk", filter=triage.stale_q()),
+        **{status.value: Count("pk", filter=Q(status=status)) for status in ACTION_STATUSES},
+    )
+    return {status: figures[status.value] for status in ACTION_STATUSES}, figures["stale"], figures["total"]

@@ -8,11 +8,18 @@ purge (pending, processing, stale, abandoned); done rows, and a page's total, ar
 database's estimate (read from its statistics, no row read) once that estimate is at least
 :data:`EXACT_UP_TO`, and the page says "about". Below it, or where the database gives no
 estimate (SQLite; MariaDB under a kind filter), they are counted.
+
+A page's counts, its total and its rows are read in one snapshot where the database gives
+one to a reader (:func:`one_snapshot`): under a draining runner, counts taken in separate
+statements disagreed (a row counted pending, then processing too), and a page read from
+the list's other end, placed by its total, showed rows of its neighbour or missed some.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from django.contrib.admin.views.main import PAGE_VAR
@@ -50,6 +57,34 @@ def count(queryset: QuerySet[Any], *, filtered: bool = True) -> tuple[int, bool]
     return queryset.count(), False
 
 
+#: The databases whose reads this context makes in one snapshot (:func:`one_snapshot`).
+_SNAPSHOTS: ContextVar[tuple[str, ...]] = ContextVar("nexus_workflows_snapshots", default=())
+
+
+@contextlib.contextmanager
+def one_snapshot(using: str) -> Iterator[bool]:
+    """The block's reads in one snapshot of ``using`` (a read-only ``REPEATABLE READ``
+    transaction: PostgreSQL, MariaDB); True if so. Not on SQLite, whose transactions take
+    the write lock in this project (``IMMEDIATE``): its counts are one statement instead (see
+    ``TriageChangeList.status_counts``). Nor inside a transaction already open (the isolation
+    level is its first statement's)."""
+    snapshot = getattr(sql.for_connection(using), "read_only_snapshot", None)
+    if snapshot is None:
+        yield False
+        return
+    with snapshot(using) as taken:
+        token = _SNAPSHOTS.set((*_SNAPSHOTS.get(), using) if taken else _SNAPSHOTS.get())
+        try:
+            yield taken
+        finally:
+            _SNAPSHOTS.reset(token)
+
+
+def in_snapshot(using: str) -> bool:
+    """Whether reads of ``using`` are in a :func:`one_snapshot` block that took one."""
+    return using in _SNAPSHOTS.get()
+
+
 def page_wanted(request: HttpRequest) -> int | None:
     """The page a list's ``?p=`` asks for; None for none, or one Django's list refuses."""
     try:
@@ -64,9 +99,10 @@ class EstimatingPaginator(Paginator):
     An estimate is off by a few per cent, which at the end of a long list is whole pages: so
     the rows of the page asked for (:attr:`wanted`) are read with one more, and the count
     corrected by them. Rows found but no more: the count is exact (the real last page). More
-    than a page: at least one page more. None (past the end of an estimate that was high):
-    counted exactly, once. A page asked for past the last is shown as the last page
-    (:attr:`past_end`), not Django's error redirect."""
+    than a page: at least one page more. The estimate's last page or past it: counted
+    exactly, once, and read from the list's other end as the back half of a counted list is
+    (not past an offset of every row before it). A page asked for past the last is shown as
+    the last page (:attr:`past_end`), not Django's error redirect."""
 
     #: Conditions beyond the status are applied (see :func:`estimated_rows`).
     filtered = True
@@ -100,11 +136,15 @@ class EstimatingPaginator(Paginator):
         """``estimate`` corrected by the rows of page ``number`` and the one after them."""
         rows: QuerySet[Any] = self.object_list  # type: ignore[assignment]
         bottom = (number - 1) * self.per_page
-        if bottom >= estimate:  # past the estimate: counted, not an offset read that may find nothing
+        if bottom + self.per_page + self.orphans >= estimate:
+            # The estimate's last page, or past it: counted (no row fetched), then read from
+            # the other end (see page), not past an offset of every row before: the last of
+            # 300,000 read that way took 910 ms on PostgreSQL. The estimate may be low or high.
             self.estimated = False
             return rows.count()
-        ahead = list(rows[bottom : bottom + self.per_page + 1])
-        if len(ahead) > self.per_page:  # more follow: at least one page more
+        # With its orphans, the last page holds up to per_page + orphans rows.
+        ahead = list(rows[bottom : bottom + self.per_page + self.orphans + 1])
+        if len(ahead) > self.per_page + self.orphans:  # more follow: at least one page more
             self._read_ahead = (number, ahead[: self.per_page])
             return max(estimate, bottom + len(ahead))
         self.estimated = False

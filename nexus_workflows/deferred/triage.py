@@ -118,15 +118,27 @@ def _rows(queryset: QuerySet[DeferredWork]) -> Iterator[dict]:
 
     The ids are collected first, so that the updates made while walking them cannot move
     rows in or out of an open cursor (SQLite gives no isolation within a connection).
-    Only what the compare-and-set needs is read: the trigger and checkpoints stay put.
+    Only what the compare-and-set needs is read: the trigger and checkpoints stay put. A
+    row deleted or purged between the two reads comes as :data:`GONE` (its id and kind),
+    so that the result counts it, as the admin counted it selected.
     """
     using = _database(queryset)
     # The ids too: a replica that lags would leave out rows abandoned since it last caught
     # up, and "revive every abandoned" would quietly revive fewer.
-    pks = sorted(queryset.using(using).order_by().values_list("pk", flat=True))
+    kinds = dict(queryset.using(using).order_by().values_list("pk", "kind"))
+    pks = sorted(kinds)
     for start in range(0, len(pks), _CHUNK):
         chunk = pks[start : start + _CHUNK]
-        yield from DeferredWork.objects.using(using).filter(pk__in=chunk).order_by("pk").values(*_FIELDS)
+        found = {
+            row["pk"]: row for row in DeferredWork.objects.using(using).filter(pk__in=chunk).values(*_FIELDS)
+        }
+        for pk in chunk:
+            yield found.get(pk) or _gone(pk, kinds[pk])
+
+
+def _gone(pk: int, kind: str) -> dict:
+    """A row read by id, then deleted before it was read whole: what its skip says."""
+    return {"pk": pk, "kind": kind, "dedupe_key": "", "status": GONE, "history": [], "updated_at": None}
 
 
 def _database(queryset: QuerySet[DeferredWork]) -> str:

@@ -5,13 +5,15 @@
 - :mod:`.postgresql`: the ``jsonb`` bulk insert, the journal writer's batch of saves, the
   PHI token allocation CTE, LISTEN and NOTIFY, the outcome counts' once-per-token upsert,
   a minute as epoch seconds, the session's ``statement_timeout``, a transaction whose lock
-  waits are bounded (``lock_waits_at_most``: the runner's purge), and reading a unique
+  waits are bounded (``lock_waits_at_most``: the runner's purge), a read-only snapshot
+  (``read_only_snapshot``: an admin list's counts and rows), and reading a unique
   violation's constraint name.
 - :mod:`.sqlite`: the outcome counts' upsert, a minute as epoch seconds, and reading a
   unique violation's constraint from SQLite's message.
 - :mod:`.mysql`: MySQL and MariaDB (tested on MariaDB): the outcome counts' upsert, a
   minute as epoch seconds, reading a refusal's constraint from the server's message,
-  MariaDB's nesting limit of JSON documents, and bounded lock waits (the runner's purge).
+  MariaDB's nesting limit of JSON documents, bounded lock waits (the runner's purge), and
+  a read-only snapshot (an admin list's).
 - :mod:`.portable`: what every other backend does instead, through the plain ORM.
 
 Two kinds of backend-specific SQL stay where Django expects them, as expressions the ORM

@@ -17,6 +17,7 @@ What this module adds over :mod:`.portable`:
 - which constraint refused a row, read from the server's message (its key's name only);
 - MariaDB's nesting limit of JSON documents, which the app's own checks apply here;
 - a block whose statements wait at most so long for a row lock (the runner's purge);
+- a block whose reads see one snapshot (an admin list's counts and rows);
 - the claim's read of due rows, one ordered read per kind and per task queue merged
   (``due_ids``), through two indexes of its own (``DUE_INDEXES``, migration 0018).
 """
@@ -55,6 +56,7 @@ __all__ = [
     "estimated_rows",
     "lock_waits_at_most",
     "notify",
+    "read_only_snapshot",
     "statement_timeout",
     "violated_constraint",
 ]
@@ -155,6 +157,22 @@ def _put_back_lock_wait(using: str, seconds: int) -> None:
 
 def notify(cursor: object, channel: str, payload: str = "") -> None:
     """No ``NOTIFY`` here: runners find new work by polling."""
+
+
+@contextlib.contextmanager
+def read_only_snapshot(using: str) -> Iterator[bool]:
+    """The block's reads in one snapshot (a ``REPEATABLE READ, READ ONLY`` transaction,
+    InnoDB's consistent read from the first one on; Django's sessions are ``READ
+    COMMITTED``, a snapshot per statement). Yields True; already in a transaction, the
+    block runs in it as it is and yields False."""
+    connection = connections[using]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        yield False
+        return
+    with transaction.atomic(using=using):
+        with connection.cursor() as cursor:  # for the transaction the next statement starts
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield True
 
 
 def statement_timeout(using: str) -> None:

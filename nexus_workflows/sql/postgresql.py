@@ -50,6 +50,7 @@ __all__ = [
     "lock_waits_at_most",
     "notify",
     "pending_kinds",
+    "read_only_snapshot",
     "release_rest_lock",
     "release_waiting_lock",
     "save_journals",
@@ -340,6 +341,31 @@ def lock_waits_at_most(using: str, seconds: float) -> Iterator[float | None]:
             cursor.execute(_BOUNDED_LOCK_TIMEOUT, [min(seconds, LOCK_TIMEOUT_MAX)])
             milliseconds = cursor.fetchone()[0]
         yield milliseconds / 1000
+
+
+@contextlib.contextmanager
+def read_only_snapshot(using: str) -> Iterator[bool]:
+    """The block's reads in one snapshot (a ``REPEATABLE READ, READ ONLY`` transaction): an
+    admin list's counts and rows agree, whatever commits meanwhile. Yields True; already
+    in a transaction, the block runs in it as it is and yields False (the isolation level
+    is set by a transaction's first statement)."""
+    connection = connections[using]
+    if connection.in_atomic_block or not connection.get_autocommit() or _in_raw_transaction(connection):
+        yield False
+        return
+    with transaction.atomic(using=using):
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield True
+
+
+def _in_raw_transaction(connection: Any) -> bool:
+    """A transaction begun on the session behind Django's back (a raw ``BEGIN``): Django
+    could not open its own, and the reads are that transaction's already."""
+    from psycopg import pq
+
+    raw = connection.connection
+    return raw is not None and raw.info.transaction_status != pq.TransactionStatus.IDLE
 
 
 def release_waiting_lock(connection: Any) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from nexus_workflows.deferred import enqueue as enqueueing
 from nexus_workflows.deferred import triage
 from nexus_workflows.deferred.enqueue import enqueue
 from nexus_workflows.models import DeferredWork, Status
+from tests.admin.test_actions_gone_rows import delete_before_the_rows_are_read
 from tests.clock import database_resolution_now
 
 pytestmark = pytest.mark.django_db
@@ -199,3 +201,14 @@ def test_the_log_line_says_where_a_triage_action_came_from_and_who_did_it(make_w
 
     assert f"#{work.pk} revived {words}" in caplog.text
     assert "admin admin" not in caplog.text
+
+
+def test_revive_reports_a_row_deleted_between_its_reads_as_gone_with_its_id_and_kind(make_work):
+    kept, deleted = make_work(Status.ABANDONED), make_work(Status.ABANDONED)
+
+    with connection.execute_wrapper(delete_before_the_rows_are_read(deleted.pk)):
+        result = triage.revive(DeferredWork.objects.filter(status=Status.ABANDONED), by="admin")
+
+    assert [ref.pk for ref in result.changed] == [kept.pk]
+    assert [(ref.pk, ref.kind, ref.status) for ref in result.skipped] == [(deleted.pk, deleted.kind, "gone")]
+    assert "visit-" not in repr(result)  # no dedupe key, as for every ref

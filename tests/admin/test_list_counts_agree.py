@@ -1,0 +1,93 @@
+"""The triage list's counts agree with each other and with the rows shown while a runner
+drains: a row that moves from pending to processing between two of the page's reads is
+counted once, in one of them (one snapshot on PostgreSQL and MariaDB, one statement on
+SQLite), never in both."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.urls import reverse
+
+from nexus_workflows.models import DeferredWork, Status
+from tests.admin.conftest import client_for
+from tests.admin.test_list_at_scale import fill_done
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHANGELIST = "admin:nexus_workflows_deferredwork_changelist"
+SNAPSHOTS = [
+    pytest.param("postgresql", marks=pytest.mark.postgresql),
+    pytest.param("mariadb", marks=pytest.mark.mysql),
+]
+
+
+def claimed_after_the_first_count(pk: int) -> Any:
+    """An execute wrapper: once the page's first count has run, a runner on another
+    connection claims row ``pk`` (pending to processing) and commits."""
+    done: list[bool] = []
+
+    def claim() -> None:
+        try:
+            DeferredWork.objects.filter(pk=pk).update(status=Status.PROCESSING, claim_token="b" * 32)
+        finally:
+            connection.close()
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if not done and "COUNT(" in sql.upper():
+            done.append(True)
+            thread = threading.Thread(target=claim)
+            thread.start()
+            thread.join()
+        return result
+
+    return wrapper
+
+
+def summary_of(response: Any) -> dict[str | None, int]:
+    return {item.value: item.count for item in response.context["cl"].status_summary}
+
+
+def make_rows(make_work: Any) -> int:
+    for status in (Status.DONE, Status.DONE, Status.PENDING, Status.PENDING, Status.PROCESSING):
+        make_work(status)
+    return make_work(Status.PENDING).pk
+
+
+def test_a_row_claimed_between_the_counts_is_counted_once(superuser: Any, make_work: Any) -> None:
+    claimed = make_rows(make_work)
+
+    with connection.execute_wrapper(claimed_after_the_first_count(claimed)):
+        response = client_for(superuser).get(reverse(CHANGELIST))
+
+    summary = summary_of(response)
+    assert DeferredWork.objects.get(pk=claimed).status == Status.PROCESSING  # the premise
+    assert summary["done"] == 2
+    assert summary["pending"] + summary["processing"] == 4, summary
+    assert summary[None] == 6 == response.context["cl"].result_count
+
+
+@pytest.mark.parametrize("database", SNAPSHOTS)
+def test_estimated_counts_and_the_rows_shown_are_one_snapshot(
+    superuser: Any, make_work: Any, workflow: Any, database: str
+) -> None:
+    """Past counting.EXACT_UP_TO each status is counted by its own statement: in one
+    snapshot, with the page's rows."""
+    fill_done(workflow.kind, 25_000)
+    claimed = make_rows(make_work)
+    client = client_for(superuser)
+
+    with connection.execute_wrapper(claimed_after_the_first_count(claimed)):
+        response = client.get(reverse(CHANGELIST), {"status": "pending"})
+
+    summary = summary_of(response)
+    assert response.context["cl"].status_counts[None][1]  # the premise: the total is estimated
+    assert DeferredWork.objects.get(pk=claimed).status == Status.PROCESSING
+    assert (summary["pending"], summary["processing"]) == (3, 1), summary
+    shown = [work.pk for work in response.context["cl"].result_list]
+    assert len(shown) == response.context["cl"].result_count == 3
+    assert claimed in shown
