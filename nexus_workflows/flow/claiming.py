@@ -381,19 +381,23 @@ class FlowClaimer:
         """No candidate: the kind rests. When rows are due, each waits behind its serial key
         (a processing row of the key, or an earlier one): none starts until an attempt of
         such a key ends (one of ours wakes the kind; another runner's NOTIFYs, migration
-        0019) or a row of a free key is enqueued (its NOTIFY). A row coming due sooner than
-        the rest would end ends it then (nothing announces a delayed row coming due)."""
+        0019) or a row of a free key is enqueued (its NOTIFY) or comes due. Nothing
+        announces a delayed row coming due, so a rest that would outlast it ends then; for
+        due rows behind busy keys, the first delayed row of a key not running."""
         soon = self._next_due_in(kind, due_at)
         self._found_nothing = True
         if soon is not None and soon <= 0 and flow.keyed:
             self._keys_busy = True
-        elif soon is not None:
+            soon = self._next_due_in(kind, due_at, of_free_keys=True)
+        if soon is not None:
             self._quiet = min(_REST, max(soon, 0.0))
+            self._retry_within(self._quiet)  # an idle runner looks again then, too
 
-    def _next_due_in(self, kind: str, due_at: Any) -> float | None:
+    def _next_due_in(self, kind: str, due_at: Any, *, of_free_keys: bool = False) -> float | None:
         """Seconds until the first pending row of ``kind`` is due (≤ 0: one is due now), if
         one is due within ``_REST``; None if none is. Reads no further than that (the
-        due index's range), so many rows waiting for later retries cost nothing."""
+        due index's range), so many rows waiting for later retries cost nothing.
+        ``of_free_keys``: only rows not due yet whose serial key has no processing row."""
         ahead = timedelta(seconds=_REST)
         horizon: Any = (
             due_at + ahead
@@ -402,14 +406,18 @@ class FlowClaimer:
                 due_at + Value(ahead, output_field=DurationField()), output_field=DateTimeField()
             )
         )
-        first = (
-            DeferredWork.objects.using(self.using)
-            .filter(
-                kind=kind,
-                status=Status.PENDING,
-                next_attempt_at__lte=horizon,
+        pending = DeferredWork.objects.using(self.using).filter(
+            kind=kind, status=Status.PENDING, next_attempt_at__lte=horizon
+        )
+        if of_free_keys:
+            running = DeferredWork.objects.filter(
+                kind=kind, status=Status.PROCESSING, serial_key_hash__isnull=False
+            ).order_by()
+            pending = pending.filter(next_attempt_at__gt=due_at).exclude(
+                serial_key_hash__in=running.values("serial_key_hash")
             )
-            .annotate(db_now=DatabaseNow())
+        first = (
+            pending.annotate(db_now=DatabaseNow())
             .order_by("next_attempt_at")
             .values_list("next_attempt_at", "db_now")
             .first()
