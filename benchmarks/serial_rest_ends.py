@@ -65,6 +65,7 @@ def delayed_round(kind: str, number: int) -> float | None:
     from nexus_workflows.deferred import transitions
     from nexus_workflows.deferred.claims import Claimer
     from nexus_workflows.flow.claiming import FlowClaimer
+    from nexus_workflows.models import DeferredWork
 
     holder_claimer = Claimer(kinds=[kind], using="default", worker_id="holder")
     enqueue(kind, {"n": f"{number}-a1", "key": f"a{number}"})
@@ -83,6 +84,7 @@ def delayed_round(kind: str, number: int) -> float | None:
     flow.wake(kind)  # as the enqueue's NOTIFY does (the runner rests the kind: its rest lock)
     claimed = claim_until(flow, claimer, works, enqueued + delay + 2.0)
     transitions.finish_done(held + works)
+    DeferredWork.objects.filter(kind=kind).delete()  # key a's second row would start next round
     return None if claimed is None else claimed - (enqueued + delay)
 
 
