@@ -114,6 +114,20 @@ class WakeupMode(StrEnum):
     POLL = "poll"
 
 
+#: Payload prefix of the NOTIFY an ended attempt of a limited kind sends (migration 0020):
+#: ``"ended <kind>"``, the same for every row of the kind, so PostgreSQL delivers it once
+#: per transaction however many rows of the kind ended in it (identical payloads merge).
+ENDED_PREFIX = "ended "
+
+
+def parse_ended(payload: str) -> str | None:
+    """The kind an ``"ended <kind>"`` payload names (an attempt of it ended); None for any
+    other payload."""
+    if not payload.startswith(ENDED_PREFIX) or len(payload) == len(ENDED_PREFIX):
+        return None
+    return payload[len(ENDED_PREFIX) :]
+
+
 def parse_new_work(payload: str) -> tuple[int, str] | None:
     """(id, kind) from the NOTIFY of an INSERT of one row (``"<id> <kind>"``, see
     migration 0009); None for any other payload (many rows, ``notify``, a probe)."""
@@ -143,9 +157,10 @@ class PostgresListener(threading.Thread):
         event: threading.Event,
         *,
         on_mode_change: Callable[[], None] | None = None,
-        on_new_work: Callable[[int, str], None] | None = None,
-        on_any_work: Callable[[], None] | None = None,
-        on_rest_held: Callable[[str], None] | None = None,
+        on_new_work: Callable[[int, str], bool] | None = None,
+        on_kind_ended: Callable[[str], bool] | None = None,
+        on_any_work: Callable[[], object] | None = None,
+        on_rest_held: Callable[[str], object] | None = None,
     ) -> None:
         super().__init__(name="nexus-workflows-listener", daemon=True)
         self.using = using
@@ -156,8 +171,11 @@ class PostgresListener(threading.Thread):
         # Called from this thread when the mode changed: the runner's row shows it.
         self.on_mode_change = on_mode_change
         # Called from this thread with (id, kind) of a row inserted alone, before the
-        # event is set: the runner can claim that row by id (see parse_new_work).
+        # event is set: the runner can claim that row by id (see parse_new_work). It
+        # answers whether the runner takes such a row: if not, the event is not set.
         self.on_new_work = on_new_work
+        # Called (this thread) with the kind an ended attempt's NOTIFY names; answers the same.
+        self.on_kind_ended = on_kind_ended
         # Called (this thread) for a wake-up naming no row: many rows, a revive, a release.
         self.on_any_work = on_any_work
         self._stopping = threading.Event()
@@ -325,13 +343,23 @@ class PostgresListener(threading.Thread):
         """Handle one notification; True if it was a probe (ours or another runner's)."""
         if payload.startswith(PROBE_PREFIX):
             return True
-        new_work = parse_new_work(payload)
-        if new_work is None and self.on_any_work is not None:
-            self.on_any_work()
-        elif new_work is not None and self.on_new_work is not None:
-            self.on_new_work(*new_work)
-        self.event.set()
+        if self._for_this_runner(payload):
+            self.event.set()
         return False
+
+    def _for_this_runner(self, payload: str) -> bool:
+        """Tell the runner what a wake-up names; whether it may find work to claim: a row or
+        an ended attempt of a kind it does not run is no reason for a claim. A payload
+        naming no row (many rows, a revive, a release, the waiting lock taken) always is."""
+        ended = parse_ended(payload)
+        if ended is not None and self.on_kind_ended is not None:
+            return self.on_kind_ended(ended)
+        new_work = parse_new_work(payload)
+        if new_work is not None:
+            return self.on_new_work(*new_work) if self.on_new_work is not None else True
+        if self.on_any_work is not None:  # (an ended attempt too, with no on_kind_ended)
+            self.on_any_work()
+        return True
 
     def _probe(self, connection: Any) -> bool | None:
         """Send a probe from the runner's own alias and wait for it on ``connection``:

@@ -78,6 +78,9 @@ _ROUNDS = 6
 # this is the longest extra wait only for work no wake-up announced (a busy runner's,
 # whose enqueues need not NOTIFY, or a delayed item coming due).
 _REST = 0.2
+# Seconds added to how long ago a claim read its candidates, when it looks for rows that
+# came due since (the database's clock and ours tick apart by about a millisecond).
+_CLOCK_MARGIN = 0.01
 # Candidates read per row wanted when a rate key may be full: enough to find rows of
 # other keys behind a key that has used its window.
 _RATE_KEY_SPREAD = 4
@@ -149,6 +152,16 @@ def _limited(works: list[ClaimedWork]) -> list[ClaimedWork]:
     for work in works:
         work.limited = True
     return works
+
+
+def _shifted(moment: Any, seconds: float) -> Any:
+    """``moment`` (a datetime or the database's clock) ``seconds`` later (earlier if < 0)."""
+    delta = timedelta(seconds=seconds)
+    if isinstance(moment, datetime):
+        return moment + delta
+    return ExpressionWrapper(
+        moment + Value(delta, output_field=DurationField()), output_field=DateTimeField()
+    )
 
 
 def window_key_of(row_hash: str | None) -> str:
@@ -381,35 +394,38 @@ class FlowClaimer:
         """No candidate: the kind rests. When rows are due, each waits behind its serial key
         (a processing row of the key, or an earlier one): none starts until an attempt of
         such a key ends (one of ours wakes the kind; another runner's NOTIFYs, migration
-        0019) or a row of a free key is enqueued (its NOTIFY). A row coming due sooner than
-        the rest would end ends it then (nothing announces a delayed row coming due)."""
+        0019) or a row of a free key is enqueued (its NOTIFY) or comes due. Nothing
+        announces a delayed row coming due, so a rest that would outlast it ends then; for
+        due rows behind busy keys, the first delayed row of a key not running."""
         soon = self._next_due_in(kind, due_at)
         self._found_nothing = True
         if soon is not None and soon <= 0 and flow.keyed:
             self._keys_busy = True
-        elif soon is not None:
+            soon = self._next_due_in(kind, due_at, of_free_keys=True)
+        if soon is not None:
             self._quiet = min(_REST, max(soon, 0.0))
+            self._retry_within(self._quiet)  # an idle runner looks again then, too
 
-    def _next_due_in(self, kind: str, due_at: Any) -> float | None:
+    def _next_due_in(self, kind: str, due_at: Any, *, of_free_keys: bool = False) -> float | None:
         """Seconds until the first pending row of ``kind`` is due (≤ 0: one is due now), if
         one is due within ``_REST``; None if none is. Reads no further than that (the
-        due index's range), so many rows waiting for later retries cost nothing."""
-        ahead = timedelta(seconds=_REST)
-        horizon: Any = (
-            due_at + ahead
-            if isinstance(due_at, datetime)
-            else ExpressionWrapper(
-                due_at + Value(ahead, output_field=DurationField()), output_field=DateTimeField()
-            )
+        due index's range), so many rows waiting for later retries cost nothing.
+        ``of_free_keys``: only rows whose serial key has no processing row, not due before
+        this claim began (those it read were no candidates; one that came due since is)."""
+        pending = DeferredWork.objects.using(self.using).filter(
+            kind=kind, status=Status.PENDING, next_attempt_at__lte=_shifted(due_at, _REST)
         )
-        first = (
-            DeferredWork.objects.using(self.using)
-            .filter(
-                kind=kind,
-                status=Status.PENDING,
-                next_attempt_at__lte=horizon,
+        if of_free_keys:
+            running = DeferredWork.objects.filter(
+                kind=kind, status=Status.PROCESSING, serial_key_hash__isnull=False
+            ).order_by()
+            # The claim read its candidates a moment ago, on the same clock: go back that far.
+            since = time.monotonic() - self._began + _CLOCK_MARGIN
+            pending = pending.filter(next_attempt_at__gt=_shifted(due_at, -since)).exclude(
+                serial_key_hash__in=running.values("serial_key_hash")
             )
-            .annotate(db_now=DatabaseNow())
+        first = (
+            pending.annotate(db_now=DatabaseNow())
             .order_by("next_attempt_at")
             .values_list("next_attempt_at", "db_now")
             .first()
@@ -483,7 +499,7 @@ class FlowClaimer:
     def _rest_for_key_windows(self, kind: str, period: float, candidates: Any) -> list[int] | None:
         """No candidate's rate key has room: rest the kind until the first start in those
         keys' windows leaves (a lower bound of when one has room; at most _REST) and
-        return None; [] when there is no candidate at all."""
+        return None (no rest if they left meanwhile); [] when there is no candidate."""
         keys = (
             candidates.order_by()
             .annotate(window_key=Coalesce(F("rate_key_hash"), Value("")))
@@ -502,7 +518,9 @@ class FlowClaimer:
             .first()
         )
         if first is None:
-            return []
+            # No candidate at all; or those windows freed since the candidates were read:
+            # then ask again at the next turn, rather than rest as if every key were busy.
+            return None if candidates.exists() else []
         started_at, now = first
         # A reserved start is stamped ahead (windows.RESERVED_FOR): its attempt starts in
         # a moment and is stamped then, so its window frees a period from now at the soonest.

@@ -57,7 +57,7 @@ def test_a_full_kind_wants_its_ending_lock_until_it_claims(full_kind: tuple[Busy
 def test_an_attempt_of_a_full_kind_ending_notifies_only_while_a_runner_holds_its_ending_lock(
     full_kind: tuple[BusyLane, BusyLane, str],
 ) -> None:
-    """The row trigger sends "<id> <kind>" for the ended row while some runner rests the
+    """The row trigger sends "ended <kind>" (migration 0020) for the end while some runner rests the
     kind until an attempt ends; nothing for an end nobody waits for, nor for enqueues."""
     holder, _other, kind = full_kind
     with raw_connection() as listener, raw_connection() as sender, raw_connection() as resting:
@@ -71,7 +71,7 @@ def test_an_attempt_of_a_full_kind_ending_notifies_only_while_a_runner_holds_its
         transitions.finish_done(holder.handed_out[1:])  # nobody rests it: nothing
         sender.execute("SELECT pg_notify(%s, 'marker')", [CHANNEL])
         payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
-    assert payloads == [f"{first.id} {kind}", "marker"]
+    assert payloads == [f"ended {kind}", "marker"]
 
 
 @pytest.mark.postgresql
@@ -89,6 +89,7 @@ def test_a_slot_freed_by_another_runner_ends_the_rest_of_a_full_kind_through_its
         "default",
         event,
         on_new_work=other.lanes.new_work,
+        on_kind_ended=other.lanes.kind_ended,
         on_any_work=other.lanes.wake_limited,
         on_rest_held=other.lanes.wake_limited,
     )
@@ -176,6 +177,28 @@ def test_a_serial_key_kind_whose_due_rows_wait_behind_busy_keys_rests(
 
 
 @pytest.mark.needs("partial_indexes")
+def test_a_serial_key_kind_resting_behind_busy_keys_is_asked_when_a_delayed_row_of_a_free_key_comes_due(
+    register_workflow: Any, long_rest: None
+) -> None:
+    """Nothing announces a delayed row coming due: while due rows wait behind busy keys,
+    the rest ends when the first delayed row of a key not running comes due."""
+    kind = register_workflow(noop, retry_schedule=[1], serial_key=lambda t: t["to"]).kind
+    enqueue(kind, {"key": "a1", "to": "a"})
+    holder, other = BusyLane([kind]), BusyLane([kind])
+    assert holder.lanes.claim_due(None)[0] == 1  # key a busy from now on
+    enqueue(kind, {"key": "a2", "to": "a"})  # due, behind a1
+    enqueue(kind, {"key": "b1", "to": "b"}, delay=3.0)  # key b free, due in 3 s
+    assert other.lanes.claim_due(None)[0] == 0
+    flow = other.lanes.claimers[next(iter(other.lanes.claimers))].flow
+    assert flow is not None
+    assert flow.retry_in is not None  # an idle runner looks again then, too
+    assert 0 < flow.retry_in <= 3.0
+    assert claim_counting_queries(other) == (0, 0)  # resting
+    wait_for(lambda: other.lanes.claim_due(None)[0] == 1, timeout=15, what="b1 claimed once due")
+    assert [item.trigger["key"] for item in other.handed_out] == ["b1"]
+
+
+@pytest.mark.needs("partial_indexes")
 def test_a_serial_key_kinds_rest_ends_when_an_attempt_ends(keys_busy: tuple[BusyLane, BusyLane, str]) -> None:
     holder, other, kind = keys_busy
     assert claim_counting_queries(other) == (0, 0)
@@ -196,7 +219,7 @@ def test_an_attempt_of_a_serial_key_ending_notifies_while_a_runner_holds_the_kin
         transitions.finish_done([first])
         sender.execute("SELECT pg_notify(%s, 'marker')", [CHANNEL])
         payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
-    assert payloads == [f"{first.id} {kind}", "marker"]
+    assert payloads == [f"ended {kind}", "marker"]
 
 
 @pytest.mark.postgresql
@@ -222,4 +245,4 @@ def test_an_end_while_another_end_of_the_kind_is_open_notifies_though_nobody_res
         ending.execute("COMMIT")
         sender.execute("SELECT pg_notify(%s, 'marker')", [CHANNEL])
         payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=2)]
-    assert payloads == [f"{second.id} {kind}", "marker"]
+    assert payloads == [f"ended {kind}", "marker"]

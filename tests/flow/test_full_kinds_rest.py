@@ -108,3 +108,30 @@ def test_a_resting_limited_kind_is_asked_when_its_delayed_row_comes_due(
     assert claim_counting_queries(busy) == (0, 0)
     wait_for(lambda: busy.lanes.claim_due(None)[0] == 1, timeout=5, what="the delayed row claimed")
     assert [item.trigger["key"] for item in busy.handed_out] == ["later"]
+
+
+def test_a_rate_key_kind_whose_full_windows_free_during_its_claim_is_asked_again_not_rested(
+    register_workflow: Any, long_rest: None
+) -> None:
+    """The claim read every due row's key window full, and by its next query (when the
+    first start leaves) none is: the windows freed in between. The kind is asked again at
+    the next turn; it rested as if every key were busy (the whole rest) before."""
+    import time
+
+    from nexus_workflows.flow.claiming import FlowClaimer
+    from nexus_workflows.models import DeferredWork
+
+    kind = register_workflow(
+        noop,
+        retry_schedule=[1],
+        serial_key=lambda t: t["sender"],
+        rate_limit=(1, 60),
+        rate_key=lambda t: t["sender"],
+    ).kind
+    enqueue(kind, {"key": "a1", "sender": "a"})
+    flow = FlowClaimer.for_kinds([kind], "default")
+    assert flow is not None
+    candidates = DeferredWork.objects.filter(kind=kind)  # due, and no start in key a's window
+    assert flow._rest_for_key_windows(kind, 60, candidates) is None
+    assert flow._resting(kind, time.monotonic()) == 0
+    assert flow._rest_for_key_windows(kind, 60, candidates.none()) == []  # no candidate at all

@@ -112,22 +112,33 @@ class LaneClaims:
         waits = [wait for claimer in self.claimers.values() if (wait := claimer.retry_in()) is not None]
         return min(waits) if waits else None
 
-    def new_work(self, work_id: int, kind: str) -> None:
+    def new_work(self, work_id: int, kind: str) -> bool:
         """Listener thread: a row of ``kind`` was inserted alone; remember it for a claim by
         id if a lane takes it (by kind; the claim re-checks everything), or end the rest
-        of its kind if that has flow limits (the next claim asks it)."""
+        of its kind if that has flow limits (the next claim asks it). Whether this runner
+        takes rows of ``kind`` (if not, the wake-up is ignored: no claim)."""
         for lane, claimer in self.claimers.items():
             if claimer.takes_by_id(kind):
                 self._notified[lane].append((work_id, kind))
-                return
-        self.wake_limited(kind)
+                return True
+        return self.wake_limited(kind)
 
-    def wake_limited(self, kind: str | None = None) -> None:
+    def kind_ended(self, kind: str) -> bool:
+        """Listener thread: an attempt of ``kind`` ended on some runner (a slot or key of
+        it is free); end its rest. Whether this runner takes rows of ``kind``."""
+        woken = self.wake_limited(kind)
+        return woken or any(claimer.takes_by_id(kind) for claimer in self.claimers.values())
+
+    def wake_limited(self, kind: str | None = None) -> bool:
         """Any thread: end the rest of limited ``kind`` (None: of every limited kind), so
-        the next claim asks it (a wake-up named it or no kind; an attempt of it ended)."""
+        the next claim asks it (a wake-up named it or no kind; an attempt of it ended).
+        Whether a kind of this runner's was woken."""
+        woken = False
         for claimer in self.claimers.values():
             if claimer.flow is not None and (kind is None or kind in claimer.flow.kinds):
                 claimer.flow.wake(kind)
+                woken = True
+        return woken
 
     def quiet_kinds(self) -> frozenset[str]:
         """The limited kinds that rest (found nothing and claimed nothing since)."""

@@ -290,6 +290,7 @@ class Runner:
                 self._wake,
                 on_mode_change=self._observer.heartbeat,
                 on_new_work=self._lanes.new_work,
+                on_kind_ended=self._lanes.kind_ended,
                 on_any_work=self._lanes.wake_limited if self._lanes.limited else None,
                 on_rest_held=self._lanes.wake_limited if self._lanes.limited else None,
             )
