@@ -304,7 +304,7 @@ def test_a_runner_of_every_queue_on_mariadb_finds_its_queues_in_one_statement(
     from nexus_workflows.sql import mysql
     from tests.examined import rows_examined
 
-    monkeypatch.setattr(mysql, "_KNOWN_QUEUES", {})
+    monkeypatch.setattr(mysql, "_KNOWN_QUEUES", {}, raising=False)  # a fresh runner
     queues = [f"queue-{n:02d}" for n in range(17)] + ["Mixed", "mixed", "mixed "]
     past = timezone.now() - timedelta(minutes=5)
     DeferredWork.objects.bulk_create(
@@ -338,7 +338,7 @@ def test_a_runner_of_every_queue_on_mariadb_finds_new_queues_and_leaves_emptied_
     same two names; a queue emptied since is not read."""
     from nexus_workflows.sql import mysql
 
-    monkeypatch.setattr(mysql, "_KNOWN_QUEUES", {})
+    monkeypatch.setattr(mysql, "_KNOWN_QUEUES", {}, raising=False)  # a fresh runner
     _tasks_in_queues(["b", "d"], rows=2)
     assert {queue for _, queue in _every_queue_read(10)[0] or []} == {"b", "d"}
     _tasks_in_queues(["a", "c", "e"], rows=2)
