@@ -42,5 +42,6 @@ def mariadb_rows_read(plan: Any) -> float:
         return 0
     own = 0.0
     if not str(plan.get("table_name", "<")).startswith("<") and "r_rows" in plan:
-        own = float(plan["r_rows"]) * float(plan.get("r_loops", 1))
+        # An access never made (r_loops 0: a subquery of no row) has r_rows null.
+        own = float(plan["r_rows"] or 0) * float(plan.get("r_loops", 1))
     return own + sum(mariadb_rows_read(value) for value in plan.values())

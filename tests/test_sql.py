@@ -263,6 +263,95 @@ def test_due_ids_on_mariadb_without_its_indexes_leave_the_read_to_the_orm() -> N
     assert mysql.due_ids("default", ["k"], [], None, 5) == [(work.pk, "")]
 
 
+def _tasks_in_queues(queues: list[str], rows: int = 30) -> None:
+    """``rows`` due tasks in each of ``queues`` (three priorities), and the table's statistics."""
+    past = timezone.now() - timedelta(minutes=5)
+    DeferredWork.objects.bulk_create(
+        DeferredWork(
+            kind="x.task",
+            dedupe_key=f"{queue}-{n}",
+            trigger={},
+            queue_name=queue,
+            priority=n % 3,
+            next_attempt_at=past - timedelta(seconds=n),
+        )
+        for queue in queues
+        for n in range(rows)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE TABLE {DeferredWork._meta.db_table}")
+        cursor.fetchall()  # its report
+
+
+def _every_queue_read(limit: int) -> tuple[list[tuple[int, str]] | None, list[str]]:
+    """``due_ids`` of every queue and no kind, and the statements it sent."""
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        found = sql.for_connection("default").due_ids("default", [], None, None, limit)
+    return found, [query["sql"] for query in queries.captured_queries]
+
+
+@pytest.mark.mysql
+def test_a_runner_of_every_queue_on_mariadb_finds_its_queues_in_one_statement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``due_ids`` of every queue (``queues=None``) with 20 queues pending: once the queues
+    are known (a runner's first search), two statements (the queues, then the merged read),
+    not a probe and a round trip per queue (22); the search reads no pending task's row.
+    Queues that differ by case or a trailing space are apart (``utf8mb4_nopad_bin``); a queue
+    of finished tasks only, and workflows (no queue), are not taken."""
+    from nexus_workflows.sql import mysql
+    from tests.examined import rows_examined
+
+    monkeypatch.setattr(mysql, "_KNOWN_QUEUES", {}, raising=False)  # a fresh runner
+    queues = [f"queue-{n:02d}" for n in range(17)] + ["Mixed", "mixed", "mixed "]
+    past = timezone.now() - timedelta(minutes=5)
+    DeferredWork.objects.bulk_create(
+        DeferredWork(kind="k", dedupe_key=f"w{n}", trigger={}, next_attempt_at=past) for n in range(30)
+    )
+    DeferredWork.objects.bulk_create(
+        DeferredWork(kind="x.task", dedupe_key=f"d{n}", trigger={}, queue_name="finished", status=Status.DONE)
+        for n in range(30)
+    )
+    _tasks_in_queues(queues)
+    _every_queue_read(1)  # the runner's first search
+    found, statements = _every_queue_read(100)
+    assert len(statements) == 2, statements
+    expected = list(
+        DeferredWork.objects.filter(queue_name__in=queues)
+        .order_by("-priority", "next_attempt_at", "pk")
+        .values_list("pk", "queue_name")[:100]
+    )
+    assert found == expected
+    assert {queue for _, queue in _every_queue_read(1_000)[0] or []} == set(queues)
+    examined = rows_examined(statements[0])
+    assert examined < 100, f"finding the queues examined {examined} rows"
+
+
+@pytest.mark.mysql
+def test_a_runner_of_every_queue_on_mariadb_finds_new_queues_and_leaves_emptied_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The search probes after the queues it found last time: queues new since (before,
+    between and after those) are found, one statement more per queue found between the
+    same two names; a queue emptied since is not read."""
+    from nexus_workflows.sql import mysql
+
+    monkeypatch.setattr(mysql, "_KNOWN_QUEUES", {}, raising=False)  # a fresh runner
+    _tasks_in_queues(["b", "d"], rows=2)
+    assert {queue for _, queue in _every_queue_read(10)[0] or []} == {"b", "d"}
+    _tasks_in_queues(["a", "c", "e"], rows=2)
+    DeferredWork.objects.filter(queue_name="d").update(status=Status.DONE)
+    found, statements = _every_queue_read(10)
+    assert {queue for _, queue in found or []} == {"a", "b", "c", "e"}
+    assert len(statements) == 3, statements  # a, c, e each the next after a known name
+    _tasks_in_queues(["ca", "cb", "cc"], rows=2)
+    found, statements = _every_queue_read(10)
+    assert {queue for _, queue in found or []} == {"a", "b", "c", "ca", "cb", "cc", "e"}
+    assert len(statements) == 5, statements  # three queues after c: one more round each
+
+
 def claimable_ids(ids: list[int]) -> list[int]:
     """The rows of ``ids`` a claim may take (in a transaction, as the claim's)."""
     with transaction.atomic():

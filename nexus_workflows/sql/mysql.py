@@ -37,7 +37,9 @@ from nexus_workflows.database_errors import mysql_error_number
 
 # A limited kind's read is the ORM's, in the claim's order: with nw_mariadb_due_kind_idx
 # (migration 0018) the optimizer reads the kind's entries in order (EXPLAIN: ref on it, no
-# filesort), so other kinds' due rows are not walked past.
+# filesort), so other kinds' due rows are not walked past. Not forced: measured with 200,000
+# due rows of another kind ahead (rate_limit=, with and without a rate key), or 200,000 of
+# its own not yet due, it read 3 entries to take 3 (12 of 12 per rate key).
 from nexus_workflows.sql.portable import due_in_order
 
 __all__ = [
@@ -277,23 +279,58 @@ _DUE_OF_ONE = (
     "WHERE status = 'pending' AND {column} = %s AND next_attempt_at <= {due} "
     "ORDER BY priority DESC, next_attempt_at, id LIMIT %s)"
 )
-# The next queue with pending tasks after a name, for a runner of every queue: one probe of
-# nw_mariadb_due_queue_idx (EXPLAIN: "Select tables optimized away"). MariaDB 10.11 plans
-# neither a loose index scan (DISTINCT read 120,000 entries) nor a recursive CTE of these
-# probes (each read the status's entries from the start): so a loop, one round trip a queue.
-_NEXT_QUEUE = "SELECT MIN(queue_name) FROM {table} WHERE status = 'pending' AND queue_name > %s"
+# The next queue with pending tasks after a name: one probe of nw_mariadb_due_queue_idx
+# (EXPLAIN: "Select tables optimized away"). MariaDB 10.11 plans no loose index scan of that
+# index (GROUP BY and DISTINCT read all 200,000 entries; nw_serial_idx, without a DESC key
+# part, gets one) nor a recursive CTE of these probes (each read the status's entries from
+# the start), so the probes after several names go in one statement, a UNION ALL. The index
+# is forced: before migration 0018 a probe would scan the table; it fails at once (1176).
+_NEXT_QUEUE = (
+    "(SELECT MIN(queue_name) FROM {table} FORCE INDEX ({index}) WHERE status = 'pending' AND queue_name > %s)"
+)
 #: "Key ... doesn't exist" (a forced index not built: migration 0018 not applied yet).
 _NO_SUCH_KEY = 1176
 
+#: The queues last found with pending tasks, per database: the next search probes after each
+#: of them. A hint only (the search is right whatever it holds), shared by a runner's threads.
+_KNOWN_QUEUES: dict[str, tuple[str, ...]] = {}
 
-def _pending_queues(cursor: Any, table: str) -> list[str]:
-    queues: list[str] = []
+
+def _pending_queues(cursor: Any, table: str, using: str) -> list[str]:
+    """Every queue with pending tasks: the next one after '' and after each known queue, in
+    one statement, again with those found added while one is new. Done when none is: a
+    pending queue not found would have been the next after the probed name below it,
+    unless another pending queue lay between them, which is then a new one. So one
+    statement while the queues are those of the last search; one more per queue found
+    between the same two names (a runner's first search: one per queue, as the old loop)."""
+    _, queue_index = DUE_INDEXES
+    probe = _NEXT_QUEUE.format(table=table, index=queue_index)
+    probes = ("", *_KNOWN_QUEUES.get(using, ()))
     while True:
-        cursor.execute(_NEXT_QUEUE.format(table=table), [queues[-1] if queues else ""])
-        (name,) = cursor.fetchone()
-        if name is None:
-            return queues
-        queues.append(name)
+        cursor.execute(" UNION ALL ".join([probe] * len(probes)), probes)
+        found = {name for (name,) in cursor.fetchall() if name is not None}
+        if found <= set(probes):
+            _KNOWN_QUEUES[using] = tuple(sorted(found))
+            return sorted(found)
+        probes = tuple(sorted({*probes, *found}))
+
+
+def _merged_read(
+    table: str, kinds: Sequence[str], queues: Sequence[str], due: str, bound: list[Any], limit: int
+) -> tuple[str, list[Any]] | None:
+    """The claim's read: one ordered read per kind and per queue, merged (None: nothing to read)."""
+    parts: list[str] = []
+    params: list[Any] = []
+    kind_index, queue_index = DUE_INDEXES
+    for column, index, values in (("kind", kind_index, kinds), ("queue_name", queue_index, queues)):
+        for value in dict.fromkeys(value for value in values if value):
+            parts.append(_DUE_OF_ONE.format(table=table, index=index, column=column, due=due))
+            params += [value, *bound, limit]
+    if not parts:
+        return None
+    merged = " UNION ALL ".join(parts)
+    order = "ORDER BY m.priority DESC, m.next_attempt_at, m.id LIMIT %s"
+    return f"SELECT m.id, m.queue_name FROM ({merged}) AS m {order}", [*params, limit]
 
 
 def due_ids(
@@ -305,7 +342,8 @@ def due_ids(
     queue (:data:`DUE_INDEXES`), each stopping at ``limit``, merged under one ``LIMIT``: due
     rows of other kinds and queues are never read. ``now``: a time, or None for the
     database's (``UTC_TIMESTAMP(6)``, as ``DatabaseNow``: no session time zone). A runner of
-    every queue first finds the queues with pending tasks (a probe per queue). None (the
+    every queue first finds the queues with pending tasks (one statement more while they
+    stay those of its last search: :func:`_pending_queues`). None (the
     ORM's read) while migration 0018 has not built the indexes."""
     from nexus_workflows.models import DeferredWork
 
@@ -314,21 +352,13 @@ def due_ids(
     due = "UTC_TIMESTAMP(6)" if now is None else "%s"
     bound = [] if now is None else [connection.ops.adapt_datetimefield_value(now)]
     with connection.cursor() as cursor:
-        if queues is None:
-            queues = _pending_queues(cursor, table)
-        parts: list[str] = []
-        params: list[Any] = []
-        kind_index, queue_index = DUE_INDEXES
-        for column, index, values in (("kind", kind_index, kinds), ("queue_name", queue_index, queues)):
-            for value in dict.fromkeys(value for value in values if value):
-                parts.append(_DUE_OF_ONE.format(table=table, index=index, column=column, due=due))
-                params += [value, *bound, limit]
-        if not parts:
-            return []
-        merged = " UNION ALL ".join(parts)
-        order = "ORDER BY m.priority DESC, m.next_attempt_at, m.id LIMIT %s"
         try:
-            cursor.execute(f"SELECT m.id, m.queue_name FROM ({merged}) AS m {order}", [*params, limit])
+            if queues is None:
+                queues = _pending_queues(cursor, table, using)
+            read = _merged_read(table, kinds, queues, due, bound, limit)
+            if read is None:
+                return []
+            cursor.execute(*read)
         except DatabaseError as error:
             if mysql_error_number(error) == _NO_SUCH_KEY:
                 return None
