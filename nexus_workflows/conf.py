@@ -92,8 +92,13 @@ DEFAULTS: dict[str, Any] = {
     # plus up to 50% jitter.
     "AIRTABLE_RETRY_BASE_DELAY": 1,
     # Longest Retry-After waited in-process; a longer one ends the call at once with a
-    # transient error, leaving the wait to the workflow's retry schedule.
+    # transient error, leaving the wait to the workflow's retry schedule. Waited with up to
+    # AIRTABLE_RETRY_BASE_DELAY of jitter on top.
     "AIRTABLE_MAX_RETRY_AFTER": 60,
+    # Seconds after a call's first attempt within which its retries must start: a wait
+    # that would end later ends the call with its last failure (transient), leaving the
+    # rest to the workflow's retry schedule. The last attempt runs its AIRTABLE_TIMEOUT.
+    "AIRTABLE_RETRY_DEADLINE": 120,
     # Seconds one request may take as a whole (connecting, sending, the answer's headers
     # and body), however its answer trickles in: one number, or (connect, read) for a
     # connect within `connect` and the whole request within connect + read.

@@ -66,6 +66,17 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
                 setting_error(name, "a number of seconds, 0 or more", value, "nexus_workflows.E202")
             )
 
+    deadline = app_settings.AIRTABLE_RETRY_DEADLINE
+    if not is_number(deadline) or deadline <= 0:
+        messages.append(
+            setting_error(
+                "AIRTABLE_RETRY_DEADLINE",
+                "a number of seconds greater than 0",
+                deadline,
+                "nexus_workflows.E208",
+            )
+        )
+
     timeout = app_settings.AIRTABLE_TIMEOUT
     parts_ok = (
         all(is_number(part) and part > 0 for part in timeout)
@@ -153,6 +164,11 @@ def check_airtable_bounds(app_configs: Sequence[Any] | None = None, **kwargs: An
         value = getattr(app_settings, name)
         if is_number(value) and value > MAX_SECONDS:
             messages.append(setting_error(name, seconds_rule(zero_allowed=True), value, check_id))
+    deadline = app_settings.AIRTABLE_RETRY_DEADLINE
+    if is_number(deadline) and deadline > MAX_SECONDS:
+        messages.append(
+            setting_error("AIRTABLE_RETRY_DEADLINE", seconds_rule(), deadline, "nexus_workflows.E208")
+        )
     timeout = app_settings.AIRTABLE_TIMEOUT
     parts = timeout if isinstance(timeout, list | tuple) and len(timeout) == 2 else [timeout]
     if all(is_number(part) and part > 0 for part in parts) and max(parts) > AIRTABLE_MAX_TIMEOUT:

@@ -6,8 +6,11 @@ are the only ones:
 * at most ``AIRTABLE_MAX_ATTEMPTS`` requests (default 3);
 * transient: HTTP 408, 429, 500, 502, 503, 504 and network failures. After 429 or a 5xx
   that sends one, the wait is ``Retry-After`` (at most ``AIRTABLE_MAX_RETRY_AFTER``), else
-  after 429 its 30-second penalty (``AIRTABLE_RATE_LIMIT_DELAY``); other transient
+  after 429 its 30-second penalty (``AIRTABLE_RATE_LIMIT_DELAY``), each plus up to
+  ``AIRTABLE_RETRY_BASE_DELAY`` of jitter (never less than Airtable asked); other transient
   failures back off exponentially from ``AIRTABLE_RETRY_BASE_DELAY`` with jitter;
+* no retry starts later than ``AIRTABLE_RETRY_DEADLINE`` seconds after the call began: a
+  wait that would end past it ends the call at once with the failure in hand;
 * a failure after which the request may have been carried out — a network failure once it
   may have reached Airtable (connection reset, read timeout, the request's
   ``AIRTABLE_TIMEOUT`` passed: see :mod:`.deadline`), or HTTP 500, 502, 504 (an internal
@@ -97,6 +100,8 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
     retried) and every other exception propagate unchanged, without a retry.
     """
     max_attempts = app_settings.AIRTABLE_MAX_ATTEMPTS
+    # Monotonic: a wall-clock step must not stretch or cut the call's retries.
+    deadline = time.monotonic() + float(app_settings.AIRTABLE_RETRY_DEADLINE)
     attempt = 0
     while True:
         attempt += 1
@@ -111,9 +116,9 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
             # (a batch over 10 records) has carried out part of its writes.
             partly_done = answers_received() != answers
         retryable = error.transient and (retry_network_errors or (not partly_done and not error.request_sent))
-        delay = _delay(error, attempt) if retryable and attempt < max_attempts else None
+        delay, reason = _next_wait(error, attempt, max_attempts, deadline, retryable, partly_done)
         if delay is None:
-            _log_failure(error, attempt, max_attempts, retryable, partly_done)
+            _log_failure(error, reason)
             # Not chained: the requests exception's message holds the URL and formula.
             raise error from None
         logger.warning(
@@ -130,6 +135,26 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
             },
         )
         time.sleep(delay)
+
+
+def _next_wait(
+    error: AirtableError, attempt: int, max_attempts: int, deadline: float, retryable: bool, partly_done: bool
+) -> tuple[float | None, str]:
+    """``(seconds to wait before the next attempt, "")``, or ``(None, why the call ends now)``."""
+    if not retryable:
+        if error.transient and partly_done:
+            return None, "part of the operation was carried out and it is not safe to repeat"
+        if error.transient:
+            return None, "the request may have been carried out by Airtable and is not safe to repeat"
+        return None, "not retryable"
+    if attempt >= max_attempts:
+        return None, "no attempts left"
+    delay = _delay(error, attempt)
+    if delay is None:
+        return None, "Retry-After is longer than AIRTABLE_MAX_RETRY_AFTER"
+    if time.monotonic() + delay > deadline:
+        return None, "the next attempt would start after AIRTABLE_RETRY_DEADLINE"
+    return delay, ""
 
 
 def _error_of(exc: Exception, label: str, attempt: int, answers: int) -> AirtableError | None:
@@ -278,28 +303,19 @@ def _delay(error: AirtableError, attempt: int) -> float | None:
     """Seconds to wait before the next attempt, or ``None`` to stop retrying now."""
     base = float(app_settings.AIRTABLE_RETRY_BASE_DELAY)
     retry_after = getattr(error, "retry_after", None)
+    # A little jitter on top of Airtable's wait (never under it), so workers told the same
+    # Retry-After, or penalised together, do not all return at the same instant.
     if retry_after is not None:
-        return retry_after if retry_after <= app_settings.AIRTABLE_MAX_RETRY_AFTER else None
+        if retry_after > app_settings.AIRTABLE_MAX_RETRY_AFTER:
+            return None
+        return retry_after + random.uniform(0, base)
     if error.status == RATE_LIMITED:
-        # A little jitter on top of the penalty, so waiting workers do not return together.
         return float(app_settings.AIRTABLE_RATE_LIMIT_DELAY) + random.uniform(0, base)
     backoff = base * 2 ** (attempt - 1)
     return backoff * random.uniform(1.0, 1.5)
 
 
-def _log_failure(
-    error: AirtableError, attempt: int, max_attempts: int, retryable: bool, partly_done: bool
-) -> None:
-    if retryable and attempt >= max_attempts:
-        reason = "no attempts left"
-    elif retryable:
-        reason = "Retry-After is longer than AIRTABLE_MAX_RETRY_AFTER"
-    elif error.transient and partly_done:
-        reason = "part of the operation was carried out and it is not safe to repeat"
-    elif error.transient:
-        reason = "the request may have been carried out by Airtable and is not safe to repeat"
-    else:
-        reason = "not retryable"
+def _log_failure(error: AirtableError, reason: str) -> None:
     logger.warning(
         "%s; giving up: %s",
         error,

@@ -40,6 +40,7 @@ import socket
 import string
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -64,6 +65,13 @@ class RecordedRequest:
     query: dict[str, list[str]]
     body: Any
     fault: str | None = None
+    #: When the request was read (``time.monotonic()``, the tests' own clock: same process).
+    received_at: float = 0.0
+    #: A dripped answer: bytes of its slow part sent, and whether the client went away
+    #: before it was whole. The drip's own pace is the clock: a loaded machine slows it as
+    #: it slows the client, so "gave up after n bytes" holds under load where seconds do not.
+    dripped: int = 0
+    abandoned: bool = False
 
     @property
     def formula(self) -> str | None:
@@ -452,7 +460,9 @@ class AirtableEmulator:
             return
         base, table = segments[1], segments[2]
         record_id = segments[3] if len(segments) == 4 else None
-        request = RecordedRequest(method, base, table, record_id, parse_qs(parts.query), body)
+        request = RecordedRequest(
+            method, base, table, record_id, parse_qs(parts.query), body, received_at=time.monotonic()
+        )
         fault = self._take_fault(method, table)
         request.fault = fault.kind if fault else None
         with self._lock:
@@ -481,7 +491,7 @@ class AirtableEmulator:
             if fault is not None and fault.kind == "stall":
                 self._stopping.wait(fault.seconds)
             if fault is not None and fault.kind == "drip":
-                self._drip(handler, status, payload, fault)
+                self._drip(handler, status, payload, fault, request)
                 return
             self._send(handler, status, payload)
         except _Abort:
@@ -605,7 +615,14 @@ class AirtableEmulator:
         except OSError:
             pass  # the client went away (it timed out): nothing to answer
 
-    def _drip(self, handler: BaseHTTPRequestHandler, status: int, payload: Any, fault: Fault) -> None:
+    def _drip(
+        self,
+        handler: BaseHTTPRequestHandler,
+        status: int,
+        payload: Any,
+        fault: Fault,
+        request: RecordedRequest,
+    ) -> None:
         data = json.dumps(payload).encode()
         data += b" " * max(fault.size - len(data), 0)
         head = (
@@ -619,11 +636,12 @@ class AirtableEmulator:
             for byte in slow:
                 handler.wfile.write(bytes([byte]))
                 handler.wfile.flush()
+                request.dripped += 1
                 if self._stopping.wait(fault.seconds):
                     return
             handler.wfile.write(after)
         except OSError:
-            pass  # the client went away (it gave up): nothing more to send
+            request.abandoned = True  # the client went away (it gave up): nothing more to send
 
     @staticmethod
     def _reset(handler: BaseHTTPRequestHandler) -> None:

@@ -32,6 +32,7 @@ def test_good_values_pass(settings: Any) -> None:
             AIRTABLE_TIMEOUT=10,
             AIRTABLE_RATE_LIMIT=None,
             AIRTABLE_RATE_LIMIT_TIMEOUT=0,
+            AIRTABLE_RETRY_DEADLINE=0.5,
         )
         == []
     )
@@ -62,6 +63,11 @@ def test_good_values_pass(settings: Any) -> None:
         ("AIRTABLE_RATE_LIMIT", (5, 1, 1), "nexus_workflows.E205"),
         ("AIRTABLE_RATE_LIMIT_TIMEOUT", -1, "nexus_workflows.E206"),
         ("AIRTABLE_RATE_LIMIT_TIMEOUT", None, "nexus_workflows.E206"),
+        ("AIRTABLE_RETRY_DEADLINE", 0, "nexus_workflows.E208"),
+        ("AIRTABLE_RETRY_DEADLINE", -1, "nexus_workflows.E208"),
+        ("AIRTABLE_RETRY_DEADLINE", None, "nexus_workflows.E208"),
+        ("AIRTABLE_RETRY_DEADLINE", "120", "nexus_workflows.E208"),
+        ("AIRTABLE_RETRY_DEADLINE", float("nan"), "nexus_workflows.E208"),
     ],
 )
 def test_bad_values_are_errors(settings: Any, name: str, value: Any, check_id: str) -> None:
@@ -103,6 +109,7 @@ def test_airtable_values_up_to_their_bounds_pass() -> None:
         "AIRTABLE_TIMEOUT": (86_400, 86_400),
         "AIRTABLE_RATE_LIMIT": (10_000, 366 * 86_400),  # a rate_limited() window's bounds
         "AIRTABLE_RATE_LIMIT_TIMEOUT": 366 * 86_400,
+        "AIRTABLE_RETRY_DEADLINE": MAX_SECONDS,
     }
     assert airtable_checks(largest) == []
     assert airtable_checks({"AIRTABLE_MAX_ATTEMPTS": 30}) == []  # 2**28 s with the default 1 s
@@ -124,6 +131,7 @@ def test_airtable_values_up_to_their_bounds_pass() -> None:
         ({"AIRTABLE_RATE_LIMIT": (5, 366 * 86_400 + 1)}, "E205", "at most 31,622,400 (a year)"),
         ({"AIRTABLE_RATE_LIMIT": (10_001, 1)}, "E205", "requests of at least 1 and at most 10,000"),
         ({"AIRTABLE_RATE_LIMIT_TIMEOUT": 1e300}, "E206", "seconds 0 or more and at most 31,622,400 (a year)"),
+        ({"AIRTABLE_RETRY_DEADLINE": 1e300}, "E208", "seconds greater than 0 and at most 315,619,200"),
         ({"AIRTABLE_MAX_ATTEMPTS": 31}, "E207", "BASE_DELAY x 2 ** (AIRTABLE_MAX_ATTEMPTS - 2), must be"),
         ({"AIRTABLE_MAX_ATTEMPTS": 3, "AIRTABLE_RETRY_BASE_DELAY": MAX_SECONDS}, "E207", "ten years"),
     ],
@@ -146,6 +154,7 @@ def test_airtable_values_beyond_their_bounds_are_errors(
         ({"AIRTABLE_RATE_LIMIT": (1e300, 1)}, "E205"),
         ({"AIRTABLE_RATE_LIMIT": (5, -1e300)}, "E205"),
         ({"AIRTABLE_RATE_LIMIT_TIMEOUT": "1e300"}, "E206"),
+        ({"AIRTABLE_RETRY_DEADLINE": float("inf")}, "E208"),
     ],
 )
 def test_an_airtable_value_breaking_another_rule_gets_that_error_only(
