@@ -78,6 +78,9 @@ DEFAULTS: dict[str, Any] = {
     # holds a thread, and one that sends nothing would hold it for good. A scrape sends its
     # request at once; computing the answer does not count.
     "METRICS_IDLE_TIMEOUT": 10,
+    # Connections the endpoint of `runworkflows --metrics-port` serves at once (a thread
+    # each); one beyond them is closed at once. Prometheus scrapes one at a time per server.
+    "METRICS_MAX_CONNECTIONS": 16,
     # django-rq queue used by fire-and-forget workflows.
     "RQ_QUEUE": "default",
     # --- Airtable helpers (nexus_workflows.airtable); the API key is the Django setting

@@ -89,7 +89,15 @@ class QueueUnavailable(WorkflowError):
 
 class SealedDataUnreadable(WorkflowError):
     """A fire-and-forget job's sealed trigger or error message opens with no configured
-    PHI encryption key (a key was removed too early, or the value was altered)."""
+    PHI encryption key (a key was removed too early, or the value was altered).
+
+    Its message does not name the job: a job id holds the dedupe key, which may be derived
+    from patient data, and the message reaches RQ's failure records and the worker's log.
+    The id is :attr:`job_id`, for a caller that shows it where job ids are shown anyway."""
+
+    def __init__(self, message: str, *, job_id: str | None = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
 
 
 class JobFailed(Exception):

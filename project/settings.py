@@ -121,6 +121,12 @@ AIRTABLE_API_KEY = env.str("AIRTABLE_API_KEY", default="")
 # Base that the demo's triage projection writes to.
 DEMO_AIRTABLE_BASE_ID = env.str("DEMO_AIRTABLE_BASE_ID", default="appNexusDemo")
 
+# --- Error reports ----------------------------------------------------------------------
+# Django's filter hides settings by name (…PASS…, …KEY…); REDIS_URL, RQ_QUEUES' URL and a
+# DATABASE_URL in the environment (runserver's request.META) hold a password inside a
+# URL. This one hides those too, in the debug page and in the reports mailed to ADMINS.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "nexus_workflows.error_reports.UrlCredentialsFilter"
+
 # --- Internationalisation, static files -------------------------------------------------
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

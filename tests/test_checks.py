@@ -96,6 +96,12 @@ def test_keys_that_are_not_strings_are_unknown_settings_counted_not_shown() -> N
             "nexus_workflows.E003",
             "DB_CONNECTIONS'] must be a whole number of at least 4",
         ),
+        (
+            {"METRICS_MAX_CONNECTIONS": 0},
+            "nexus_workflows.E003",
+            "METRICS_MAX_CONNECTIONS'] must be a whole number of at least 1",
+        ),
+        ({"METRICS_MAX_CONNECTIONS": "16"}, "nexus_workflows.E003", "METRICS_MAX_CONNECTIONS"),
         ({"WAKEUP": "yes"}, "nexus_workflows.E005", "WAKEUP'] must be True or False"),
         (
             {"WAKEUP_FALLBACK_POLL_INTERVAL": 0},
@@ -138,6 +144,7 @@ def test_invalid_values_are_errors(settings: dict[str, Any], check_id: str, text
         ("SHUTDOWN_GRACE", MAX_SECONDS, 1e300, "seconds 0 or more and at most 315,619,200 (ten years)"),
         ("CONCURRENCY", 1024, 10**9, "a whole number of at least 1 and at most 1,024"),
         ("DB_CONNECTIONS", 1024, 1025, "a whole number of at least 4 and at most 1,024"),
+        ("METRICS_MAX_CONNECTIONS", 1024, 1025, "a whole number of at least 1 and at most 1,024"),
         ("ASYNC_CONCURRENCY", 10_000, 10_001, "a whole number of at least 1 and at most 10,000"),
         ("BATCH_SIZE", 10_000, 10**20, "a whole number of at least 1 and at most 10,000"),
         ("PURGE_BATCH_SIZE", 10_000, 10**20, "a whole number of at least 1 and at most 10,000"),

@@ -32,7 +32,13 @@ from rq.job import JobStatus, validate_job_id
 from rq.queue import Queue
 from rq.registry import CanceledJobRegistry, FailedJobRegistry, ScheduledJobRegistry
 
-from nexus_workflows import InvalidEnqueueOption, QueueUnavailable, enqueue, enqueue_many
+from nexus_workflows import (
+    InvalidEnqueueOption,
+    QueueUnavailable,
+    SealedDataUnreadable,
+    enqueue,
+    enqueue_many,
+)
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.fire_and_forget import get_queue, job_id_for, run_job, split_job_id
 from nexus_workflows.fire_and_forget.job import SEALED_ERROR
@@ -707,6 +713,27 @@ def test_a_sealed_trigger_moved_onto_another_job_does_not_open(
     assert "SealedDataUnreadable" in failed.latest_result().exc_string
     assert "its sealed trigger cannot be opened" in failed.latest_result().exc_string
     assert executions() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trigger_no_key_opens_fails_without_naming_the_job(
+    queue: Queue, rq_burst: Callable[..., int]
+) -> None:
+    """The job id holds the dedupe key (here a phone number, as a careless project might
+    use): RQ records the failure's message and its worker logs it. On the old code the
+    message began "fire-and-forget job 'copy-5215587314926': its sealed trigger..."."""
+    job_id = enqueue(LEDGER, {"key": "unreadable"}, delay=3600)  # scheduled: it stays put
+    sealed = queue.fetch_job(job_id).args[1]
+    copy = "copy-5215587314926"
+    queue.enqueue_call("nexus_workflows.fire_and_forget.run_sealed_job", args=(LEDGER, sealed), job_id=copy)
+    assert rq_burst() == 1
+    exc_string = queue.fetch_job(copy).latest_result().exc_string
+    assert "its sealed trigger cannot be opened" in exc_string
+    assert "5215587314926" not in exc_string
+    with pytest.raises(SealedDataUnreadable) as raised:
+        open_trigger(copy, sealed)
+    assert raised.value.job_id == copy  # for a caller that shows job ids anyway
+    assert "5215587314926" not in str(raised.value)
 
 
 received_lengths: list[int] = []

@@ -53,10 +53,11 @@ def open_error(job_id: str, sealed: str) -> str:
 def _open(context: str, sealed: Any, job_id: str, what: str) -> str:
     text = _keyring().unseal(context, sealed) if isinstance(sealed, str) else None
     if text is None:
-        # The job id names the kind and an opaque key (the README's rule), never the data.
+        # Not the job id in the message: it holds the dedupe key (an attribute instead).
         raise SealedDataUnreadable(
-            f"fire-and-forget job {job_id!r}: its sealed {what} cannot be opened with any "
-            "configured PHI encryption key. Keep a removed key in PHI_ENCRYPTION_KEYS until "
-            "every job sealed with it has run and passed the RETENTION horizon."
+            f"a fire-and-forget job: its sealed {what} cannot be opened with any configured "
+            "PHI encryption key. Keep a removed key in PHI_ENCRYPTION_KEYS until every job "
+            "sealed with it has run and passed the RETENTION horizon.",
+            job_id=job_id,
         )
     return text

@@ -299,9 +299,15 @@ class RunnerMetrics:
     def serve(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` in a daemon thread; returns the port (0 picks
         one). Raises :class:`~.metrics_server.MetricsEndpointUnavailable` when it cannot
-        listen there; a connection idle for ``METRICS_IDLE_TIMEOUT`` is dropped."""
-        idle_timeout = float(app_settings.METRICS_IDLE_TIMEOUT)
-        self._server = metrics_server.serve(host, port, self.registry, idle_timeout=idle_timeout)
+        listen there; a connection idle for ``METRICS_IDLE_TIMEOUT`` is dropped, and one
+        beyond ``METRICS_MAX_CONNECTIONS`` served at once is closed."""
+        self._server = metrics_server.serve(
+            host,
+            port,
+            self.registry,
+            idle_timeout=float(app_settings.METRICS_IDLE_TIMEOUT),
+            max_connections=int(app_settings.METRICS_MAX_CONNECTIONS),
+        )
         return int(self._server.server_address[1])
 
     def stop(self) -> None:

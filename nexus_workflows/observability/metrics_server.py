@@ -1,24 +1,30 @@
 """The runner's ``/metrics`` endpoint: prometheus-client's WSGI app on a threading HTTP
-server of our own, as ``prometheus_client.start_http_server`` starts one, with two
+server of our own, as ``prometheus_client.start_http_server`` starts one, with three
 differences:
 
-* a failure to listen (the port taken, an address not this host's) is
-  :class:`MetricsEndpointUnavailable`, so ``runworkflows`` blames the port for that and
-  for nothing else;
+* a failure to listen is :class:`MetricsEndpointUnavailable`, which says what is to blame
+  (:class:`Blame`: a host that does not resolve, an address not this host's, or the
+  port), so ``runworkflows`` blames the port for a taken port and for nothing else;
 * each connection has a socket timeout (``METRICS_IDLE_TIMEOUT``): the server gives every
   connection a thread, and a client that connects and sends nothing (a port scanner, a
   half-open connection, a load balancer's probe) held its thread for good, and so did one
   sending a byte now and then. Such a client is dropped quietly once the timeout has passed
   without its whole request; a scrape's request arrives at once, and the time the answer
-  takes to compute (the database's figures) does not count.
+  takes to compute (the database's figures) does not count;
+* at most ``METRICS_MAX_CONNECTIONS`` connections are served at once: a client opening
+  many got a thread each. A connection beyond the cap is closed at once, without a
+  thread (a scrape retries at its next interval; waiting for a slot would hold the
+  accept loop, and ``shutdown``, behind it).
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import socket
 import threading
 import time
+from enum import StrEnum
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -28,19 +34,54 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 THREAD_NAME = "nexus-workflows-metrics"
 
 
+class Blame(StrEnum):
+    """What a failure to listen is down to."""
+
+    #: The host name has no address (the lookup failed).
+    LOOKUP = "lookup"
+    #: The host's address is not one of this machine's.
+    ADDRESS = "address"
+    #: The port: taken, or not allowed to this process.
+    PORT = "port"
+
+
 class MetricsEndpointUnavailable(OSError):
     """The metrics endpoint could not listen on its host and port. An ``OSError``, as the
-    bind's own error was before; its message names the address and the system's reason."""
+    bind's own error was before; its message names the address and the system's reason,
+    and :attr:`blame` what is to blame."""
 
-    def __init__(self, host: str, port: int, reason: str) -> None:
+    def __init__(self, host: str, port: int, reason: str, blame: Blame = Blame.PORT) -> None:
         super().__init__(f"cannot serve metrics on {host}:{port} ({reason})")
         self.host = host
         self.port = port
         self.reason = reason
+        self.blame = blame
 
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scrape's thread never holds the runner's exit
+    max_connections = 1  # set per endpoint by serve()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, up to the cap; beyond it the connection is closed."""
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()  # no thread started: nothing else gives the slot back
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _RequestReads(io.RawIOBase):
@@ -94,19 +135,30 @@ class _Handler(WSGIRequestHandler):
         """Nothing per request (prometheus-client's handler is silent too)."""
 
 
-def serve(host: str, port: int, registry: CollectorRegistry, *, idle_timeout: float) -> WSGIServer:
-    """Serve ``registry`` at ``http://host:port/metrics`` on a daemon thread; the server
-    (its ``server_address`` names the port 0 picked). Raises
-    :class:`MetricsEndpointUnavailable` when it cannot listen there."""
+def serve(
+    host: str, port: int, registry: CollectorRegistry, *, idle_timeout: float, max_connections: int
+) -> WSGIServer:
+    """Serve ``registry`` at ``http://host:port/metrics`` on a daemon thread, at most
+    ``max_connections`` at once; the server (its ``server_address`` names the port 0
+    picked). Raises :class:`MetricsEndpointUnavailable` when it cannot listen there."""
     try:
         family, address = _family_and_address(host, port)
-        server_class = type("MetricsServer", (_Server,), {"address_family": family})
-        handler_class = type("MetricsHandler", (_Handler,), {"timeout": idle_timeout})
+    except OSError as error:  # socket.gaierror: the name has no address
+        raise MetricsEndpointUnavailable(host, port, _reason(error), Blame.LOOKUP) from error
+    attributes = {"address_family": family, "max_connections": max_connections}
+    server_class = type("MetricsServer", (_Server,), attributes)
+    handler_class = type("MetricsHandler", (_Handler,), {"timeout": idle_timeout})
+    try:
         server: WSGIServer = make_server(address, port, make_wsgi_app(registry), server_class, handler_class)
-    except OSError as error:  # the bind, or a host that does not resolve
-        raise MetricsEndpointUnavailable(host, port, error.strerror or type(error).__name__) from error
+    except OSError as error:  # the bind
+        blame = Blame.ADDRESS if error.errno == errno.EADDRNOTAVAIL else Blame.PORT
+        raise MetricsEndpointUnavailable(host, port, _reason(error), blame) from error
     threading.Thread(target=server.serve_forever, name=THREAD_NAME, daemon=True).start()
     return server
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or type(error).__name__
 
 
 def _family_and_address(host: str, port: int) -> tuple[socket.AddressFamily, str]:

@@ -16,6 +16,7 @@ of its own would have cost a connection beyond ``DB_CONNECTIONS``.)
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -96,7 +97,11 @@ class Observer:
             port = self.metrics.serve(self.metrics_host, self.metrics_port)
             host = f"[{self.metrics_host}]" if ":" in self.metrics_host else self.metrics_host
             endpoint = f"http://{host}:{port}/metrics"
-        self._register()
+        try:
+            self._register()
+        except BaseException:
+            self._stop_metrics()  # not left listening for a runner that did not start
+            raise
         return endpoint
 
     def _task_paths(self) -> list[str]:
@@ -132,26 +137,31 @@ class Observer:
                         "could not remove this runner's row (%s); it will show as dead",
                         type(error).__name__,
                     )
+        self._stop_metrics()
+
+    def _stop_metrics(self) -> None:
         if self.metrics is not None:
             self.metrics.stop()
 
     def _register(self) -> None:
         try:
-            self._insert_row()
+            pk = self._insert_row()
         except DatabaseError as error:
             # The heartbeat tries again; the runner itself need not wait for it.
             self._register_failed(type(error).__name__)
             _close_if_gone(self.using, error)
+        else:
+            self._register_written(pk)  # in autocommit: the insert has committed
 
-    def _insert_row(self) -> None:
-        """Write this runner's row (a new one); raises the database's errors."""
-        self.runner_id = runners.register(
+    def _insert_row(self) -> int:
+        """Insert this runner's row (a new one); its id. Raises the database's errors. It
+        is written only once its transaction commits (:meth:`_register_written`)."""
+        return runners.register(
             kinds=self.kinds,
             concurrency=self.concurrency,
             wakeup_mode=str(self.wakeup_mode()),
             using=self.using,
         )
-        self._register_written()
 
     def _register_failed(self, what: str) -> None:
         """Said once (WARNING) per spell of failed writes, then at DEBUG while it lasts:
@@ -162,7 +172,9 @@ class Observer:
         else:
             logger.debug("could not write this runner's row again (%s)", what)
 
-    def _register_written(self) -> None:
+    def _register_written(self, pk: int) -> None:
+        """The row's insert has committed: only now is it this runner's row, and said so."""
+        self.runner_id = pk
         if self._register_failures:
             logger.debug("this runner's row written after %d failed tries", self._register_failures)
             self._register_failures = 0
@@ -283,15 +295,29 @@ class Observer:
         with self._row_lock:
             if self._stopped:
                 return
-            if not self._bounded(self._write_row, "runner row not refreshed"):
+            if not self._refresh_row():
                 return
             if time.monotonic() >= self._next_sweep:
                 self._next_sweep = time.monotonic() + float(app_settings.SWEEP_INTERVAL)
                 self._bounded(self._sweep, "old runner rows and counts not purged")
 
-    def _bounded(self, write: Callable[[], None], failed: str) -> bool:
-        """Run ``write`` with its lock waits bounded; whether it passed. A failure is said
-        at DEBUG; the connection is closed only when the error says the session is gone
+    def _refresh_row(self) -> bool:
+        """Refresh the row, or write it again, in a block of its own; whether it passed. A
+        row written again is this runner's only once the block has committed: on PostgreSQL
+        the commit itself may fail (a deferred constraint trigger, a serialization failure)."""
+        inserted: list[int] = []
+        error = self._bounded(functools.partial(self._write_row, inserted), "runner row not refreshed")
+        if error is None:
+            if inserted:
+                self._register_written(inserted[0])
+            return True
+        if inserted:  # its insert passed, and then its transaction did not
+            self._register_failed(type(error).__name__)
+        return False
+
+    def _bounded(self, write: Callable[[], None], failed: str) -> DatabaseError | None:
+        """Run ``write`` with its lock waits bounded; the error if it failed. A failure is
+        said at DEBUG; the connection is closed only when the error says the session is gone
         (an outage): after a refusal or a rolled-back error it is fine, and a new one per
         heartbeat would cost a login every interval for as long as the fault lasts."""
         try:
@@ -300,12 +326,13 @@ class Observer:
         except DatabaseError as error:  # a lock waited for too long, a refusal, or an outage
             logger.debug("%s (%s)", failed, type(error).__name__)
             _close_if_gone(self.using, error)
-            return False
-        return True
+            return error
+        return None
 
-    def _write_row(self) -> None:
-        """Refresh this runner's row, or write it again when it is missing (never written,
-        or purged while the runner was away); raises the database's errors."""
+    def _write_row(self, inserted: list[int]) -> None:
+        """Refresh this runner's row, or insert it again when it is missing (never written,
+        or purged while the runner was away: its new id goes in ``inserted``); raises the
+        database's errors."""
         if self.runner_id is not None and runners.refresh(
             self.runner_id,
             in_flight=self.in_flight(),
@@ -316,7 +343,7 @@ class Observer:
         ):
             return
         try:
-            self._insert_row()
+            inserted.append(self._insert_row())
         except DatabaseError as error:
             self._register_failed(type(error).__name__)
             raise  # out of the block first: heartbeat() closes the connection if need be

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import prometheus_client
 import pytest
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -112,6 +113,63 @@ def test_a_taken_port_still_names_the_port() -> None:
         metrics = RunnerMetrics(kinds=[], using="default", in_flight=lambda: 0)
         with pytest.raises(MetricsEndpointUnavailable, match=f"cannot serve metrics on 127.0.0.1:{port} \\("):
             metrics.serve("127.0.0.1", port)
+
+
+def metrics_host_error(host: str) -> str:
+    """What ``runworkflows --metrics-host HOST`` ends with when it cannot listen there."""
+    with pytest.raises(CommandError) as raised:
+        call_command(
+            "runworkflows", "--once", "--kind", "test-outcomes", "--metrics-port", "0", "--metrics-host", host
+        )
+    return str(raised.value)
+
+
+def test_a_host_that_does_not_resolve_is_named_not_the_port() -> None:
+    """``.invalid`` never resolves (RFC 6761). On the old code: "cannot serve metrics on
+    nx-no-such-host.invalid:0 (...); choose another --metrics-port"."""
+    message = metrics_host_error("nx-no-such-host.invalid")
+    assert message.startswith("cannot serve metrics on nx-no-such-host.invalid:0 ("), message
+    assert "--metrics-host nx-no-such-host.invalid does not resolve to an address" in message
+    assert "give an IP address of this host (127.0.0.1 or ::1" in message
+    assert "--metrics-port" not in message
+
+
+def test_an_address_not_this_hosts_is_named_not_the_port() -> None:
+    """192.0.2.1 (TEST-NET-1) is no address of this host: the bind's EADDRNOTAVAIL."""
+    message = metrics_host_error("192.0.2.1")
+    assert "--metrics-host 192.0.2.1 is not an address of this host" in message, message
+    assert "--metrics-port" not in message
+
+
+def test_connections_beyond_the_cap_are_closed_at_once() -> None:
+    """Two slots, held by clients that send nothing (a 30 s idle timeout keeps them): a
+    third connection is closed at once, without a thread; once a slot is free, a scrape
+    is served. On the old code the third got a thread of its own and was kept open."""
+    settings = {"METRICS_IDLE_TIMEOUT": 30, "METRICS_MAX_CONNECTIONS": 2}
+    with override_settings(NEXUS_WORKFLOWS=settings):
+        metrics = RunnerMetrics(kinds=[], using="default", in_flight=lambda: 0)
+        port = metrics.serve("127.0.0.1", 0)
+    baseline = connection_threads()
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    try:
+        wait_for(lambda: connection_threads() == baseline + 2, timeout=10, what="two connection threads")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as beyond:
+            beyond.settimeout(5)
+            try:
+                received = beyond.recv(1024)
+            except ConnectionResetError:
+                received = b""
+            except TimeoutError:
+                pytest.fail("a connection beyond the cap was kept open")
+        assert received == b""
+        assert connection_threads() == baseline + 2
+        held.pop().close()
+        wait_for(lambda: connection_threads() == baseline + 1, timeout=10, what="a slot to free")
+        assert "nexus_workflows_in_flight 0.0" in scrape(port)
+    finally:
+        for connection in held:
+            connection.close()
+        metrics.stop()
 
 
 def test_a_duration_histogram_has_its_created_time(endpoint: tuple[RunnerMetrics, int]) -> None:

@@ -1,9 +1,10 @@
 """The runner's own row when its writes fail on PostgreSQL, where each write runs in a
 transaction of its own (its lock wait bounded): a lock held on the row, a project's
-trigger that refuses the row. The failed write leaves its transaction (rolled back) before
-anything else runs; the heartbeat keeps its session (a refusal or a rolled-back error
-leaves it fine) and writes the row again once the fault goes. Real runner, real lock,
-real trigger; the sessions the heartbeat thread opens are counted by Django's own
+trigger that refuses the row, at once or at commit. The failed write leaves its
+transaction (rolled back) before anything else runs; the heartbeat keeps its session (a
+refusal or a rolled-back error leaves it fine) and writes the row again once the fault
+goes; a row is said written only once committed. Real runner, real lock, real trigger;
+the sessions the heartbeat thread opens are counted by Django's own
 ``connection_created`` signal."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from django.test import override_settings
 
 from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.observability.models import Runner as RunnerRow
+from nexus_workflows.observability.observer import Observer
 from tests.processes import wait_for
 from tests.raw_connections import row_locked
 
@@ -125,6 +127,64 @@ def test_a_refused_runner_row_is_written_again_without_a_closed_connection(
     assert during == 0, f"{during} new session(s) for {len(failures(caplog))} refused writes"
     assert {message for message in failures(caplog)} == {f"{NOT_REFRESHED}InternalError)"}
     assert "refused by the test" not in caplog.text  # the database's text: by type only
+
+
+def test_a_runner_row_whose_commit_fails_is_not_said_to_be_written(
+    caplog: pytest.LogCaptureFixture, runner_row_refused_at_commit: CommitRefusal
+) -> None:
+    """A deferred constraint trigger refuses the row at commit. In autocommit (the start)
+    the insert itself fails; in the heartbeat's transaction the insert passes and the
+    commit fails. On the old code the heartbeat said "this runner's row written after 1
+    failed tries" before its commit, and kept the id of a row that never was."""
+    observer = Observer(kinds=["test-outcomes"], concurrency=1, using="default", in_flight=lambda: 0)
+    runner_row_refused_at_commit.install()
+    with caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
+        observer.start()
+        observer.heartbeat()
+        refused = [r.getMessage() for r in caplog.records]
+        runner_row_refused_at_commit.remove()
+        observer.heartbeat()
+    try:
+        assert not [message for message in refused if "row written" in message], refused
+        assert observer.runner_id == RunnerRow.objects.get().pk
+        assert "could not write this runner's row again (InternalError)" in refused
+        assert "this runner's row written after 2 failed tries" in caplog.text
+    finally:
+        observer.stop()
+
+
+class CommitRefusal:
+    """A real deferred constraint trigger that refuses every new runner row at commit."""
+
+    installed = False
+
+    def install(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "CREATE OR REPLACE FUNCTION nw_test_refuse_at_commit() RETURNS trigger LANGUAGE plpgsql "
+                "AS $$ BEGIN RAISE EXCEPTION 'refused at commit by the test' USING ERRCODE = 'XX000'; END $$"
+            )
+            cursor.execute(
+                "CREATE CONSTRAINT TRIGGER nw_test_refuse_at_commit AFTER INSERT ON "
+                f"{RunnerRowRefusal.table()} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+                "EXECUTE FUNCTION nw_test_refuse_at_commit()"
+            )
+        self.installed = True
+
+    def remove(self) -> None:
+        if self.installed:
+            with connection.cursor() as cursor:
+                table = RunnerRowRefusal.table()
+                cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_refuse_at_commit ON {table}")
+                cursor.execute("DROP FUNCTION IF EXISTS nw_test_refuse_at_commit()")
+            self.installed = False
+
+
+@pytest.fixture
+def runner_row_refused_at_commit() -> Iterator[CommitRefusal]:
+    refusal = CommitRefusal()
+    yield refusal
+    refusal.remove()
 
 
 class RunnerRowRefusal:

@@ -207,11 +207,31 @@ class Runner:
         heart-beaten: the process must end soon, before ``STALE_AFTER`` lets another
         runner start them too (``runworkflows`` ends it at once: :func:`.shutdown.end_process`).
         """
-        metrics = self._observer.start()  # first: a metrics port in use fails here, cleanly
         signals = StopSignals(self.request_stop, self._stop_requested.is_set, self.shutdown_grace)
-        if self.install_signal_handlers:
-            signals.install()
-        self._start_helpers()
+        # Start-up is undone if it fails half-way (a log file that cannot be opened, a
+        # thread that cannot start): every part started is stopped, the last first, and
+        # the error goes up. Once the loop runs, the shutdown stops them in its own order.
+        with contextlib.ExitStack() as started:
+            started.callback(close_connection, self.using)
+            metrics = self._observer.start()  # first: a metrics port in use fails here, cleanly
+            started.callback(self._observer.stop)
+            if self.install_signal_handlers:
+                signals.install()
+                started.callback(signals.restore)
+            self._start_helpers(started)
+            self._log_start(metrics)
+            started.pop_all()
+        try:
+            self._loop()
+        finally:
+            try:
+                self._shutdown()
+            finally:
+                signals.restore()
+        logger.info("runner stopped: %s", self.stats.summary())
+        return self.stats
+
+    def _log_start(self, metrics: str) -> None:
         logger.info(
             "runner started: %s",
             start_line(
@@ -227,15 +247,6 @@ class Runner:
                 dead_connections=self._describe_dead_connections(),
             ),
         )
-        try:
-            self._loop()
-        finally:
-            try:
-                self._shutdown()
-            finally:
-                signals.restore()
-        logger.info("runner stopped: %s", self.stats.summary())
-        return self.stats
 
     def _describe_dead_connections(self) -> str:
         """How its connections notice a silent network (PostgreSQL: libpq's TCP options)."""
@@ -276,14 +287,21 @@ class Runner:
 
     # --- helpers ----------------------------------------------------------------------
 
-    def _start_helpers(self) -> None:
+    def _start_helpers(self, started: contextlib.ExitStack) -> None:
+        """Start the helper threads; each one's stop goes on ``started`` as it starts."""
         self._journal.start()
+        started.callback(self._journal.stop)
+        # The workers end once the ledger closes (the async loop also once it is told).
+        started.callback(self._ledger.close)
         if SYNC in self._lanes.claimers:
             self._pool.start()
         if ASYNC in self._lanes.claimers:
             self._async_pool.start()
+            started.callback(self._async_pool.stop)
         self._heartbeat.start()
+        started.callback(self._heartbeat.stop)
         wakeup.add_local_waiter(self._wake)
+        started.callback(wakeup.remove_local_waiter, self._wake)
         if not self.once and app_settings.WAKEUP and connections[self.using].vendor == "postgresql":
             self._listener = wakeup.PostgresListener(
                 self.using,
@@ -295,6 +313,7 @@ class Runner:
                 on_rest_held=self._lanes.wake_limited if self._lanes.limited else None,
             )
             self._listener.start()
+            started.callback(self._listener.stop)
             # The start line says whether wake-ups work; the probe takes milliseconds
             # when they do, PROBE_TIMEOUT when they do not.
             self._listener.decided.wait(wakeup.PROBE_TIMEOUT + 5.0)

@@ -18,7 +18,13 @@ from nexus_workflows.management.commands._arguments import seconds, whole_number
 from nexus_workflows.management.commands._database import DatabaseUnreachable, require_migrated
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.observability.logs import install_default_handler, remove_default_handler
-from nexus_workflows.observability.metrics_server import MetricsEndpointUnavailable
+from nexus_workflows.observability.metrics_server import Blame, MetricsEndpointUnavailable
+
+#: What --metrics-host takes, for an error that blames it.
+METRICS_HOSTS = (
+    "give an IP address of this host (127.0.0.1 or ::1 for this host alone, 0.0.0.0 or :: "
+    "for all of its interfaces) or a name that resolves to one"
+)
 
 
 def _port(value: str) -> int:
@@ -29,6 +35,16 @@ def _port(value: str) -> int:
     if not 0 <= number <= 65535:
         raise ArgumentTypeError("must be a TCP port from 0 to 65535 (0 picks a free one)")
     return number
+
+
+def _metrics_advice(error: MetricsEndpointUnavailable) -> str:
+    """What to change when the endpoint cannot listen: the port only when it is to blame;
+    the host (not patient data: an address or a name of the deployment) otherwise."""
+    if error.blame is Blame.LOOKUP:
+        return f"--metrics-host {error.host} does not resolve to an address; {METRICS_HOSTS}"
+    if error.blame is Blame.ADDRESS:
+        return f"--metrics-host {error.host} is not an address of this host; {METRICS_HOSTS}"
+    return "choose another --metrics-port"
 
 
 class Command(BaseCommand):
@@ -139,8 +155,8 @@ class Command(BaseCommand):
         try:
             stats = runner.run()
         except MetricsEndpointUnavailable as error:
-            # Only the endpoint's own bind: any other OSError goes up with its own message.
-            raise CommandError(f"{error}; choose another --metrics-port") from error
+            # Only the endpoint's own listen: any other OSError goes up with its own message.
+            raise CommandError(f"{error}; {_metrics_advice(error)}") from error
         if options["once"]:
             self.stdout.write(f"runworkflows --once: {stats.summary()}")
         given_up = stats.given_up()

@@ -1,0 +1,81 @@
+"""Error reports without the passwords written inside URLs.
+
+Django's ``SafeExceptionReporterFilter`` hides a setting (or a ``request.META`` entry)
+by its name: one matching ``API|AUTH|TOKEN|KEY|SECRET|PASS|SIGNATURE``. A password inside
+a URL (``REDIS_URL = "redis://:password@host:6379/0"``, ``RQ_QUEUES``' ``URL``, a
+``DATABASE_URL`` in the environment, which ``runserver`` hands to every request's
+``META``) is under no such name, and went out whole in the debug page and in the
+reports mailed to ``ADMINS``. :class:`UrlCredentialsFilter` also replaces the password of
+every ``scheme://user:password@host`` in those values, and in a frame's local variables
+(a string, or a plain dict, list or tuple of them: a URL on its way to the Redis client),
+with Django's substitute; the user and the host stay, to tell which server it was.
+
+Use it with ``DEFAULT_EXCEPTION_REPORTER_FILTER = "nexus_workflows.error_reports.UrlCredentialsFilter"``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.http import HttpRequest
+from django.views.debug import SafeExceptionReporterFilter
+
+# Where a URL's authority ends: its path, query or fragment, or a space.
+_AUTHORITY_END = re.compile(r"[/?#\s]")
+# A scheme, just before a "://": looked for in the few characters before it only, so a
+# long text (a trigger in a frame's variables) is read once, never once per character.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*\Z")
+_SCHEME_LONGEST = 32
+# Values walked into in a frame's variables: these exact types, not a subclass that
+# shows itself otherwise (request.POST is a dict too, and Django cleanses it by its own rules).
+_PLAIN = (str, dict, list, tuple)
+
+
+def hide_url_passwords(text: str, substitute: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` in it replaced
+    by ``substitute``; a userinfo without a ":" (a token used as the user) as a whole. The
+    userinfo ends at the authority's last "@" (a password's "@" not percent-encoded too)."""
+    separators = [match.start() for match in re.finditer("://", text)]
+    pieces: list[str] = []
+    done = 0
+    for number, separator in enumerate(separators):
+        scheme = _SCHEME.search(text, max(done, separator - _SCHEME_LONGEST), separator)
+        if scheme is None:
+            continue
+        start = separator + 3
+        # Not into the next URL (a list of them in one value: "redis://…,redis://…").
+        limit = (
+            _scheme_start(text, separators[number + 1], start) if number + 1 < len(separators) else len(text)
+        )
+        end = _AUTHORITY_END.search(text, start, limit)
+        userinfo, at, _ = text[start : end.start() if end else limit].rpartition("@")
+        if not at:
+            continue
+        user, colon, _ = userinfo.partition(":")
+        pieces += [text[done:start], f"{user}:" if colon else "", substitute]
+        done = start + len(userinfo)
+    return "".join([*pieces, text[done:]])
+
+
+def _scheme_start(text: str, separator: int, floor: int) -> int:
+    """Where the scheme before the "://" at ``separator`` begins (not before ``floor``)."""
+    scheme = _SCHEME.search(text, max(floor, separator - _SCHEME_LONGEST), separator)
+    return scheme.start() if scheme else separator
+
+
+class UrlCredentialsFilter(SafeExceptionReporterFilter):
+    """Django's filter, and no password of a URL in settings, ``META`` or frame variables."""
+
+    def cleanse_setting(self, key: Any, value: Any) -> Any:
+        cleansed = super().cleanse_setting(key, value)
+        if isinstance(cleansed, str):
+            return hide_url_passwords(cleansed, self.cleansed_substitute)
+        return cleansed
+
+    def cleanse_special_types(self, request: HttpRequest | None, value: Any) -> Any:
+        value = super().cleanse_special_types(request, value)
+        if type(value) in _PLAIN:
+            # Walked as a setting's value is: strings, and keys named like a secret.
+            return self.cleanse_setting("", value)
+        return value
