@@ -34,7 +34,9 @@ KIND = "bench-noop"
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("mode", choices=("cpu", "calls"))
     parser.add_argument("--items", type=int, default=20_000)
     parser.add_argument("--pairs", type=int, default=3, help="cpu: drains of each tree, alternated")
