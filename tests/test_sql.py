@@ -604,3 +604,20 @@ def test_a_claim_of_many_ids_binds_them_as_one_array() -> None:
     assert claimable(pending, ids[:15]).query.get_compiler("default").as_sql()[0] == many_sql
     assert sorted(many.values_list("pk", flat=True)) == ids
     assert sorted(few.values_list("pk", flat=True)) == ids[:PLACEHOLDER_IDS]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_of_ids_takes_exactly_the_rows_named() -> None:
+    """The done-write's rows of a claim: on PostgreSQL beyond a few ids one array parameter
+    (one statement text whatever their number), elsewhere ``IN``."""
+    ids = [DeferredWork.objects.create(kind="k", dedupe_key=f"d{n}", trigger={}).pk for n in range(20)]
+    every = DeferredWork.objects.all()
+    module = sql.for_connection("default")
+    for chosen in (ids[:3], ids[::2], ids):
+        assert sorted(module.of_ids(every, chosen).values_list("pk", flat=True)) == sorted(chosen)
+    if connection.vendor == "postgresql":
+        twelve, twenty = (
+            module.of_ids(every, n).query.get_compiler("default").as_sql() for n in (ids[:12], ids)
+        )
+        assert twelve[0] == twenty[0]
+        assert len(twenty[1]) == 1

@@ -304,7 +304,7 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
             by_claim.setdefault((work.using, work.claim_token), []).append(work)
     for (using, token), group in by_claim.items():
         ids = [work.id for work in group]
-        rows = DeferredWork.objects.using(using).held(token).filter(pk__in=ids)
+        rows = sql.for_connection(using).of_ids(DeferredWork.objects.using(using).held(token), ids)
         done = {**_done_fields(DatabaseNow()), "return_value": _return_values(group)}
         # What each written row stores as finished_at, by id: only a Django task's is
         # read (task_finished), so a claim of workflow rows returns their ids alone.

@@ -123,6 +123,37 @@ class SkipLocked(Expression):
         return f"{column} = ANY(ARRAY({locked}))", (*params, *ids)
 
 
+class OfIds(Expression):
+    """``pk = ANY(%s::bigint[])``: the rows ``ids``, bound as one array (see SkipLocked)."""
+
+    output_field = BooleanField()
+
+    def __init__(self, model: Any, ids: Sequence[Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.ids = list(ids)
+        self.column: Any = F("pk")
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.column]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        (self.column,) = exprs
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        column, params = compiler.compile(self.column)
+        array = f"{self.model._meta.pk.cast_db_type(connection)}[]"
+        return f"{column} = ANY(%s::{array})", (*params, self.ids)
+
+
+def of_ids(queryset: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
+    """The rows ``ids`` of ``queryset``, the ids one array parameter beyond a few (the
+    done-write of a claim's rows: the same statement text for any number, parsed once)."""
+    if len(ids) <= PLACEHOLDER_IDS:
+        return queryset.filter(pk__in=ids)
+    return queryset.filter(OfIds(queryset.model, ids))
+
+
 def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
     """The rows ``ids`` of ``candidates`` a claim's ``UPDATE`` may take: those no other
     session holds a row lock on (a request's transaction that changed the row and has not
