@@ -188,3 +188,32 @@ def test_claims_released_at_shutdown_again_are_counted_released(kind: str) -> No
     assert set(DeferredWork.objects.values_list("status", flat=True)) == {Status.PENDING}
     # A fence never matches a kept token: each needs the status "processing" too.
     assert not DeferredWork.objects.held(works[1].claim_token).exists()
+
+
+# --- The done-write's RETURNING -------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.needs("update_returning")
+def test_a_done_write_returns_the_stored_finish_of_task_rows_only(kind: str) -> None:
+    """Only a Django task's ``finished_at`` is read (its ``task_finished`` carries it):
+    the done-write of a claim of workflow rows returns their ids alone (a no-op drain
+    paid for converting and keeping a time per item that nothing read)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from nexus_workflows.deferred.claims import Claimer
+    from tests.testapp import tasks
+
+    enqueue(kind, {"key": "w"})
+    tasks.add.enqueue(1, 2)
+    workflow = claimed_one(kind)
+    (task,) = Claimer(kinds=[], queues=["default"], using="default").claim_due(1)
+    with CaptureQueriesContext(connection) as queries:
+        assert transitions.finish_done([workflow, task]) == ([workflow, task], [])
+    returned = [query["sql"].rsplit("RETURNING", 1)[1] for query in queries if "RETURNING" in query["sql"]]
+    # One statement per claim, the workflow's first.
+    assert ["finished_at" in columns for columns in returned] == [False, True]
+    stored = dict(DeferredWork.objects.values_list("pk", "finished_at"))
+    assert (workflow.finished_at, task.finished_at) == (None, stored[task.id])
+    assert stored[workflow.id] is not None

@@ -75,7 +75,7 @@ class Workflow:
             async_to_sync(self.prepare)(*args)
             return
         result = self.prepare(*args)
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):  # most return None: no test
             if inspect.iscoroutine(result):
                 result.close()
             raise TypeError(

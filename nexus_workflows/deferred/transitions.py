@@ -84,7 +84,8 @@ class ClaimedWork:
     error_record: dict[str, str] | None = field(default=None, repr=False)
     task_result: Any = field(default=None, repr=False)
     # The stored ``finished_at`` once done or abandoned was written (the database's clock),
-    # so that task_finished carries what get_result() reads.
+    # so that task_finished carries what get_result() reads. A Django task's only: a
+    # workflow row's done-write leaves it None (nothing reads it).
     finished_at: datetime | None = field(default=None, repr=False)
     # A rate-limited kind's start of its window, reserved by the claim and taken when the
     # attempt starts (nexus_workflows.flow.starts); None once started, or without a limit.
@@ -303,13 +304,17 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
             by_claim.setdefault((work.using, work.claim_token), []).append(work)
     for (using, token), group in by_claim.items():
         ids = [work.id for work in group]
-        rows = DeferredWork.objects.using(using).held(token).filter(pk__in=ids)
+        rows = sql.for_connection(using).of_ids(DeferredWork.objects.using(using).held(token), ids)
         done = {**_done_fields(DatabaseNow()), "return_value": _return_values(group)}
-        # What each written row stores as finished_at, by id.
+        # What each written row stores as finished_at, by id: only a Django task's is
+        # read (task_finished), so a claim of workflow rows returns their ids alone.
         ours: dict[int, Any] = {}
         if can_return_from_update(using):
-            returning = update_returning(rows, done, ("pk", "finished_at"))
-            ours = {row["pk"]: row["finished_at"] for row in returning}
+            if any(work.is_task for work in group):
+                returning = update_returning(rows, done, ("pk", "finished_at"))
+                ours = {row["pk"]: row["finished_at"] for row in returning}
+            else:
+                ours = dict.fromkeys(row["pk"] for row in update_returning(rows, done, ("pk",)))
         else:
             rows.update(**done)  # which rows it wrote, and their finished_at, are read below
         if len(ours) < len(group):

@@ -107,6 +107,11 @@ def violated_constraint(error: IntegrityError) -> str | None:
     return constraint_name(error)
 
 
+def of_ids(queryset: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
+    """The rows ``ids`` of ``queryset``."""
+    return queryset.filter(pk__in=ids)
+
+
 def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
     """The rows ``ids`` of ``candidates`` a claim's ``UPDATE`` may take: those no other
     session holds a row lock on, locked now (``SELECT … FOR UPDATE SKIP LOCKED``, MariaDB

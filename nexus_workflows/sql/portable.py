@@ -35,6 +35,11 @@ def violated_constraint(error: IntegrityError) -> str | None:
     return None
 
 
+def of_ids(queryset: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
+    """The rows ``ids`` of ``queryset``."""
+    return queryset.filter(pk__in=ids)
+
+
 def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
     """The rows ``ids`` of ``candidates``, as they are: how another database skips a
     locked row is not known here."""

@@ -59,6 +59,11 @@ def violated_constraint(error: IntegrityError) -> str | None:
     return None
 
 
+def of_ids(queryset: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
+    """The rows ``ids`` of ``queryset``."""
+    return queryset.filter(pk__in=ids)
+
+
 def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
     """The rows ``ids`` of ``candidates``, as they are: SQLite has no row locks, only
     one writer at a time, which a claim waits for (up to the connection's ``timeout``)."""

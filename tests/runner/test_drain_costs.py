@@ -5,6 +5,7 @@ with a profile hook on the runner's threads, while a real runner drains real row
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import threading
 from collections import Counter
@@ -16,21 +17,29 @@ import pytest
 from nexus_workflows import enqueue_many
 from nexus_workflows.deferred import attempts
 from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.deferred.runner.ledger import Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ITEMS = 30
 
 
-def drain_counting(kind: str, codes: dict[str, Any]) -> tuple[int, Counter[str]]:
+def drain_counting(
+    kind: str, codes: dict[str, Any], callers: dict[str, Any] | None = None
+) -> tuple[int, Counter[str]]:
     """Drain ``kind`` with a runner (once) while counting calls of the ``codes`` (name:
-    code object) in every thread; returns (items done, calls by name)."""
+    code object) in every thread, those named in ``callers`` only when made from that
+    code object; returns (items done, calls by name)."""
     names = {code: name for name, code in codes.items()}
+    callers = callers or {}
     calls: Counter[str] = Counter()
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call" and frame.f_code in names:
-            calls[names[frame.f_code]] += 1
+            name = names[frame.f_code]
+            caller = callers.get(name)
+            if caller is None or (frame.f_back is not None and frame.f_back.f_code is caller):
+                calls[name] += 1
 
     threading.setprofile(profile)  # the worker threads the runner starts
     sys.setprofile(profile)
@@ -51,10 +60,41 @@ def test_a_drain_inspects_a_workflows_prepare_once_not_per_item(register_workflo
     assert calls["inspect"] <= 2, calls
 
 
-def test_a_log_line_looks_the_runs_allowed_up_once(register_workflow: Any) -> None:
+def test_a_log_line_looks_the_runs_allowed_up_once(
+    register_workflow: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
     enqueue_many(kind, [{"key": f"k{number}"} for number in range(ITEMS)])
-    done, calls = drain_counting(kind, {"max_attempts": attempts.max_attempts.__code__})
+    with caplog.at_level(logging.INFO, logger="nexus_workflows"):
+        done, calls = drain_counting(kind, {"max_attempts": attempts.max_attempts.__code__})
     assert done == ITEMS
     # Two lines per item (started, done); signals without receivers build nothing.
     assert calls["max_attempts"] <= 2 * ITEMS, calls
+    assert caplog.text.count(": done") == ITEMS
+
+
+def test_lines_below_the_loggers_level_build_nothing(
+    register_workflow: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A runner whose INFO lines go nowhere (``-v 0``, a project logging WARNING and up)
+    does not look up, number and format what it would have said."""
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": f"k{number}"} for number in range(ITEMS)])
+    with caplog.at_level(logging.WARNING, logger="nexus_workflows"):
+        done, calls = drain_counting(kind, {"max_attempts": attempts.max_attempts.__code__})
+    assert done == ITEMS
+    assert calls["max_attempts"] == 0, calls
+
+
+def test_a_worker_taking_work_wakes_no_one_when_no_one_waits(register_workflow: Any) -> None:
+    """A take tells a main loop waiting for the hand-off of a wake-up's claim that the work
+    was taken; in a drain no one waits there, and each take paid for the notify."""
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": f"k{number}"} for number in range(ITEMS)])
+    done, calls = drain_counting(
+        kind,
+        {"notify_all": threading.Condition.notify_all.__code__},
+        callers={"notify_all": Ledger.take.__code__},
+    )
+    assert done == ITEMS
+    assert calls["notify_all"] == 0, calls

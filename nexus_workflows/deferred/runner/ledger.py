@@ -96,6 +96,7 @@ class Ledger:
         self.clock = clock
         self._work_available = threading.Condition(self.lock)
         self._sync_taken = threading.Condition(self.lock)  # a sync worker took queued work
+        self._sync_waiting = 0  # threads waiting on it: a take notifies only them
         self._queued: dict[str, LaneQueue] = {lane: LaneQueue() for lane in LANES}
         self._running: dict[tuple[str, int], ClaimedWork] = {}
         self._running_lanes: Counter[str] = Counter()
@@ -145,7 +146,8 @@ class Ledger:
                     self._work_available.wait()
                 if not queued or self._held:
                     return None
-                self._sync_taken.notify_all()
+                if self._sync_waiting:
+                    self._sync_taken.notify_all()
                 work = self._start_if_ours(queued.popleft(), SYNC)
                 if work is not None:
                     return work
@@ -156,9 +158,13 @@ class Ledger:
         here after a wake-up's claim: blocked, it holds no GIL, so the worker starts the
         attempt at once instead of after the loop's next Python work."""
         with self._sync_taken:
-            return self._sync_taken.wait_for(
-                lambda: not self._queued[SYNC] or self._closed or self._held, timeout
-            )
+            self._sync_waiting += 1
+            try:
+                return self._sync_taken.wait_for(
+                    lambda: not self._queued[SYNC] or self._closed or self._held, timeout
+                )
+            finally:
+                self._sync_waiting -= 1
 
     def take_now(self, lane: str, limit: int) -> list[ClaimedWork]:
         """Up to ``limit`` queued items of ``lane`` (now running, unmarked); never blocks."""

@@ -26,6 +26,8 @@ def attempt_of(work: ClaimedWork, attempt: int | None = None) -> str:
 
 def log_outcome(work: ClaimedWork, outcome: str, level: int) -> None:
     """One line about one attempt of ``work``."""
+    if not logger.isEnabledFor(level):  # -v 0, or a project's WARNING: nothing to build
+        return
     # The runs allowed looked up once for the text and the number: two lines per item.
     allowed = max_attempts(work.kind, work.backend_name)
     number = number_of(work.attempt, allowed)

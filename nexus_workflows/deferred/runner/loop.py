@@ -354,7 +354,9 @@ class Runner:
         if outcome.work.limited:
             # Its slot or key is free once the outcome is written, before the next claim.
             self._lanes.wake_limited(outcome.work.kind)
-        self._wake.set()
+        # Set already, the loop has yet to clear it: its next turn writes this outcome.
+        if not self._wake.is_set():
+            self._wake.set()
 
     # --- main loop --------------------------------------------------------------------
 
