@@ -82,7 +82,29 @@ def violated_constraint(error: IntegrityError) -> str | None:
 PLACEHOLDER_IDS = 8
 
 
-class SkipLocked(Expression):
+class _RowsOfIds(Expression):
+    """A condition on a model's primary key and a list of ids (the subclass's ``as_sql``)."""
+
+    output_field = BooleanField()
+
+    def __init__(self, model: Any, ids: Sequence[Any]) -> None:
+        super().__init__()
+        self.model = model
+        self.ids = list(ids)
+        self.column: Any = F("pk")
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.column]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        (self.column,) = exprs
+
+    def ids_array(self, connection: Any) -> str:
+        """The placeholder of the ids bound as one array of the primary key's type."""
+        return f"%s::{self.model._meta.pk.cast_db_type(connection)}[]"
+
+
+class SkipLocked(_RowsOfIds):
     """``pk = ANY(ARRAY(SELECT pk FROM … WHERE pk = ANY(ids) FOR NO KEY UPDATE SKIP LOCKED))``:
     the rows ``ids`` no other transaction holds a lock on, locked by this statement with
     the lock its ``UPDATE`` takes anyway (so it skips no lock a plain ``UPDATE`` would not
@@ -95,20 +117,6 @@ class SkipLocked(Expression):
     parsed a statement of over 50 placeholders at every claim, about 15 Python calls per id).
     The plan is the same: PostgreSQL reads ``IN (…)`` as ``= ANY(…)``."""
 
-    output_field = BooleanField()
-
-    def __init__(self, model: Any, ids: Sequence[Any]) -> None:
-        super().__init__()
-        self.model = model
-        self.ids = list(ids)
-        self.column: Any = F("pk")
-
-    def get_source_expressions(self) -> list[Any]:
-        return [self.column]
-
-    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
-        (self.column,) = exprs
-
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         column, params = compiler.compile(self.column)
         quote = connection.ops.quote_name
@@ -116,7 +124,7 @@ class SkipLocked(Expression):
         if len(self.ids) <= PLACEHOLDER_IDS:
             chosen, ids = f"IN ({', '.join(['%s'] * len(self.ids))})", tuple(self.ids)
         else:
-            chosen, ids = f"= ANY(%s::{self.model._meta.pk.cast_db_type(connection)}[])", (self.ids,)
+            chosen, ids = f"= ANY({self.ids_array(connection)})", (self.ids,)
         locked = (
             f"SELECT nw_locked.{pk} FROM {table} AS nw_locked WHERE nw_locked.{pk} {chosen} "
             "FOR NO KEY UPDATE SKIP LOCKED"
@@ -124,27 +132,12 @@ class SkipLocked(Expression):
         return f"{column} = ANY(ARRAY({locked}))", (*params, *ids)
 
 
-class OfIds(Expression):
+class OfIds(_RowsOfIds):
     """``pk = ANY(%s::bigint[])``: the rows ``ids``, bound as one array (see SkipLocked)."""
-
-    output_field = BooleanField()
-
-    def __init__(self, model: Any, ids: Sequence[Any]) -> None:
-        super().__init__()
-        self.model = model
-        self.ids = list(ids)
-        self.column: Any = F("pk")
-
-    def get_source_expressions(self) -> list[Any]:
-        return [self.column]
-
-    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
-        (self.column,) = exprs
 
     def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
         column, params = compiler.compile(self.column)
-        array = f"{self.model._meta.pk.cast_db_type(connection)}[]"
-        return f"{column} = ANY(%s::{array})", (*params, self.ids)
+        return f"{column} = ANY({self.ids_array(connection)})", (*params, self.ids)
 
 
 def of_ids(queryset: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
