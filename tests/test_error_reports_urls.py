@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
+import redis
 from django.test import RequestFactory, override_settings
 from django.views.debug import ExceptionReporter
 
@@ -65,3 +66,49 @@ def test_django_report_hides_urls_passwords_in_settings_meta_and_frames() -> Non
     assert f"redis://app:{HIDDEN}@cache:6379/0" in reports
     assert f"postgres://app:{HIDDEN}@db:5432/nx" in reports
     assert "the queue&#x27;s server did not answer" in reports  # the rest of the report stays
+
+
+def view_with_odd_locals(request: Any, url: str) -> None:
+    looped: list[Any] = [url]
+    looped.append(looped)  # a list holding itself
+    nested: list[Any] = [url]
+    for _ in range(5000):  # a JSON body nested deeper than the recursion limit
+        nested = [nested]
+    raise ConnectionError("the queue's server did not answer")
+
+
+def test_a_frame_variable_the_walk_cannot_follow_is_hidden_and_the_report_still_made() -> None:
+    """A list holding itself, and one nested deeper than the recursion limit: the walk
+    into a frame's variables raised RecursionError (on the old code: "RecursionError:
+    maximum recursion depth exceeded"), which lost the whole report (the debug page, the
+    mail to ADMINS). Django's own report shows such values; this one hides them whole."""
+    url = f"redis://app:{IN_SETTING}@cache:6379/0"
+    request = RequestFactory().get("/visits/")
+    filter_path = "nexus_workflows.error_reports.UrlCredentialsFilter"
+    with override_settings(DEFAULT_EXCEPTION_REPORTER_FILTER=filter_path, DEBUG=False):
+        try:
+            view_with_odd_locals(request, url)
+        except ConnectionError:
+            reporter = ExceptionReporter(request, *sys.exc_info())
+            reports = reporter.get_traceback_text() + reporter.get_traceback_html()
+    assert IN_SETTING not in reports
+    assert f"redis://app:{HIDDEN}@cache:6379/0" in reports  # the plain local, as before
+    assert "the queue&#x27;s server did not answer" in reports
+
+
+def test_a_url_redis_py_parsed_is_shown_without_its_password() -> None:
+    """A ``REDIS_URL`` whose port is mistyped: redis-py's ``parse_url`` raises while its
+    frame holds the URL parsed by urllib (``ParseResult(netloc=':password@cache:6a79')``,
+    no "://" in it). On the old code the report showed that netloc whole."""
+    url = f"redis://:{IN_SETTING}@cache:6a79/0"
+    request = RequestFactory().get("/visits/")
+    filter_path = "nexus_workflows.error_reports.UrlCredentialsFilter"
+    with override_settings(DEFAULT_EXCEPTION_REPORTER_FILTER=filter_path, DEBUG=False):
+        try:
+            redis.Redis.from_url(url)
+        except ValueError:
+            reporter = ExceptionReporter(request, *sys.exc_info())
+            reports = reporter.get_traceback_text() + reporter.get_traceback_html()
+    assert "parse_url" in reports  # the frame is in the report
+    assert IN_SETTING not in reports
+    assert f"netloc=&#x27;:{HIDDEN}@cache:6a79&#x27;" in reports
