@@ -85,6 +85,10 @@ class UrlCredentialsFilter(SafeExceptionReporterFilter):
     """Django's filter, and no password of a URL in settings, ``META`` or frame variables."""
 
     def cleanse_setting(self, key: Any, value: Any) -> Any:
+        if type(value) is str and key == "":
+            # A string in a list (a frame's list of a million of them is walked): no name
+            # to hide it by, and most hold no URL; Django's own walk would return it as is.
+            return hide_url_passwords(value, self.cleansed_substitute) if "://" in value else value
         cleansed = super().cleanse_setting(key, value)
         if isinstance(cleansed, str):
             return hide_url_passwords(cleansed, self.cleansed_substitute)
