@@ -7,8 +7,11 @@ a URL (``REDIS_URL = "redis://:password@host:6379/0"``, ``RQ_QUEUES``' ``URL``, 
 ``META``) is under no such name, and went out whole in the debug page and in the
 reports mailed to ``ADMINS``. :class:`UrlCredentialsFilter` also replaces the password of
 every ``scheme://user:password@host`` in those values, and in a frame's local variables
-(a string, or a plain dict, list or tuple of them: a URL on its way to the Redis client),
-with Django's substitute; the user and the host stay, to tell which server it was.
+(a string, or a plain dict, list or tuple of them: a URL on its way to the Redis client,
+and a URL urllib has parsed: its netloc), with Django's substitute; the user and the host
+stay, to tell which server it was. A value the walk cannot follow (a list holding itself,
+nesting deeper than the recursion limit) is hidden whole: an error raised here would lose
+the report itself.
 
 Use it with ``DEFAULT_EXCEPTION_REPORTER_FILTER = "nexus_workflows.error_reports.UrlCredentialsFilter"``.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import ParseResult, SplitResult
 
 from django.http import HttpRequest
 from django.views.debug import SafeExceptionReporterFilter
@@ -30,6 +34,9 @@ _SCHEME_LONGEST = 32
 # Values walked into in a frame's variables: these exact types, not a subclass that
 # shows itself otherwise (request.POST is a dict too, and Django cleanses it by its own rules).
 _PLAIN = (str, dict, list, tuple)
+# A URL parsed by urllib (redis-py's parse_url holds one while it reads the port and the
+# query): its netloc keeps "user:password@host", with no "://" before it.
+_PARSED = (ParseResult, SplitResult)
 
 
 def hide_url_passwords(text: str, substitute: str) -> str:
@@ -58,6 +65,16 @@ def hide_url_passwords(text: str, substitute: str) -> str:
     return "".join([*pieces, text[done:]])
 
 
+def hide_netloc_password(netloc: str, substitute: str) -> str:
+    """A parsed URL's ``user:password@host`` with the password replaced by ``substitute``
+    (a userinfo without a ":" as a whole), as :func:`hide_url_passwords` does."""
+    userinfo, at, host = netloc.rpartition("@")
+    if not at:
+        return netloc
+    user, colon, _ = userinfo.partition(":")
+    return f"{user}:{substitute}@{host}" if colon else f"{substitute}@{host}"
+
+
 def _scheme_start(text: str, separator: int, floor: int) -> int:
     """Where the scheme before the "://" at ``separator`` begins (not before ``floor``)."""
     scheme = _SCHEME.search(text, max(floor, separator - _SCHEME_LONGEST), separator)
@@ -68,6 +85,10 @@ class UrlCredentialsFilter(SafeExceptionReporterFilter):
     """Django's filter, and no password of a URL in settings, ``META`` or frame variables."""
 
     def cleanse_setting(self, key: Any, value: Any) -> Any:
+        if type(value) is str and key == "":
+            # A string in a list (a frame's list of a million of them is walked): no name
+            # to hide it by, and most hold no URL; Django's own walk would return it as is.
+            return hide_url_passwords(value, self.cleansed_substitute) if "://" in value else value
         cleansed = super().cleanse_setting(key, value)
         if isinstance(cleansed, str):
             return hide_url_passwords(cleansed, self.cleansed_substitute)
@@ -75,7 +96,15 @@ class UrlCredentialsFilter(SafeExceptionReporterFilter):
 
     def cleanse_special_types(self, request: HttpRequest | None, value: Any) -> Any:
         value = super().cleanse_special_types(request, value)
+        if type(value) in _PARSED:
+            return value._replace(netloc=hide_netloc_password(value.netloc, self.cleansed_substitute))
         if type(value) in _PLAIN:
             # Walked as a setting's value is: strings, and keys named like a secret.
-            return self.cleanse_setting("", value)
+            try:
+                return self.cleanse_setting("", value)
+            except Exception:  # noqa: BLE001 - an error here would lose the whole report
+                # A list holding itself or JSON nested deeper than the recursion limit
+                # (RecursionError), a dict another thread changes (RuntimeError): Django's
+                # own report shows such a value; this walk cannot, so it hides it whole.
+                return self.cleansed_substitute
         return value

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
+import redis
 from django.test import RequestFactory, override_settings
 from django.views.debug import ExceptionReporter
 
@@ -65,3 +66,70 @@ def test_django_report_hides_urls_passwords_in_settings_meta_and_frames() -> Non
     assert f"redis://app:{HIDDEN}@cache:6379/0" in reports
     assert f"postgres://app:{HIDDEN}@db:5432/nx" in reports
     assert "the queue&#x27;s server did not answer" in reports  # the rest of the report stays
+
+
+def reported_request() -> Any:
+    """A request whose reports use the filter (Django caches the one its setting names at
+    the first report of the process: a setting overridden later is not read again)."""
+    request = RequestFactory().get("/visits/")
+    request.exception_reporter_filter = UrlCredentialsFilter()
+    return request
+
+
+def view_with_odd_locals(request: Any, url: str) -> None:
+    looped: list[Any] = [url]
+    looped.append(looped)  # a list holding itself
+    nested: list[Any] = [url]
+    for _ in range(5000):  # a JSON body nested deeper than the recursion limit
+        nested = [nested]
+    raise ConnectionError("the queue's server did not answer")
+
+
+def test_a_frame_variable_the_walk_cannot_follow_is_hidden_and_the_report_still_made() -> None:
+    """A list holding itself, and one nested deeper than the recursion limit: the walk
+    into a frame's variables raised RecursionError (on the old code: "RecursionError:
+    maximum recursion depth exceeded"), which lost the whole report (the debug page, the
+    mail to ADMINS). Django's own report shows such values; this one hides them whole."""
+    url = f"redis://app:{IN_SETTING}@cache:6379/0"
+    request = reported_request()
+    with override_settings(DEBUG=False):
+        try:
+            view_with_odd_locals(request, url)
+        except ConnectionError:
+            reporter = ExceptionReporter(request, *sys.exc_info())
+            reports = reporter.get_traceback_text() + reporter.get_traceback_html()
+    assert IN_SETTING not in reports
+    assert f"redis://app:{HIDDEN}@cache:6379/0" in reports  # the plain local, as before
+    assert "the queue&#x27;s server did not answer" in reports
+
+
+def test_a_url_redis_py_parsed_is_shown_without_its_password() -> None:
+    """A ``REDIS_URL`` whose port is mistyped: redis-py's ``parse_url`` raises while its
+    frame holds the URL parsed by urllib (``ParseResult(netloc=':password@cache:6a79')``,
+    no "://" in it). On the old code the report showed that netloc whole."""
+    url = f"redis://:{IN_SETTING}@cache:6a79/0"
+    request = reported_request()
+    with override_settings(DEBUG=False):
+        try:
+            redis.Redis.from_url(url)
+        except ValueError:
+            reporter = ExceptionReporter(request, *sys.exc_info())
+            reports = reporter.get_traceback_text() + reporter.get_traceback_html()
+    assert "parse_url" in reports  # the frame is in the report
+    assert IN_SETTING not in reports
+    assert f"netloc=&#x27;:{HIDDEN}@cache:6a79&#x27;" in reports
+
+
+def test_strings_in_a_frames_list_are_walked_as_before() -> None:
+    """The walk's short cut for a list's strings (no name to hide them by) still hides a
+    URL's password and keeps the rest, and a dict's keys named like a secret still hide
+    their values (a guard)."""
+    walked = UrlCredentialsFilter().cleanse_special_types(
+        None, ["redis://:pw1@cache:6379/0", "plain", ("rediss://u:pw2@two/1",), {"password": "pw3"}]
+    )
+    assert walked == [
+        f"redis://:{HIDDEN}@cache:6379/0",
+        "plain",
+        (f"rediss://u:{HIDDEN}@two/1",),
+        {"password": HIDDEN},
+    ]

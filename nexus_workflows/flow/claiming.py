@@ -519,8 +519,12 @@ class FlowClaimer:
         )
         if first is None:
             # No candidate at all; or those windows freed since the candidates were read:
-            # then ask again at the next turn, rather than rest as if every key were busy.
-            return None if candidates.exists() else []
+            # then ask again at the next turn, rather than rest as if every key were busy,
+            # and at once (an idle runner's next turn is otherwise its poll interval away).
+            if not candidates.exists():
+                return []
+            self._retry_within(0.0)
+            return None
         started_at, now = first
         # A reserved start is stamped ahead (windows.RESERVED_FOR): its attempt starts in
         # a moment and is stamped then, so its window frees a period from now at the soonest.

@@ -12,13 +12,17 @@ differences:
   without its whole request; a scrape's request arrives at once, and the time the answer
   takes to compute (the database's figures) does not count;
 * at most ``METRICS_MAX_CONNECTIONS`` connections are served at once: a client opening
-  many got a thread each. A connection beyond the cap is closed at once, without a
-  thread (a scrape retries at its next interval; waiting for a slot would hold the
-  accept loop, and ``shutdown``, behind it).
+  many got a thread each. At the cap, the oldest connection whose request is not in yet
+  gives way to the new one (a scrape sends its request at once: a client holding the
+  slots with connections that send nothing, each renewed within the idle timeout, kept
+  every scrape out). When every slot is answering a request, a new connection is closed
+  at once, without a thread (a scrape retries at its next interval; waiting for a slot
+  would hold the accept loop, and ``shutdown``, behind it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import socket
@@ -32,6 +36,9 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 THREAD_NAME = "nexus-workflows-metrics"
+#: Seconds the accept loop waits for the slot of a connection it shut to give way (its
+#: thread, woken by the shutdown, gives it back within a moment).
+GIVE_WAY_WAIT = 1.0
 
 
 class Blame(StrEnum):
@@ -65,23 +72,51 @@ class _Server(ThreadingMixIn, WSGIServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(self.max_connections)
+        # The connections served whose request is not in yet, oldest first.
+        self._unread: dict[Any, None] = {}
+        self._unread_lock = threading.Lock()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """A thread per connection, up to the cap; beyond it the connection is closed."""
-        if not self._slots.acquire(blocking=False):
+        if not self._take_slot():
             self.shutdown_request(request)
             return
+        with self._unread_lock:
+            self._unread[request] = None
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()  # no thread started: nothing else gives the slot back
+            self._give_back(request)  # no thread started: nothing else gives the slot back
             raise
+
+    def _take_slot(self) -> bool:
+        """A slot for a new connection: a free one, or the slot of the oldest connection
+        still without its request, which is shut (its thread's read ends at once)."""
+        if self._slots.acquire(blocking=False):
+            return True
+        with self._unread_lock:
+            oldest = next(iter(self._unread), None)
+            self._unread.pop(oldest, None)
+        if oldest is None:  # every slot answers a request
+            return False
+        with contextlib.suppress(OSError):  # closed meanwhile: its slot is coming back
+            oldest.shutdown(socket.SHUT_RDWR)
+        return self._slots.acquire(timeout=GIVE_WAY_WAIT)
+
+    def request_in(self, request: Any) -> None:
+        """A connection's request is in: it no longer gives way to a new connection."""
+        with self._unread_lock:
+            self._unread.pop(request, None)
+
+    def _give_back(self, request: Any) -> None:
+        self.request_in(request)
+        self._slots.release()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._give_back(request)
 
 
 class _RequestReads(io.RawIOBase):
@@ -118,8 +153,11 @@ class _Handler(WSGIRequestHandler):
 
     def parse_request(self) -> bool:
         parsed = super().parse_request()
-        # The request is in: the answer's writes wait the whole timeout again, each.
+        # The request is in: the answer's writes wait the whole timeout again, each, and
+        # this connection no longer gives way to a new one.
         self.request_reads.deadline = None
+        server: Any = self.server
+        server.request_in(self.request)
         self.connection.settimeout(self.timeout)
         return parsed
 

@@ -26,6 +26,10 @@ def noop(trigger: Any, checkpoints: Any, save: Any) -> None:
     pass
 
 
+def sender_of(trigger: Any) -> str:
+    return str(trigger["sender"])
+
+
 def claim_counting_queries(busy: BusyLane) -> tuple[int, int]:
     """One claim turn of the busy lane: (rows claimed, queries made)."""
     with CaptureQueriesContext(connection) as queries:
@@ -135,3 +139,23 @@ def test_a_rate_key_kind_whose_full_windows_free_during_its_claim_is_asked_again
     assert flow._rest_for_key_windows(kind, 60, candidates) is None
     assert flow._resting(kind, time.monotonic()) == 0
     assert flow._rest_for_key_windows(kind, 60, candidates.none()) == []  # no candidate at all
+
+
+def test_a_rate_key_kind_whose_full_windows_free_during_its_claim_has_an_idle_runner_look_again_at_once(
+    register_workflow: Any, long_rest: None
+) -> None:
+    """As above: the kind is asked again at the next turn. An idle runner's next turn is
+    its poll interval away (nothing announces a window freeing), so the claim tells it to
+    look again at once; on the old code ``retry_in`` stayed None and the row waited for
+    the poll."""
+    from nexus_workflows.flow.claiming import FlowClaimer
+    from nexus_workflows.models import DeferredWork
+
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(1, 60), rate_key=sender_of).kind
+    enqueue(kind, {"key": "a1", "sender": "a"})
+    flow = FlowClaimer.for_kinds([kind], "default")
+    assert flow is not None
+    assert flow.retry_in is None
+    candidates = DeferredWork.objects.filter(kind=kind)  # due, and no start in key a's window
+    assert flow._rest_for_key_windows(kind, 60, candidates) is None
+    assert flow.retry_in == 0

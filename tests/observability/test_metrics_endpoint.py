@@ -11,12 +11,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import prometheus_client
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from nexus_workflows.observability.metrics import RunnerMetrics
 from tests.processes import ManagePy, wait_for
@@ -141,35 +143,89 @@ def test_an_address_not_this_hosts_is_named_not_the_port() -> None:
     assert "--metrics-port" not in message
 
 
-def test_connections_beyond_the_cap_are_closed_at_once() -> None:
-    """Two slots, held by clients that send nothing (a 30 s idle timeout keeps them): a
-    third connection is closed at once, without a thread; once a slot is free, a scrape
-    is served. On the old code the third got a thread of its own and was kept open."""
+class HeldCollector(Collector):
+    """A collector whose scrapes wait until :attr:`release` is set (a slow database)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.inside = 0
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        self.inside += 1
+        self.release.wait(30)
+        return []
+
+
+def closed_at_once(port: int) -> bool:
+    """Whether a new connection is closed by the endpoint without an answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as beyond:
+        beyond.settimeout(5)
+        try:
+            return beyond.recv(1024) == b""
+        except ConnectionResetError:
+            return True
+        except TimeoutError:
+            return False  # kept open
+
+
+@pytest.fixture
+def two_slots() -> Iterator[tuple[RunnerMetrics, int]]:
+    """An endpoint serving two connections at once; a 30 s idle timeout."""
     settings = {"METRICS_IDLE_TIMEOUT": 30, "METRICS_MAX_CONNECTIONS": 2}
     with override_settings(NEXUS_WORKFLOWS=settings):
         metrics = RunnerMetrics(kinds=[], using="default", in_flight=lambda: 0)
         port = metrics.serve("127.0.0.1", 0)
+    try:
+        yield metrics, port
+    finally:
+        metrics.stop()
+
+
+def test_connections_beyond_the_cap_are_closed_at_once(two_slots: tuple[RunnerMetrics, int]) -> None:
+    """Two slots, each answering a scrape (held in its collection): a third connection is
+    closed at once, without a thread; once a scrape is answered, a scrape is served. On
+    the code before the cap the third got a thread of its own and was kept open."""
+    metrics, port = two_slots
+    held = HeldCollector()
+    metrics.registry.register(held)
+    baseline = connection_threads()
+    answers: list[str] = []
+    scrapes = [threading.Thread(target=lambda: answers.append(scrape(port))) for _ in range(2)]
+    for thread in scrapes:
+        thread.start()
+    try:
+        wait_for(lambda: held.inside == 2, timeout=10, what="two scrapes collecting")
+        assert closed_at_once(port)
+        assert connection_threads() == baseline + 2
+    finally:
+        held.release.set()
+        for thread in scrapes:
+            thread.join(10)
+    assert len(answers) == 2
+    assert "nexus_workflows_in_flight 0.0" in scrape(port)
+
+
+def test_connections_that_send_nothing_give_way_to_a_scrape(two_slots: tuple[RunnerMetrics, int]) -> None:
+    """Two slots, held by clients that send nothing (renewed within the idle timeout, they
+    would hold them for good): a scrape is served, and the oldest of them is shut to make
+    room. On the old code the scrape's connection was closed at once ("Remote end closed
+    connection without response")."""
+    _, port = two_slots
     baseline = connection_threads()
     held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
     try:
         wait_for(lambda: connection_threads() == baseline + 2, timeout=10, what="two connection threads")
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as beyond:
-            beyond.settimeout(5)
-            try:
-                received = beyond.recv(1024)
-            except ConnectionResetError:
-                received = b""
-            except TimeoutError:
-                pytest.fail("a connection beyond the cap was kept open")
-        assert received == b""
-        assert connection_threads() == baseline + 2
-        held.pop().close()
-        wait_for(lambda: connection_threads() == baseline + 1, timeout=10, what="a slot to free")
         assert "nexus_workflows_in_flight 0.0" in scrape(port)
+        assert held[0].recv(1024) == b""  # the oldest gave way
+        held[1].settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            held[1].recv(1024)  # the other is still open
     finally:
         for connection in held:
             connection.close()
-        metrics.stop()
 
 
 def test_a_duration_histogram_has_its_created_time(endpoint: tuple[RunnerMetrics, int]) -> None:
