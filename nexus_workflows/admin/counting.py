@@ -85,12 +85,14 @@ def in_snapshot(using: str) -> bool:
     return using in _SNAPSHOTS.get()
 
 
-def page_wanted(request: HttpRequest) -> int | None:
-    """The page a list's ``?p=`` asks for; None for none, or one Django's list refuses."""
+def page_wanted(request: HttpRequest) -> int:
+    """The page a list's ``?p=`` asks for, as Django's list reads it: 1 when it is not a
+    number (Django shows page 1, so its estimate is checked as page 1's; unchecked, a low
+    one of a slice made the list one page of every row), or less than 1 (refused later)."""
     try:
         return max(int(request.GET.get(PAGE_VAR, 1)), 1)
     except ValueError:
-        return None
+        return 1
 
 
 class EstimatingPaginator(Paginator):
