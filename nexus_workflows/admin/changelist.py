@@ -141,6 +141,11 @@ class TriageChangeList(SearchNotEchoedChangeList):
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[DeferredWork]:
         queryset = super().get_queryset(request, exclude_parameters)
+        # Read where the page's snapshot is: a router may send each read to a replica of its
+        # choice (Django's documented one picks at random). Built in the snapshot only: an
+        # action's queryset, built after it, is the router's (its rows are read for writing).
+        if (snapshot := counting.snapshot_taken()) is not None:
+            queryset = queryset.using(snapshot)
         # What no column shows stays in the database: the PHI-bearing JSON, and a task's
         # tracebacks and return value (up to 20,000 characters an attempt).
         return queryset.defer("trigger", "checkpoints", "history", "errors", "return_value")

@@ -85,6 +85,12 @@ def in_snapshot(using: str) -> bool:
     return using in _SNAPSHOTS.get()
 
 
+def snapshot_taken() -> str | None:
+    """The database of the innermost :func:`one_snapshot` block that took one, if any."""
+    taken = _SNAPSHOTS.get()
+    return taken[-1] if taken else None
+
+
 def page_wanted(request: HttpRequest) -> int:
     """The page a list's ``?p=`` asks for, as Django's list reads it: 1 when it is not a
     number (Django shows page 1, so its estimate is checked as page 1's; unchecked, a low

@@ -91,3 +91,30 @@ def test_estimated_counts_and_the_rows_shown_are_one_snapshot(
     shown = [work.pk for work in response.context["cl"].result_list]
     assert len(shown) == response.context["cl"].result_count == 3
     assert claimed in shown
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True, databases=["default", "direct"])
+def test_a_router_that_spreads_reads_over_replicas_reads_the_list_in_its_snapshot(
+    superuser: Any, make_work: Any, workflow: Any, settings: Any
+) -> None:
+    """Django's documented router sends each read to a replica of its choice: the page's
+    counts and rows are all read where its snapshot is, not some of them elsewhere (there
+    the row claimed meanwhile was counted pending in one and processing in another)."""
+    from django.db import connections
+
+    settings.DATABASE_ROUTERS = ["tests.testapp.routers.WorkReadFromEitherReplica"]
+    fill_done(workflow.kind, 25_000)
+    claimed = make_rows(make_work)
+
+    with (
+        connection.execute_wrapper(claimed_after_the_first_count(claimed)),
+        connections["direct"].execute_wrapper(claimed_after_the_first_count(claimed)),
+    ):
+        response = client_for(superuser).get(reverse(CHANGELIST), {"status": "pending"})
+
+    summary = summary_of(response)
+    assert DeferredWork.objects.using("default").get(pk=claimed).status == Status.PROCESSING
+    assert summary["pending"] + summary["processing"] == 4, summary
+    shown = [work.pk for work in response.context["cl"].result_list]
+    assert len(shown) == response.context["cl"].result_count == summary["pending"]
