@@ -118,3 +118,39 @@ def test_a_router_that_spreads_reads_over_replicas_reads_the_list_in_its_snapsho
     assert summary["pending"] + summary["processing"] == 4, summary
     shown = [work.pk for work in response.context["cl"].result_list]
     assert len(shown) == response.context["cl"].result_count == summary["pending"]
+
+
+def fails_at_the_first_count() -> Any:
+    """An execute wrapper: the page's first count fails at the server (inside the snapshot;
+    on PostgreSQL the error aborts the transaction, as a statement timeout would)."""
+    failed: list[bool] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not failed and "COUNT(" in sql.upper():
+            failed.append(True)
+            return execute("SELECT * FROM nw_no_such_table", None, many, context)
+        return execute(sql, params, many, context)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("database", SNAPSHOTS)
+def test_a_refused_filter_or_a_failed_statement_in_the_snapshot_leaves_the_session_as_it_was(
+    superuser: Any, make_work: Any, database: str
+) -> None:
+    """Django's invalid-filter redirect (a NUL in a filter) and a statement that fails
+    inside the page's snapshot end it (rolled back): the session is back in autocommit, and
+    the next page is read whole."""
+    from django.db import ProgrammingError
+
+    make_rows(make_work)
+    client = client_for(superuser)
+    refused = client.get(reverse(CHANGELIST), {"kind": "a\x00b"})
+    assert (refused.status_code, refused["Location"]) == (302, reverse(CHANGELIST) + "?e=1")
+    assert (connection.get_autocommit(), connection.in_atomic_block) == (True, False)
+    with connection.execute_wrapper(fails_at_the_first_count()), pytest.raises(ProgrammingError):
+        client.get(reverse(CHANGELIST))
+    assert (connection.get_autocommit(), connection.in_atomic_block) == (True, False)
+    page = client.get(reverse(CHANGELIST))
+    assert page.status_code == 200
+    assert summary_of(page)[None] == 6 == page.context["cl"].result_count
