@@ -42,7 +42,9 @@ def estimated_rows(queryset: QuerySet[Any], *, filtered: bool) -> int | None:
     if not hasattr(statements, "estimated_rows"):
         return None
     try:
-        query, params = queryset.order_by().values("pk").query.sql_with_params()
+        # Compiled for its own database (sql_with_params compiles for "default"): a filter's
+        # subquery bound to a replica's alias is refused for another ("across databases").
+        query, params = queryset.order_by().values("pk").query.get_compiler(queryset.db).as_sql()
     except EmptyResultSet:  # .none(), or an empty IN: counted without a query
         return None
     return statements.estimated_rows(queryset.db, query, params, filtered=filtered)
