@@ -711,6 +711,36 @@ def test_a_read_only_snapshot_on_mariadb() -> None:
     snapshot_sees_one_state_and_writes_nothing()
 
 
+def a_raw_transaction_is_left_open_and_read() -> None:
+    """A transaction begun behind Django's back (a raw ``BEGIN``: a project's own, or a test's
+    lagging replica) is not Django's to end: the block reads in it, yields False, and leaves
+    it open. MariaDB refused the snapshot's ``SET TRANSACTION`` in it (1568: a server error
+    on the admin list), and leaving the block rolled the caller's transaction back."""
+    pk = new_row("raw")
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+    try:
+        DeferredWork.objects.filter(pk=pk).update(priority=7)  # in it, not committed
+        with sql.for_connection("default").read_only_snapshot("default") as snapshot:
+            assert DeferredWork.objects.get(pk=pk).priority == 7
+        assert snapshot is False
+        assert DeferredWork.objects.get(pk=pk).priority == 7  # still open, still its write
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ROLLBACK")
+    assert DeferredWork.objects.get(pk=pk).priority == 0
+
+
+@pytest.mark.postgresql
+def test_a_raw_transaction_is_left_open_on_postgresql() -> None:
+    a_raw_transaction_is_left_open_and_read()
+
+
+@pytest.mark.mysql
+def test_a_raw_transaction_is_left_open_on_mariadb() -> None:
+    a_raw_transaction_is_left_open_and_read()
+
+
 @pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
 def test_a_claim_of_many_ids_binds_them_as_one_array() -> None:
@@ -749,3 +779,27 @@ def test_of_ids_takes_exactly_the_rows_named() -> None:
         )
         assert twelve[0] == twenty[0]
         assert len(twenty[1]) == 1
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True, databases=["default", "prepared"])
+def test_many_ids_as_one_array_under_server_side_binding_and_prepared() -> None:
+    """The README's prepared configuration (``server_side_binding``, ``prepare_threshold``
+    5): psycopg binds the ids as an array of the smallest integer type that holds them
+    (int2[] here, int8[] with an id past 2**31), cast to the key's type; the statements
+    are prepared after their fifth run and take exactly the rows named each time."""
+    from django.db import connections
+
+    from nexus_workflows.sql.postgresql import claimable, of_ids
+
+    ids = [DeferredWork.objects.create(kind="k", dedupe_key=f"d{n}", trigger={}).pk for n in range(20)]
+    rows = DeferredWork.objects.using("prepared")
+    for run in range(12):  # 6 runs of each array type: each statement prepared
+        chosen = ids[run % 3 :] + ([2**40] if run % 2 else [])  # an id no row has, past 2**31
+        expected = sorted(ids[run % 3 :])
+        assert sorted(of_ids(rows.all(), chosen).values_list("pk", flat=True)) == expected
+        pending = rows.filter(status=Status.PENDING)
+        assert sorted(claimable(pending, chosen).values_list("pk", flat=True)) == expected
+    with connections["prepared"].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%= ANY($%"])
+        assert cursor.fetchone()[0] >= 2

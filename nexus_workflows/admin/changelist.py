@@ -140,7 +140,17 @@ class TriageChangeList(SearchNotEchoedChangeList):
         self.title = gettext("Deferred work that needs attention") if attention else gettext("Deferred work")
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[DeferredWork]:
-        queryset = super().get_queryset(request, exclude_parameters)
+        # Read where the page's snapshot is, filters' subqueries too (bound to their
+        # queryset's database): a router may send each read to a replica of its choice
+        # (Django's documented one picks at random). In the snapshot only: an action's
+        # queryset, built after it, is the router's (its rows are read for writing).
+        root = self.root_queryset
+        if (snapshot := counting.snapshot_taken()) is not None:
+            self.root_queryset = root.using(snapshot)
+        try:
+            queryset = super().get_queryset(request, exclude_parameters)
+        finally:
+            self.root_queryset = root
         # What no column shows stays in the database: the PHI-bearing JSON, and a task's
         # tracebacks and return value (up to 20,000 characters an attempt).
         return queryset.defer("trigger", "checkpoints", "history", "errors", "return_value")

@@ -42,7 +42,9 @@ def estimated_rows(queryset: QuerySet[Any], *, filtered: bool) -> int | None:
     if not hasattr(statements, "estimated_rows"):
         return None
     try:
-        query, params = queryset.order_by().values("pk").query.sql_with_params()
+        # Compiled for its own database (sql_with_params compiles for "default"): a filter's
+        # subquery bound to a replica's alias is refused for another ("across databases").
+        query, params = queryset.order_by().values("pk").query.get_compiler(queryset.db).as_sql()
     except EmptyResultSet:  # .none(), or an empty IN: counted without a query
         return None
     return statements.estimated_rows(queryset.db, query, params, filtered=filtered)
@@ -85,12 +87,20 @@ def in_snapshot(using: str) -> bool:
     return using in _SNAPSHOTS.get()
 
 
-def page_wanted(request: HttpRequest) -> int | None:
-    """The page a list's ``?p=`` asks for; None for none, or one Django's list refuses."""
+def snapshot_taken() -> str | None:
+    """The database of the innermost :func:`one_snapshot` block that took one, if any."""
+    taken = _SNAPSHOTS.get()
+    return taken[-1] if taken else None
+
+
+def page_wanted(request: HttpRequest) -> int:
+    """The page a list's ``?p=`` asks for, as Django's list reads it: 1 when it is not a
+    number (Django shows page 1, so its estimate is checked as page 1's; unchecked, a low
+    one of a slice made the list one page of every row), or less than 1 (refused later)."""
     try:
         return max(int(request.GET.get(PAGE_VAR, 1)), 1)
     except ValueError:
-        return None
+        return 1
 
 
 class EstimatingPaginator(Paginator):

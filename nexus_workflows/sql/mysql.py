@@ -173,13 +173,24 @@ def read_only_snapshot(using: str) -> Iterator[bool]:
     COMMITTED``, a snapshot per statement). Yields True; already in a transaction, the
     block runs in it as it is and yields False."""
     connection = connections[using]
-    if connection.in_atomic_block or not connection.get_autocommit():
+    if connection.in_atomic_block or not connection.get_autocommit() or _in_raw_transaction(connection):
         yield False
         return
     with transaction.atomic(using=using):
         with connection.cursor() as cursor:  # for the transaction the next statement starts
             cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         yield True
+
+
+def _in_raw_transaction(connection: Any) -> bool:
+    """A transaction begun on the session behind Django's back (a raw ``BEGIN``): in it,
+    ``SET TRANSACTION`` fails (1568), and leaving Django's block would end the caller's
+    transaction. MariaDB says so (``@@in_transaction``); MySQL has no such variable."""
+    if not connection.mysql_is_mariadb:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@in_transaction")
+        return bool(cursor.fetchone()[0])
 
 
 def statement_timeout(using: str) -> None:

@@ -39,3 +39,28 @@ def test_filter_lists_items_held_by_a_limit_and_the_card_names_the_limit(
     card = client.get(reverse("admin:nexus_workflows_deferredwork_change", args=[second.pk])).content.decode()
     assert "Held back by a flow limit" in card
     assert "its serial key: another item of the same key is running" in card
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True, databases=["default", "direct"])
+@pytest.mark.parametrize("router", ["WorkReadFromDirect", "WorkReadFromEitherReplica"])
+def test_the_filter_where_a_router_sends_reads_to_replicas(
+    superuser: Any, register_workflow: Any, settings: Any, router: str
+) -> None:
+    """The filter's subqueries are bound to the replica's alias (``queryset.db``), which
+    Django refuses to compile for another ("Subqueries aren't allowed across different
+    databases": a server error): the list's estimate compiled its statement for "default",
+    and under Django's documented router (a replica of its choice per read) the list was
+    read on another replica than the one they were bound to."""
+    settings.DATABASE_ROUTERS = [f"tests.testapp.routers.{router}"]
+    kind = register_workflow(_noop, retry_schedule=[1], serial_key=lambda t: t["to"]).kind
+    enqueue_many(kind, [{"key": "first", "to": "+5215555550000"}, {"key": "second", "to": "+5215555550000"}])
+    enqueue_many(kind, [{"key": "alone", "to": "other"}])
+    Claimer(kinds=[kind], using="default").claim_due(1)
+    client = client_for(superuser)
+    for _ in range(2):  # the router's turn differs by one read between two pages
+        listing = client.get(reverse("admin:nexus_workflows_deferredwork_changelist"), {"flow": "waiting"})
+        assert listing.status_code == 200
+        cl = listing.context["cl"]
+        assert [work.dedupe_key for work in cl.result_list] == ["second"]
+        assert cl.result_count == 1

@@ -91,3 +91,66 @@ def test_estimated_counts_and_the_rows_shown_are_one_snapshot(
     shown = [work.pk for work in response.context["cl"].result_list]
     assert len(shown) == response.context["cl"].result_count == 3
     assert claimed in shown
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True, databases=["default", "direct"])
+def test_a_router_that_spreads_reads_over_replicas_reads_the_list_in_its_snapshot(
+    superuser: Any, make_work: Any, workflow: Any, settings: Any
+) -> None:
+    """Django's documented router sends each read to a replica of its choice: the page's
+    counts and rows are all read where its snapshot is, not some of them elsewhere (there
+    the row claimed meanwhile was counted pending in one and processing in another)."""
+    from django.db import connections
+
+    settings.DATABASE_ROUTERS = ["tests.testapp.routers.WorkReadFromEitherReplica"]
+    fill_done(workflow.kind, 25_000)
+    claimed = make_rows(make_work)
+
+    with (
+        connection.execute_wrapper(claimed_after_the_first_count(claimed)),
+        connections["direct"].execute_wrapper(claimed_after_the_first_count(claimed)),
+    ):
+        response = client_for(superuser).get(reverse(CHANGELIST), {"status": "pending"})
+
+    summary = summary_of(response)
+    assert DeferredWork.objects.using("default").get(pk=claimed).status == Status.PROCESSING
+    assert summary["pending"] + summary["processing"] == 4, summary
+    shown = [work.pk for work in response.context["cl"].result_list]
+    assert len(shown) == response.context["cl"].result_count == summary["pending"]
+
+
+def fails_at_the_first_count() -> Any:
+    """An execute wrapper: the page's first count fails at the server (inside the snapshot;
+    on PostgreSQL the error aborts the transaction, as a statement timeout would)."""
+    failed: list[bool] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not failed and "COUNT(" in sql.upper():
+            failed.append(True)
+            return execute("SELECT * FROM nw_no_such_table", None, many, context)
+        return execute(sql, params, many, context)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("database", SNAPSHOTS)
+def test_a_refused_filter_or_a_failed_statement_in_the_snapshot_leaves_the_session_as_it_was(
+    superuser: Any, make_work: Any, database: str
+) -> None:
+    """Django's invalid-filter redirect (a NUL in a filter) and a statement that fails
+    inside the page's snapshot end it (rolled back): the session is back in autocommit, and
+    the next page is read whole."""
+    from django.db import ProgrammingError
+
+    make_rows(make_work)
+    client = client_for(superuser)
+    refused = client.get(reverse(CHANGELIST), {"kind": "a\x00b"})
+    assert (refused.status_code, refused["Location"]) == (302, reverse(CHANGELIST) + "?e=1")
+    assert (connection.get_autocommit(), connection.in_atomic_block) == (True, False)
+    with connection.execute_wrapper(fails_at_the_first_count()), pytest.raises(ProgrammingError):
+        client.get(reverse(CHANGELIST))
+    assert (connection.get_autocommit(), connection.in_atomic_block) == (True, False)
+    page = client.get(reverse(CHANGELIST))
+    assert page.status_code == 200
+    assert summary_of(page)[None] == 6 == page.context["cl"].result_count

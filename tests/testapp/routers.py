@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 
@@ -20,6 +21,21 @@ class WorkReadFromDirect:
 
     def db_for_read(self, model: type[Any], **hints: Any) -> str | None:
         return "direct" if model._meta.app_label == "nexus_workflows" else None
+
+    def db_for_write(self, model: type[Any], **hints: Any) -> str | None:
+        return "default" if model._meta.app_label == "nexus_workflows" else None
+
+
+class WorkReadFromEitherReplica:
+    """Django's documented replica router, made deterministic: each read of the app's rows
+    goes to the next of two aliases in turn (``direct``, ``default``; as ``random.choice``
+    of two replicas would), its writes to ``default``."""
+
+    def __init__(self) -> None:
+        self._reads = itertools.cycle(["direct", "default"])
+
+    def db_for_read(self, model: type[Any], **hints: Any) -> str | None:
+        return next(self._reads) if model._meta.app_label == "nexus_workflows" else None
 
     def db_for_write(self, model: type[Any], **hints: Any) -> str | None:
         return "default" if model._meta.app_label == "nexus_workflows" else None
