@@ -14,7 +14,11 @@ Scenarios (each on a private ``redis-server`` this script starts and stops by PI
   ``socket_timeout=1`` (without one a read waits for ever, retry or not). Capped at
   ``FROZEN_CAP`` seconds;
 * ``frozen-untimed``: as ``frozen``, without a ``socket_timeout`` (redis-py's default):
-  capped at ``UNTIMED_CAP`` seconds.
+  capped at ``UNTIMED_CAP`` seconds;
+* ``unreachable`` and ``unreachable-untimed``: as the two above, and the stopped server's
+  accept queue filled, so that a new connection's SYN is dropped (no answer, no refusal):
+  a host gone from the network, to a client whose pooled connection went quiet. Capped at
+  ``FROZEN_CAP`` seconds.
 
 Queue configurations: ``url`` (``URL``: the app gives its client redis-py's default
 retry), ``host`` (``HOST``/``PORT``: redis-py's default retry), ``host-no-retry``
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import statistics
 import sys
 import threading
@@ -92,10 +97,24 @@ def timed_enqueue(key: str, cap: float) -> tuple[float, str]:
     return time.monotonic() - began, outcome.get("what", f"still blocked after {cap:.0f} s")
 
 
+def fill_accept_queue(port: int) -> list[socket.socket]:
+    """Connections that fill a stopped server's accept queue (somaxconn at most), after
+    which the kernel drops new SYNs; the last few are still connecting."""
+    limit = int(Path("/proc/sys/net/core/somaxconn").read_text()) + 8
+    fillers = []
+    for _ in range(min(limit, 1100)):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    return fillers
+
+
 def one(configuration: str, scenario: str, number: int) -> tuple[float, str]:
     server = PrivateRedis()
     port = free_port() if scenario == "refused" else server.port
-    timeout = 1.0 if scenario == "frozen" else None
+    timeout = 1.0 if scenario in ("frozen", "unreachable") else None
+    fillers: list[socket.socket] = []
     queues = {"default": {**queue_config(configuration, port, timeout), "DEFAULT_TIMEOUT": 60}}
     try:
         with override_settings(RQ_QUEUES=queues):
@@ -107,9 +126,13 @@ def one(configuration: str, scenario: str, number: int) -> tuple[float, str]:
                     server.kill()
                 else:
                     os.kill(server.process.pid, signal.SIGSTOP)
-            caps = {"frozen": FROZEN_CAP, "frozen-untimed": UNTIMED_CAP}
-            return timed_enqueue(f"down-{number}", caps.get(scenario, 120.0))
+                if scenario.startswith("unreachable"):
+                    fillers = fill_accept_queue(port)
+            caps = {"frozen-untimed": UNTIMED_CAP, "refused": 120.0, "killed": 120.0}
+            return timed_enqueue(f"down-{number}", caps.get(scenario, FROZEN_CAP))
     finally:
+        for filler in fillers:
+            filler.close()
         if server.process is not None and server.process.poll() is None:
             os.kill(server.process.pid, signal.SIGCONT)
         server.cleanup()
