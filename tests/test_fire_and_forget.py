@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -952,3 +953,58 @@ def test_a_queue_given_its_own_retry_keeps_it(settings: Any) -> None:
     retry = get_queue("default").connection.get_retry()
     assert retry is not None
     assert retry.get_retries() == 0
+
+
+class HangingUpRedis:
+    """A listener that takes each connection, reads what the client sends first and hangs
+    up: every command (or connection handshake) fails with a connection error, and each
+    try of the client's costs one connection, counted."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)
+        self.port = self._listener.getsockname()[1]
+        self.connections = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            with connection:
+                connection.settimeout(5)
+                with contextlib.suppress(OSError):
+                    connection.recv(65536)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(5)
+        self._listener.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("retry", "connections"), [(Retry(NoBackoff(), 1), 2), (None, 1)])
+def test_a_url_queue_takes_the_retry_given_in_its_redis_client_kwargs(
+    settings: Any, retry: Retry | None, connections: int
+) -> None:
+    # django-rq hands REDIS_CLIENT_KWARGS to HOST/PORT clients only; the app gave a URL
+    # queue redis-py's default (11 tries, about 4 s on a Redis that is down) over the
+    # operator's own bound. None: no retry, as for a HOST/PORT queue.
+    server = HangingUpRedis()
+    try:
+        settings.RQ_QUEUES = {
+            "default": {
+                "URL": f"redis://127.0.0.1:{server.port}/0",
+                "REDIS_CLIENT_KWARGS": {"retry": retry},
+            }
+        }
+        with pytest.raises(QueueUnavailable):
+            enqueue(LEDGER, {"key": "hung-up"})
+    finally:
+        server.stop()
+    assert server.connections == connections

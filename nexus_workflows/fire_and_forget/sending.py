@@ -147,17 +147,24 @@ def retry_like_host_and_port(name: str, connection: redis.Redis) -> None:
     ``retry`` and so never send a command again after a connection error: a lost answer to
     the create became ``QueueUnavailable`` there, while a ``HOST``/``PORT`` queue's create,
     sent again, finds its own job. The default is read from redis-py itself, so both kinds
-    of queue keep retrying alike on any redis-py version (none where it has none). Other
-    clients (``SENTINELS``, ``USE_REDIS_CACHE``, a ``HOST`` queue's own ``retry``) are left
-    as configured; the cache's client is not the queue's to change."""
+    of queue keep retrying alike on any redis-py version (none where it has none). A
+    ``retry`` in the queue's ``REDIS_CLIENT_KWARGS`` (``None``: no retry) is applied instead,
+    as a ``HOST`` queue's client takes it: django-rq passes those only to ``HOST`` clients,
+    and it is the operator's bound on how long ``enqueue`` tries a Redis that is down.
+    Other clients (``SENTINELS``, ``USE_REDIS_CACHE``, a ``HOST`` queue's own ``retry``) are
+    left as configured; the cache's client is not the queue's to change."""
     queues = getattr(settings, "RQ_QUEUES", None)
     config = queues.get(name) if isinstance(queues, dict) else None
     if not isinstance(config, dict) or "URL" not in config or connection.get_retry() is not None:
         return
-    default = inspect.signature(redis.Redis.__init__).parameters["retry"].default
-    if isinstance(default, Retry):
+    client_kwargs = config.get("REDIS_CLIENT_KWARGS")
+    if isinstance(client_kwargs, dict) and "retry" in client_kwargs:
+        retry = client_kwargs["retry"]
+    else:
+        retry = inspect.signature(redis.Redis.__init__).parameters["retry"].default
+    if isinstance(retry, Retry):
         # A copy, as redis.Redis(host=…) takes one: a Retry object keeps backoff state.
-        connection.set_retry(copy.deepcopy(default))
+        connection.set_retry(copy.deepcopy(retry))
 
 
 def describe_server(connection: redis.Redis) -> str:

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from rq import SimpleWorker
 from rq.job import JobStatus
 from rq.queue import Queue
@@ -68,7 +70,7 @@ class ReplyDroppingProxy(TcpProxy):
         return True
 
 
-@pytest.fixture(params=["host-port", "url"])
+@pytest.fixture(params=["host-port", "url", "url-one-retry"])
 def proxied_redis(settings: Any, request: Any) -> Iterator[tuple[PrivateRedis, ReplyDroppingProxy]]:
     server = PrivateRedis()
     proxy = ReplyDroppingProxy("127.0.0.1", server.port)
@@ -77,9 +79,15 @@ def proxied_redis(settings: Any, request: Any) -> Iterator[tuple[PrivateRedis, R
         proxy.start()
         # HOST and PORT: django-rq builds redis.Redis(host=…), whose default Retry sends a
         # command again after a connection error. URL: it builds Redis.from_url(…), whose
-        # clients had no retry before the app gave them the same one.
+        # clients had no retry before the app gave them the same one. One retry of the
+        # operator's own (README: how to bound enqueue's tries of a Redis that is down).
         if request.param == "url":
             where: dict[str, Any] = {"URL": f"redis://127.0.0.1:{proxy.port}/0"}
+        elif request.param == "url-one-retry":
+            where = {
+                "URL": f"redis://127.0.0.1:{proxy.port}/0",
+                "REDIS_CLIENT_KWARGS": {"retry": Retry(NoBackoff(), 1)},
+            }
         else:
             where = {"HOST": "127.0.0.1", "PORT": proxy.port, "DB": 0}
         settings.RQ_QUEUES = {"default": {**where, "DEFAULT_TIMEOUT": 60}}
