@@ -44,6 +44,7 @@ from nexus_workflows.deferred.registry import registry
 from nexus_workflows.fire_and_forget import get_queue, job_id_for, run_job, split_job_id
 from nexus_workflows.fire_and_forget.job import SEALED_ERROR
 from nexus_workflows.fire_and_forget.sealing import open_error, open_trigger
+from nexus_workflows.fire_and_forget.sending import URL_QUEUE_RETRIES
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.phi import PhiConfigurationError
 from tests.conftest import PYTHON, REPOSITORY
@@ -928,17 +929,16 @@ def test_unreachable_redis_inside_a_transaction_raises_at_enqueue_and_leaves_not
 # --- sending commands again after a connection error ------------------------------------------
 
 
-def test_a_url_queue_sends_commands_again_as_a_host_and_port_queue_does(settings: Any) -> None:
+def test_a_url_queue_sends_a_command_again_once_by_default(settings: Any) -> None:
     # Nothing listens on port 1; no command is sent here, the clients connect lazily.
     settings.RQ_QUEUES = {
         "default": {"URL": "redis://127.0.0.1:1/0"},
-        "urgent": {"HOST": "127.0.0.1", "PORT": 1, "DB": 0},
+        "other": {"URL": "redis://127.0.0.1:1/1"},
     }
-    by_url, by_host = (get_queue(name).connection.get_retry() for name in ("default", "urgent"))
+    by_url, by_other = (get_queue(name).connection.get_retry() for name in ("default", "other"))
     assert by_url is not None, "a URL queue's client does not send a command again"
-    assert by_host is not None
-    assert by_url.get_retries() == by_host.get_retries() > 0
-    assert by_url is not by_host  # its own: a Retry keeps backoff state
+    assert by_url.get_retries() == URL_QUEUE_RETRIES == 1
+    assert by_url is not by_other  # its own: a Retry keeps backoff state
 
 
 def test_a_queue_given_its_own_retry_keeps_it(settings: Any) -> None:
@@ -988,20 +988,22 @@ class HangingUpRedis:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(("retry", "connections"), [(Retry(NoBackoff(), 1), 2), (None, 1)])
-def test_a_url_queue_takes_the_retry_given_in_its_redis_client_kwargs(
-    settings: Any, retry: Retry | None, connections: int
+@pytest.mark.parametrize(
+    ("given", "connections"),
+    [({"retry": Retry(NoBackoff(), 2)}, 3), ({"retry": None}, 1), ({}, 1 + URL_QUEUE_RETRIES)],
+    ids=["own-retry", "no-retry", "default"],
+)
+def test_a_url_queue_tries_a_redis_that_is_down_as_often_as_its_retry_says(
+    settings: Any, given: dict[str, Any], connections: int
 ) -> None:
-    # django-rq hands REDIS_CLIENT_KWARGS to HOST/PORT clients only; the app gave a URL
-    # queue redis-py's default (11 tries, about 4 s on a Redis that is down) over the
-    # operator's own bound. None: no retry, as for a HOST/PORT queue.
+    # django-rq hands REDIS_CLIENT_KWARGS to HOST/PORT clients only; the app applies a URL
+    # queue's own retry (None: none), and without one gives it one try more, not redis-py's
+    # default (11 tries, each reconnecting with tries of its own: about 10 minutes on a
+    # server gone from the network).
     server = HangingUpRedis()
     try:
         settings.RQ_QUEUES = {
-            "default": {
-                "URL": f"redis://127.0.0.1:{server.port}/0",
-                "REDIS_CLIENT_KWARGS": {"retry": retry},
-            }
+            "default": {"URL": f"redis://127.0.0.1:{server.port}/0", "REDIS_CLIENT_KWARGS": given}
         }
         with pytest.raises(QueueUnavailable):
             enqueue(LEDGER, {"key": "hung-up"})

@@ -4,7 +4,6 @@ commit (see :mod:`nexus_workflows.fire_and_forget`)."""
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import math
 import secrets
@@ -18,6 +17,7 @@ import redis
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, transaction
+from redis.backoff import NoBackoff
 from redis.retry import Retry
 from rq.exceptions import DuplicateJobError
 from rq.queue import Queue
@@ -134,25 +134,31 @@ def get_queue(name: str) -> Queue:
         import django_rq
 
         built = django_rq.get_queue(name, commit_mode="auto")
-        retry_like_host_and_port(name, built.connection)
+        give_url_queue_a_retry(name, built.connection)
         queue = _queues.setdefault(name, built)
     return queue
 
 
-def retry_like_host_and_port(name: str, connection: redis.Redis) -> None:
-    """Give the client of a queue configured with ``URL`` the retry that redis-py gives a
-    client built from host and port.
+#: Tries after the first that a ``URL`` queue's client makes, at once, when its queue
+#: names no ``retry`` of its own: one resends a create whose answer was lost (it then finds
+#: its own job), and bounds how long ``enqueue`` tries a Redis that is down (redis-py's
+#: default, 10 tries with backoff, each reconnecting with tries of its own, held an
+#: ``enqueue`` about 10 minutes on a server gone from the network: see the README).
+URL_QUEUE_RETRIES = 1
+
+
+def give_url_queue_a_retry(name: str, connection: redis.Redis) -> None:
+    """Give the client of a queue configured with ``URL`` a retry: the ``retry`` in the
+    queue's ``REDIS_CLIENT_KWARGS`` (``None``: none), else :data:`URL_QUEUE_RETRIES` tries
+    without backoff.
 
     django-rq builds a ``URL`` queue with ``Redis.from_url``, whose connections get no
     ``retry`` and so never send a command again after a connection error: a lost answer to
-    the create became ``QueueUnavailable`` there, while a ``HOST``/``PORT`` queue's create,
-    sent again, finds its own job. The default is read from redis-py itself, so both kinds
-    of queue keep retrying alike on any redis-py version (none where it has none). A
-    ``retry`` in the queue's ``REDIS_CLIENT_KWARGS`` (``None``: no retry) is applied instead,
-    as a ``HOST`` queue's client takes it: django-rq passes those only to ``HOST`` clients,
-    and it is the operator's bound on how long ``enqueue`` tries a Redis that is down.
-    Other clients (``SENTINELS``, ``USE_REDIS_CACHE``, a ``HOST`` queue's own ``retry``) are
-    left as configured; the cache's client is not the queue's to change."""
+    the create became ``QueueUnavailable``, where a create sent again finds its own job.
+    django-rq hands ``REDIS_CLIENT_KWARGS`` only to ``HOST`` clients, so their ``retry`` is
+    applied here. Other clients (``HOST``/``PORT``, which django-rq builds with redis-py's
+    default or their own ``retry``; ``SENTINELS``; ``USE_REDIS_CACHE``) are left as
+    configured; the cache's client is not the queue's to change."""
     queues = getattr(settings, "RQ_QUEUES", None)
     config = queues.get(name) if isinstance(queues, dict) else None
     if not isinstance(config, dict) or "URL" not in config or connection.get_retry() is not None:
@@ -161,7 +167,7 @@ def retry_like_host_and_port(name: str, connection: redis.Redis) -> None:
     if isinstance(client_kwargs, dict) and "retry" in client_kwargs:
         retry = client_kwargs["retry"]
     else:
-        retry = inspect.signature(redis.Redis.__init__).parameters["retry"].default
+        retry = Retry(NoBackoff(), URL_QUEUE_RETRIES)
     if isinstance(retry, Retry):
         # A copy, as redis.Redis(host=…) takes one: a Retry object keeps backoff state.
         connection.set_retry(copy.deepcopy(retry))
