@@ -48,6 +48,7 @@ from nexus_workflows.fire_and_forget.sending import URL_QUEUE_RETRIES
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.phi import PhiConfigurationError
 from tests.conftest import PYTHON, REPOSITORY
+from tests.loopback import LoopbackListener
 from tests.testapp.models import Ledger
 
 LEDGER = "test-ff-ledger"
@@ -955,36 +956,15 @@ def test_a_queue_given_its_own_retry_keeps_it(settings: Any) -> None:
     assert retry.get_retries() == 0
 
 
-class HangingUpRedis:
+class HangingUpRedis(LoopbackListener):
     """A listener that takes each connection, reads what the client sends first and hangs
     up: every command (or connection handshake) fails with a connection error, and each
     try of the client's costs one connection, counted."""
 
-    def __init__(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.05)
-        self.port = self._listener.getsockname()[1]
-        self.connections = 0
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                connection, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            self.connections += 1
-            with connection:
-                connection.settimeout(5)
-                with contextlib.suppress(OSError):
-                    connection.recv(65536)
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join(5)
-        self._listener.close()
+    def handle(self, connection: socket.socket, index: int) -> None:
+        connection.settimeout(5)
+        with contextlib.suppress(OSError):
+            connection.recv(65536)
 
 
 @pytest.mark.django_db(transaction=True)

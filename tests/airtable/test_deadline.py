@@ -28,6 +28,7 @@ from nexus_workflows.airtable.deadline import DeadlineAdapter
 from nexus_workflows.models import FlowWindowSlot
 from tests.airtable.conftest import BASE
 from tests.airtable.emulator import AirtableEmulator, RecordedRequest
+from tests.loopback import LoopbackListener
 from tests.processes import wait_for
 
 PATIENT = "Maria Lopez"  # stands for patient data: must never reach messages or logs
@@ -189,7 +190,7 @@ def test_an_answer_in_time_leaves_no_timer_and_keeps_its_connection(
     assert kept_alive.connections == 1
 
 
-class TricklingProxy:
+class TricklingProxy(LoopbackListener):
     """An HTTP proxy that reads a client's ``CONNECT`` and answers it a byte every
     ``every`` seconds: the connection through it is never ready, and never silent long
     enough for the connect timeout."""
@@ -197,50 +198,28 @@ class TricklingProxy:
     ANSWER = b"HTTP/1.1 200 Connection established\r\nX-Padding: " + b"x" * 160 + b"\r\n\r\n"
 
     def __init__(self, every: float) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.05)
-        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self.every = every
-        self.connections = 0
         #: Per connection: bytes of the answer sent, until the client went away (as the emulator's).
-        self.sent: list[int] = []
-        self.abandoned: list[bool] = []
-        self._stopping = threading.Event()
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
+        self.sent: dict[int, int] = {}
+        self.abandoned: dict[int, bool] = {}
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}"
 
-    def _accept(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                connection, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            self.connections += 1
-            self.sent.append(0)
-            self.abandoned.append(False)
-            thread = threading.Thread(
-                target=self._trickle, args=(connection, len(self.sent) - 1), daemon=True
-            )
-            self._threads.append(thread)
-            thread.start()
+    def handle(self, connection: socket.socket, index: int) -> None:
+        self.sent[index], self.abandoned[index] = 0, False
+        try:
+            connection.recv(65536)  # CONNECT host:443
+            for byte in self.ANSWER:  # 20 s
+                connection.sendall(bytes([byte]))
+                self.sent[index] += 1
+                if self.stopping(self.every):
+                    return
+        except OSError:
+            self.abandoned[index] = True  # the client gave up
 
-    def _trickle(self, connection: socket.socket, index: int) -> None:
-        with connection:
-            try:
-                connection.recv(65536)  # CONNECT host:443
-                for byte in self.ANSWER:  # 20 s
-                    connection.sendall(bytes([byte]))
-                    self.sent[index] += 1
-                    if self._stopping.wait(self.every):
-                        return
-            except OSError:
-                self.abandoned[index] = True  # the client gave up
-
-    def stop(self) -> None:
-        self._stopping.set()
-        for thread in self._threads:
-            thread.join(timeout=5)
-        self._listener.close()
+    def all_abandoned(self) -> bool:
+        """Every connection accepted was left by its client (and there was one)."""
+        return 0 < self.connections == len(self.abandoned) and all(self.abandoned.values())
 
 
 def test_a_proxy_that_trickles_its_tunnel_ends_at_the_deadline_and_counts_as_not_sent(
@@ -255,11 +234,11 @@ def test_a_proxy_that_trickles_its_tunnel_ends_at_the_deadline_and_counts_as_not
     try:
         _, error = timed(lambda: add_record(BASE, "Patients", {"Name": PATIENT}))
         # Each attempt left its tunnel within its deadline, by the trickle's own pace.
-        wait_for(lambda: all(proxy.abandoned), timeout=30, what="the proxy to see the client go")
+        wait_for(lambda: proxy.all_abandoned(), timeout=30, what="the proxy to see the client go")
     finally:
         proxy.stop()
 
-    assert all(sent <= (DEADLINE + SLACK) / EVERY for sent in proxy.sent), proxy.sent
+    assert all(sent <= (DEADLINE + SLACK) / EVERY for sent in proxy.sent.values()), proxy.sent
     # Still connecting: nothing of the request was sent, so even a create is tried again.
     assert isinstance(error, AirtableNetworkError)
     assert error.failure == "timed out connecting to Airtable"
