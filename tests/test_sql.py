@@ -764,6 +764,15 @@ def test_a_claim_of_many_ids_binds_them_as_one_array() -> None:
     assert sorted(few.values_list("pk", flat=True)) == ids[:PLACEHOLDER_IDS]
 
 
+def test_the_wake_up_claims_precompiled_ids_stay_placeholders_of_their_own() -> None:
+    """The wake-up's claim by id is compiled once per number of ids, each id a slot that must
+    appear once among the statement's parameters: a number bound as one array would break it."""
+    from nexus_workflows.deferred.claims import _PRECOMPILED_IDS
+    from nexus_workflows.sql.postgresql import PLACEHOLDER_IDS
+
+    assert _PRECOMPILED_IDS <= PLACEHOLDER_IDS
+
+
 @pytest.mark.django_db(transaction=True)
 def test_of_ids_takes_exactly_the_rows_named() -> None:
     """The done-write's rows of a claim: on PostgreSQL beyond a few ids one array parameter

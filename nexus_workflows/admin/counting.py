@@ -50,13 +50,17 @@ def estimated_rows(queryset: QuerySet[Any], *, filtered: bool) -> int | None:
     return statements.estimated_rows(queryset.db, query, params, filtered=filtered)
 
 
-def count(queryset: QuerySet[Any], *, filtered: bool = True) -> tuple[int, bool]:
-    """``(rows, estimated)``: the estimate when it is at least :data:`EXACT_UP_TO`, else
-    an exact count."""
+def large_estimate(queryset: QuerySet[Any], *, filtered: bool = True) -> int | None:
+    """The database's estimate of the rows when it is at least :data:`EXACT_UP_TO` (shown
+    as "about"); None when they are to be counted."""
     estimate = estimated_rows(queryset, filtered=filtered)
-    if estimate is not None and estimate >= EXACT_UP_TO:
-        return estimate, True
-    return queryset.count(), False
+    return estimate if estimate is not None and estimate >= EXACT_UP_TO else None
+
+
+def count(queryset: QuerySet[Any], *, filtered: bool = True) -> tuple[int, bool]:
+    """``(rows, estimated)``: :func:`large_estimate`, else an exact count."""
+    estimate = large_estimate(queryset, filtered=filtered)
+    return (estimate, True) if estimate is not None else (queryset.count(), False)
 
 
 #: The databases whose reads this context makes in one snapshot (:func:`one_snapshot`).
