@@ -303,7 +303,7 @@ class PostgresListener(threading.Thread):
                 # Also those that arrived while a statement ran (psycopg keeps them).
                 for notification in connection.notifies(timeout=0):
                     self._received(notification.payload)
-                self._sleep(connection)
+                self._sleep(connection, until=next_keep_alive)
         finally:
             self.holds_waiting_lock = False  # the session's locks end with it
             self.rest_locks.lost()
@@ -312,10 +312,11 @@ class PostgresListener(threading.Thread):
         every = self._keep_alive_every
         return time.monotonic() + every if every is not None else float("inf")
 
-    def _sleep(self, connection: Any) -> None:
-        """Until a notification arrives, the runner rings, or LISTEN_TURN passes (less
-        when the session must be kept alive sooner)."""
-        turn = min(LISTEN_TURN, self._keep_alive_every or LISTEN_TURN)
+    def _sleep(self, connection: Any, *, until: float) -> None:
+        """Until a notification arrives, the runner rings, LISTEN_TURN passes or the next
+        keep-alive is due (``until``): a wake-up just before it must not push it a turn
+        later, past the server's idle timeout."""
+        turn = max(0.0, min(LISTEN_TURN, until - time.monotonic()))
         readable, _, _ = select.select([connection.fileno(), self._bell], [], [], turn)
         if self._bell in readable:
             self._bell.recv(4096)
