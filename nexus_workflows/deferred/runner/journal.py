@@ -9,7 +9,9 @@ writer threads (each one connection) take whatever saves are waiting, up to
 written only while the claim that took it is still held (id *and* claim token). A save
 returns once its batch committed; a save whose fence failed raises :class:`ClaimLost` in
 its attempt; a database error fails every save of its batch with that error (so the
-runner's outage rules apply to the attempt as to any other ``OperationalError``).
+runner's outage rules apply to the attempt as to any other ``OperationalError``), except
+a statement that met another transaction (a deadlock with the runner's own heartbeat, a
+lock wait cut short), which is written again first (:data:`CONFLICT_RETRIES`).
 
 The few other statements of an ``async def`` attempt (a rate-limited kind's start and its
 confirmation) run on a writer too (:meth:`JournalWriter.call_async`), so that they count
@@ -32,6 +34,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
+from nexus_workflows.database_errors import transaction_conflict
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
@@ -45,6 +48,9 @@ logger = logging.getLogger("nexus_workflows.deferred.runner")
 
 #: Most saves one statement writes: bounds the statement's size and one batch's latency.
 MAX_BATCH = 200
+#: Times a batch that met another transaction (a deadlock, a lock wait cut short) is
+#: written again before its saves fail with the database's error.
+CONFLICT_RETRIES = 3
 #: Seconds :meth:`JournalWriter.stop` waits for all the writers together.
 STOP_WAIT = 5.0
 
@@ -285,14 +291,30 @@ class JournalWriter:
             rows.add(save.work.id)
         return batch
 
+    def _save_journals(self, journals: list[tuple[ClaimedWork, dict[str, Any]]], saves: int) -> set[int]:
+        """The batch's statement; again at once when it met another transaction (a deadlock
+        above all: the heartbeat and the start marks update the same rows, many in one
+        statement each, in the order of their own plans). The database undid the statement
+        whole, and a fenced save may be written twice; failing it would fail every attempt
+        of the batch (up to MAX_BATCH) for no fault of theirs."""
+        for retry in range(CONFLICT_RETRIES + 1):
+            try:
+                return rerun_on_a_new_connection(
+                    self.using, lambda: transitions.save_journals(journals, using=self.using)
+                )
+            except Exception as error:
+                conflict = transaction_conflict(error)
+                if conflict is None or retry == CONFLICT_RETRIES:
+                    raise
+                logger.info("a batch of %d saves was not written (%s); writing it again", saves, conflict)
+        raise AssertionError("unreachable")  # the last turn returned or raised
+
     def _write(self, batch: list[_Save]) -> None:
         journals = [(save.work, save.checkpoints) for save in batch]
         try:
             # A writer's connection sits idle between batches: once more on a new one if
             # it died meanwhile (the same journals again: a second write changes nothing).
-            written = rerun_on_a_new_connection(
-                self.using, lambda: transitions.save_journals(journals, using=self.using)
-            )
+            written = self._save_journals(journals, len(batch))
         except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
             close_connection(self.using)  # the next batch reconnects
             failed: BaseException = error
