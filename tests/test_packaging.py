@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -42,11 +43,23 @@ def reminder(trigger, checkpoints, save):
 """
 
 
+def source_copy(into: Path) -> Path:
+    """What the wheel is built from, copied: pip builds in the tree it is given and leaves
+    build/ and the egg-info there, which two test legs running at once (bin/test) would
+    share and delete under each other."""
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(PROJECT_ROOT / name, into / name)
+    app = "nexus_workflows"
+    shutil.copytree(PROJECT_ROOT / app, into / app, ignore=shutil.ignore_patterns("__pycache__"))
+    return into
+
+
 @pytest.mark.slow
 def test_the_wheel_installs_into_another_project(tmp_path: Path) -> None:
+    source = source_copy(tmp_path / "source")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path, "."],
-        cwd=PROJECT_ROOT,
+        cwd=source,
         check=True,
     )
     (wheel,) = tmp_path.glob("nexus_workflows-*.whl")

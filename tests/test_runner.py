@@ -442,12 +442,17 @@ def test_logs_name_kind_id_attempt_and_outcome_but_no_contents(register_workflow
     assert "María López" in row(work_id).last_error  # the full error stays in the database
 
 
+# Seconds without a heartbeat after which these tests take a claim as stale: the stop and
+# the checks after it must fit in it, with room for a loaded machine's stalls.
+STALE = 3.0
+
+
 @override_settings(
     NEXUS_WORKFLOWS={
         "SHUTDOWN_GRACE": 0.3,
         "POLL_INTERVAL": 0.05,
         "HEARTBEAT_INTERVAL": 0.2,
-        "STALE_AFTER": 1.0,
+        "STALE_AFTER": STALE,
     }
 )
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -497,7 +502,7 @@ def test_shutdown_keeps_the_claim_of_an_attempt_that_outlives_the_grace(
     assert work.claim_token != ""
     assert runner.stats.released == 0
     claimer = Claimer(kinds=[kind], using="default")
-    assert claimer.claim_stale(10, stale_after=timedelta(seconds=1.0)) == []  # still fresh
+    assert claimer.claim_stale(10, stale_after=timedelta(seconds=STALE)) == []  # still fresh
     finish.set()
     wait_for(lambda: late_save, timeout=5, what="the late save")
     assert late_save == {"saved": True}  # nobody took the claim while the attempt ran
@@ -505,26 +510,26 @@ def test_shutdown_keeps_the_claim_of_an_attempt_that_outlives_the_grace(
     heartbeat_before = row(work_id).heartbeat_at
     # Heartbeats stopped with the runner: the claim goes stale (by the database's clock),
     # its heartbeat untouched meanwhile.
-    stale_claim = DeferredWork.objects.filter(pk=work_id, heartbeat_at__lt=Now() - timedelta(seconds=1.0))
-    wait_for(stale_claim.exists, timeout=10, what="the claim to go stale")
+    stale_claim = DeferredWork.objects.filter(pk=work_id, heartbeat_at__lt=Now() - timedelta(seconds=STALE))
+    wait_for(stale_claim.exists, timeout=10 + STALE, what="the claim to go stale")
     assert row(work_id).heartbeat_at == heartbeat_before
-    (reclaimed,) = claimer.claim_stale(10, stale_after=timedelta(seconds=1.0))
+    (reclaimed,) = claimer.claim_stale(10, stale_after=timedelta(seconds=STALE))
     assert reclaimed.attempt == 1  # the attempt had started, so it counts
     lost = reclaimed.history[-1]
     assert (lost["outcome"], lost["attempt"], lost["started"]) == ("lost", 0, True)
 
 
-@override_settings(NEXUS_WORKFLOWS={"HEARTBEAT_INTERVAL": 0.2, "STALE_AFTER": 1.0, "POLL_INTERVAL": 0.05})
+@override_settings(NEXUS_WORKFLOWS={"HEARTBEAT_INTERVAL": 0.2, "STALE_AFTER": STALE, "POLL_INTERVAL": 0.05})
 def test_heartbeats_keep_slow_work_from_being_reclaimed(register_workflow: Any) -> None:
     reclaimed: list[Any] = []
 
     def prepare(trigger: Any, checkpoints: Any, save: Any) -> None:
-        deadline = time.monotonic() + 2.5  # more than twice STALE_AFTER
+        deadline = time.monotonic() + 2 * STALE + 0.5  # more than twice STALE_AFTER
         while time.monotonic() < deadline:
             try:
                 reclaimed.extend(
                     Claimer(kinds=[trigger["kind"]], using="default").claim_stale(
-                        10, stale_after=timedelta(seconds=1.0)
+                        10, stale_after=timedelta(seconds=STALE)
                     )
                 )
             finally:

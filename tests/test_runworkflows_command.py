@@ -181,8 +181,10 @@ def test_kill_9_mid_prepare_is_reclaimed_and_resumed_from_checkpoints(tmp_path: 
 @pytest.mark.slow
 def test_a_slow_prepare_with_a_live_runner_is_not_reclaimed(tmp_path: Path) -> None:
     started = tmp_path / "started"
-    settings = {**FAST, "STALE_AFTER": 1.5, "HEARTBEAT_INTERVAL": 0.3}
-    work_id = enqueue("test-slow", {"key": "a", "seconds": 4.5, "started_file": str(started)})
+    # The prepare outlasts STALE_AFTER twice over; heartbeats keep it. STALE_AFTER leaves
+    # room for a stall of the first runner on a loaded machine (2 s seen: see SHARING).
+    settings = {**FAST, "STALE_AFTER": 4, "HEARTBEAT_INTERVAL": 0.4}
+    work_id = enqueue("test-slow", {"key": "a", "seconds": 9, "started_file": str(started)})
     first = ManagePy("runworkflows", settings=settings)
     second = None
     try:

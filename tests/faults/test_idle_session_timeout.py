@@ -84,7 +84,7 @@ def test_sessions_the_server_ends_when_idle_are_renewed_quietly(
     report_figures(f"idle_session_timeout {IDLE_TIMEOUT:g}s: enqueue-to-start latencies {rounded}")
     assert attempts == [(0, ITEMS + 1)]
     assert len(latencies) == ITEMS
-    assert max(latencies) < 1.0, latencies  # woken by NOTIFY (polls are 5 s apart)
+    assert max(latencies) < 2.5, latencies  # woken by NOTIFY (polls are 5 s apart)
     for noise in ("lost its connection", "heartbeat failed", "database unavailable", "released", "ERROR"):
         assert noise not in output, output
     assert f"runner stopped: {ITEMS + 1} done, 0 rescheduled, 0 abandoned, 0 reclaimed\n" in output, output

@@ -26,7 +26,7 @@ STEPS = 3
 RUNNER_SETTINGS = {
     "POLL_INTERVAL": 0.1,
     "HEARTBEAT_INTERVAL": 0.5,
-    "STALE_AFTER": 2,
+    "STALE_AFTER": 4,  # a live runner stalled by the restarts around it keeps its claims
     "SHUTDOWN_GRACE": 1,
     "CONCURRENCY": 4,
     # The async variant runs as many at once: the same drain, as long, as many kills.

@@ -91,9 +91,9 @@ def test_an_idle_connection_is_dropped_after_the_timeout(endpoint: tuple[RunnerM
     """On the old code the connection stayed open (and its thread alive) for good."""
     _, port = endpoint
     baseline = connection_threads()
+    began = time.monotonic()  # the server's clock starts at its accept, after this
     with socket.create_connection(("127.0.0.1", port), timeout=10) as idle:
         wait_for(lambda: connection_threads() == baseline + 1, timeout=10, what="its thread to start")
-        began = time.monotonic()
         try:
             received = idle.recv(1024)  # nothing sent: b"" once the server closes it
         except TimeoutError:

@@ -66,6 +66,6 @@ def test_the_listener_keeps_its_session_alive_however_notifications_fall(
         listener.stop()
     gaps = [later - earlier for earlier, later in itertools.pairwise(listener.keep_alives)]
     # Half the timeout apart, with room for a slow statement; never near the timeout.
-    assert max(gaps) < 0.7 * IDLE_TIMEOUT, gaps
+    assert max(gaps) < 0.8 * IDLE_TIMEOUT, gaps
     assert len(gaps) >= NOTIFICATIONS * NOTIFY_EVERY / IDLE_TIMEOUT, gaps
     assert listener.connects == 1  # the server never ended the session

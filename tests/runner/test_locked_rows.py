@@ -31,9 +31,10 @@ def done_keys() -> Counter[str]:
     return Counter(Ledger.objects.filter(kind="test-ledger").values_list("key", flat=True))
 
 
-def locked_row_due(delay: float = 0.5) -> int:
+def locked_row_due(delay: float = 3.0) -> int:
     """A row of ``test-ledger`` due in ``delay`` seconds (so no claim takes it before the
-    test locks it)."""
+    test locks it: the enqueue's commit, a new session and its lock fit in it on a busy
+    machine too)."""
     work_id = enqueue("test-ledger", {"key": "locked"}, delay=delay)
     assert work_id is not None
     return int(work_id)
