@@ -47,6 +47,7 @@ def source_copy(into: Path) -> Path:
     """What the wheel is built from, copied: pip builds in the tree it is given and leaves
     build/ and the egg-info there, which two test legs running at once (bin/test) would
     share and delete under each other."""
+    into.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(PROJECT_ROOT / name, into / name)
     app = "nexus_workflows"
