@@ -144,6 +144,14 @@ def transaction_conflict(error: BaseException) -> str | None:
     return MYSQL_TRANSACTION_CONFLICTS.get(number) if number is not None else None
 
 
+def is_deadlock(error: BaseException) -> bool:
+    """Whether the database ended the statement to break a deadlock (or, under REPEATABLE
+    READ or SERIALIZABLE, for a serialization failure): undone whole at once, and the same
+    statement may pass when run again at once. A lock wait cut short is not one: it has
+    waited its whole timeout already."""
+    return sqlstate(error) in ("40P01", "40001") or mysql_error_number(error) == 1213
+
+
 def sqlite_busy(error: BaseException) -> bool:
     """Whether ``error`` is SQLite's ``database is locked`` (:data:`SQLITE_BUSY`), on
     Django's wrapper or the driver's error it wraps."""

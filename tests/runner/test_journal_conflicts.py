@@ -11,6 +11,7 @@ ends (after its default second)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -84,3 +85,28 @@ def test_a_batch_ended_by_a_deadlock_is_written_again(register_workflow: Any) ->
         {"step": first.id},
         {"step": second.id},
     ]
+
+
+def test_a_batch_whose_lock_wait_was_cut_short_fails_at_once(
+    register_workflow: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lock wait cut short (``lock_timeout``) has waited its whole timeout already: its
+    saves fail with the database's error (the attempt's refusal rules), not after three
+    more waits."""
+    from django.db import OperationalError, connection
+
+    first, second = claimed_pair(register_workflow)
+    writer = JournalWriter("default", 1)
+    saves = [_Save(work, {"step": 1}, written=threading.Event()) for work in (first, second)]
+    with raw_connection() as holder, caplog.at_level(logging.INFO, logger="nexus_workflows"):
+        holder.execute("BEGIN")
+        holder.execute(f"UPDATE {TABLE} SET heartbeat_at = now() WHERE id = %s", [second.id])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '200ms'")
+        try:
+            writer._write(saves)
+        finally:
+            connection.close()  # the session's lock_timeout goes with it
+            holder.execute("ROLLBACK")
+    assert [type(save.error) for save in saves] == [OperationalError, OperationalError]
+    assert "writing it again" not in caplog.text

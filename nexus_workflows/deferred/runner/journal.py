@@ -10,8 +10,8 @@ written only while the claim that took it is still held (id *and* claim token). 
 returns once its batch committed; a save whose fence failed raises :class:`ClaimLost` in
 its attempt; a database error fails every save of its batch with that error (so the
 runner's outage rules apply to the attempt as to any other ``OperationalError``), except
-a statement that met another transaction (a deadlock with the runner's own heartbeat, a
-lock wait cut short), which is written again first (:data:`CONFLICT_RETRIES`).
+a deadlock (with the runner's own heartbeat, say), after which the batch is written again
+first (:data:`CONFLICT_RETRIES`).
 
 The few other statements of an ``async def`` attempt (a rate-limited kind's start and its
 confirmation) run on a writer too (:meth:`JournalWriter.call_async`), so that they count
@@ -34,7 +34,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from nexus_workflows.database_errors import transaction_conflict
+from nexus_workflows.database_errors import is_deadlock, transaction_conflict
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
@@ -48,8 +48,8 @@ logger = logging.getLogger("nexus_workflows.deferred.runner")
 
 #: Most saves one statement writes: bounds the statement's size and one batch's latency.
 MAX_BATCH = 200
-#: Times a batch that met another transaction (a deadlock, a lock wait cut short) is
-#: written again before its saves fail with the database's error.
+#: Times a batch the database ended to break a deadlock is written again before its saves
+#: fail with the database's error.
 CONFLICT_RETRIES = 3
 #: Seconds :meth:`JournalWriter.stop` waits for all the writers together.
 STOP_WAIT = 5.0
@@ -292,21 +292,22 @@ class JournalWriter:
         return batch
 
     def _save_journals(self, journals: list[tuple[ClaimedWork, dict[str, Any]]], saves: int) -> set[int]:
-        """The batch's statement; again at once when it met another transaction (a deadlock
-        above all: the heartbeat and the start marks update the same rows, many in one
+        """The batch's statement; again at once when the database ended it to break a
+        deadlock (the heartbeat and the start marks update the same rows, many in one
         statement each, in the order of their own plans). The database undid the statement
         whole, and a fenced save may be written twice; failing it would fail every attempt
-        of the batch (up to MAX_BATCH) for no fault of theirs."""
+        of the batch (up to MAX_BATCH) for no fault of theirs. A lock wait cut short is not
+        retried: it has waited its whole timeout already."""
         for retry in range(CONFLICT_RETRIES + 1):
             try:
                 return rerun_on_a_new_connection(
                     self.using, lambda: transitions.save_journals(journals, using=self.using)
                 )
             except Exception as error:
-                conflict = transaction_conflict(error)
-                if conflict is None or retry == CONFLICT_RETRIES:
+                if not is_deadlock(error) or retry == CONFLICT_RETRIES:
                     raise
-                logger.info("a batch of %d saves was not written (%s); writing it again", saves, conflict)
+                said = transaction_conflict(error)
+                logger.info("a batch of %d saves was not written (%s); writing it again", saves, said)
         raise AssertionError("unreachable")  # the last turn returned or raised
 
     def _write(self, batch: list[_Save]) -> None:
