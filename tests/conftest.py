@@ -62,6 +62,15 @@ def _deselected_because(item: pytest.Item, vendor: str) -> str | None:
     return None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """bin/test runs its legs as background jobs, and a shell may start those with SIGINT
+    ignored (a non-interactive shell's ``&``, or a CI runner's own), which Python then keeps:
+    no KeyboardInterrupt ever. Stopped (Ctrl-C, CI's time limit), a leg must still tear its
+    fixtures down (the fault suite's private servers and network namespaces)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``postgresql`` (or ``mysql``, ``sqlite``) are deselected (not skipped) on the other
     databases, and tests marked ``needs(feature)`` on a database that lacks the feature."""
