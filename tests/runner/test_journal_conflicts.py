@@ -4,6 +4,9 @@ the order of their own plans. In CI a rate-limited kind with 200 async attempts 
 had its one batch of 200 first saves end so, and every attempt failed ("failed
 (OperationalError)", all 200 rescheduled) for no fault of its own.
 
+And a batch the database refused for one row's value (a project's trigger) fails only
+that row's save: the others are written alone.
+
 The deadlock is made on purpose: another session (as the heartbeat) holds the batch's
 second row, the batch takes the first and waits, then that session updates the first row
 too. Its own ``deadlock_timeout`` is long, so the batch's session is the one PostgreSQL
@@ -16,6 +19,7 @@ import threading
 from typing import Any
 
 import pytest
+from django.db import DatabaseError
 
 from nexus_workflows import enqueue
 from nexus_workflows.deferred.claims import Claimer
@@ -25,7 +29,7 @@ from nexus_workflows.models import DeferredWork
 from tests.processes import wait_for
 from tests.raw_connections import raw_connection
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 TABLE = DeferredWork._meta.db_table
 
@@ -45,6 +49,7 @@ def lock_waits(backend: int) -> bool:
         return bool(row and row[0])
 
 
+@pytest.mark.postgresql
 def test_a_batch_ended_by_a_deadlock_is_written_again(register_workflow: Any) -> None:
     first, second = claimed_pair(register_workflow)
     writer = JournalWriter("default", 1)
@@ -87,6 +92,7 @@ def test_a_batch_ended_by_a_deadlock_is_written_again(register_workflow: Any) ->
     ]
 
 
+@pytest.mark.postgresql
 def test_a_batch_whose_lock_wait_was_cut_short_fails_at_once(
     register_workflow: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -110,3 +116,20 @@ def test_a_batch_whose_lock_wait_was_cut_short_fails_at_once(
             holder.execute("ROLLBACK")
     assert [type(save.error) for save in saves] == [OperationalError, OperationalError]
     assert "writing it again" not in caplog.text
+
+
+def test_a_batch_refused_for_one_rows_write_fails_only_that_save(
+    register_workflow: Any, write_blocker: Any
+) -> None:
+    """On the old code both saves failed with the trigger's error: the whole batch."""
+    first, second = claimed_pair(register_workflow)
+    writer = JournalWriter("default", 1)
+    saves = [_Save(work, {"step": work.id}, written=threading.Event()) for work in (first, second)]
+    write_blocker.install(f"NEW.id = {second.id}")
+    writer._write(saves)
+    assert saves[0].error is None
+    assert isinstance(saves[1].error, DatabaseError)  # the trigger's (its type differs by vendor)
+    checkpoints = dict(
+        DeferredWork.objects.filter(pk__in=[first.id, second.id]).values_list("pk", "checkpoints")
+    )
+    assert checkpoints == {first.id: {"step": first.id}, second.id: {}}

@@ -11,7 +11,8 @@ returns once its batch committed; a save whose fence failed raises :class:`Claim
 its attempt; a database error fails every save of its batch with that error (so the
 runner's outage rules apply to the attempt as to any other ``OperationalError``), except
 a deadlock (with the runner's own heartbeat, say), after which the batch is written again
-first (:data:`CONFLICT_RETRIES`).
+first (:data:`CONFLICT_RETRIES`), and a refusal of what it wrote (a project's trigger), after
+which each save is written alone, so that only the row at fault fails.
 
 The few other statements of an ``async def`` attempt (a rate-limited kind's start and its
 confirmation) run on a writer too (:meth:`JournalWriter.call_async`), so that they count
@@ -34,11 +35,12 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from nexus_workflows.database_errors import is_deadlock, transaction_conflict
+from nexus_workflows.database_errors import is_deadlock, statement_refused, transaction_conflict
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
     close_if_past_max_age,
+    is_database_unavailable,
     rerun_on_a_new_connection,
 )
 from nexus_workflows.deferred.transitions import ClaimedWork, validate_patch
@@ -322,6 +324,10 @@ class JournalWriter:
         else:
             _complete_once(batch, lambda save: None if save.work.id in written else claim_lost(save.work))
             return
+        if len(batch) > 1 and refused_for_its_rows(failed):
+            for save in batch:  # one row may be the cause: only its save fails
+                self._write([save])
+            return
         # One instance per attempt: each raises it in its own thread or task.
         _complete_once(batch, lambda save: _own_copy(failed))
 
@@ -344,6 +350,14 @@ class JournalWriter:
                 elif save is not None:
                     failed.append(save)
         _complete_once(failed, lambda save: stopped(save.work))
+
+
+def refused_for_its_rows(error: BaseException) -> bool:
+    """Whether the database refused the statement for what it wrote (a project's trigger
+    or constraint, a value the column does not take), which may be one row's fault: not an
+    outage, and not a wait cut short (a lock, a deadlock, a cancel), which each row written
+    alone would meet again, one timeout each."""
+    return not is_database_unavailable(error) and statement_refused(error) is None
 
 
 def _own_copy(error: BaseException) -> BaseException:
