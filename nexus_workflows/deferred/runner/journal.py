@@ -300,17 +300,18 @@ class JournalWriter:
         whole, and a fenced save may be written twice; failing it would fail every attempt
         of the batch (up to MAX_BATCH) for no fault of theirs. A lock wait cut short is not
         retried: it has waited its whole timeout already."""
-        for retry in range(CONFLICT_RETRIES + 1):
+        retries = 0
+        while True:
             try:
                 return rerun_on_a_new_connection(
                     self.using, lambda: transitions.save_journals(journals, using=self.using)
                 )
             except Exception as error:
-                if not is_deadlock(error) or retry == CONFLICT_RETRIES:
+                if not is_deadlock(error) or retries == CONFLICT_RETRIES:
                     raise
+                retries += 1
                 said = transaction_conflict(error)
                 logger.info("a batch of %d saves was not written (%s); writing it again", saves, said)
-        raise AssertionError("unreachable")  # the last turn returned or raised
 
     def _write(self, batch: list[_Save]) -> None:
         journals = [(save.work, save.checkpoints) for save in batch]
