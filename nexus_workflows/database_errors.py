@@ -39,14 +39,17 @@ TRANSACTION_CONFLICTS = {
     "40P01": "the database ended it to break a deadlock",
     "40001": "it met a concurrent update: serialization failure",
 }
+#: Those of them undone at once, not after a wait (:func:`is_deadlock`).
+DEADLOCK_SQLSTATES = frozenset({"40P01", "40001"})
 
 
 #: The same on MySQL and MariaDB, by the server's error number (mysqlclient gives no
 #: SQLSTATE): a lock waited for longer than ``innodb_lock_wait_timeout`` (1205; only the
 #: statement is undone, and in autocommit that is the transaction), and a deadlock (1213).
+MYSQL_DEADLOCK = 1213
 MYSQL_TRANSACTION_CONFLICTS = {
     1205: "it waited longer than innodb_lock_wait_timeout for a lock",
-    1213: "the database ended it to break a deadlock",
+    MYSQL_DEADLOCK: "the database ended it to break a deadlock",
 }
 
 #: SQLite's result code of a statement that waited its connection's ``timeout`` for the
@@ -149,7 +152,7 @@ def is_deadlock(error: BaseException) -> bool:
     READ or SERIALIZABLE, for a serialization failure): undone whole at once, and the same
     statement may pass when run again at once. A lock wait cut short is not one: it has
     waited its whole timeout already."""
-    return sqlstate(error) in ("40P01", "40001") or mysql_error_number(error) == 1213
+    return sqlstate(error) in DEADLOCK_SQLSTATES or mysql_error_number(error) == MYSQL_DEADLOCK
 
 
 def sqlite_busy(error: BaseException) -> bool:
