@@ -133,3 +133,55 @@ def test_strings_in_a_frames_list_are_walked_as_before() -> None:
         (f"rediss://u:{HIDDEN}@two/1",),
         {"password": HIDDEN},
     ]
+
+
+# One secret per place, so that a failure names the place that leaked.
+IN_KEY, IN_SET, IN_FROZENSET, IN_BYTES, IN_SETTING_KEY = (uuid.uuid4().hex for _ in range(5))
+
+
+def view_with_urls_out_of_the_walk(
+    request: Any, clients: dict[str, Any], urls: set[str], **more: Any
+) -> None:
+    raise ConnectionError("the queue's server did not answer")
+
+
+def test_urls_in_dict_keys_sets_and_bytes_are_shown_without_their_passwords() -> None:
+    """Django's walk keeps a dict's keys, a set and bytes as they are: on the old code each
+    secret below was in the report (the first assertion failed on IN_KEY)."""
+    request = reported_request()
+    with override_settings(DEBUG=False, NW_CLIENTS_BY_URL={f"redis://:{IN_SETTING_KEY}@settinghost/0": 1}):
+        try:
+            view_with_urls_out_of_the_walk(
+                request,
+                {f"redis://app:{IN_KEY}@keyhost:6379/0": "a client"},
+                {f"redis://:{IN_SET}@sethost:6379/0", "plain"},
+                frozen=frozenset({f"rediss://u:{IN_FROZENSET}@frozenhost/1"}),
+                # Not UTF-8 only: "Å" is 0xC3 0x85, and 0x85 is white space read as Latin-1.
+                raw=b"redis://:" + IN_BYTES.encode() + "Å".encode() + b"\xff@byteshost:6379/0",
+            )
+        except ConnectionError:
+            reporter = ExceptionReporter(request, *sys.exc_info())
+            reports = reporter.get_traceback_text() + reporter.get_traceback_html()
+    for secret in (IN_KEY, IN_SET, IN_FROZENSET, IN_BYTES, IN_SETTING_KEY):
+        assert secret not in reports
+    for shown in ("app:{}@keyhost:6379/0", ":{}@sethost:6379/0", "u:{}@frozenhost/1", ":{}@byteshost:6379/0"):
+        assert shown.format(HIDDEN) in reports  # the user and host stay
+    assert f"redis://:{HIDDEN}@settinghost/0" in reports
+    assert "the queue&#x27;s server did not answer" in reports
+
+
+def test_the_new_walks_keep_what_holds_no_url_and_never_raise() -> None:
+    walk = UrlCredentialsFilter().cleanse_special_types
+    assert walk(None, {"plain": 1, 2: "x", ("redis://:pw@h/0", 3): 4}) == {
+        "plain": 1,
+        2: "x",
+        (f"redis://:{HIDDEN}@h/0", 3): 4,
+    }
+    assert walk(None, {"redis://:a@h/0", "redis://:b@h/0"}) == {f"redis://:{HIDDEN}@h/0"}  # one, now
+    assert walk(None, bytearray(b"x redis://u:pw@h")) == bytearray(f"x redis://u:{HIDDEN}@h".encode())
+    assert walk(None, b"\xff\xfe no URL") == b"\xff\xfe no URL"
+
+    class Hashable(dict):  # a set item Django's walk turns into a plain (unhashable) dict
+        __hash__ = object.__hash__  # type: ignore[assignment]
+
+    assert walk(None, {Hashable(a=1)}) == HIDDEN  # hidden whole, not an error

@@ -28,6 +28,29 @@ _TIMEOUT_SHAPE = (
     "the whole request within connect + read)"
 )
 
+# Upper bounds of the Airtable settings (README's Airtable settings table); larger values
+# failed at run time with OverflowError.
+AIRTABLE_MAX_ATTEMPTS = 100
+# Each part of AIRTABLE_TIMEOUT: a socket waits in poll() for at most connect or read,
+# and poll() takes whole milliseconds as a C int (at most 24.8 days); a request silent
+# for a day is hung anyway.
+AIRTABLE_MAX_TIMEOUT = 86_400
+# The base's rate window is a rate_limited() window: its bounds (flow.windows).
+_A_YEAR = RATE_PERIOD_MAX.total_seconds()
+
+# What each setting allows, whole: the same words whichever side of it a value falls on
+# (NaN, infinity and a string too), so that an error always names the upper bound.
+_ATTEMPTS_RULE = whole_rule(1, AIRTABLE_MAX_ATTEMPTS)
+_DELAY_RULE = seconds_rule(zero_allowed=True)
+_DEADLINE_RULE = seconds_rule()
+_TIMEOUT_RULE = f"seconds greater than 0 and at most {AIRTABLE_MAX_TIMEOUT:,} (a day): {_TIMEOUT_SHAPE}"
+_RATE_LIMIT_RULE = (
+    f"None, or (limit, period seconds): a whole number of requests of at least 1 and at "
+    f"most {RATE_LIMIT_MAX:,}, and a number of seconds greater than 0 and at most "
+    f"{_A_YEAR:,.0f} (a year)"
+)
+_RATE_LIMIT_TIMEOUT_RULE = f"a number of seconds 0 or more and at most {_A_YEAR:,.0f} (a year)"
+
 
 @register(Tags.compatibility)
 def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
@@ -54,27 +77,18 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
     attempts = app_settings.AIRTABLE_MAX_ATTEMPTS
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         messages.append(
-            setting_error(
-                "AIRTABLE_MAX_ATTEMPTS", "a whole number of at least 1", attempts, "nexus_workflows.E201"
-            )
+            setting_error("AIRTABLE_MAX_ATTEMPTS", _ATTEMPTS_RULE, attempts, "nexus_workflows.E201")
         )
 
     for name in ("AIRTABLE_RATE_LIMIT_DELAY", "AIRTABLE_RETRY_BASE_DELAY", "AIRTABLE_MAX_RETRY_AFTER"):
         value = getattr(app_settings, name)
         if not is_number(value) or value < 0:
-            messages.append(
-                setting_error(name, "a number of seconds, 0 or more", value, "nexus_workflows.E202")
-            )
+            messages.append(setting_error(name, _DELAY_RULE, value, "nexus_workflows.E202"))
 
     deadline = app_settings.AIRTABLE_RETRY_DEADLINE
     if not is_number(deadline) or deadline <= 0:
         messages.append(
-            setting_error(
-                "AIRTABLE_RETRY_DEADLINE",
-                "a number of seconds greater than 0",
-                deadline,
-                "nexus_workflows.E208",
-            )
+            setting_error("AIRTABLE_RETRY_DEADLINE", _DEADLINE_RULE, deadline, "nexus_workflows.E208")
         )
 
     timeout = app_settings.AIRTABLE_TIMEOUT
@@ -84,14 +98,7 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
         else is_number(timeout) and timeout > 0
     )
     if not parts_ok:
-        messages.append(
-            setting_error(
-                "AIRTABLE_TIMEOUT",
-                f"seconds greater than 0: {_TIMEOUT_SHAPE}",
-                timeout,
-                "nexus_workflows.E203",
-            )
-        )
+        messages.append(setting_error("AIRTABLE_TIMEOUT", _TIMEOUT_RULE, timeout, "nexus_workflows.E203"))
 
     rate_limit = app_settings.AIRTABLE_RATE_LIMIT
     if rate_limit is not None and not (
@@ -104,19 +111,13 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
         and rate_limit[1] > 0
     ):
         messages.append(
-            setting_error(
-                "AIRTABLE_RATE_LIMIT",
-                "None, or (limit, period seconds): a whole number of requests of at least 1 "
-                "and a number of seconds greater than 0",
-                rate_limit,
-                "nexus_workflows.E205",
-            )
+            setting_error("AIRTABLE_RATE_LIMIT", _RATE_LIMIT_RULE, rate_limit, "nexus_workflows.E205")
         )
     wait = app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT
     if not is_number(wait) or wait < 0:
         messages.append(
             setting_error(
-                "AIRTABLE_RATE_LIMIT_TIMEOUT", "a number of seconds, 0 or more", wait, "nexus_workflows.E206"
+                "AIRTABLE_RATE_LIMIT_TIMEOUT", _RATE_LIMIT_TIMEOUT_RULE, wait, "nexus_workflows.E206"
             )
         )
 
@@ -133,20 +134,13 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
     return messages
 
 
-# Upper bounds of the Airtable settings, checked only for values the rules above accept,
-# so that no value gets two errors. Larger values failed at run time with OverflowError.
-AIRTABLE_MAX_ATTEMPTS = 100
-# Each part of AIRTABLE_TIMEOUT: a socket waits in poll() for at most connect or read,
-# and poll() takes whole milliseconds as a C int (at most 24.8 days); a request silent
-# for a day is hung anyway.
-AIRTABLE_MAX_TIMEOUT = 86_400
+# The upper bounds are checked only for values the rules above accept, so that no value
+# gets two errors.
 _AIRTABLE_SECONDS = {
     "AIRTABLE_RATE_LIMIT_DELAY": "nexus_workflows.E202",
     "AIRTABLE_RETRY_BASE_DELAY": "nexus_workflows.E202",
     "AIRTABLE_MAX_RETRY_AFTER": "nexus_workflows.E202",
 }
-# The base's rate window is a rate_limited() window: its bounds (flow.windows).
-_A_YEAR = RATE_PERIOD_MAX.total_seconds()
 
 
 @register(Tags.compatibility)
@@ -158,27 +152,29 @@ def check_airtable_bounds(app_configs: Sequence[Any] | None = None, **kwargs: An
     messages: list[CheckMessage] = []
     attempts = app_settings.AIRTABLE_MAX_ATTEMPTS
     if is_whole(attempts, AIRTABLE_MAX_ATTEMPTS + 1, math.inf):
-        rule = whole_rule(1, AIRTABLE_MAX_ATTEMPTS)
-        messages.append(setting_error("AIRTABLE_MAX_ATTEMPTS", rule, attempts, "nexus_workflows.E201"))
+        messages.append(
+            setting_error("AIRTABLE_MAX_ATTEMPTS", _ATTEMPTS_RULE, attempts, "nexus_workflows.E201")
+        )
     for name, check_id in _AIRTABLE_SECONDS.items():
         value = getattr(app_settings, name)
         if is_number(value) and value > MAX_SECONDS:
-            messages.append(setting_error(name, seconds_rule(zero_allowed=True), value, check_id))
+            messages.append(setting_error(name, _DELAY_RULE, value, check_id))
     deadline = app_settings.AIRTABLE_RETRY_DEADLINE
     if is_number(deadline) and deadline > MAX_SECONDS:
         messages.append(
-            setting_error("AIRTABLE_RETRY_DEADLINE", seconds_rule(), deadline, "nexus_workflows.E208")
+            setting_error("AIRTABLE_RETRY_DEADLINE", _DEADLINE_RULE, deadline, "nexus_workflows.E208")
         )
     timeout = app_settings.AIRTABLE_TIMEOUT
     parts = timeout if isinstance(timeout, list | tuple) and len(timeout) == 2 else [timeout]
     if all(is_number(part) and part > 0 for part in parts) and max(parts) > AIRTABLE_MAX_TIMEOUT:
-        most = f"at most {AIRTABLE_MAX_TIMEOUT:,} (a day)"
-        rule = f"seconds greater than 0 and {most}: {_TIMEOUT_SHAPE}"
-        messages.append(setting_error("AIRTABLE_TIMEOUT", rule, timeout, "nexus_workflows.E203"))
+        messages.append(setting_error("AIRTABLE_TIMEOUT", _TIMEOUT_RULE, timeout, "nexus_workflows.E203"))
     wait = app_settings.AIRTABLE_RATE_LIMIT_TIMEOUT
     if is_number(wait) and wait > _A_YEAR:
-        rule = f"a number of seconds 0 or more and at most {_A_YEAR:,.0f} (a year)"
-        messages.append(setting_error("AIRTABLE_RATE_LIMIT_TIMEOUT", rule, wait, "nexus_workflows.E206"))
+        messages.append(
+            setting_error(
+                "AIRTABLE_RATE_LIMIT_TIMEOUT", _RATE_LIMIT_TIMEOUT_RULE, wait, "nexus_workflows.E206"
+            )
+        )
     rate_limit = app_settings.AIRTABLE_RATE_LIMIT
     if isinstance(rate_limit, list | tuple) and len(rate_limit) == 2:
         limit, period = rate_limit
@@ -186,12 +182,9 @@ def check_airtable_bounds(app_configs: Sequence[Any] | None = None, **kwargs: An
             limit <= RATE_LIMIT_MAX and period <= _A_YEAR
         ):
             # A window is a ring of `limit` rows, made in one statement and read at every try.
-            rule = (
-                f"None, or (limit, period seconds): a whole number of requests of at least 1 and at "
-                f"most {RATE_LIMIT_MAX:,}, and a number of seconds greater than 0 and at most "
-                f"{_A_YEAR:,.0f} (a year)"
+            messages.append(
+                setting_error("AIRTABLE_RATE_LIMIT", _RATE_LIMIT_RULE, rate_limit, "nexus_workflows.E205")
             )
-            messages.append(setting_error("AIRTABLE_RATE_LIMIT", rule, rate_limit, "nexus_workflows.E205"))
     return messages + _check_airtable_backoff(attempts)
 
 

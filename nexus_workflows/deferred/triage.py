@@ -51,8 +51,9 @@ class WorkRef:
     pk: int
     kind: str
     # Patient data, often: out of the repr (and a result's), which tracebacks, debuggers
-    # and a caller's log lines show.
-    dedupe_key: str = field(repr=False)
+    # and a caller's log lines show. None when it was never read: the row was gone before
+    # it was read whole (GONE), or it was only counted (account_for_selected).
+    dedupe_key: str | None = field(repr=False)
     # The status the row had when it was changed or skipped: GONE when it vanished, CHANGED
     # when it left the action's filter since the page listed it.
     status: str
@@ -138,7 +139,7 @@ def _rows(queryset: QuerySet[DeferredWork]) -> Iterator[dict]:
 
 def _gone(pk: int, kind: str) -> dict:
     """A row read by id, then deleted before it was read whole: what its skip says."""
-    return {"pk": pk, "kind": kind, "dedupe_key": "", "status": GONE, "history": [], "updated_at": None}
+    return {"pk": pk, "kind": kind, "dedupe_key": None, "status": GONE, "history": [], "updated_at": None}
 
 
 def _database(queryset: QuerySet[DeferredWork]) -> str:
@@ -227,9 +228,9 @@ def account_for_selected(result: TriageResult, selected: Iterable[str]) -> None:
     present = dict(DeferredWork.objects.using(result.using).filter(pk__in=missing).values_list("pk", "kind"))
     for pk in sorted(missing):
         if pk in present:
-            result.skipped.append(WorkRef(pk, present[pk], "", CHANGED))
+            result.skipped.append(WorkRef(pk, present[pk], None, CHANGED))
         else:  # nothing is known of it but the posted id, which no message shows
-            result.skipped.append(WorkRef(0, "", "", GONE))
+            result.skipped.append(WorkRef(0, "", None, GONE))
 
 
 def _after(result: TriageResult, using: str, what: str, who: dict[str, str]) -> None:

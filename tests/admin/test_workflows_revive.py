@@ -6,8 +6,10 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from nexus_workflows.models import DeferredWork, Status
+from tests.admin.test_actions_gone_rows import delete_before_the_rows_are_read
 
 pytestmark = pytest.mark.django_db
 
@@ -130,4 +132,19 @@ def test_keys_are_printed_only_with_reveal(make_work, workflow):
     assert out.splitlines()[:2] == [
         f"revived {workflow.kind} #{abandoned.pk} (key visit-31)",
         f"skipped {workflow.kind} #{done.pk} (key visit-32): done, not abandoned",
+    ]
+
+
+def test_reveal_shows_no_key_for_a_row_gone_before_it_was_read(make_work, workflow):
+    """Its key was never read: the line must not print an empty one as if it were the key."""
+    kept = make_work(Status.ABANDONED, dedupe_key="visit-41")
+    deleted = make_work(Status.ABANDONED, dedupe_key="visit-42")
+
+    with connection.execute_wrapper(delete_before_the_rows_are_read(deleted.pk)):
+        out, _ = revive("--all-abandoned", "--reveal")
+
+    assert out.splitlines() == [
+        f"revived {workflow.kind} #{kept.pk} (key visit-41)",
+        f"skipped {workflow.kind} #{deleted.pk}: it is gone (purged or deleted)",
+        "revived 1, skipped 1",
     ]

@@ -171,3 +171,32 @@ def test_the_airtable_bounds_are_a_registered_check() -> None:
 
     with override_settings(NEXUS_WORKFLOWS={"AIRTABLE_TIMEOUT": 1e300}):
         assert "nexus_workflows.E203" in message_ids(checks.run_checks())
+
+
+# Whichever rule a value breaks (too small, not a number, infinite), the message says the
+# whole rule, upper bound included: an operator who gave infinity or -1 learns the range.
+@pytest.mark.parametrize(
+    ("settings", "check_id", "rule"),
+    [
+        ({"AIRTABLE_MAX_ATTEMPTS": -7}, "E201", "a whole number of at least 1 and at most 100"),
+        ({"AIRTABLE_MAX_ATTEMPTS": 1e300}, "E201", "a whole number of at least 1 and at most 100"),
+        ({"AIRTABLE_RETRY_BASE_DELAY": float("inf")}, "E202", "seconds 0 or more and at most 315,619,200"),
+        ({"AIRTABLE_RATE_LIMIT_DELAY": -7}, "E202", "seconds 0 or more and at most 315,619,200"),
+        ({"AIRTABLE_MAX_RETRY_AFTER": "7"}, "E202", "seconds 0 or more and at most 315,619,200"),
+        ({"AIRTABLE_TIMEOUT": (5, -7)}, "E203", "seconds greater than 0 and at most 86,400 (a day)"),
+        ({"AIRTABLE_RATE_LIMIT": (0, 7)}, "E205", "at least 1 and at most 10,000"),
+        ({"AIRTABLE_RATE_LIMIT": (5, -7)}, "E205", "greater than 0 and at most 31,622,400 (a year)"),
+        ({"AIRTABLE_RATE_LIMIT_TIMEOUT": -7}, "E206", "seconds 0 or more and at most 31,622,400 (a year)"),
+        ({"AIRTABLE_RETRY_DEADLINE": float("inf")}, "E208", "seconds greater than 0 and at most 315,619,200"),
+        ({"AIRTABLE_RETRY_DEADLINE": -7}, "E208", "seconds greater than 0 and at most 315,619,200"),
+        ({"AIRTABLE_RETRY_DEADLINE": "7"}, "E208", "seconds greater than 0 and at most 315,619,200"),
+    ],
+)
+def test_airtable_errors_name_the_upper_bound_whatever_rule_was_broken(
+    settings: dict[str, Any], check_id: str, rule: str
+) -> None:
+    messages = airtable_checks(settings)
+    assert message_ids(messages) == [f"nexus_workflows.{check_id}"]
+    assert rule in messages[0].msg
+    for echoed in ("-7", "'7'", "inf", "1e+300"):  # never the value
+        assert echoed not in messages[0].msg

@@ -14,7 +14,7 @@ from nexus_workflows.deferred.runner.ledger import Ledger
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
     close_if_past_max_age,
-    rerun_on_a_new_connection,
+    rerun_after_deadlocks,
 )
 from nexus_workflows.flow import starts as flow_starts
 
@@ -120,7 +120,14 @@ class Heartbeat:
             began = time.monotonic()
             if held:
                 # Its connection sits idle between beats: a new one if it died meanwhile.
-                rerun_on_a_new_connection(self.using, lambda: transitions.heartbeat(held, using=self.using))
+                # Again at once after a deadlock (with a journal batch, say): not a failed beat.
+                rerun_after_deadlocks(
+                    self.using,
+                    lambda: transitions.heartbeat(held, using=self.using),
+                    again=lambda said: logger.info(
+                        "a heartbeat was not written (%s); writing it again", said
+                    ),
+                )
             # The rows' heartbeat_at is as old as the statement's sending, not its answer
             # (a lock wait or a stalled commit may lie between): count from there, as a
             # claim's confirmation does (ClaimedWork.sent_at).
@@ -134,5 +141,9 @@ class Heartbeat:
     def _mark_started(self) -> None:
         started = self.ledger.unmarked()
         if started:
-            rerun_on_a_new_connection(self.using, lambda: transitions.mark_started(started, using=self.using))
+            rerun_after_deadlocks(
+                self.using,
+                lambda: transitions.mark_started(started, using=self.using),
+                again=lambda said: logger.info("start marks were not written (%s); writing them again", said),
+            )
             self.ledger.marked(started)

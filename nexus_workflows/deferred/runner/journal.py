@@ -11,8 +11,9 @@ returns once its batch committed; a save whose fence failed raises :class:`Claim
 its attempt; a database error fails every save of its batch with that error (so the
 runner's outage rules apply to the attempt as to any other ``OperationalError``), except
 a deadlock (with the runner's own heartbeat, say), after which the batch is written again
-first (:data:`CONFLICT_RETRIES`), and a refusal of what it wrote (a project's trigger), after
-which each save is written alone, so that only the row at fault fails.
+first (:func:`~nexus_workflows.deferred.runner.unavailable.rerun_after_deadlocks`), and a
+refusal of what it wrote (a project's trigger), after which each save is written alone, so
+that only the row at fault fails.
 
 The few other statements of an ``async def`` attempt (a rate-limited kind's start and its
 confirmation) run on a writer too (:meth:`JournalWriter.call_async`), so that they count
@@ -35,13 +36,13 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from nexus_workflows.database_errors import is_deadlock, statement_refused, transaction_conflict
+from nexus_workflows.database_errors import statement_refused
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
     close_if_past_max_age,
     is_database_unavailable,
-    rerun_on_a_new_connection,
+    rerun_after_deadlocks,
 )
 from nexus_workflows.deferred.transitions import ClaimedWork, validate_patch
 from nexus_workflows.exceptions import ClaimLost
@@ -50,9 +51,6 @@ logger = logging.getLogger("nexus_workflows.deferred.runner")
 
 #: Most saves one statement writes: bounds the statement's size and one batch's latency.
 MAX_BATCH = 200
-#: Times a batch the database ended to break a deadlock is written again before its saves
-#: fail with the database's error.
-CONFLICT_RETRIES = 3
 #: Seconds :meth:`JournalWriter.stop` waits for all the writers together.
 STOP_WAIT = 5.0
 
@@ -300,18 +298,13 @@ class JournalWriter:
         whole, and a fenced save may be written twice; failing it would fail every attempt
         of the batch (up to MAX_BATCH) for no fault of theirs. A lock wait cut short is not
         retried: it has waited its whole timeout already."""
-        retries = 0
-        while True:
-            try:
-                return rerun_on_a_new_connection(
-                    self.using, lambda: transitions.save_journals(journals, using=self.using)
-                )
-            except Exception as error:
-                if not is_deadlock(error) or retries == CONFLICT_RETRIES:
-                    raise
-                retries += 1
-                said = transaction_conflict(error)
-                logger.info("a batch of %d saves was not written (%s); writing it again", saves, said)
+        return rerun_after_deadlocks(
+            self.using,
+            lambda: transitions.save_journals(journals, using=self.using),
+            again=lambda said: logger.info(
+                "a batch of %d saves was not written (%s); writing it again", saves, said
+            ),
+        )
 
     def _write(self, batch: list[_Save]) -> None:
         journals = [(save.work, save.checkpoints) for save in batch]

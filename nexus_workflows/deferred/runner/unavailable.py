@@ -1,6 +1,6 @@
 """The runner's side of database outages: which errors are one (see
-:mod:`nexus_workflows.database_errors`), dropping a connection, and rerunning a write on a
-new one."""
+:mod:`nexus_workflows.database_errors`), dropping a connection, rerunning a write on a
+new one, and running again a write the database ended to break a deadlock."""
 
 from __future__ import annotations
 
@@ -16,18 +16,26 @@ from nexus_workflows.database_errors import (
     DATABASE_UNAVAILABLE,
     describe_unavailable,
     is_database_unavailable,
+    is_deadlock,
     session_ended_idle,
+    transaction_conflict,
 )
 
 T = TypeVar("T")
 
+#: Times a write the database ended to break a deadlock is run again before its error is
+#: raised (:func:`rerun_after_deadlocks`).
+CONFLICT_RETRIES = 3
+
 __all__ = [
+    "CONFLICT_RETRIES",
     "DATABASE_UNAVAILABLE",
     "close_connection",
     "close_if_past_max_age",
     "describe_unavailable",
     "is_database_unavailable",
     "past_max_age",
+    "rerun_after_deadlocks",
     "rerun_on_a_new_connection",
     "session_ended_idle",
 ]
@@ -70,3 +78,22 @@ def rerun_on_a_new_connection(using: str, write: Callable[[], T]) -> T:
             raise
     close_connection(using)
     return write()
+
+
+def rerun_after_deadlocks(using: str, write: Callable[[], T], *, again: Callable[[str], None]) -> T:
+    """``write()`` (:func:`rerun_on_a_new_connection`); again at once, up to
+    :data:`CONFLICT_RETRIES` times, when the database ended it to break a deadlock: it was
+    undone whole, and the other transaction of the cycle (the journal writer's batch, the
+    heartbeat's beat or marks: they update the same rows, many in one statement, each in
+    the order of its own plan) goes on, so the same write passes a moment later. ``again``
+    gets what the database said, to log, before each rerun. Any other error, a lock wait
+    cut short among them (it has waited its whole timeout already), is raised at once."""
+    retries = 0
+    while True:
+        try:
+            return rerun_on_a_new_connection(using, write)
+        except Exception as error:
+            if not is_deadlock(error) or retries == CONFLICT_RETRIES:
+                raise
+            retries += 1
+            again(transaction_conflict(error) or "a deadlock")

@@ -191,7 +191,8 @@ class Command(BaseCommand):
         self, result: triage.TriageResult, *, ids: list[int], kind: str | None, key: str | None, reveal: bool
     ) -> None:
         def key_of(ref: triage.WorkRef) -> str:
-            return f" (key {ref.dedupe_key})" if reveal else ""  # keys may be patient data
+            # Keys may be patient data. A row gone before it was read has no key to show.
+            return f" (key {ref.dedupe_key})" if reveal and ref.dedupe_key is not None else ""
 
         for ref in result.changed:
             self.stdout.write(f"revived {ref}{key_of(ref)}")
