@@ -9,8 +9,9 @@ import threading
 
 
 def _port_sharing_socket() -> socket.socket:
-    """A socket that may bind a port this process's other such sockets hold (SO_REUSEPORT:
-    only sockets of the same user asking the same can), and no other socket can."""
+    """A socket that may bind a port the proxy's other such socket holds (SO_REUSEPORT): only
+    a socket of the same user that sets it too could share the port, which the servers the
+    tests meet do not do."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     return sock
