@@ -6,7 +6,7 @@ asserts nothing.
 
 Scenarios (each on a private ``redis-server`` this script starts and stops by PID):
 
-* ``refused``: nothing listens on the port (the server was never up for this process);
+* ``refused``: nothing listens on the port (this script holds it bound, never listening);
 * ``killed``: the process enqueued once (its client holds a pooled connection), then the
   server was killed (``SIGKILL``): connections are refused from then on;
 * ``frozen``: the process enqueued once, then the server was stopped (``SIGSTOP``): the
@@ -29,6 +29,7 @@ retry), ``host`` (``HOST``/``PORT``: redis-py's default retry), ``host-no-retry`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -54,7 +55,8 @@ from redis.backoff import NoBackoff  # noqa: E402
 from redis.retry import Retry  # noqa: E402
 
 from nexus_workflows import QueueUnavailable, enqueue  # noqa: E402
-from tests.faults.servers import PrivateRedis, free_port  # noqa: E402
+from tests.faults.servers import PrivateRedis  # noqa: E402
+from tests.ports import refusing_port  # noqa: E402
 
 LEDGER = "test-ff-ledger"
 FROZEN_CAP = 600.0
@@ -112,24 +114,28 @@ def fill_accept_queue(port: int) -> list[socket.socket]:
 
 def one(configuration: str, scenario: str, number: int) -> tuple[float, str]:
     server = PrivateRedis()
-    port = free_port() if scenario == "refused" else server.port
     timeout = 1.0 if scenario in ("frozen", "unreachable") else None
     fillers: list[socket.socket] = []
-    queues = {"default": {**queue_config(configuration, port, timeout), "DEFAULT_TIMEOUT": 60}}
     try:
-        with override_settings(RQ_QUEUES=queues):
-            if scenario != "refused":
-                server.start()
-                enqueue(LEDGER, {"key": f"warm-{number}"})  # a pooled connection from now on
-                assert server.process is not None
-                if scenario == "killed":
-                    server.kill()
-                else:
-                    os.kill(server.process.pid, signal.SIGSTOP)
-                if scenario.startswith("unreachable"):
-                    fillers = fill_accept_queue(port)
-            caps = {"frozen-untimed": UNTIMED_CAP, "refused": 120.0, "killed": 120.0}
-            return timed_enqueue(f"down-{number}", caps.get(scenario, FROZEN_CAP))
+        with contextlib.ExitStack() as held:
+            if scenario == "refused":
+                port = held.enter_context(refusing_port())  # bound, never listening: refused
+            else:
+                server.start()  # its port is known once it listens
+                port = server.port
+            queues = {"default": {**queue_config(configuration, port, timeout), "DEFAULT_TIMEOUT": 60}}
+            with override_settings(RQ_QUEUES=queues):
+                if scenario != "refused":
+                    enqueue(LEDGER, {"key": f"warm-{number}"})  # a pooled connection from now on
+                    assert server.process is not None
+                    if scenario == "killed":
+                        server.kill()
+                    else:
+                        os.kill(server.process.pid, signal.SIGSTOP)
+                    if scenario.startswith("unreachable"):
+                        fillers = fill_accept_queue(port)
+                caps = {"frozen-untimed": UNTIMED_CAP, "refused": 120.0, "killed": 120.0}
+                return timed_enqueue(f"down-{number}", caps.get(scenario, FROZEN_CAP))
     finally:
         for filler in fillers:
             filler.close()

@@ -22,6 +22,9 @@ from tests.processes import ManagePy, database_url
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
+# On PostgreSQL, a test that leaves sessions of this process open on the test database fails.
+pytest_plugins = ["tests.sessions_guard"]
+
 
 #: What a database lacks that some tests are about (``@pytest.mark.needs(feature)``), by
 #: Django's vendor name. MySQL and MariaDB: partial indexes (so no concurrency caps or

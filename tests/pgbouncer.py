@@ -32,13 +32,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from tests.ports import PortTaken, free_port, read_since, size_of, start_on_a_free_port
+
 BINARY = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class PgBouncer:
@@ -77,38 +73,49 @@ class PgBouncer:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def start(self, timeout: float = 20) -> PgBouncer:
-        run_as = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
-        for _ in range(5):  # another process may take the free port first
-            self.port = free_port()
-            self._write_config()
-            if run_as is not None:
-                os.chown(self.directory, run_as.pw_uid, run_as.pw_gid)
-                for path in self.directory.iterdir():
-                    os.chown(path, run_as.pw_uid, run_as.pw_gid)
-            self.process = subprocess.Popen(
-                [BINARY, str(self.directory / "pgbouncer.ini")],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                user=run_as.pw_uid if run_as else None,
-                group=run_as.pw_gid if run_as else None,
-            )
-            if self._wait_until_listening(timeout):
-                return self
-            self.stop(remove=False)
-        raise RuntimeError(f"pgbouncer did not start; its log:\n{self.log()[-3000:]}")
+        """Start it on a free port; on another while the one picked is taken (its log says
+        the address is in use: another process took the port since it was picked)."""
+        self.port = start_on_a_free_port(
+            lambda port: self._start_on(port, timeout), free_port(), what="pgbouncer"
+        )
+        return self
 
-    def _wait_until_listening(self, timeout: float) -> bool:
+    def _start_on(self, port: int, timeout: float) -> None:
+        run_as = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+        self.port = port
+        self._write_config()
+        if run_as is not None:
+            os.chown(self.directory, run_as.pw_uid, run_as.pw_gid)
+            for path in self.directory.iterdir():
+                os.chown(path, run_as.pw_uid, run_as.pw_gid)
+        log, logged = self.directory / "pgbouncer.log", size_of(self.directory / "pgbouncer.log")
+        self.process = subprocess.Popen(
+            [BINARY, str(self.directory / "pgbouncer.ini")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=run_as.pw_uid if run_as else None,
+            group=run_as.pw_gid if run_as else None,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.process is not None
+            said = read_since(log, logged)
             if self.process.poll() is not None:
-                return False
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return True
-            except OSError:
-                time.sleep(0.05)
-        return False
+                if "Address already in use" in said:
+                    raise PortTaken(f"its log: {said.strip()[-600:]}")
+                break
+            # Its own log says it listens: whatever else answers on the port is not taken for it.
+            if f"listening on 127.0.0.1:{port}" in said and self._accepts():
+                return
+            time.sleep(0.05)
+        self.stop(remove=False)
+        raise RuntimeError(f"pgbouncer did not start; its log:\n{read_since(log, logged)[-3000:]}")
+
+    def _accepts(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
 
     def _write_config(self) -> None:
         (self.directory / "userlist.txt").write_text(f'"{self.user}" ""\n')

@@ -8,23 +8,33 @@ import socket
 import threading
 
 
+def _port_sharing_socket() -> socket.socket:
+    """A socket that may bind a port the proxy's other such socket holds (SO_REUSEPORT): only
+    a socket of the same user that sets it too could share the port, which the servers the
+    tests meet do not do."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    return sock
+
+
 class TcpProxy:
+    """Its port is held from construction to :meth:`close`: before :meth:`start` and while
+    cut, a socket bound there and not listening makes the kernel refuse connections, and no
+    other process can take the port before the proxy listens there (again)."""
+
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
-        self.port = self._free_port()
+        self._placeholder = _port_sharing_socket()
+        self._placeholder.bind(("127.0.0.1", 0))
+        self.port: int = self._placeholder.getsockname()[1]
         self._lock = threading.Lock()
         self._connections: list[socket.socket] = []
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
 
-    @staticmethod
-    def _free_port() -> int:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            return probe.getsockname()[1]
-
     def start(self) -> None:
-        listener = socket.socket()
+        listener = _port_sharing_socket()
+        # Its connections in TIME_WAIT keep no later server of the port's (once closed) out.
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", self.port))
         listener.listen(64)
@@ -48,6 +58,11 @@ class TcpProxy:
 
     def restore(self) -> None:
         self.start()
+
+    def close(self) -> None:
+        """Cut, and let the port go."""
+        self.cut()
+        self._placeholder.close()
 
     def retarget(self, target_host: str, target_port: int) -> None:
         """Connections made from now on go to another server (a failover behind one

@@ -4,7 +4,6 @@ logging the same error type forever."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +13,7 @@ from django.db import connection
 from django.db.migrations.recorder import MigrationRecorder
 
 from nexus_workflows.management.commands._database import MigrationsMissing, require_migrated
+from tests.ports import refusing_port
 from tests.processes import ManagePy
 
 
@@ -38,12 +38,6 @@ def latest_migration_unapplied() -> Iterator[None]:
         yield
     finally:
         recorder.record_applied("nexus_workflows", LATEST)
-
-
-def closed_port() -> int:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        return listener.getsockname()[1]
 
 
 @pytest.mark.django_db
@@ -119,13 +113,13 @@ def test_a_long_running_runner_refuses_a_database_without_the_apps_migrations(
     ],
 )
 def test_an_unreachable_database_is_one_line_not_a_traceback(args: list[str]) -> None:
-    port = closed_port()
-    process = ManagePy(*args, database_url=f"postgres://nobody@127.0.0.1:{port}/nx_nowhere")
-    try:
-        assert process.wait(timeout=60) == 1
-        output = process.output()
-    finally:
-        process.close()
+    with refusing_port() as port:
+        process = ManagePy(*args, database_url=f"postgres://nobody@127.0.0.1:{port}/nx_nowhere")
+        try:
+            assert process.wait(timeout=60) == 1
+            output = process.output()
+        finally:
+            process.close()
     assert (
         f"DatabaseUnreachable: cannot reach the database 'default' (postgresql nx_nowhere on "
         f"127.0.0.1:{port}): OperationalError." in output

@@ -11,50 +11,69 @@ from typing import Any
 
 import pytest
 
+from tests.ports import PortTaken, free_port, start_on_a_free_port
 from tests.processes import PROJECT_ROOT, wait_for
 
+# What bin/demo prints when the admin's port is taken: before it starts (its own check) or
+# after (runserver's, when another process took the port in between).
+PORT_TAKEN = ("on 127.0.0.1 is in use by another program", "That port is already in use")
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+
+def admin_login_page(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/login/", timeout=2) as page:
+            return page.status == 200 and b"csrfmiddlewaretoken" in page.read()
+    except OSError:
+        return False
+
+
+def serving_demo(tmp_path: Path, port: int, *, run_for: int) -> tuple[subprocess.Popen[bytes], Path]:
+    """``bin/demo`` on a database and a log of its own, once its admin answers on ``port``;
+    :class:`PortTaken` (the demo stopped) when it says another process has the port."""
+    attempt = tmp_path / f"port-{port}"
+    attempt.mkdir()
+    log = attempt / "demo.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            ["bin/demo", "--run-for", str(run_for), "--port", str(port)],
+            cwd=PROJECT_ROOT,
+            env=demo_env(attempt),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def answered_or_ended() -> bool:
+            text = log.read_text(errors="replace")
+            taken = any(words in text for words in PORT_TAKEN)
+            return admin_login_page(port) or taken or process.poll() is not None
+
+        wait_for(answered_or_ended, timeout=60, interval=0.3, what="the admin to answer")
+        text = log.read_text(errors="replace")
+        if any(words in text for words in PORT_TAKEN):
+            raise PortTaken(text[-600:])
+        assert process.poll() is None, text
+    except BaseException:
+        process.kill()
+        process.wait(10)
+        raise
+    return process, log
 
 
 @pytest.mark.slow
 def test_bin_demo_runs_succeeds_retries_abandons_and_serves_the_admin(tmp_path: Path) -> None:
-    port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
-        "DJANGO_SETTINGS_MODULE": "project.settings",
-        "REDIS_URL": "",
-        "PYTHONUNBUFFERED": "1",
-    }
-    log = tmp_path / "demo.log"
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            # demo-flaky's retry comes 6 s after its first attempt: room for a start-up
-            # slowed by the runserver child (and a busy machine) before the demo stops.
-            ["bin/demo", "--run-for", "14", "--port", str(port)],
-            cwd=PROJECT_ROOT,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-
-            def admin_login_page() -> bool:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/admin/login/", timeout=2) as page:
-                        return page.status == 200 and b"csrfmiddlewaretoken" in page.read()
-                except OSError:
-                    return False
-
-            wait_for(admin_login_page, timeout=60, interval=0.3, what="the admin to answer")
-            assert process.wait(90) == 0, log.read_text()
-        finally:
-            if process.poll() is None:
-                process.kill()
+    demos: list[tuple[subprocess.Popen[bytes], Path]] = []
+    # demo-flaky's retry comes 6 s after its first attempt: room for a start-up slowed by
+    # the runserver child (and a busy machine) before the demo stops.
+    port = start_on_a_free_port(
+        lambda port: demos.append(serving_demo(tmp_path, port, run_for=14)), free_port(), what="bin/demo"
+    )
+    process, log = demos[-1]
+    try:
+        assert process.wait(90) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
     text = log.read_text()
     assert "demo-greet #1 attempt 1 of 3: done" in text
     assert "demo-flaky #3 attempt 1 of 3: failed (FlakyUpstream); attempt 2 of 3 in 6s" in text

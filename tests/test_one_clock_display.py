@@ -8,8 +8,8 @@ minutes ahead or behind; the rows' times are written by the database's clock.
 from __future__ import annotations
 
 import re
-import socket
 import urllib.request
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -19,6 +19,7 @@ from django.test import Client
 from nexus_workflows.clock import DatabaseNow, now_plus
 from nexus_workflows.models import DeferredWork, Status
 from tests.faults.servers import under_faketime
+from tests.ports import PortTaken, free_port, start_on_a_free_port
 from tests.processes import ManagePy, wait_for
 
 # SQLite's clock is the process's own, which libfaketime moves too: a server database only.
@@ -61,10 +62,42 @@ def test_workflows_status_says_how_late_by_the_databases_clock(offset: str) -> N
     assert 110 <= int(found.group(2)) <= 200, output  # two minutes late, not 2 ± 10
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def _runserver(offset: str, cookie: str) -> tuple[ManagePy, Callable[[str], str]]:
+    """``runserver`` under libfaketime, answering on a free port (another one while the one
+    picked is taken), and a GET of its pages with ``cookie``."""
+    started: list[ManagePy] = []
+
+    def getter(port: int) -> Callable[[str], str]:
+        def get(path: str) -> str:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Cookie": cookie})
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.read().decode()
+
+        return get
+
+    def start(port: int) -> None:
+        server = ManagePy(
+            "runserver", "--noreload", f"127.0.0.1:{port}", settings=SETTINGS, **under_faketime(offset)
+        )
+        started.append(server)
+
+        def serving() -> bool:
+            try:
+                getter(port)("/admin/")
+            except OSError:
+                return server.process.poll() is not None
+            return True
+
+        wait_for(serving, timeout=60, what="runserver answering")
+        if server.process.poll() is not None:
+            output = server.output()
+            server.close()
+            if "That port is already in use" in output:
+                raise PortTaken(output[-600:])
+            raise AssertionError(output)
+
+    port = start_on_a_free_port(start, free_port(), what="runserver")
+    return started[-1], getter(port)
 
 
 @OFFSETS
@@ -74,26 +107,9 @@ def test_the_admin_judges_heartbeats_and_due_times_by_the_databases_clock(offset
     client = Client()
     client.force_login(user)
     cookie = f"sessionid={client.cookies['sessionid'].value}"
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    server = ManagePy("runserver", "--noreload", address, settings=SETTINGS, **under_faketime(offset))
-
-    def get(path: str) -> str:
-        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Cookie": cookie})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.read().decode()
-
-    def serving() -> bool:
-        try:
-            get("/admin/")
-        except OSError:
-            return server.process.poll() is not None
-        return True
-
+    server, get = _runserver(offset, cookie)
     base = "/admin/nexus_workflows/deferredwork/"
     try:
-        wait_for(serving, timeout=60, what="runserver answering")
-        assert server.process.poll() is None, server.output()
         pages = {name: get(f"{base}{pk}/change/") for name, pk in made.items()}
         attention = get(f"{base}?status=attention")
         listed = get(base)

@@ -8,10 +8,10 @@ went out whole."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
+from tests.ports import refusing_port
 from tests.processes import PROJECT_ROOT
 
 REPORT = r"""
@@ -49,26 +49,25 @@ print(message.alternatives[0][0])
 """
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_a_report_of_the_project_hides_the_passwords_inside_its_urls() -> None:
-    port = free_port()  # nothing listens there: the connection is refused for real
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "project.settings",
-        "DEBUG": "false",
-        "SECRET_KEY": "test-only-secret-key-for-the-error-report-test",
-        "REDIS_URL": f"redis://nx-user:Redis-Pw-s3cret@127.0.0.1:{port}/4",
-        # Never connected to: the report needs no database.
-        "DATABASE_URL": "postgres://app:Db-Pw-s3cret@127.0.0.1:1/nx",
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", REPORT], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    with refusing_port() as port:  # held, never listening: the connection is refused for real
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "project.settings",
+            "DEBUG": "false",
+            "SECRET_KEY": "test-only-secret-key-for-the-error-report-test",
+            "REDIS_URL": f"redis://nx-user:Redis-Pw-s3cret@127.0.0.1:{port}/4",
+            # Never connected to: the report needs no database.
+            "DATABASE_URL": "postgres://app:Db-Pw-s3cret@127.0.0.1:1/nx",
+        }
+        result = subprocess.run(
+            [sys.executable, "-c", REPORT],
+            cwd=PROJECT_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 0, result.stderr
     report = result.stdout
     assert "ConnectionError" in report, report[:2000]

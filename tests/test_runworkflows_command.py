@@ -303,7 +303,7 @@ def test_runner_survives_the_database_going_away() -> None:
         assert process.terminate() == 0
         output = process.output()
     finally:
-        proxy.cut()
+        proxy.close()
         process.close()
     assert "database unavailable" in output
     assert "database reachable again" in output
@@ -320,7 +320,7 @@ def test_a_runner_started_while_its_database_is_down_waits_for_it() -> None:
     settings = connection.settings_dict
     default_port = {"postgresql": 5432, "mysql": 3306}[connection.vendor]
     proxy = TcpProxy(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or default_port))
-    # Not started yet: nothing listens on its port, so the runner's connections are refused.
+    # Not started yet: its port is held, not listening, so the runner's connections are refused.
     process = ManagePy("runworkflows", settings=FAST, database_url=url_of_test_database(port=proxy.port))
     try:
         wait_for(lambda: "database unavailable" in process.output(), timeout=60, what="the runner to wait")
@@ -334,7 +334,7 @@ def test_a_runner_started_while_its_database_is_down_waits_for_it() -> None:
         )
         assert process.terminate() == 0
     finally:
-        proxy.cut()
+        proxy.close()
         process.close()
     assert ledger_keys("test-ledger") == Counter({"after-the-outage": 1})
 
@@ -450,7 +450,7 @@ def test_a_second_sigterm_during_an_outage_stops_the_runner_at_once(tmp_path: Pa
         assert time.monotonic() - began < 10
         output = process.output()
     finally:
-        proxy.cut()
+        proxy.close()
         process.close()
     assert "exiting with 0 attempt(s) still running, 1 outcome(s) unwritten" in output
     work = DeferredWork.objects.get(pk=work_id)

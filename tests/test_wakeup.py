@@ -192,7 +192,7 @@ def test_a_listener_that_reconnects_proves_its_wakeups_again(pgbouncer: Any) -> 
         assert runner.terminate() == 0
         output = runner.output()
     finally:
-        proxy.cut()
+        proxy.close()
         runner.close()
     assert LOST_WARNING not in output  # the probe after the reconnect arrived
     assert max(latencies) < WOKEN_WITHIN, latencies

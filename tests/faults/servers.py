@@ -1,6 +1,12 @@
 """Private servers for the fault suite: a PostgreSQL cluster and a Redis server of the
 test's own, on free loopback ports, that the test may restart or kill without touching
-the machine's shared services."""
+the machine's shared services.
+
+A server's first start moves to another free port while the one it picked is taken (its
+own log says the address is in use: another process took the port since it was picked);
+once started, its port stays, for its clients use it: a start or restart that finds it
+taken then fails the test, saying so (rare: :func:`tests.ports.free_port` picks ports
+below the ephemeral range, where the machine's other sockets do not land)."""
 
 from __future__ import annotations
 
@@ -13,21 +19,29 @@ import subprocess
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.conftest import IN_CI
+from tests.ports import PortTaken, free_port, read_since, size_of, start_on_a_free_port
 
 if TYPE_CHECKING:
     from tests.faults.partitions import Partitions
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def kept_port(start: Callable[[int], None], port: int, what: str) -> None:
+    """``start(port)`` of a server that ran on ``port`` before: its clients use that port,
+    so it cannot move; taken meanwhile, the test cannot go on."""
+    try:
+        start(port)
+    except PortTaken as taken:
+        raise AssertionError(
+            f"{what} could not listen on its port {port} again: another process took it while "
+            f"the server was down ({taken})"
+        ) from None
 
 
 def missing(what: str) -> None:
@@ -100,17 +114,22 @@ class PrivatePostgres:
                 "-c", "fast",
                 "--no-sync",
             )  # fmt: skip
-        listen = "127.0.0.1"
+        self._listen = "127.0.0.1"
         if inside is not None:
-            listen = "*"  # the namespace's own addresses only: nothing else can reach them
+            self._listen = "*"  # the namespace's own addresses only: nothing else can reach them
             with (self.data / "pg_hba.conf").open("a") as hba:
                 hba.write(f"host all all {inside.subnet} trust\n")
+        self._options = self._options_for(self.port)
+        self._started = False
+
+    def _options_for(self, port: int) -> str:
+        # lc_messages=C: the log's words, which say when the port was taken, are English.
         options = (
-            f"-c port={self.port} -c listen_addresses={listen} -c unix_socket_directories={self.directory} "
-            "-c fsync=off -c max_connections=100"
+            f"-c port={port} -c listen_addresses={self._listen} -c unix_socket_directories={self.directory} "
+            "-c fsync=off -c max_connections=100 -c lc_messages=C"
         )
         (self.data / "nw-options").write_text(options)
-        self._options = options
+        return options
 
     def _as_postgres(self, *command: str, timeout: float = 120, inside: bool = False) -> None:
         if os.geteuid() == 0:
@@ -120,14 +139,44 @@ class PrivatePostgres:
         subprocess.run(command, check=True, capture_output=True, timeout=timeout)
 
     def start(self) -> None:
+        """``pg_ctl start``: the first on a free port (see the module's text), any later one
+        on the port it had."""
+        if self._started:
+            kept_port(self._start_on, self.port, "the private PostgreSQL")
+            return
+        self.port = start_on_a_free_port(self._start_on, self.port, what="a private PostgreSQL")
+        self._started = True
+
+    def _start_on(self, port: int) -> None:
+        if port != self.port:
+            self.port, self._options = port, self._options_for(port)
         # pg_ctl forks the server: started inside the namespace, it stays there.
-        self._pg_ctl("start", "-w", "-l", str(self.log), "-o", self._options, inside=True)
+        self._listening_or_taken("start", "-w", "-l", str(self.log), "-o", self._options)
 
     def restart(self, mode: str) -> float:
-        """``pg_ctl restart -m mode``; returns how long the server was away (seconds)."""
+        """``pg_ctl restart -m mode`` on the same port; returns how long the server was
+        away (seconds)."""
         began = time.monotonic()
-        self._pg_ctl("restart", "-w", "-m", mode, "-l", str(self.log), "-o", self._options, inside=True)
+        kept_port(
+            lambda port: self._listening_or_taken(
+                "restart", "-w", "-m", mode, "-l", str(self.log), "-o", self._options
+            ),
+            self.port,
+            "the private PostgreSQL",
+        )
         return time.monotonic() - began
+
+    def _listening_or_taken(self, *pg_ctl: str) -> None:
+        """``pg_ctl`` starting the server (in the namespace, if any); :class:`PortTaken` when
+        it failed because the server could not listen on its port (its log says so)."""
+        logged = size_of(self.log)
+        try:
+            self._pg_ctl(*pg_ctl, inside=True)
+        except subprocess.CalledProcessError:
+            said = read_since(self.log, logged)
+            if "Address already in use" in said and "could not create any TCP/IP sockets" in said:
+                raise PortTaken(f"its log: {said.strip()[-600:]}") from None
+            raise
 
     def stop(self) -> None:
         self._pg_ctl("stop", "-m", "immediate")
@@ -176,34 +225,58 @@ class PrivateRedis:
         self.binary = str(binary)
         self.port = free_port()
         self.directory = Path(tempfile.mkdtemp(prefix="nw-faults-redis-"))
+        self.log = self.directory / "redis.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self._started = False
 
     def start(self) -> None:
+        """The first start on a free port (see the module's text), any later one (after
+        :meth:`kill`) on the port it had."""
+        if self._started:
+            kept_port(self._start_on, self.port, "the private redis-server")
+            return
+        self.port = start_on_a_free_port(self._start_on, self.port, what="a private redis-server")
+        self._started = True
+
+    def _start_on(self, port: int) -> None:
+        self.port = port
+        logged = size_of(self.log)
         self.process = subprocess.Popen(
             [
                 self.binary,
-                "--port", str(self.port),
+                "--port", str(port),
                 "--bind", "127.0.0.1",
                 "--dir", str(self.directory),
                 "--appendonly", "yes",
                 "--appendfsync", "always",
                 "--save", "",
-                "--logfile", str(self.directory / "redis.log"),
+                "--logfile", str(self.log),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
+            said = read_since(self.log, logged)
+            if self.process.poll() is not None:
+                if "Address already in use" in said:
+                    raise PortTaken(f"its log: {said.strip()[-600:]}")
+                raise AssertionError(f"redis-server exited ({self.process.returncode}); its log:\n{said}")
+            # Its own log says it listens: whatever else answers on the port is not taken for it.
+            if "Ready to accept connections" in said and self._answers():
+                return
             time.sleep(0.05)
-        raise AssertionError(f"redis-server did not answer on port {self.port}")
+        raise AssertionError(
+            f"redis-server did not answer on port {port}; its log:\n{read_since(self.log, logged)}"
+        )
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def kill(self) -> None:
         """``kill -9`` by PID."""

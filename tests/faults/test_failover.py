@@ -94,7 +94,7 @@ def proxy(private_postgres: PrivatePostgres) -> Iterator[TcpProxy]:
     try:
         yield proxy
     finally:
-        proxy.cut()
+        proxy.close()
 
 
 def refusals(server: PrivatePostgres) -> int:

@@ -73,9 +73,10 @@ class ReplyDroppingProxy(TcpProxy):
 @pytest.fixture(params=["host-port", "url", "url-one-retry"])
 def proxied_redis(settings: Any, request: Any) -> Iterator[tuple[PrivateRedis, ReplyDroppingProxy]]:
     server = PrivateRedis()
-    proxy = ReplyDroppingProxy("127.0.0.1", server.port)
+    proxy: ReplyDroppingProxy | None = None
     try:
-        server.start()
+        server.start()  # its port is known once it listens: another, if the first was taken
+        proxy = ReplyDroppingProxy("127.0.0.1", server.port)
         proxy.start()
         # HOST and PORT: django-rq builds redis.Redis(host=…), whose default Retry sends a
         # command again after a connection error. URL: it builds Redis.from_url(…), whose
@@ -93,8 +94,9 @@ def proxied_redis(settings: Any, request: Any) -> Iterator[tuple[PrivateRedis, R
         settings.RQ_QUEUES = {"default": {**where, "DEFAULT_TIMEOUT": 60}}
         yield server, proxy
     finally:
-        proxy.release.set()
-        proxy.cut()
+        if proxy is not None:
+            proxy.release.set()
+            proxy.close()
         server.cleanup()
 
 

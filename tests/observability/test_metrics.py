@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nexus_workflows import enqueue
 from nexus_workflows.models import DeferredWork, OutcomeCount, Status
+from tests.ports import refusing_port
 from tests.processes import ManagePy, url_of_test_database, wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.testapp.models import Ledger
@@ -107,18 +108,16 @@ def test_the_view_reports_due_rows_of_kinds_no_runner_knows(register_workflow: A
 def test_the_view_answers_503_when_the_database_does_not() -> None:
     from django.db import connections
 
-    connection = connections["default"]  # pointed at a port where nothing listens
-    with socket.socket() as unused:
-        unused.bind(("127.0.0.1", 0))
-        port = unused.getsockname()[1]
-    saved = dict(connection.settings_dict)
-    connection.close()
-    connection.settings_dict["PORT"] = port
-    try:
-        response = Client().get("/internal/metrics")
-    finally:
+    connection = connections["default"]  # pointed at a port held bound, never listening
+    with refusing_port() as port:
+        saved = dict(connection.settings_dict)
         connection.close()
-        connection.settings_dict.update(saved)
+        connection.settings_dict["PORT"] = port
+        try:
+            response = Client().get("/internal/metrics")
+        finally:
+            connection.close()
+            connection.settings_dict.update(saved)
     assert response.status_code == 503
     assert b"the database did not answer (OperationalError)" in response.content
 
@@ -312,7 +311,7 @@ def test_an_outage_is_counted_once_and_no_outcome_count_is_lost_or_doubled() -> 
         assert process.terminate() == 0, process.output()
         output = process.output()
     finally:
-        proxy.cut()
+        proxy.close()
         process.close()
     assert DeferredWork.objects.filter(status=Status.DONE).count() == 300
     written = dict(

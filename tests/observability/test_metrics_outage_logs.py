@@ -56,7 +56,7 @@ def test_scrapes_during_an_outage_log_it_once_and_its_end_once() -> None:
         assert process.terminate() == 0, process.output()
         output = process.output()
     finally:
-        proxy.cut()
+        proxy.close()
         process.close()
     assert output.count(MISSING) == 2, output
     assert output.count(BACK) == 2, output

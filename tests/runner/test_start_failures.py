@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from django.test import override_settings
 
 from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.observability import metrics_server
 from nexus_workflows.observability.models import Runner as RunnerRow
 from tests.processes import wait_for
 
@@ -28,15 +28,18 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SETTINGS = {"POLL_INTERVAL": 0.05, "HEARTBEAT_INTERVAL": 0.1, "STALE_AFTER": 30, "SHUTDOWN_GRACE": 1}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+@pytest.fixture
+def metrics_servers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The metrics endpoints' servers started meanwhile (the real ones, kept for a look)."""
+    started: list[Any] = []
+    serve = metrics_server.serve
 
+    def serve_and_keep(*args: Any, **kwargs: Any) -> Any:
+        started.append(serve(*args, **kwargs))
+        return started[-1]
 
-def listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+    monkeypatch.setattr(metrics_server, "serve", serve_and_keep)
+    return started
 
 
 @pytest.fixture
@@ -52,14 +55,14 @@ def log_file_unopenable(tmp_path: Path) -> Iterator[None]:
 
 
 def test_a_start_that_fails_after_the_helpers_started_stops_them_all(
-    register_workflow: Callable[..., Any], log_file_unopenable: None
+    register_workflow: Callable[..., Any], log_file_unopenable: None, metrics_servers: list[Any]
 ) -> None:
     kind = register_workflow(lambda trigger, context, step: None, retry_schedule=[1]).kind
     before = set(threading.enumerate())
     handler_before = signal.getsignal(signal.SIGTERM)
-    port = free_port()
     with override_settings(NEXUS_WORKFLOWS=SETTINGS):
-        runner = Runner(kinds=[kind], concurrency=2, metrics_port=port)
+        # Port 0: no port picked beforehand that another process could take meanwhile.
+        runner = Runner(kinds=[kind], concurrency=2, metrics_port=0)
         with pytest.raises(FileNotFoundError):
             runner.run()
 
@@ -68,6 +71,8 @@ def test_a_start_that_fails_after_the_helpers_started_stops_them_all(
         return [thread.name for thread in alive if thread.name.startswith("nexus-workflows")]
 
     wait_for(lambda: not started_threads(), timeout=10, what="the runner's threads to end")
-    assert not listening(port), "the metrics endpoint still listens"
+    # Its listening socket closed (not a look at the port: another process may take it).
+    (endpoint,) = metrics_servers
+    assert endpoint.socket.fileno() == -1, "the metrics endpoint still listens"
     assert not RunnerRow.objects.exists(), "the runner's row stayed"
     assert signal.getsignal(signal.SIGTERM) is handler_before

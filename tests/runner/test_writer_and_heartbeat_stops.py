@@ -52,7 +52,9 @@ def test_the_writers_stop_within_one_wait_and_fail_the_saves_a_stuck_writer_hold
 ) -> None:
     """On the old code each writer was joined for 5 s in turn, and a save in the hands of a
     writer stuck on its statement kept its caller waiting as long as the statement did
-    (here: until the lock went, after the test gave up)."""
+    (here: until the lock went, after the test gave up). And later, once its statement
+    returned, a writer stuck at the stop never ended: the stop had taken its end marker
+    from the queue, so it waited for work for ever, its connection open."""
     monkeypatch.setattr(journal, "STOP_WAIT", 0.5, raising=False)
     kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
     works = claimed(kind, 2)
@@ -80,8 +82,9 @@ def test_the_writers_stop_within_one_wait_and_fail_the_saves_a_stuck_writer_hold
         # Both while the locks are still held: nothing waits for the stuck statement.
         wait_for(lambda: not stopper.is_alive(), timeout=3, what="the writers' stop")
         wait_for(lambda: len(raised) == 2, timeout=3, what="the stuck saves to fail")
-    for thread in [*savers, *writer._threads]:  # the stuck writer ends once the lock went
+    for thread in [*savers, *writer._threads]:  # the stuck writers end once the lock went
         thread.join(10)
+    assert not [thread.name for thread in writer._threads if thread.is_alive()], "a stuck writer never ended"
     assert all(isinstance(error, ClaimLost) for error in raised.values()), raised
     assert all("the runner stopped" in str(error) for error in raised.values())
 

@@ -335,14 +335,20 @@ class JournalWriter:
         _complete_once(held, lambda save: stopped(save.work))
 
     def _fail_waiting(self) -> None:
-        failed = []
+        failed, ends = [], 0
         with contextlib.suppress(queue.Empty):
             while True:
                 save = self._waiting.get_nowait()
-                if isinstance(save, _Call):
+                if save is None:
+                    ends += 1
+                elif isinstance(save, _Call):
                     self._call(save)  # a start after the writers stopped: on this thread
-                elif save is not None:
+                else:
                     failed.append(save)
+        # The stop sentinels of writers still on a statement go back: each ends (closing its
+        # connection) once its statement returns, instead of waiting for work for ever.
+        for _ in range(ends):
+            self._waiting.put(None)
         _complete_once(failed, lambda save: stopped(save.work))
 
 
