@@ -13,10 +13,11 @@ from types import FrameType
 from typing import Any
 
 import pytest
+from django.utils.connection import BaseConnectionHandler
 
 from nexus_workflows import enqueue_many
 from nexus_workflows.deferred import attempts
-from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.deferred.runner import Runner, pool
 from nexus_workflows.deferred.runner.ledger import Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,3 +99,19 @@ def test_a_worker_taking_work_wakes_no_one_when_no_one_waits(register_workflow: 
     )
     assert done == ITEMS
     assert calls["notify_all"] == 0, calls
+
+
+def test_a_worker_whose_prepares_opened_no_connection_asks_django_for_none(register_workflow: Any) -> None:
+    """Before each attempt a worker closes or checks the connections its prepares opened
+    (test_pool); asking Django which a thread holds costs two exceptions per alias, paid
+    per item by workers whose prepares never use the ORM, which hold none."""
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": f"k{number}"} for number in range(ITEMS)])
+    done, calls = drain_counting(
+        kind,
+        {"all": BaseConnectionHandler.all.__code__},
+        callers={"all": pool.check_connections.__code__},
+    )
+    assert done == ITEMS
+    # A worker that waited over IDLE_CHECK_AFTER for its first item checks then (2 workers).
+    assert calls["all"] <= 2, calls
