@@ -18,6 +18,7 @@ from django.utils.connection import BaseConnectionHandler
 from nexus_workflows import enqueue_many
 from nexus_workflows.deferred import attempts
 from nexus_workflows.deferred.runner import Runner, pool
+from nexus_workflows.deferred.runner.heartbeat import Heartbeat
 from nexus_workflows.deferred.runner.ledger import Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -115,3 +116,17 @@ def test_a_worker_whose_prepares_opened_no_connection_asks_django_for_none(regis
     assert done == ITEMS
     # A worker that waited over IDLE_CHECK_AFTER for its first item checks then (2 workers).
     assert calls["all"] <= 2, calls
+
+
+def test_an_attempts_start_sets_the_heartbeats_marker_event_only_when_unset(register_workflow: Any) -> None:
+    """Each start asks the heartbeat for a start marker; while one is wanted already the
+    heartbeat has yet to read what is unmarked (this start among it), and each Event.set
+    took its lock and notified."""
+    kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
+    enqueue_many(kind, [{"key": f"k{number}"} for number in range(ITEMS)])
+    done, calls = drain_counting(
+        kind, {"set": threading.Event.set.__code__}, callers={"set": Heartbeat.started.__code__}
+    )
+    assert done == ITEMS
+    # The heartbeat clears it MARK_STARTED_DELAY after it was set: a slow drain sets it again.
+    assert calls["set"] <= ITEMS // 3, calls

@@ -68,7 +68,10 @@ class Heartbeat:
 
     def started(self) -> None:
         """An attempt started: write its marker soon."""
-        self.mark_wanted.set()
+        # Set already, the beat has yet to clear it and then read what is unmarked (this
+        # attempt among it): Event.set takes its lock and notifies, for each item.
+        if not self.mark_wanted.is_set():
+            self.mark_wanted.set()
 
     def failing(self) -> bool:
         return heartbeat_failing(
