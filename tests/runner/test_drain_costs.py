@@ -8,6 +8,7 @@ import inspect
 import logging
 import sys
 import threading
+import time
 from collections import Counter
 from types import FrameType
 from typing import Any
@@ -18,7 +19,7 @@ from django.utils.connection import BaseConnectionHandler
 from nexus_workflows import enqueue_many
 from nexus_workflows.deferred import attempts
 from nexus_workflows.deferred.runner import Runner, pool
-from nexus_workflows.deferred.runner.heartbeat import Heartbeat
+from nexus_workflows.deferred.runner.heartbeat import MARK_STARTED_DELAY, Heartbeat
 from nexus_workflows.deferred.runner.ledger import Ledger
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,9 +125,12 @@ def test_an_attempts_start_sets_the_heartbeats_marker_event_only_when_unset(regi
     took its lock and notified."""
     kind = register_workflow(lambda trigger, checkpoints, save: None, retry_schedule=[1]).kind
     enqueue_many(kind, [{"key": f"k{number}"} for number in range(ITEMS)])
+    began = time.monotonic()
     done, calls = drain_counting(
         kind, {"set": threading.Event.set.__code__}, callers={"set": Heartbeat.started.__code__}
     )
+    took = time.monotonic() - began
     assert done == ITEMS
-    # The heartbeat clears it MARK_STARTED_DELAY after it was set: a slow drain sets it again.
-    assert calls["set"] <= ITEMS // 3, calls
+    # The heartbeat clears it MARK_STARTED_DELAY after it was set, so a drain slowed by a
+    # loaded machine may set it once per delay; per item (the old code) it never is.
+    assert calls["set"] <= max(ITEMS // 3, 2 + took / MARK_STARTED_DELAY), (calls, took)
