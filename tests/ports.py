@@ -99,6 +99,22 @@ def start_on_a_free_port(start: Callable[[int], None], port: int, *, what: str) 
     raise AssertionError(f"{what} found its port taken {len(taken)} times in a row (ports {taken})")
 
 
+def start_keeping_port(start: Callable[[int], None], port: int, *, first: bool, what: str) -> int:
+    """A server's ``start(port)``: its ``first`` on a free port (:func:`start_on_a_free_port`);
+    any later one (a restart, a start after a kill) on ``port``, which its clients use, so
+    it cannot move: taken meanwhile, the test cannot go on. Returns the port."""
+    if first:
+        return start_on_a_free_port(start, port, what=what)
+    try:
+        start(port)
+    except PortTaken as taken:
+        raise AssertionError(
+            f"{what} could not listen on its port {port} again: another process took it while "
+            f"the server was down ({taken})"
+        ) from None
+    return port
+
+
 @contextlib.contextmanager
 def refusing_port() -> Iterator[int]:
     """A port bound on 127.0.0.1 and not listening for the ``with`` block: the kernel refuses

@@ -19,29 +19,16 @@ import subprocess
 import sysconfig
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.conftest import IN_CI
-from tests.ports import PortTaken, free_port, read_since, size_of, start_on_a_free_port
+from tests.ports import PortTaken, free_port, read_since, size_of, start_keeping_port
 
 if TYPE_CHECKING:
     from tests.faults.partitions import Partitions
-
-
-def kept_port(start: Callable[[int], None], port: int, what: str) -> None:
-    """``start(port)`` of a server that ran on ``port`` before: its clients use that port,
-    so it cannot move; taken meanwhile, the test cannot go on."""
-    try:
-        start(port)
-    except PortTaken as taken:
-        raise AssertionError(
-            f"{what} could not listen on its port {port} again: another process took it while "
-            f"the server was down ({taken})"
-        ) from None
 
 
 def missing(what: str) -> None:
@@ -141,10 +128,9 @@ class PrivatePostgres:
     def start(self) -> None:
         """``pg_ctl start``: the first on a free port (see the module's text), any later one
         on the port it had."""
-        if self._started:
-            kept_port(self._start_on, self.port, "the private PostgreSQL")
-            return
-        self.port = start_on_a_free_port(self._start_on, self.port, what="a private PostgreSQL")
+        self.port = start_keeping_port(
+            self._start_on, self.port, first=not self._started, what="the private PostgreSQL"
+        )
         self._started = True
 
     def _start_on(self, port: int) -> None:
@@ -157,12 +143,13 @@ class PrivatePostgres:
         """``pg_ctl restart -m mode`` on the same port; returns how long the server was
         away (seconds)."""
         began = time.monotonic()
-        kept_port(
+        start_keeping_port(
             lambda port: self._listening_or_taken(
                 "restart", "-w", "-m", mode, "-l", str(self.log), "-o", self._options
             ),
             self.port,
-            "the private PostgreSQL",
+            first=False,
+            what="the private PostgreSQL",
         )
         return time.monotonic() - began
 
@@ -232,10 +219,9 @@ class PrivateRedis:
     def start(self) -> None:
         """The first start on a free port (see the module's text), any later one (after
         :meth:`kill`) on the port it had."""
-        if self._started:
-            kept_port(self._start_on, self.port, "the private redis-server")
-            return
-        self.port = start_on_a_free_port(self._start_on, self.port, what="a private redis-server")
+        self.port = start_keeping_port(
+            self._start_on, self.port, first=not self._started, what="the private redis-server"
+        )
         self._started = True
 
     def _start_on(self, port: int) -> None:
