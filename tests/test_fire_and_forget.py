@@ -208,8 +208,9 @@ def test_a_failed_job_requeued_that_succeeds_no_longer_keeps_its_earlier_error(
 def test_after_the_horizon_the_key_works_again(
     kind: str, queue: Queue, rq_burst: Callable[..., int], settings: Any
 ) -> None:
-    # Long enough that a loaded machine (two legs at once) still reads the key within it:
-    # 3 s was once outlived between the job's end and the TTL read (TTL -2, key gone).
+    # Long enough that a loaded machine (two legs at once) still reads the key within it.
+    # The TTL -2 seen with 3 s (and once with 8) was the burst worker's stop waiting 60 s on
+    # redis 8.2.0 (tests/test_rq_worker_stop.py), not load.
     settings.NEXUS_WORKFLOWS = {**settings.NEXUS_WORKFLOWS, "RETENTION": 8}
     job_id = enqueue(kind, {"key": "h"})
     assert rq_burst() == 1
