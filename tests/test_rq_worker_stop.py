@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -30,8 +31,14 @@ PROMPT_STOP = 10.0
 
 def waits_for_a_subscription(thread: threading.Thread) -> bool:
     """Whether ``thread`` is idle in pub/sub's wait for a subscription (redis-py's
-    ``subscribed_event.wait``), where only its timeout would end it."""
+    ``subscribed_event.wait``), where only its timeout would end it: blocked in a
+    ``threading`` wait (not reading the socket, nor still handling the unsubscribe reply)
+    under a ``get_message`` of a pub/sub with nothing subscribed."""
     frame = sys._current_frames().get(thread.ident or 0)
+    if frame is None:
+        return False
+    if (frame.f_code.co_name, Path(frame.f_code.co_filename).name) != ("wait", "threading.py"):
+        return False
     while frame is not None:
         if frame.f_code.co_name == "get_message":
             return not frame.f_locals["self"].subscribed
