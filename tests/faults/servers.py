@@ -111,12 +111,10 @@ class PrivatePostgres:
 
     def _options_for(self, port: int) -> str:
         # lc_messages=C: the log's words, which say when the port was taken, are English.
-        options = (
+        return (
             f"-c port={port} -c listen_addresses={self._listen} -c unix_socket_directories={self.directory} "
             "-c fsync=off -c max_connections=100 -c lc_messages=C"
         )
-        (self.data / "nw-options").write_text(options)
-        return options
 
     def _as_postgres(self, *command: str, timeout: float = 120, inside: bool = False) -> None:
         if os.geteuid() == 0:
