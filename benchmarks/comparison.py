@@ -672,6 +672,24 @@ def report_io(results: list[dict[str, Any]]) -> tuple[str, list[str]]:
 SHORT_POLL = 0.1  # WAKEUP_FALLBACK_POLL_INTERVAL's default, which the benchmark keeps
 
 
+def merged_versions(sources: list[tuple[str, dict[str, str]]]) -> dict[str, str]:
+    """One version per package across the systems that ran (``(system, versions)`` pairs);
+    a package the systems ran at different versions (ours in the app's venv, the peers in
+    theirs) lists each with the systems that ran it, e.g. "5.2.20 (ours), 5.2.19 (procrastinate)"."""
+    seen: dict[str, dict[str, list[str]]] = {}
+    for system, versions in sources:
+        for package, version in versions.items():
+            seen.setdefault(package, {}).setdefault(version, [])
+            if system not in seen[package][version]:
+                seen[package][version].append(system)
+    return {
+        package: next(iter(by_version))
+        if len(by_version) == 1
+        else ", ".join(f"{version} ({', '.join(systems)})" for version, systems in by_version.items())
+        for package, by_version in seen.items()
+    }
+
+
 def pgbouncer_version() -> str:
     from tests.pgbouncer import BINARY
 
@@ -865,16 +883,15 @@ def main() -> None:
     load_at_end = os.getloadavg()
 
     info = raw["machine"]
-    versions = dict(runs["ours"][0]["versions"]) if runs else {}
+    sources: list[tuple[str, dict[str, str]]] = []
     if runs:
-        for peer in RUN_ORDER[1:]:
-            versions.update(runs[peer][0]["versions"])
+        sources += [(system, runs[system][0]["versions"]) for system in RUN_ORDER]
     if pooled:
-        for variant_runs in pooled.values():
-            versions.update(variant_runs[0]["versions"])
-        versions["PgBouncer"] = pgbouncer_version()
+        sources += [(variant, variant_runs[0]["versions"]) for variant, variant_runs in pooled.items()]
+        sources.append(("pgbouncer", {"PgBouncer": pgbouncer_version()}))
     for cell in io or []:  # an io-only run has no other source of versions
-        versions.update(cell.get("versions", {}))
+        sources.append((cell.get("system", "io"), cell.get("versions", {})))
+    versions = merged_versions(sources)
     out = [
         f"## Benchmarks ({started:%Y-%m-%d %H:%M} UTC)",
         "",
