@@ -188,7 +188,7 @@ def test_errors_name_the_type_of_a_bad_value_never_the_value(
 ) -> None:
     """Settings may hold secrets: a URL with credentials, a key."""
     from nexus_workflows.airtable.checks import check_airtable_settings
-    from nexus_workflows.checks import check_rq_queues
+    from nexus_workflows.fire_and_forget.checks import check_rq_queues
 
     run = {"settings": check_settings, "airtable": check_airtable_settings, "rq": check_rq_queues}[check]
     with override_settings(NEXUS_WORKFLOWS=settings):

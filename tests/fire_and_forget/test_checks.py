@@ -1,13 +1,23 @@
-"""System checks for the django-rq side of fire-and-forget workflows (E300 to E304)."""
+"""System checks for the django-rq side of fire-and-forget workflows (E300 to E304, W305)."""
 
 from __future__ import annotations
 
+import tomllib
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.test import override_settings
+from packaging.requirements import Requirement
 
-from nexus_workflows.checks import check_rq_queues
+from nexus_workflows.fire_and_forget.checks import (
+    HANGING_REDIS_RELEASES,
+    check_redis_release,
+    check_rq_queues,
+    redis_release_warnings,
+)
 from nexus_workflows.fire_and_forget.embedded import embedded_queue
 
 
@@ -73,3 +83,36 @@ def test_queue_names_that_are_not_strings_are_no_crash(settings: Any) -> None:
     messages = check_rq_queues()
     assert ids(messages) == ["nexus_workflows.E303"]
     assert "not a queue in RQ_QUEUES (1, default)" in messages[0].msg
+
+
+def test_a_redis_release_whose_workers_hang_at_stop_is_a_warning() -> None:
+    messages = redis_release_warnings("8.2.0")
+    assert ids(messages) == ["nexus_workflows.W305"]
+    assert "up to 60 s" in messages[0].msg
+    assert "8.1.0" in messages[0].hint
+
+
+@pytest.mark.parametrize("release", ["8.1.0", "8.0.1", "5.0.0", "8.2.1", "9.0.0"])
+def test_other_redis_releases_pass(release: str) -> None:
+    assert redis_release_warnings(release) == []
+
+
+def test_the_installed_redis_is_checked_and_passes() -> None:
+    installed = metadata.version("redis")
+    assert installed not in HANGING_REDIS_RELEASES  # the pinned stack (requirements*.txt)
+    assert check_redis_release() == redis_release_warnings(installed) == []
+
+
+def test_the_check_runs_with_manage_py_check(capsys: pytest.CaptureFixture[str]) -> None:
+    call_command("check", "--fail-level", "WARNING")  # raises SystemCheckError on any warning
+    assert "W305" not in capsys.readouterr().err
+
+
+def test_the_package_declares_every_hanging_release_excluded() -> None:
+    """pyproject's redis range keeps out every release the check warns of, and only those
+    among the releases around them (a project resolving our ranges never meets W305)."""
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    (spec,) = [Requirement(d) for d in pyproject["project"]["dependencies"] if Requirement(d).name == "redis"]
+    for release in HANGING_REDIS_RELEASES:
+        assert release not in spec.specifier, release
+    assert all(release in spec.specifier for release in ("8.1.0", "8.2.1", "5.0.0"))
