@@ -343,8 +343,10 @@ def test_the_claim_of_notified_workflow_rows_takes_only_pending_due_rows_of_its_
 
 
 def test_parse_new_work_reads_only_the_one_row_payload() -> None:
-    assert parse_new_work("42 send-reminder") == (42, "send-reminder")
-    assert parse_new_work("7 myapp.tasks.send") == (7, "myapp.tasks.send")
+    assert parse_new_work("42 send-reminder") == (42, "send-reminder", None)
+    assert parse_new_work("7 myapp.tasks.send") == (7, "myapp.tasks.send", None)  # before 0021
+    assert parse_new_work("7 myapp.tasks.send emails") == (7, "myapp.tasks.send", "emails")
+    assert parse_new_work("7 myapp.tasks.send two words") == (7, "myapp.tasks.send", "two words")
     for payload in ("", "probe:abc", "42", "x y", " 42 kind"):
         assert parse_new_work(payload) is None
 

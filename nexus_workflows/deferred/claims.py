@@ -360,12 +360,14 @@ class Claimer:
 
         return read
 
-    def takes_by_id(self, kind: str) -> bool:
+    def takes_by_id(self, kind: str, queue: str | None = None) -> bool:
         """Whether a row of ``kind`` may be claimed by id (:meth:`claim_due_ids`): a kind
-        of this claimer without flow limits, or a Django task when it takes task queues
-        (the claim re-checks the row's queue)."""
+        of this claimer without flow limits, or a Django task of a queue it takes (of any
+        queue when ``queue`` is None, not known: the claim re-checks the row's queue)."""
         if "." in kind:
-            return self.queues != []
+            if queue is None or self.queues is None:
+                return self.queues != []
+            return queue in self.queues
         return kind in self.plain_kinds
 
     def claim_due_ids(self, ids: list[int], *, now: datetime | None = None) -> list[ClaimedWork]:

@@ -128,13 +128,17 @@ def parse_ended(payload: str) -> str | None:
     return payload[len(ENDED_PREFIX) :]
 
 
-def parse_new_work(payload: str) -> tuple[int, str] | None:
-    """(id, kind) from the NOTIFY of an INSERT of one row (``"<id> <kind>"``, see
-    migration 0009); None for any other payload (many rows, ``notify``, a probe)."""
-    number, _, kind = payload.partition(" ")
-    if not kind or not number.isdigit():
+def parse_new_work(payload: str) -> tuple[int, str, str | None] | None:
+    """(id, kind, queue) from the NOTIFY of an INSERT of one row: ``"<id> <kind>"`` for a
+    workflow (queue None, see migration 0009), ``"<id> <task path> <queue>"`` for a Django
+    task (migration 0021; before it, a task's queue was not named: None); None for any
+    other payload (many rows, ``notify``, a probe). Neither a kind nor a task path holds
+    a space; a queue name may."""
+    number, _, named = payload.partition(" ")
+    if not named or not number.isdigit():
         return None
-    return int(number), kind
+    kind, _, queue = named.partition(" ")
+    return int(number), kind, (queue or None)
 
 
 def wakeup_alias(using: str) -> str:
@@ -157,7 +161,7 @@ class PostgresListener(threading.Thread):
         event: threading.Event,
         *,
         on_mode_change: Callable[[], None] | None = None,
-        on_new_work: Callable[[int, str], bool] | None = None,
+        on_new_work: Callable[[int, str, str | None], bool] | None = None,
         on_kind_ended: Callable[[str], bool] | None = None,
         on_any_work: Callable[[], object] | None = None,
         on_rest_held: Callable[[str], object] | None = None,

@@ -20,9 +20,14 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from nexus_workflows import enqueue
 from nexus_workflows.deferred import transitions, wakeup
 from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.deferred.runner.capacity import Capacity
+from nexus_workflows.deferred.runner.lanes import LaneClaims, lane_of
+from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
+from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.models import DeferredWork, Status
 from tests.flow.test_lane_claims import BusyLane
 from tests.processes import wait_for
+from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -119,6 +124,11 @@ def done(work_id: int) -> bool:
     return DeferredWork.objects.get(pk=work_id).status == Status.DONE
 
 
+def task_done(result: Any) -> bool:
+    """Whether a Django task's row is done (its result id is the row's dedupe key)."""
+    return DeferredWork.objects.exclude(queue_name="").get(dedupe_key=result.id).status == Status.DONE
+
+
 def idle(runner: Runner, event: CountedEvent) -> bool:
     return (
         event.waiting
@@ -169,3 +179,69 @@ def test_parse_ended_reads_only_the_ended_payload() -> None:
     for payload in ("", "ended", "ended ", "42 send-reminder", "probe:ended x"):
         assert wakeup.parse_ended(payload) is None
     assert wakeup.parse_new_work("ended send-reminder") is None
+
+
+def test_the_listener_wakes_a_runner_of_some_queues_only_for_tasks_of_those(
+    register_workflow: Any,
+) -> None:
+    """A Django task's NOTIFY names its queue (migration 0021): a runner that takes only
+    some queues (``runworkflows --queue``) ignores a task of another; one that names no
+    queue (a NOTIFY of an earlier release) it still claims by id, queue re-checked."""
+    handed_out: list[ClaimedWork] = []
+    lanes = LaneClaims(
+        kinds=[],
+        queues=["emails"],
+        using="default",
+        worker_id="w",
+        ledger=Ledger(lane_of),
+        capacity={SYNC: Capacity(4, 10), ASYNC: Capacity(4, 10)},
+        claimed=handed_out.extend,
+        reclaimed=handed_out.extend,
+    )
+    event = CountedEvent()
+    listener = wakeup.PostgresListener("default", event, on_new_work=lanes.new_work)
+    listener._received("8 myapp.tasks.send reports")
+    listener._received("9 myapp.tasks.send default")
+    assert event.sets == 0
+    assert lanes.claim_notified(None) == 0
+    for payload in ("10 myapp.tasks.send emails", "11 myapp.tasks.send"):
+        listener._received(payload)
+    assert event.sets == 2
+    assert [work_id for work_id, _ in lanes._notified[SYNC]] == [10, 11]
+
+
+@pytest.mark.postgresql
+@override_settings(NEXUS_WORKFLOWS={"POLL_INTERVAL": 60})
+def test_a_runner_makes_no_claim_for_tasks_of_a_queue_another_runner_takes() -> None:
+    runners = {
+        queue: Runner(queues=[queue], concurrency=2, install_signal_handlers=False)
+        for queue in ("emails", "reports")
+    }
+    events: dict[str, CountedEvent] = {}
+    for queue, runner in runners.items():
+        events[queue] = CountedEvent()
+        runner._wake = events[queue]
+    counts = claims_counted(runners["emails"])
+    threads = [start(runner) for runner in runners.values()]
+    try:
+        own = tasks.record.using(queue_name="emails").enqueue("own")
+        wait_for(functools.partial(task_done, own), timeout=15, what="own task done")
+        wait_for(lambda: idle(runners["emails"], events["emails"]), timeout=15, what="emails runner idle")
+        before, sets = len(counts), events["emails"].sets
+        for number in range(5):  # one at a time: each its own NOTIFY naming its queue
+            report = tasks.record.using(queue_name="reports").enqueue(f"report-{number}")
+            wait_for(functools.partial(task_done, report), timeout=15, what="report task done")
+        wait_for(
+            lambda: idle(runners["emails"], events["emails"]), timeout=15, what="emails runner idle again"
+        )
+        assert counts[before:] == []  # no claim, no statement, for the other queue's tasks
+        assert events["emails"].sets == sets  # not even woken
+        # A task of its own queue still wakes it at once (the poll is a minute away).
+        email = tasks.record.using(queue_name="emails").enqueue("email")
+        wait_for(functools.partial(task_done, email), timeout=15, what="email task done")
+    finally:
+        for runner in runners.values():
+            runner.request_stop()
+        for thread in threads:
+            thread.join(15)
+    assert not any(thread.is_alive() for thread in threads)

@@ -112,13 +112,14 @@ class LaneClaims:
         waits = [wait for claimer in self.claimers.values() if (wait := claimer.retry_in()) is not None]
         return min(waits) if waits else None
 
-    def new_work(self, work_id: int, kind: str) -> bool:
-        """Listener thread: a row of ``kind`` was inserted alone; remember it for a claim by
-        id if a lane takes it (by kind; the claim re-checks everything), or end the rest
-        of its kind if that has flow limits (the next claim asks it). Whether this runner
-        takes rows of ``kind`` (if not, the wake-up is ignored: no claim)."""
+    def new_work(self, work_id: int, kind: str, queue: str | None = None) -> bool:
+        """Listener thread: a row of ``kind`` (a Django task's: of ``queue``, None when the
+        NOTIFY did not name it) was inserted alone; remember it for a claim by id if a lane
+        takes it (by kind and queue; the claim re-checks everything), or end the rest of its
+        kind if that has flow limits (the next claim asks it). Whether this runner takes
+        rows of ``kind`` (if not, the wake-up is ignored: no claim)."""
         for lane, claimer in self.claimers.items():
-            if claimer.takes_by_id(kind):
+            if claimer.takes_by_id(kind, queue):
                 self._notified[lane].append((work_id, kind))
                 return True
         return self.wake_limited(kind)
