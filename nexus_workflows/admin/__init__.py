@@ -416,12 +416,12 @@ class DeferredWorkAdmin(
             ),
             path(
                 "<path:object_id>/revive/",
-                self.admin_site.admin_view(self.revive_view),
+                self.admin_site.admin_view(hides_patient_data(self.revive_view)),
                 name="{}_{}_revive".format(*info),
             ),
             path(
                 "<path:object_id>/run-now/",
-                self.admin_site.admin_view(self.run_now_view),
+                self.admin_site.admin_view(hides_patient_data(self.run_now_view)),
                 name="{}_{}_run_now".format(*info),
             ),
             *super().get_urls(),

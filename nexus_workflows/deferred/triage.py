@@ -16,6 +16,7 @@ from typing import Any
 
 from django.db import router
 from django.db.models import Q, QuerySet
+from django.views.decorators.debug import sensitive_variables
 
 from nexus_workflows import signals
 from nexus_workflows.clock import database_now, now_plus
@@ -158,6 +159,10 @@ def _ref(row: dict, status: str | None = None) -> WorkRef:
     return WorkRef(row["pk"], row["kind"], row["dedupe_key"], status or row["status"])
 
 
+# sensitive_variables: an error report (Django's, DEBUG off) of a write that fails in here
+# (a lock wait cut short, a failover) shows no frame's variables: the rows read hold dedupe
+# keys and, in their history, error messages, which are patient data (revealed on request).
+@sensitive_variables()
 def revive(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> TriageResult:
     """Revive the abandoned rows of ``queryset``: pending, attempt 0, due now, error and
     claim cleared, checkpoints kept, and a ``revived`` entry in their history.
@@ -195,6 +200,7 @@ def revive(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> Tria
     return result
 
 
+@sensitive_variables()  # as revive's
 def run_now(queryset: QuerySet[DeferredWork], *, by: str, user: str = "") -> TriageResult:
     """Make the pending rows of ``queryset`` due now; other rows are skipped.
 

@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 import phonenumbers
+from django.views.decorators.debug import sensitive_variables
 
 from nexus_workflows.conf import app_settings
 from nexus_workflows.phi.exceptions import InvalidCategory, InvalidPhiValue
@@ -161,6 +162,7 @@ def normalize_text(text: str, category: str) -> str:
     return normalized
 
 
+@sensitive_variables()  # as encode's: the value is patient data
 def normalize(value: Any, category: str) -> str:
     """The normalised form of ``value`` in ``category``.
 

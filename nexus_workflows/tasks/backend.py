@@ -15,6 +15,7 @@ from django.db import DatabaseError, DataError, IntegrityError, router
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
+from django.views.decorators.debug import sensitive_variables
 
 from nexus_workflows import json_values, sql
 from nexus_workflows.exceptions import EnqueueError, EnqueueRejected, RegistrationError
@@ -191,6 +192,10 @@ class DeferredBackend(BaseTaskBackend):
 
     # --- enqueue ------------------------------------------------------------------------
 
+    # sensitive_variables, as the app's enqueue: an error report (Django's, DEBUG off) of a
+    # failure in here or below shows no frame's variables: a task's arguments, and a stored
+    # row's, are patient data as a trigger is (aenqueue and aget_result come through here).
+    @sensitive_variables()
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
         from nexus_workflows.deferred.inserts import insert_pending_stamped
         from nexus_workflows.deferred.wakeup import notify
@@ -239,6 +244,7 @@ class DeferredBackend(BaseTaskBackend):
 
     # --- results ------------------------------------------------------------------------
 
+    @sensitive_variables()  # as enqueue's
     def get_result(self, result_id: str) -> TaskResult:
         from nexus_workflows.models import DeferredWork
 
