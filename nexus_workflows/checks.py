@@ -6,21 +6,16 @@ starts on a configuration that would lose or double-run work.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from nexus_workflows.conf import DEFAULTS, SETTINGS_NAME, app_settings
-from nexus_workflows.limits import MAX_BATCH_SIZE, MAX_DELAY, MAX_THREADS
+from nexus_workflows.limits import MAX_BATCH_SIZE, MAX_THREADS
+from nexus_workflows.numbers import MAX_SECONDS, is_seconds
 from nexus_workflows.redaction import describe
 
-#: Longest number of seconds any setting takes: ten years (``limits.MAX_DELAY``). Far beyond
-#: any useful value, and well inside what timedelta, the databases' intervals, thread waits
-#: (``threading.TIMEOUT_MAX``, about 292 years) and Redis EXPIRE (RETENTION is the TTL of
-#: finished fire-and-forget jobs) hold: larger values failed at run time with OverflowError.
-MAX_SECONDS = MAX_DELAY.total_seconds()
 # Settings that are a number of seconds: greater than 0, or 0 or more where named here.
 _SECONDS = (
     "RETENTION",
@@ -46,16 +41,6 @@ _COUNTS = {
     "METRICS_MAX_CONNECTIONS": (1, MAX_THREADS),
 }
 _BOOLEANS = ("WAKEUP",)
-
-
-def is_number(value: Any) -> bool:
-    """A finite int or float, not a bool."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def is_seconds(value: Any, *, zero_allowed: bool = False) -> bool:
-    """A number of seconds greater than 0 (or 0 or more) and at most MAX_SECONDS."""
-    return is_number(value) and (value >= 0 if zero_allowed else value > 0) and value <= MAX_SECONDS
 
 
 def seconds_rule(*, zero_allowed: bool = False) -> str:
@@ -220,7 +205,7 @@ def _check_pooled_database() -> list[CheckMessage]:
 def _check_schedules() -> list[CheckMessage]:
     from nexus_workflows.deferred.registry import registry
 
-    retention_minutes = app_settings.RETENTION / 60
+    retention_minutes = app_settings.RETENTION / 60  # valid: check_settings asks only then
     messages: list[CheckMessage] = []
     for workflow in registry:
         if not workflow.is_deferred:

@@ -12,8 +12,10 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
-from nexus_workflows.checks import MAX_SECONDS, check_settings
+from nexus_workflows.checks import check_settings
 from nexus_workflows.conf import DEFAULTS, app_settings
+from nexus_workflows.numbers import MAX_SECONDS
+from tests.processes import ManagePy
 
 
 def ids(messages: list[Any]) -> list[str]:
@@ -335,3 +337,32 @@ def test_a_pooled_alias_is_warned_about_session_state() -> None:
             assert check_settings() == []
     finally:
         settings_dict.update(saved)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("retention", ["86400", None, [86400], 0])
+def test_a_retention_of_the_wrong_type_is_reported_by_manage_py_check(retention: Any) -> None:
+    """The project's workflows register at start-up (autodiscover), before any check: a
+    RETENTION of the wrong type made every command, check included, die with TypeError."""
+    process = ManagePy("check", settings={"RETENTION": retention})
+    assert process.process.wait(60) == 1
+    output = process.output()
+    process.close()
+    assert "nexus_workflows.E002" in output
+    assert "RETENTION" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["RETENTION", "STALE_AFTER", "PHI_CACHE_TTL", "AIRTABLE_RETRY_DEADLINE", "AIRTABLE_RATE_LIMIT_TIMEOUT"],
+)
+def test_a_setting_of_seconds_too_large_for_a_float_is_an_error_not_a_crash(name: str) -> None:
+    from django.conf import settings
+    from django.core.checks import ERROR, run_checks
+
+    with override_settings(NEXUS_WORKFLOWS={**settings.NEXUS_WORKFLOWS, name: 10**400}):
+        messages = run_checks()  # raised OverflowError: int too large to convert to float
+    refused = [message for message in messages if message.level >= ERROR and f"'{name}'" in message.msg]
+    assert len(refused) == 1, messages
+    assert "10000" not in refused[0].msg  # named by type, never by value

@@ -98,6 +98,7 @@ def test_rejects_prepare_with_the_wrong_arity() -> None:
         ([-1], "greater than zero"),
         ([math.nan], "finite"),
         ([math.inf], "finite"),
+        ([10**400], r"at most 5,260,320 minutes \(ten years\); got more"),  # was OverflowError
         ([5, 1440], "not shorter than the retention of 1440 minutes"),
     ],
 )
@@ -113,6 +114,15 @@ def test_schedule_limit_follows_the_retention_setting() -> None:
         with pytest.raises(RegistrationError, match="retention of 10 minutes"):
             register("short-retention", dedupe_key=key, prepare=prepare, retry_schedule=[10])
         registered = register("short-retention", dedupe_key=key, prepare=prepare, retry_schedule=[9.5])
+    assert registered.retry_schedule == (9.5,)
+
+
+@pytest.mark.parametrize("retention", ["86400", None, [86400], 0, 10**400])
+def test_a_retention_that_is_no_number_of_seconds_is_left_to_the_system_check(retention: Any) -> None:
+    """Compared with here, it raised TypeError (OverflowError) from every command's start-up,
+    ``manage.py check`` included, which reports it as E002."""
+    with override_settings(NEXUS_WORKFLOWS={"RETENTION": retention}):
+        registered = register("any-retention", dedupe_key=key, prepare=prepare, retry_schedule=[9.5])
     assert registered.retry_schedule == (9.5,)
 
 

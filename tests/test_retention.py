@@ -15,12 +15,13 @@ from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import enqueue
-from nexus_workflows.checks import MAX_SECONDS, check_settings
+from nexus_workflows.checks import check_settings
 from nexus_workflows.database_errors import sqlstate
 from nexus_workflows.deferred.retention import purge_batch, purge_expired
 from nexus_workflows.deferred.runner.purging import Purging
 from nexus_workflows.deferred.runner.stats import RunStats
 from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.numbers import MAX_SECONDS
 from tests.processes import wait_for
 from tests.raw_connections import raw_connection, row_locked
 

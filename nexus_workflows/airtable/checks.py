@@ -10,17 +10,10 @@ from urllib.parse import urlsplit
 from django.core.checks import CheckMessage, Error, Tags, register
 
 from nexus_workflows.airtable.client import API_KEY_SETTING
-from nexus_workflows.checks import (
-    MAX_SECONDS,
-    is_number,
-    is_seconds,
-    is_whole,
-    seconds_rule,
-    setting_error,
-    whole_rule,
-)
+from nexus_workflows.checks import is_whole, seconds_rule, setting_error, whole_rule
 from nexus_workflows.conf import SETTINGS_NAME, app_settings
 from nexus_workflows.limits import RATE_LIMIT_MAX, RATE_PERIOD_MAX
+from nexus_workflows.numbers import MAX_SECONDS, is_number, is_seconds
 
 # AIRTABLE_TIMEOUT bounds a whole request (airtable/deadline.py), not each wait.
 _TIMEOUT_SHAPE = (

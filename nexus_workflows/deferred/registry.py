@@ -24,7 +24,8 @@ from nexus_workflows.conf import app_settings
 from nexus_workflows.deferred.unloadable import RecentlyUnloadable
 from nexus_workflows.exceptions import AlreadyRegistered, RegistrationError, UnknownWorkflow
 from nexus_workflows.flow.options import OPTION_NAMES, FlowLimits, KeyFunction, build_flow_limits
-from nexus_workflows.limits import KIND_MAX_LENGTH
+from nexus_workflows.limits import KIND_MAX_LENGTH, MAX_DELAY
+from nexus_workflows.numbers import is_finite, is_seconds
 from nexus_workflows.redaction import describe
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 # A kind becomes part of an RQ job id (``<kind>__<dedupe key>``), which RQ limits to
 # letters, digits, '_' and '-'; '__' is the separator, so a kind may not contain it.
 KIND_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+# The longest wait of a retry schedule, whatever RETENTION says: as any delay's.
+_MAX_MINUTES = MAX_DELAY.total_seconds() / 60
 
 DedupeKeyFunction = Callable[[Any], str]
 PrepareFunction = Callable[..., Any]
@@ -137,7 +140,10 @@ def _validate_schedule(kind: str, retry_schedule: object) -> tuple[float, ...] |
             f"(or None for fire-and-forget); got {_describe_type(retry_schedule)}"
             + (" (empty)" if isinstance(retry_schedule, list | tuple) else "")
         )
-    retention_minutes = app_settings.RETENTION / 60
+    # A RETENTION that is no number of seconds is the system check's to report (E002):
+    # compared with here, it raised TypeError from every command's start-up, check's too.
+    retention = app_settings.RETENTION
+    retention_minutes = retention / 60 if is_seconds(retention) else math.inf
     schedule: list[float] = []
     for index, minutes in enumerate(retry_schedule):
         if isinstance(minutes, bool) or not isinstance(minutes, int | float):
@@ -145,11 +151,16 @@ def _validate_schedule(kind: str, retry_schedule: object) -> tuple[float, ...] |
                 f"workflow {kind!r}: retry_schedule[{index}] must be a number of minutes; "
                 f"got {_describe_type(minutes)}"
             )
-        if not math.isfinite(minutes) or minutes <= 0:
+        if not is_finite(minutes) or minutes <= 0:
             raise RegistrationError(
                 f"workflow {kind!r}: retry_schedule[{index}] must be a finite number of "
                 "minutes greater than zero; got "
-                + ("a non-finite number" if not math.isfinite(minutes) else "zero or less")
+                + ("a non-finite number" if not is_finite(minutes) else "zero or less")
+            )
+        if minutes > _MAX_MINUTES:
+            raise RegistrationError(
+                f"workflow {kind!r}: retry_schedule[{index}] must be at most "
+                f"{_MAX_MINUTES:,.0f} minutes (ten years); got more"
             )
         if minutes >= retention_minutes:
             raise RegistrationError(

@@ -12,6 +12,7 @@ from asgiref.sync import iscoroutinefunction
 
 from nexus_workflows.exceptions import RegistrationError
 from nexus_workflows.limits import FLOW_CONCURRENCY_MAX, RATE_LIMIT_MAX, RATE_PERIOD_MAX
+from nexus_workflows.numbers import is_finite
 
 KeyFunction = Callable[[Any], "str | None"]
 
@@ -126,7 +127,7 @@ def is_rate_period(period: object) -> TypeGuard[float]:
     return (
         not isinstance(period, bool)
         and isinstance(period, int | float)
-        and math.isfinite(period)
+        and is_finite(period)  # 10**400 compared, never turned into a float
         and 0 < period <= RATE_PERIOD_MAX.total_seconds()
     )
 

@@ -13,8 +13,9 @@ from typing import Any
 import phonenumbers
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from nexus_workflows.checks import is_seconds, is_whole, seconds_rule, setting_error, whole_rule
+from nexus_workflows.checks import is_whole, seconds_rule, setting_error, whole_rule
 from nexus_workflows.conf import SETTINGS_NAME, app_settings
+from nexus_workflows.numbers import is_seconds
 from nexus_workflows.phi.keys import key_problems
 
 #: Most token maps one process keeps in memory.

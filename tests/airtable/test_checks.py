@@ -8,7 +8,7 @@ import pytest
 from django.test import override_settings
 
 from nexus_workflows.airtable.checks import check_airtable_settings
-from nexus_workflows.checks import MAX_SECONDS
+from nexus_workflows.numbers import MAX_SECONDS
 
 
 def ids(settings: Any, **overrides: Any) -> list[str]:

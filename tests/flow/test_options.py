@@ -54,6 +54,7 @@ def test_bad_flow_options_are_refused_naming_the_option(
         {"rate_limit": (98765, 1)},
         {"rate_limit": (5, -98765.5)},
         {"rate_limit": (5, "98765")},
+        {"rate_limit": (5, 98765 * 10**400)},  # an int no float holds: OverflowError before
     ],
 )
 def test_a_refused_flow_option_does_not_echo_its_value(

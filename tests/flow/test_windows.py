@@ -98,6 +98,8 @@ def test_async_with() -> None:
         (("n", 1, 0), "period must be a number of seconds greater than 0 and at most 31,622,400"),
         (("n", 1, 1e15), "at most 31,622,400 \\(a year\\)"),  # its stamps would leave the range
         (("n", 1, float("nan")), "period must be"),
+        (("n", 1, 10**400), "at most 31,622,400"),  # an int no float holds: OverflowError before
+        (("n", 1, 1, 10**400), "timeout must be None"),
         (("n", 1, 1, -1), "timeout must be None"),
         (("n", 1, 1, 1e300), "timeout must be None"),
         (("n", 1, 1, False), "timeout must be None"),

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from nexus_workflows.checks import MAX_SECONDS
 from nexus_workflows.deferred.runner.dead_connections import (
     describe,
     detect_dead_connections,
     dropped_within,
     tcp_parameters,
 )
+from nexus_workflows.numbers import MAX_SECONDS
 
 
 def test_the_user_timeout_is_a_tenth_of_stale_after_and_keepalives_probe_three_times_within_it() -> None:
