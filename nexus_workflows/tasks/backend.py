@@ -6,15 +6,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from django.apps import apps
 from django.core import checks
 from django.db import DatabaseError, DataError, IntegrityError, router
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
-from django.utils.module_loading import import_string
 from django.views.decorators.debug import sensitive_variables
 
 from nexus_workflows import json_values, sql
@@ -24,44 +21,18 @@ from nexus_workflows.tasks.compat import (
     BaseTaskBackend,
     InvalidTask,
     Task,
-    TaskError,
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
     normalize_json,
     task_enqueued,
 )
+from nexus_workflows.tasks.results import RESULT_FIELDS, result_from_row
 
 #: The backend's OPTIONS and what each must be.
 OPTION_RULES = {
     "RETRY_SCHEDULE": "a list of minutes between attempts (empty: run once)",
 }
-
-# A row's status as a TaskResult's status.
-_STATUSES = {
-    "pending": TaskResultStatus.READY,
-    "processing": TaskResultStatus.RUNNING,
-    "done": TaskResultStatus.SUCCESSFUL,
-    "abandoned": TaskResultStatus.FAILED,
-}
-
-# What get_result reads: everything a TaskResult shows.
-RESULT_FIELDS = (
-    "kind",
-    "dedupe_key",
-    "trigger",
-    "status",
-    "priority",
-    "queue_name",
-    "backend_name",
-    "created_at",
-    "first_started_at",
-    "last_attempted_at",
-    "finished_at",
-    "worker_ids",
-    "errors",
-    "return_value",
-)
 
 
 class InvalidTaskOptions(RegistrationError, InvalidTask):
@@ -341,65 +312,3 @@ def _is_utf8(value: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def load_task(path: str) -> Task:
-    """The Task object at ``path``; raises ``ImportError``/``ValueError`` when it is gone."""
-    task = import_string(path)
-    if not isinstance(task, Task):
-        raise ValueError(f"{path!r} does not point to a Task (it is a {type(task).__name__})")
-    return task
-
-
-def task_as_enqueued(path: str, row: dict[str, Any]) -> Task:
-    """The task with the priority, queue, backend and ``run_after`` it was enqueued with."""
-    task = load_task(path)
-    run_after = _run_after(row["trigger"])
-    if (task.priority, task.queue_name, task.backend, run_after) == (
-        row["priority"],
-        row["queue_name"],
-        row["backend_name"],
-        None,
-    ):
-        return task  # the common case: no validation again
-    return task.using(
-        priority=row["priority"],
-        queue_name=row["queue_name"],
-        backend=row["backend_name"],
-        run_after=run_after,
-    )
-
-
-def _run_after(trigger: dict[str, Any]) -> datetime | None:
-    value = trigger.get("run_after") if isinstance(trigger, dict) else None
-    return parse_datetime(value) if isinstance(value, str) else None
-
-
-def result_from_row(row: dict[str, Any]) -> TaskResult:
-    status = _STATUSES[row["status"]]
-    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
-    trigger = row["trigger"] or {}
-    result: TaskResult[Any] = TaskResult(
-        task=task_as_enqueued(row["kind"], row),
-        id=row["dedupe_key"],
-        status=status,
-        enqueued_at=row["created_at"],
-        started_at=row["first_started_at"],
-        last_attempted_at=row["last_attempted_at"],
-        finished_at=row["finished_at"] if finished else None,
-        args=trigger.get("args", []),
-        kwargs=trigger.get("kwargs", {}),
-        backend=row["backend_name"],
-        errors=[error_of(entry) for entry in row["errors"] or []],
-        worker_ids=list(row["worker_ids"] or []),
-    )
-    if status == TaskResultStatus.SUCCESSFUL:
-        object.__setattr__(result, "_return_value", row["return_value"])
-    return result
-
-
-def error_of(entry: dict[str, Any]) -> TaskError:
-    return TaskError(
-        exception_class_path=str(entry.get("exception_class_path", "")),
-        traceback=str(entry.get("traceback", "")),
-    )

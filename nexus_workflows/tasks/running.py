@@ -57,7 +57,6 @@ class TaskWorkflow(Workflow):
             raise
 
     def _run(self, work: ClaimedWork) -> None:
-        from nexus_workflows.tasks.backend import error_of, task_as_enqueued
         from nexus_workflows.tasks.compat import (
             TaskContext,
             TaskResult,
@@ -65,6 +64,7 @@ class TaskWorkflow(Workflow):
             task_backends,
             task_started,
         )
+        from nexus_workflows.tasks.results import error_of, task_as_enqueued
 
         columns = work.columns
         task = task_as_enqueued(self.kind, {**columns, "trigger": work.trigger})
@@ -168,8 +168,9 @@ def task_workflow(path: str, backend_alias: str) -> TaskWorkflow:
     if workflow is not None:
         return workflow
     try:
-        from nexus_workflows.tasks.backend import DeferredBackend, load_task
+        from nexus_workflows.tasks.backend import DeferredBackend
         from nexus_workflows.tasks.compat import task_backends
+        from nexus_workflows.tasks.results import load_task
 
         backend = task_backends[backend_alias]
         schedule = backend.retry_schedule_for(load_task(path)) if isinstance(backend, DeferredBackend) else ()

@@ -1,0 +1,100 @@
+"""A Django task's row as a ``TaskResult``: what ``get_result()`` returns and the runner
+hands to a task's context."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from django.utils.module_loading import import_string
+
+from nexus_workflows.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
+
+# A row's status as a TaskResult's status.
+_STATUSES = {
+    "pending": TaskResultStatus.READY,
+    "processing": TaskResultStatus.RUNNING,
+    "done": TaskResultStatus.SUCCESSFUL,
+    "abandoned": TaskResultStatus.FAILED,
+}
+
+# What get_result reads: everything a TaskResult shows.
+RESULT_FIELDS = (
+    "kind",
+    "dedupe_key",
+    "trigger",
+    "status",
+    "priority",
+    "queue_name",
+    "backend_name",
+    "created_at",
+    "first_started_at",
+    "last_attempted_at",
+    "finished_at",
+    "worker_ids",
+    "errors",
+    "return_value",
+)
+
+
+def load_task(path: str) -> Task:
+    """The Task object at ``path``; raises ``ImportError``/``ValueError`` when it is gone."""
+    task = import_string(path)
+    if not isinstance(task, Task):
+        raise ValueError(f"{path!r} does not point to a Task (it is a {type(task).__name__})")
+    return task
+
+
+def task_as_enqueued(path: str, row: dict[str, Any]) -> Task:
+    """The task with the priority, queue, backend and ``run_after`` it was enqueued with."""
+    task = load_task(path)
+    run_after = _run_after(row["trigger"])
+    if (task.priority, task.queue_name, task.backend, run_after) == (
+        row["priority"],
+        row["queue_name"],
+        row["backend_name"],
+        None,
+    ):
+        return task  # the common case: no validation again
+    return task.using(
+        priority=row["priority"],
+        queue_name=row["queue_name"],
+        backend=row["backend_name"],
+        run_after=run_after,
+    )
+
+
+def _run_after(trigger: dict[str, Any]) -> datetime | None:
+    value = trigger.get("run_after") if isinstance(trigger, dict) else None
+    return parse_datetime(value) if isinstance(value, str) else None
+
+
+def result_from_row(row: dict[str, Any]) -> TaskResult:
+    status = _STATUSES[row["status"]]
+    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+    trigger = row["trigger"] or {}
+    result: TaskResult[Any] = TaskResult(
+        task=task_as_enqueued(row["kind"], row),
+        id=row["dedupe_key"],
+        status=status,
+        enqueued_at=row["created_at"],
+        started_at=row["first_started_at"],
+        last_attempted_at=row["last_attempted_at"],
+        finished_at=row["finished_at"] if finished else None,
+        args=trigger.get("args", []),
+        kwargs=trigger.get("kwargs", {}),
+        backend=row["backend_name"],
+        errors=[error_of(entry) for entry in row["errors"] or []],
+        worker_ids=list(row["worker_ids"] or []),
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", row["return_value"])
+    return result
+
+
+def error_of(entry: dict[str, Any]) -> TaskError:
+    return TaskError(
+        exception_class_path=str(entry.get("exception_class_path", "")),
+        traceback=str(entry.get("traceback", "")),
+    )
