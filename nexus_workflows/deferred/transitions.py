@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 from django.db.models import Case, F, JSONField, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 
@@ -526,17 +526,69 @@ def _still_processing(works: Sequence[ClaimedWork], using: str) -> Any:
     )
 
 
-def heartbeat(works: Sequence[ClaimedWork], *, using: str) -> int:
-    """Refresh ``heartbeat_at`` of every row still held; returns rows refreshed."""
+def _skips_locked_rows(using: str) -> bool:
+    """Whether ``using`` can pass over rows another session holds a lock on (PostgreSQL,
+    MariaDB 10.6+). SQLite has no row locks: one writer at a time, which a write waits for."""
+    return bool(connections[using].features.has_select_for_update_skip_locked)
+
+
+def _free_of_locks(rows: QuerySet[DeferredWork]) -> set[int]:
+    """The ids of ``rows`` no other session holds a row lock on, locked now for the
+    caller's transaction, with the lock an ``UPDATE`` takes."""
+    no_key = connections[rows.db].features.has_select_for_no_key_update
+    locked = rows.order_by().select_for_update(skip_locked=True, no_key=no_key)
+    return set(locked.values_list("pk", flat=True))
+
+
+def heartbeat(works: Sequence[ClaimedWork], *, using: str) -> set[int]:
+    """Refresh ``heartbeat_at`` of every row of ``works`` still held; returns the ids
+    refreshed. A row another session holds a lock on (an operator's open transaction, a
+    backfill) is skipped, not waited for: waiting for it held every other row's beat back
+    until they went stale, and another runner reclaimed attempts still running here.
+    :func:`heartbeat_waiting` beats the rows skipped."""
     if not works:
-        return 0
+        return set()
+    rows = _still_processing(works, using)
+    if not _skips_locked_rows(using):
+        if can_return_from_update(using):  # SQLite: the rows refreshed, read back
+            return {row["pk"] for row in update_returning(rows, {"heartbeat_at": DatabaseNow()}, ["pk"])}
+        rows.update(heartbeat_at=DatabaseNow())  # MariaDB before 10.6: as it always was
+        return {work.id for work in works}
+    with transaction.atomic(using=using):
+        free = _free_of_locks(rows)
+        if free:
+            sql.for_connection(using).of_ids(DeferredWork.objects.using(using), list(free)).update(
+                heartbeat_at=DatabaseNow()
+            )
+    return free
+
+
+def heartbeat_waiting(works: Sequence[ClaimedWork], *, using: str) -> int:
+    """Refresh ``heartbeat_at`` of the rows of ``works`` still held, waiting for their row
+    locks (the caller bounds the wait): queued on a lock, this runner's beat takes the row
+    as soon as its holder lets it go, before a stale claim of another runner (which skips
+    a locked row) can. Returns rows refreshed."""
     return _still_processing(works, using).update(heartbeat_at=DatabaseNow())
 
 
-def mark_started(works: Sequence[ClaimedWork], *, using: str) -> int:
-    """Record that these attempts' prepare started: from now on, losing them counts."""
+def mark_started(works: Sequence[ClaimedWork], *, using: str) -> set[int]:
+    """Record that these attempts' prepare started: from now on, losing them counts.
+    Returns the ids dealt with; a row another session holds a lock on is left for a later
+    turn (as a heartbeat leaves it: waiting for it would hold the beats back)."""
     if not works:
-        return 0
-    marked = _still_processing(works, using).filter(started_at__isnull=True).update(started_at=DatabaseNow())
+        return set()
+    ids = {work.id for work in works}
+    if _skips_locked_rows(using):
+        with transaction.atomic(using=using):
+            ids = _free_of_locks(DeferredWork.objects.using(using).filter(pk__in=ids))
+            works = [work for work in works if work.id in ids]
+            _mark(works, using)
+    else:
+        _mark(works, using)
     starts.confirm(works)  # rate-limited attempts: running by now (flow.starts.confirm)
-    return marked
+    return ids
+
+
+def _mark(works: Sequence[ClaimedWork], using: str) -> None:
+    if works:
+        _still_processing(works, using).filter(started_at__isnull=True).update(started_at=DatabaseNow())

@@ -1,90 +1,80 @@
-"""A heartbeat (or a start mark) the database ends to break a deadlock is written again at
-once, not counted a failed beat: a journal batch updates the same rows, many in one
-statement, in the order of its own plan. Before, the beat failed with a WARNING
-("heartbeat failed (OperationalError)"), and the next beat, an interval later, passed.
+"""A heartbeat or a start mark never waits for a row another session holds a lock on (a
+journal batch's transaction, an operator's ``SELECT … FOR UPDATE``, a backfill): it skips
+that row and writes the others, so one locked row holds no other row's beat back. The
+skipped row's beat waits for its lock between beats (the runner is then first in line when
+the lock goes); its mark is written at a later turn.
 
-The deadlock is made on purpose, as for the journal (tests/runner/test_journal_conflicts.py):
-another session holds the second row, the heartbeat's statement takes the first and waits,
-then that session updates the first row too. Its own ``deadlock_timeout`` is long, so the
-heartbeat's session is the one PostgreSQL ends (after its default second)."""
+Before, the beat's one ``UPDATE`` of every held row waited for the locked one: every other
+row went stale meanwhile and another runner reclaimed attempts still running
+(``test_locked_rows.py`` shows that with two runners). A beat and a journal batch could
+also deadlock, which the beat survived by writing again."""
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections.abc import Callable
+import time
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from nexus_workflows.deferred.runner.heartbeat import Heartbeat
 from nexus_workflows.deferred.runner.ledger import SYNC, Ledger
+from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.models import DeferredWork
-from tests.processes import wait_for
-from tests.raw_connections import raw_connection
-from tests.runner.test_journal_conflicts import TABLE, claimed_pair, lock_waits
+from tests.raw_connections import row_locked
+from tests.runner.test_journal_conflicts import claimed_pair
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
-
-
-def beat(heartbeat: Heartbeat) -> None:
-    heartbeat._turn(0.0)  # a beat is due; no start mark is wanted
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.needs("row_locks")]
 
 
-def mark(heartbeat: Heartbeat) -> None:
-    heartbeat.ledger.take_now(SYNC, 2)  # both started: their marks are wanted
-    heartbeat._mark_started()
+def heartbeat_of(works: list[ClaimedWork]) -> Heartbeat:
+    ledger = Ledger()
+    ledger.dispatch(works)
+    return Heartbeat(ledger, using="default", interval=60, stale_after=300, on_beat=lambda: None)
 
 
-@pytest.mark.parametrize(
-    ("statement", "column", "logged"),
-    [
-        (beat, "heartbeat_at", "a heartbeat was not written (the database ended it to break a deadlock)"),
-        (mark, "started_at", "start marks were not written (the database ended it to break a deadlock)"),
-    ],
-)
-def test_a_heartbeat_statement_ended_by_a_deadlock_is_written_again(
+def column(name: str, works: list[ClaimedWork]) -> list[Any]:
+    return [DeferredWork.objects.get(pk=work.id).__dict__[name] for work in works]
+
+
+def test_a_beat_skips_a_row_another_session_holds_and_waits_for_it_between_beats(
     register_workflow: Any,
-    caplog: pytest.LogCaptureFixture,
-    statement: Callable[[Heartbeat], None],
-    column: str,
-    logged: str,
 ) -> None:
     first, second = claimed_pair(register_workflow)
-    DeferredWork.objects.update(heartbeat_at=None, started_at=None)
-    ledger = Ledger()
-    ledger.dispatch([first, second])
-    heartbeat = Heartbeat(ledger, using="default", interval=60, stale_after=300, on_beat=lambda: None)
-    backend: dict[str, int] = {}
-    raised: list[BaseException] = []
+    DeferredWork.objects.update(heartbeat_at=None)
+    heartbeat = heartbeat_of([first, second])
+    with row_locked(DeferredWork, second.id) as release:
+        began = time.monotonic()
+        heartbeat._turn(0.0)  # a beat is due
+        assert time.monotonic() - began < 5  # it did not wait for the lock
+        beaten, skipped = column("heartbeat_at", [first, second])
+        assert beaten is not None
+        assert skipped is None
+        assert heartbeat._behind == [second]
+        # Between beats it waits for the lock, a bounded while (no failed beat).
+        heartbeat._beat_behind(time.monotonic() + 0.2)
+        assert heartbeat._behind == [second]
+        assert column("heartbeat_at", [second]) == [None]
+        release()
+        heartbeat._beat_behind(time.monotonic() + 5)
+    assert heartbeat._behind == []
+    assert None not in column("heartbeat_at", [first, second])
 
-    def run() -> None:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_backend_pid()")
-                backend["pid"] = cursor.fetchone()[0]
-            statement(heartbeat)
-        except BaseException as error:  # noqa: BLE001 - checked below
-            raised.append(error)
-        finally:
-            connection.close()
 
-    with raw_connection() as journal, caplog.at_level(logging.INFO, logger="nexus_workflows"):
-        journal.execute("SET deadlock_timeout = '30s'")  # the heartbeat's session detects it
-        journal.execute("BEGIN")
-        journal.execute(f"UPDATE {TABLE} SET checkpoints = '{{}}' WHERE id = %s", [second.id])
-        thread = threading.Thread(target=run)
-        thread.start()
-        what = "the heartbeat's statement to wait"
-        wait_for(lambda: "pid" in backend and lock_waits(backend["pid"]), timeout=10, what=what)
-        # The statement holds the first row and waits for the second: this closes the cycle.
-        journal.execute(f"UPDATE {TABLE} SET checkpoints = '{{}}' WHERE id = %s", [first.id])
-        journal.execute("COMMIT")
-        thread.join(30)
-    assert not thread.is_alive()
-    assert raised == []
-    assert logged in caplog.text
-    assert "heartbeat failed" not in caplog.text
-    written = DeferredWork.objects.filter(pk__in=[first.id, second.id]).values_list(column, flat=True)
-    assert None not in list(written)
+def test_a_mark_skips_a_row_another_session_holds_and_writes_it_at_the_next_beat(
+    register_workflow: Any,
+) -> None:
+    first, second = claimed_pair(register_workflow)
+    DeferredWork.objects.update(started_at=None)
+    heartbeat = heartbeat_of([first, second])
+    heartbeat.ledger.take_now(SYNC, 2)  # both started: their marks are wanted
+    with row_locked(DeferredWork, second.id):
+        began = time.monotonic()
+        heartbeat._mark_started()
+        assert time.monotonic() - began < 5
+        marked, skipped = column("started_at", [first, second])
+        assert marked is not None
+        assert skipped is None
+        assert heartbeat.ledger.unmarked() == [second]
+    heartbeat._turn(0.0)  # the next beat marks what a mark skipped
+    assert heartbeat.ledger.unmarked() == []
+    assert None not in column("started_at", [first, second])

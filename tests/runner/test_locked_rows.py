@@ -4,6 +4,11 @@ claims skip it (``SKIP LOCKED``) and take it once the lock is gone. Before, the 
 ``UPDATE`` waited for the lock in the runner's main loop: no other work was claimed, no
 outcome written, and SIGTERM went unanswered until the lock was released.
 
+Nor does a *held* row another session locks: the heartbeat skips it and beats the rest,
+and waits for its lock between beats, so it is the first to write the row once the lock
+goes. Before, the beat waited for that one row, every other row of the runner went stale,
+and a second runner reclaimed attempts that were still running (two executions at once).
+
 Real runner processes on the test database, PostgreSQL and MariaDB (SQLite has no row
 locks: one writer at a time, which a claim waits for up to its ``timeout``).
 """
@@ -12,13 +17,16 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db.models.functions import Now
 
 from nexus_workflows import enqueue
+from nexus_workflows.clock import database_now
 from nexus_workflows.models import DeferredWork, Status
-from tests.processes import ManagePy, wait_for
+from tests.processes import ManagePy, overlapping, read_intervals, wait_for
 from tests.raw_connections import row_locked
 from tests.testapp.models import Ledger
 
@@ -98,3 +106,73 @@ def test_sigterm_while_a_due_row_is_locked_stops_the_runner_promptly() -> None:
         process.close()
     assert code == 0, output
     assert "runner stopped" in output
+
+
+@pytest.mark.slow
+def test_a_held_row_another_session_locks_holds_back_no_heartbeat_and_no_attempt_runs_twice(
+    tmp_path: Path,
+) -> None:
+    settings = {"POLL_INTERVAL": 0.2, "HEARTBEAT_INTERVAL": 0.5, "STALE_AFTER": 3, "SHUTDOWN_GRACE": 1}
+    ledger = tmp_path / "ledger"
+    until = tmp_path / "until"  # the attempts run until this file exists
+    keys = ["x", "y1", "y2", "y3"]
+    for key in keys:
+        enqueue(
+            "test-interval", {"key": key, "ledger": str(ledger), "seconds": 120, "until_file": str(until)}
+        )
+    ids = dict(DeferredWork.objects.values_list("dedupe_key", "pk"))
+    args = ("runworkflows", "--kind", "test-interval", "--concurrency", "4")
+    first = ManagePy(*args, settings=settings)
+    second = None
+    try:
+        started = lambda: {interval.key for interval in read_intervals(ledger)} == set(keys)  # noqa: E731
+        wait_for(started, timeout=30, what="the first runner to start all four")
+        # Each row marked started (a beat's own statements) before the lock is taken.
+        wait_for(
+            lambda: not DeferredWork.objects.filter(started_at__isnull=True).exists(),
+            timeout=10,
+            what="start marks",
+        )
+        with row_locked(DeferredWork, ids["x"]):
+            second = ManagePy(*args, settings=settings)
+            second.wait_for_output("runner started")
+            stale = timedelta(seconds=settings["STALE_AFTER"] + 1)
+            wait_for(
+                lambda: DeferredWork.objects.get(pk=ids["x"]).heartbeat_at < database_now("default") - stale,
+                timeout=30,
+                what="the locked row's heartbeat to be older than STALE_AFTER",
+            )
+            # The others kept their beat (the second runner polls every 0.2 s meanwhile).
+            for key in ("y1", "y2", "y3"):
+                row = DeferredWork.objects.get(pk=ids[key])
+                assert row.heartbeat_at > database_now("default") - timedelta(
+                    seconds=settings["STALE_AFTER"] / 2
+                )
+        # Released: the first runner's waiting beat writes the row before any stale claim.
+        wait_for(
+            lambda: DeferredWork.objects.get(pk=ids["x"]).heartbeat_at > database_now("default") - stale,
+            timeout=10,
+            what="the released row's heartbeat",
+        )
+        until.touch()
+        wait_for(
+            lambda: DeferredWork.objects.filter(status=Status.DONE).count() == 4, timeout=30, what="done"
+        )
+        first_output, second_output = first.output(), second.output()
+    finally:
+        for process in (first, second):
+            if process is not None:
+                process.terminate()
+                process.close()
+    intervals = read_intervals(ledger)
+    assert overlapping(intervals) == []
+    assert sorted(interval.key for interval in intervals) == keys  # each ran once, by the first
+    assert {interval.pid for interval in intervals} == {first.pid}
+    assert set(DeferredWork.objects.values_list("attempt", flat=True)) == {0}
+    assert (
+        "heartbeat waits for 1 item(s) whose row another session holds a lock on (test-interval #"
+        in first_output
+    )
+    assert "heartbeat reached the 1 item(s) it waited for" in first_output
+    assert "heartbeat failed" not in first_output
+    assert "reclaimed" not in second_output

@@ -91,21 +91,24 @@ def test_the_writers_stop_within_one_wait_and_fail_the_saves_a_stuck_writer_hold
 
 def test_a_heartbeat_confirms_the_claims_from_when_it_was_sent(register_workflow: Any) -> None:
     """On the old code the last good heartbeat was stamped when its statement returned:
-    a beat that waited (a lock, a stalled network) looked newer than the rows it wrote."""
+    a beat that waited (a lock, a stalled network) looked newer than the rows it wrote.
+    The beat that waits for a row lock is the one for the rows the last beat skipped."""
     kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
     (work,) = claimed(kind, 1)
     ledger = Ledger()
     ledger.dispatch([work])
     heartbeat = Heartbeat(ledger, using="default", interval=0.01, stale_after=30, on_beat=lambda: None)
 
-    def beat() -> None:
+    def beat_behind() -> None:
         try:
-            heartbeat._turn(0.0)
+            heartbeat._beat_behind(time.monotonic() + 30, most=30)
         finally:
             connections.close_all()
 
     with row_locked(DeferredWork, work.id) as release:
-        beating = threading.Thread(target=beat)
+        heartbeat._turn(0.0)  # skips the locked row
+        assert heartbeat._behind == [work]
+        beating = threading.Thread(target=beat_behind)
         beating.start()
         what = "the heartbeat waiting for the row lock"
         wait_for(lambda: lock_waits() >= 1, timeout=10, interval=POLL, what=what)
@@ -113,4 +116,5 @@ def test_a_heartbeat_confirms_the_claims_from_when_it_was_sent(register_workflow
         release()
         beating.join(10)
     assert not beating.is_alive()
-    assert heartbeat.last_good < released_at  # sent before, answered after
+    assert heartbeat._behind == []
+    assert ledger._confirmed[work.key] < released_at  # sent before, answered after

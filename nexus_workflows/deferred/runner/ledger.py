@@ -6,7 +6,7 @@ import itertools
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 
 from nexus_workflows.deferred.execution import Outcome
@@ -248,10 +248,12 @@ class Ledger:
 
     # --- claims at risk -----------------------------------------------------------------
 
-    def confirm(self, at: float) -> None:
-        """A heartbeat that began at ``at`` (monotonic) refreshed every held claim: queued
-        claims not yet at risk then are ours until ``at`` at least. Those at risk stay
-        so (another runner may have taken them before it) and are forfeited now."""
+    def confirm(self, at: float, refreshed: Container[int] | None = None) -> None:
+        """A heartbeat that began at ``at`` (monotonic) refreshed the held claims of the ids
+        ``refreshed`` (None: every one): queued claims among them not yet at risk then are
+        ours until ``at`` at least. Those at risk stay so (another runner may have taken
+        them before it) and are forfeited now, as are those the beat did not refresh (a
+        row another session holds a lock on) once their last confirmation is at risk."""
         with self.lock:
             for queued in self._queued.values():
                 keep: list[ClaimedWork] = []
@@ -261,7 +263,8 @@ class Ledger:
                         self._confirmed.pop(work.key, None)
                         self._forfeited.append(work)
                     else:
-                        self._confirmed[work.key] = max(confirmed, at)
+                        if refreshed is None or work.id in refreshed:
+                            self._confirmed[work.key] = max(confirmed, at)
                         keep.append(work)
                 queued.clear()  # in place: a blocked take() holds this queue
                 queued.extend(keep)
