@@ -260,7 +260,7 @@ def test_priority_out_of_range_is_refused_by_django() -> None:
 
 
 def test_a_bool_priority_is_refused() -> None:
-    with pytest.raises(InvalidTask, match="priority must be a whole number, not a bool"):
+    with pytest.raises(InvalidTask, match="priority must be a whole number from -100 to 100; got a bool"):
         tasks.record.using(priority=True)
 
 

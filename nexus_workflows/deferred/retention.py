@@ -33,6 +33,7 @@ from nexus_workflows.deferred.transitions import purge
 from nexus_workflows.exceptions import InvalidPurgeOption
 from nexus_workflows.flow import windows
 from nexus_workflows.flow.claiming import window_name
+from nexus_workflows.limits import MAX_BATCH_SIZE
 from nexus_workflows.models import FINISHED_STATUSES, DeferredWork
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,11 @@ def _checked_batch_size(batch_size: object) -> int:
     if batch_size < 1:
         raise InvalidPurgeOption(
             "batch_size must be at least 1 row (or None for PURGE_BATCH_SIZE); got a number below 1"
+        )
+    if batch_size > MAX_BATCH_SIZE:  # as PURGE_BATCH_SIZE: a batch's ids are one statement's parameters
+        raise InvalidPurgeOption(
+            f"batch_size must be at least 1 and at most {MAX_BATCH_SIZE:,} rows (or None for "
+            "PURGE_BATCH_SIZE); got a larger number"
         )
     return batch_size
 

@@ -54,12 +54,26 @@ class KeyProblem:
 
 
 def _as_text(key: Any) -> str | None:
+    """A key as text; None for one that is no valid UTF-8 text (bytes that do not decode,
+    a string with a lone surrogate, as ``os.environ`` gives for a Latin-1 byte)."""
     if isinstance(key, bytes):
         try:
             return key.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    return key if isinstance(key, str) else None
+    if not isinstance(key, str):
+        return None
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return key
+
+
+def _same(key: str, other: str) -> bool:
+    """Whether two keys are equal, in constant time: as UTF-8 bytes (``compare_digest``
+    refuses strings with any non-ASCII letter), a lone surrogate of a SECRET_KEY kept."""
+    return hmac.compare_digest(key.encode("utf-8", "surrogatepass"), other.encode("utf-8", "surrogatepass"))
 
 
 def configured_encryption_keys() -> list[Any]:
@@ -98,11 +112,11 @@ def key_problems() -> list[KeyProblem]:
             KeyProblem(
                 "nexus_workflows.E104",
                 f"{SETTINGS_NAME}['PHI_HMAC_KEY'] must be a string of at least "
-                f"{HMAC_KEY_MIN_LENGTH} characters.",
+                f"{HMAC_KEY_MIN_LENGTH} characters, valid Unicode text.",
                 "Generate one with `python -c 'import secrets; print(secrets.token_urlsafe(48))'`.",
             )
         )
-    elif secret and hmac.compare_digest(hmac_text, secret):
+    elif secret and _same(hmac_text, secret):
         problems.append(
             KeyProblem(
                 "nexus_workflows.E102",
@@ -151,7 +165,7 @@ def key_problems() -> list[KeyProblem]:
             )
             continue
         assert text is not None  # Fernet accepted it, so it is ASCII text or bytes
-        if secret and hmac.compare_digest(text, secret):
+        if secret and _same(text, secret):
             problems.append(
                 KeyProblem(
                     "nexus_workflows.E102",
@@ -159,7 +173,7 @@ def key_problems() -> list[KeyProblem]:
                     "Use dedicated keys: a leaked SECRET_KEY must not also decrypt the PHI surfaces.",
                 )
             )
-        if hmac_text is not None and hmac.compare_digest(text, hmac_text):
+        if hmac_text is not None and _same(text, hmac_text):
             problems.append(
                 KeyProblem(
                     "nexus_workflows.E105",

@@ -521,6 +521,10 @@ Span = tuple[int, int, str]
 
 
 def _caller_spans(text: str, spans: Iterable[Any] | None) -> list[Span]:
+    if spans is not None and (isinstance(spans, bool) or not isinstance(spans, Iterable)):
+        raise InvalidSpan(
+            f"spans must be a list of (start, end, category) tuples; got {type(spans).__name__}"
+        )
     checked: list[Span] = []
     for index, span in enumerate(spans or ()):
         try:
@@ -530,9 +534,9 @@ def _caller_spans(text: str, spans: Iterable[Any] | None) -> list[Span]:
         if any(isinstance(bound, bool) or not isinstance(bound, int) for bound in (start, end)):
             raise InvalidSpan(f"span {index}: start and end must be whole numbers")
         if not 0 <= start < end <= len(text):
+            # Not the bounds themselves: an int of thousands of digits cannot even be written.
             raise InvalidSpan(
-                f"span {index} ({start}, {end}) must satisfy 0 <= start < end <= {len(text)} "
-                "(the length of the text)"
+                f"span {index} must satisfy 0 <= start < end <= {len(text)} (the length of the text)"
             )
         checked.append((start, end, check_category(category)))
     checked.sort()
@@ -549,6 +553,8 @@ def find_spans(text: str, spans: Iterable[Any] | None = ()) -> list[Span]:
     Detection is :mod:`.recognizers`; a found span that overlaps a caller's span is dropped
     (the caller's recogniser wins), and overlapping found spans are resolved there.
     """
+    if not isinstance(text, str):
+        raise InvalidText(f"find_spans needs the text as a string; got {type(text).__name__}")
     caller = _caller_spans(text, spans)
     return resolve(caller, recognize(text, app_settings.PHI_DEFAULT_REGION))
 

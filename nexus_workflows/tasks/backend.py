@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.apps import apps
@@ -16,8 +17,17 @@ from django.views.decorators.debug import sensitive_variables
 
 from nexus_workflows import json_values, sql
 from nexus_workflows.exceptions import EnqueueError, EnqueueRejected, RegistrationError
-from nexus_workflows.limits import BACKEND_ALIAS_MAX_LENGTH, KIND_COLUMN_LENGTH, QUEUE_NAME_MAX_LENGTH
+from nexus_workflows.limits import (
+    BACKEND_ALIAS_MAX_LENGTH,
+    KIND_COLUMN_LENGTH,
+    MAX_DELAY,
+    QUEUE_NAME_MAX_LENGTH,
+)
+from nexus_workflows.numbers import is_finite
+from nexus_workflows.redaction import describe
 from nexus_workflows.tasks.compat import (
+    TASK_MAX_PRIORITY,
+    TASK_MIN_PRIORITY,
     BaseTaskBackend,
     InvalidTask,
     Task,
@@ -87,6 +97,7 @@ class DeferredBackend(BaseTaskBackend):
     # --- validation ---------------------------------------------------------------------
 
     def validate_task(self, task: Task) -> None:
+        _check_option_types(task)  # before Django's checks, which compare and hash them
         super().validate_task(task)
         path = task.module_path
         if len(path) > KIND_COLUMN_LENGTH:
@@ -99,8 +110,6 @@ class DeferredBackend(BaseTaskBackend):
                 f"task {path!r}: queue_name must be a non-empty string of at most "
                 f"{QUEUE_NAME_MAX_LENGTH} characters"
             )
-        if isinstance(task.priority, bool):  # an int to Django: True would run as priority 1
-            raise InvalidTaskOptions(f"task {path!r}: priority must be a whole number, not a bool")
         if len(self.alias) > BACKEND_ALIAS_MAX_LENGTH:
             raise InvalidTaskOptions(
                 f"task backend alias {self.alias[:40]!r}…: at most {BACKEND_ALIAS_MAX_LENGTH} characters"
@@ -232,6 +241,38 @@ class DeferredBackend(BaseTaskBackend):
         if row is None:
             raise TaskResultDoesNotExist(result_id)
         return result_from_row(row)
+
+
+def _check_option_types(task: Task) -> None:
+    """A task's priority, queue name and ``run_after`` of the types Django's own checks
+    take (they raised TypeError, ValueError or AttributeError for others), and a
+    ``run_after`` within ten years of now (``limits.MAX_DELAY``: the stored due time must
+    stay within every database's range, and what reads it back). Named by type only."""
+    path, priority, run_after = task.module_path, task.priority, task.run_after
+    # A bool is an int to Django: True would run as priority 1.
+    if isinstance(priority, bool) or not isinstance(priority, int | float) or not is_finite(priority):
+        raise InvalidTaskOptions(
+            f"task {path!r}: priority must be a whole number from {TASK_MIN_PRIORITY} to "
+            f"{TASK_MAX_PRIORITY}; got {describe(priority)}"
+        )
+    if not isinstance(task.queue_name, str):
+        raise InvalidTaskOptions(
+            f"task {path!r}: queue_name must be a string; got {describe(task.queue_name)}"
+        )
+    if run_after is None:
+        return
+    if not isinstance(run_after, datetime):
+        raise InvalidTaskOptions(
+            f"task {path!r}: run_after must be None or an aware datetime; got {describe(run_after)}"
+        )
+    if run_after.utcoffset() is None:
+        return  # naive: Django's own check says it must be aware
+    try:
+        far = abs(run_after - timezone.now()) > MAX_DELAY
+    except OverflowError:  # near datetime's own limits, in a zone that pushes it past them
+        far = True
+    if far:
+        raise InvalidTaskOptions(f"task {path!r}: run_after must be within ten years of now")
 
 
 def _trigger(

@@ -52,6 +52,38 @@ def test_a_key_equal_to_the_secret_key_is_an_error(debug: bool) -> None:
         ]
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("secret", "hmac_key"),
+    [("ñ" * 50, GOOD_HMAC), ("a-secret-key-" * 4, "contraseña-" * 4), ("clave-\udce9" * 6, GOOD_HMAC)],
+)
+def test_keys_and_a_secret_key_with_letters_beyond_ascii_work(secret: str, hmac_key: str) -> None:
+    # compare_digest refuses str with any non-ASCII letter: the checks and every encode
+    # raised TypeError. The last SECRET_KEY holds a lone surrogate (a Latin-1 byte read
+    # from os.environ): compared as it is, never refused.
+    keys = {"PHI_HMAC_KEY": hmac_key, "PHI_ENCRYPTION_KEYS": [GOOD_FERNET]}
+    with override_settings(DEBUG=False, SECRET_KEY=secret, NEXUS_WORKFLOWS=keys):
+        assert check_ids(**keys) == []
+        token = encode("conv-1", "María López", "PERSONA")
+        assert decode("conv-1", token) == "María López"
+
+
+def test_a_key_beyond_ascii_equal_to_the_secret_key_is_an_error() -> None:
+    secret = "contraseña-del-proyecto-" * 2
+    with override_settings(SECRET_KEY=secret):
+        assert check_ids(PHI_HMAC_KEY=secret, PHI_ENCRYPTION_KEYS=[GOOD_FERNET]) == ["nexus_workflows.E102"]
+
+
+@pytest.mark.django_db
+@override_settings(DEBUG=False)
+def test_an_hmac_key_that_is_no_valid_unicode_is_an_error_and_encodes_nothing() -> None:
+    keys = {"PHI_HMAC_KEY": "clave-\udce9" * 6, "PHI_ENCRYPTION_KEYS": [GOOD_FERNET]}
+    assert check_ids(**keys) == ["nexus_workflows.E104"]
+    with override_settings(NEXUS_WORKFLOWS=keys), pytest.raises(PhiConfigurationError, match="valid Unicode"):
+        encode("conv-1", "María López", "PERSONA")
+    assert not TokenMap.objects.exists()
+
+
 @override_settings(DEBUG=False)
 def test_bad_keys_and_settings_are_errors() -> None:
     assert check_ids(PHI_HMAC_KEY="short", PHI_ENCRYPTION_KEYS=[GOOD_FERNET]) == ["nexus_workflows.E104"]

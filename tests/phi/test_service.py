@@ -22,6 +22,7 @@ from nexus_workflows.phi import (
     decode,
     encode,
     encode_text,
+    find_spans,
 )
 from nexus_workflows.phi.cache import token_cache
 from nexus_workflows.phi.models import PhiToken, TokenMap
@@ -353,6 +354,18 @@ def test_encode_text_without_phi_is_unchanged_and_writes_nothing(code: str) -> N
             "overlap",
         ),
         (lambda c: encode_text(c, "María López", spans=[(0, 5)]), InvalidSpan, "(start, end, category)"),
+        # Spans that are no list of tuples, bounds beyond any text (TypeError, ValueError before).
+        (lambda c: encode_text(c, "María López", spans=5), InvalidSpan, "list of (start, end, category)"),
+        (lambda c: encode_text(c, "María López", spans=True), InvalidSpan, "list of (start, end, category)"),
+        (
+            lambda c: encode_text(c, "María López", spans=[(0, 10**5000, "PERSONA")]),
+            InvalidSpan,
+            "0 <= start",
+        ),
+        (lambda c: find_spans(None), InvalidText, "find_spans needs the text as a string; got NoneType"),
+        (lambda c: find_spans(b"55 1234 5678"), InvalidText, "string; got bytes"),
+        (lambda c: find_spans(5512345678), InvalidText, "string; got int"),
+        (lambda c: find_spans("María López", spans=7), InvalidSpan, "list of (start, end, category)"),
         (lambda c: encode_text(c, "María López", spans=[(0, 5, "NAME")]), InvalidCategory, "allowed"),
         (lambda c: encode_text(c, "María López", spans=[(0, 5, "López")]), InvalidCategory, "allowed"),
         # A bad span after a good one and a detectable phone: nothing at all is written.
