@@ -45,6 +45,19 @@ _RATE_LIMIT_RULE = (
 _RATE_LIMIT_TIMEOUT_RULE = f"a number of seconds 0 or more and at most {_A_YEAR:,.0f} (a year)"
 
 
+def _is_endpoint_url(url: object) -> bool:
+    """An http(s) URL with a host, a valid port if any, and no query; urllib's own errors
+    for a malformed one (an unclosed "[", a port beyond 65535) count as no."""
+    if not isinstance(url, str):
+        return False
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises ValueError for a port out of range or not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query and port != 0
+
+
 @register(Tags.compatibility)
 def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
     # Long function: a flat list of independent setting checks.
@@ -55,17 +68,16 @@ def check_airtable_settings(app_configs: Sequence[Any] | None = None, **kwargs: 
     messages: list[CheckMessage] = []
 
     url = app_settings.AIRTABLE_ENDPOINT_URL
-    if url is not None:
-        parts = urlsplit(url) if isinstance(url, str) else None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
-            messages.append(
-                setting_error(
-                    "AIRTABLE_ENDPOINT_URL",
-                    "None or an http(s) URL without query, such as 'https://api.airtable.com'",
-                    url,
-                    "nexus_workflows.E200",
-                )
+    if url is not None and not _is_endpoint_url(url):
+        messages.append(
+            setting_error(
+                "AIRTABLE_ENDPOINT_URL",
+                "None or an http(s) URL with a host, a port from 1 to 65535 if any, and no query, "
+                "such as 'https://api.airtable.com'",
+                url,
+                "nexus_workflows.E200",
             )
+        )
 
     attempts = app_settings.AIRTABLE_MAX_ATTEMPTS
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:

@@ -13,7 +13,6 @@ Messages name fields and types, never values.
 from __future__ import annotations
 
 import datetime
-import math
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, TypeAlias
@@ -21,6 +20,8 @@ from typing import Any, TypeAlias
 from pyairtable.formulas import AND, EQ, Field, Formula
 
 from nexus_workflows.airtable.exceptions import InvalidFormula
+from nexus_workflows.json_values import INT_MAX, INT_MIN
+from nexus_workflows.numbers import is_finite
 
 #: Types of the values of a ``{field: value}`` formula.
 LITERAL_TYPES = (str, bool, int, float, Decimal, datetime.date)
@@ -80,5 +81,10 @@ def _check_literal(field: str, value: object, what: str) -> None:
             f"{what}: the value for field {field!r} must be a str, bool, int, float, Decimal, "
             f"date or datetime; got {type(value).__name__}"
         )
-    if isinstance(value, float | Decimal) and not math.isfinite(value):
+    if isinstance(value, float | Decimal) and not is_finite(value):  # a signalling NaN too
         raise InvalidFormula(f"{what}: the value for field {field!r} must be a finite number")
+    if isinstance(value, int) and not isinstance(value, bool) and not INT_MIN <= value <= INT_MAX:
+        # Beyond what a formula can write out (4,300 digits) long before Airtable's numbers end.
+        raise InvalidFormula(
+            f"{what}: the value for field {field!r} must be an integer from -2**63 to 2**63-1"
+        )

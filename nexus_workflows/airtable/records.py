@@ -22,7 +22,7 @@ from nexus_workflows.airtable.eval_mode import is_eval_mode, log_skipped_write
 from nexus_workflows.airtable.exceptions import InvalidAirtableArgument, InvalidLink, ReferenceNotFound
 from nexus_workflows.airtable.formulas import FormulaInput, to_formula
 from nexus_workflows.airtable.retry import with_airtable_retry
-from nexus_workflows.json_values import MAX_DEPTH, text_problem
+from nexus_workflows.json_values import INT_MAX, INT_MIN, MAX_DEPTH, text_problem
 
 logger = logging.getLogger(__name__)
 
@@ -221,8 +221,10 @@ def _unsendable(value: object, depth: int = 0) -> str | None:
     turn number keys into strings; never names the value itself."""
     if depth > MAX_DEPTH:
         return f"nested deeper than {MAX_DEPTH}"
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
         return None
+    if isinstance(value, int):  # as a trigger's: JSON could not write out a far larger one
+        return None if INT_MIN <= value <= INT_MAX else "an integer outside -2**63 … 2**63-1"
     if isinstance(value, float):
         return None if math.isfinite(value) else "a float that is not finite"
     if isinstance(value, str):

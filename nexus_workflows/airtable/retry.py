@@ -51,6 +51,7 @@ from nexus_workflows.airtable.exceptions import (
     AirtableError,
     AirtableHTTPError,
     AirtableNetworkError,
+    AirtableNotConfigured,
     InvalidAirtableArgument,
 )
 from nexus_workflows.conf import app_settings
@@ -69,6 +70,13 @@ WAITS_RETRY_AFTER = frozenset({RATE_LIMITED, 500, 502, 503, 504})
 # Airtable's error types are upper-case identifiers. Anything else in that slot (an
 # HTML page from a proxy, a message) is not repeated, since it could echo request data.
 _ERROR_TYPE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+# What requests raises for an endpoint URL it cannot use, before anything is sent.
+_UNUSABLE_URL = (
+    requests.exceptions.InvalidURL,
+    requests.exceptions.MissingSchema,
+    requests.exceptions.InvalidSchema,
+    requests.exceptions.URLRequired,
+)
 
 
 def is_permanent_airtable_error(exc: BaseException) -> bool:
@@ -108,6 +116,13 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
         answers = answers_received()
         try:
             return operation()
+        except _UNUSABLE_URL:
+            # requests' message quotes the URL, a password in it too: said without it. Not
+            # permanent, as a missing key is not: a fixed deployment carries on by itself.
+            raise AirtableNotConfigured(
+                f"{label}: no request can be built on NEXUS_WORKFLOWS['AIRTABLE_ENDPOINT_URL'] "
+                "(requests refused the URL); `manage.py check` says what is wrong with it (E200)"
+            ) from None
         except Exception as exc:
             error = _error_of(exc, label, attempt, answers)
             if error is None:

@@ -45,6 +45,11 @@ def test_good_values_pass(settings: Any) -> None:
         ("AIRTABLE_ENDPOINT_URL", "ftp://api.airtable.com", "nexus_workflows.E200"),
         ("AIRTABLE_ENDPOINT_URL", "https://api.airtable.com?x=1", "nexus_workflows.E200"),
         ("AIRTABLE_ENDPOINT_URL", 8080, "nexus_workflows.E200"),
+        # urllib's own ValueError (echoing the URL, a password in it too) crashed the check.
+        ("AIRTABLE_ENDPOINT_URL", "https://[api.airtable.com", "nexus_workflows.E200"),
+        ("AIRTABLE_ENDPOINT_URL", "https://user:s3cret@api.airtable.com:99999", "nexus_workflows.E200"),
+        ("AIRTABLE_ENDPOINT_URL", "https://api.airtable.com:0", "nexus_workflows.E200"),
+        ("AIRTABLE_ENDPOINT_URL", "https://\uff41\uff50\uff49.airtable.com\uff03x@y", "nexus_workflows.E200"),
         ("AIRTABLE_MAX_ATTEMPTS", 0, "nexus_workflows.E201"),
         ("AIRTABLE_MAX_ATTEMPTS", 2.5, "nexus_workflows.E201"),
         ("AIRTABLE_MAX_ATTEMPTS", True, "nexus_workflows.E201"),
@@ -200,3 +205,15 @@ def test_airtable_errors_name_the_upper_bound_whatever_rule_was_broken(
     assert rule in messages[0].msg
     for echoed in ("-7", "'7'", "inf", "1e+300"):  # never the value
         assert echoed not in messages[0].msg
+
+
+def test_an_endpoint_url_is_never_quoted(settings: Any) -> None:
+    from nexus_workflows.airtable.checks import check_airtable_settings
+
+    settings.NEXUS_WORKFLOWS = {
+        **settings.NEXUS_WORKFLOWS,
+        "AIRTABLE_ENDPOINT_URL": "https://user:s3cret@api.airtable.com:99999",
+    }
+    (message,) = check_airtable_settings()
+    assert "s3cret" not in message.msg
+    assert "port from 1 to 65535" in message.msg

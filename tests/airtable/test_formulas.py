@@ -63,6 +63,8 @@ def test_a_tuple_value_is_a_literal_not_an_operator() -> None:
         ({"Name": ["a"]}, "got list"),
         ({"Age": float("nan")}, "finite number"),
         ({"Age": Decimal("Infinity")}, "finite number"),
+        ({"Age": Decimal("sNaN")}, "finite number"),  # math.isfinite raised ValueError
+        ({"Age": 10**5000}, "integer from -2"),  # its digits could not even be written
         ({1: "a"}, "field names must be non-empty strings"),
         ({" ": "a"}, "field names must be non-empty strings"),
         (42, "got int"),

@@ -182,6 +182,7 @@ def test_a_link_field_set_by_the_caller_is_refused(airtable: AirtableEmulator) -
         (lambda: add_record(BASE, "Patients", ["Name"]), "fields must be a dict"),  # type: ignore[arg-type]
         (lambda: add_record(BASE, "Patients", {"Seen": object()}), "field 'Seen' cannot be sent as JSON"),
         (lambda: add_record(BASE, "Patients", {"Temp": float("nan")}), r"\(a float that is not finite\)"),
+        (lambda: add_record(BASE, "Patients", {"Folio": 10**5000}), r"\(an integer outside -2\*\*63"),
         (lambda: add_record(BASE, "Patients", {"Notes": [{1: "x"}]}), r"\(a dict key that is not a string\)"),
         (lambda: add_record(BASE, "Patients", {"Name": "Ana \ud800"}), r"\(contains text that is not valid"),
         (lambda: add_record(BASE, "Patients", {1: "a"}), "field names must be non-empty"),  # type: ignore[dict-item]

@@ -528,3 +528,18 @@ def test_a_callers_own_error_before_any_answer_is_not_taken_for_an_answer(airtab
     with pytest.raises(TypeError, match="the caller's own bug"):
         with_airtable_retry(caller_bug, "custom")
     assert airtable.requests == []
+
+
+def test_an_endpoint_url_requests_cannot_use_is_not_configured_and_never_quoted(
+    airtable_config: Callable[..., None],
+) -> None:
+    # Past check E200 (a project that does not run checks): requests' InvalidURL quoted it.
+    from nexus_workflows.airtable import AirtableNotConfigured
+
+    airtable_config("https://user:s3cret@api.airtable.com:99999")
+    with pytest.raises(AirtableNotConfigured, match="AIRTABLE_ENDPOINT_URL") as caught:
+        get_records(BASE, "Patients")
+    assert "s3cret" not in str(caught.value)
+    assert caught.value.__cause__ is None
+    assert caught.value.__suppress_context__
+    assert not is_permanent(caught.value)
