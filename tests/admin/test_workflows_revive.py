@@ -65,6 +65,19 @@ def test_by_kind_and_key_that_does_not_exist(workflow):
     ]
 
 
+def test_a_kind_not_registered_here_is_not_repeated(make_work):
+    # --kind and --key swapped: the "kind" is a dedupe key, which may be patient data.
+    make_work(Status.ABANDONED, dedupe_key="+52 55 8731 4926")
+    out, _ = revive("--kind", "+52 55 8731 4926", "--key", "demo-greet")
+    assert out.splitlines() == [
+        "skipped: no deferred work of the kind given (not registered here) with that key",
+        "revived 0, skipped 1: nothing to revive",
+    ]
+    lines = revive("--all-abandoned", "--kind", "+52 55 8731 4926")[0].splitlines()
+    assert lines[0] == "no abandoned work of the kind given (not registered here)"
+    assert "8731" not in out + "".join(lines)
+
+
 def test_processing_work_is_never_touched(make_work):
     running = make_work(Status.PROCESSING)
     before = DeferredWork.objects.filter(pk=running.pk).values().get()

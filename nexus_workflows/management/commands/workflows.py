@@ -207,9 +207,9 @@ class Command(BaseCommand):
         for missing in sorted(set(ids) - found):
             self.stdout.write(f"skipped #{missing}: no such deferred work")
         if key is not None and not found:
-            self.stdout.write(f"skipped: no deferred work of kind {kind!r} with that key")
+            self.stdout.write(f"skipped: no deferred work of {_kind_named(kind)} with that key")
         if not ids and key is None and not found:  # --all-abandoned
-            self.stdout.write("no abandoned work" + (f" of kind {kind!r}" if kind is not None else ""))
+            self.stdout.write("no abandoned work" + (f" of {_kind_named(kind)}" if kind is not None else ""))
         for unregistered in result.unregistered_kinds:
             self.stderr.write(
                 f"warning: no workflow is registered for kind {unregistered!r} in this project; "
@@ -236,3 +236,9 @@ def _stdin(options: dict[str, Any]) -> IO[str]:
 
 def _is_deferred(kind: str) -> bool:
     return kind in registry and registry.get(kind).is_deferred
+
+
+def _kind_named(kind: str | None) -> str:
+    """``kind 'name'`` for a kind registered here; else not repeated: the argument may be a
+    dedupe key given as the kind (the two swapped), and keys may be patient data."""
+    return f"kind {kind!r}" if kind in registry.kinds() else "the kind given (not registered here)"
