@@ -563,12 +563,21 @@ def heartbeat(works: Sequence[ClaimedWork], *, using: str) -> set[int]:
     return free
 
 
-def heartbeat_waiting(works: Sequence[ClaimedWork], *, using: str) -> int:
+def heartbeat_waiting(works: Sequence[ClaimedWork], *, using: str) -> set[int]:
     """Refresh ``heartbeat_at`` of the rows of ``works`` still held, waiting for their row
     locks (the caller bounds the wait): queued on a lock, this runner's beat takes the row
     as soon as its holder lets it go, before a stale claim of another runner (which skips
-    a locked row) can. Returns rows refreshed."""
-    return _still_processing(works, using).update(heartbeat_at=DatabaseNow())
+    a locked row) can. Returns the ids refreshed (a row lost meanwhile is not one)."""
+    rows = _still_processing(works, using)
+    if can_return_from_update(using):
+        return {row["pk"] for row in update_returning(rows, {"heartbeat_at": DatabaseNow()}, ["pk"])}
+    with transaction.atomic(using=using):
+        held = set(rows.order_by().select_for_update().values_list("pk", flat=True))  # waits
+        if held:
+            sql.for_connection(using).of_ids(DeferredWork.objects.using(using), list(held)).update(
+                heartbeat_at=DatabaseNow()
+            )
+    return held
 
 
 def mark_started(works: Sequence[ClaimedWork], *, using: str) -> set[int]:

@@ -78,3 +78,21 @@ def test_a_mark_skips_a_row_another_session_holds_and_writes_it_at_the_next_beat
     heartbeat._turn(0.0)  # the next beat marks what a mark skipped
     assert heartbeat.ledger.unmarked() == []
     assert None not in column("started_at", [first, second])
+
+
+def test_a_claim_lost_meanwhile_is_not_confirmed_by_the_waiting_beat(register_workflow: Any) -> None:
+    """A row the beat skipped and another runner then took (its claim token changed): the
+    beat that waited for it matches nothing and confirms nothing, so the queued claim is
+    never started as if it were still ours."""
+    first, second = claimed_pair(register_workflow)
+    heartbeat = heartbeat_of([first, second])
+    confirmed_before = heartbeat.ledger._confirmed[second.key]
+    with row_locked(DeferredWork, second.id) as release:
+        heartbeat._turn(0.0)
+        assert heartbeat._behind == [second]
+        release()
+    DeferredWork.objects.filter(pk=second.id).update(claim_token="another-runners-claim")
+    heartbeat._beat_behind(time.monotonic() + 5)
+    assert heartbeat._behind == []
+    assert heartbeat.ledger._confirmed[second.key] == confirmed_before
+    assert heartbeat.ledger._confirmed[first.key] > confirmed_before

@@ -74,6 +74,23 @@ def test_a_heartbeat_after_the_risk_does_not_rescue_a_queued_claim() -> None:
     assert ledger.take() is fresh
 
 
+def test_a_heartbeat_confirms_only_the_claims_it_refreshed() -> None:
+    """A queued claim the beat did not refresh (another session held its row's lock, or
+    another runner took it: the fenced beat matched nothing) keeps its last confirmation
+    and is forfeited once that is at risk, never started. The old beat confirmed every
+    queued claim, whatever its statement matched."""
+    clock = FakeClock()
+    ledger = Ledger(at_risk=lambda unconfirmed_for: unconfirmed_for > 10, clock=clock)
+    refreshed, skipped = work(), work()
+    ledger.dispatch([refreshed, skipped])
+    clock.advance(8)
+    ledger.confirm(clock.now, {refreshed.id})
+    clock.advance(4)  # 12 s since the claim, 4 s since the beat that refreshed one of them
+    ledger.confirm(clock.now, {refreshed.id})
+    assert ledger.take_forfeited() == [skipped]
+    assert ledger.take() is refreshed
+
+
 class Recorder:
     """The parts a stop drives, recording what they were asked, in order."""
 

@@ -188,7 +188,7 @@ class Heartbeat:
         began = time.monotonic()
         try:
             with sql.for_connection(self.using).lock_waits_at_most(self.using, seconds):
-                transitions.heartbeat_waiting(behind, using=self.using)
+                refreshed = transitions.heartbeat_waiting(behind, using=self.using)
         except DatabaseError as error:
             if statement_refused(error) is None:
                 raise
@@ -205,4 +205,6 @@ class Heartbeat:
             logger.warning("heartbeat reached the %d item(s) it waited for", len(behind))
             self._behind_waited = False
         self._behind = []
-        self.ledger.confirm(began, {work.id for work in behind})
+        # Only the rows it refreshed: a queued claim lost meanwhile (to another runner's
+        # stale claim) must not look confirmed, or it would start a second time.
+        self.ledger.confirm(began, refreshed)
