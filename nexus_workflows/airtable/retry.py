@@ -117,12 +117,7 @@ def with_airtable_retry(operation: Callable[[], T], label: str, *, retry_network
         try:
             return operation()
         except _UNUSABLE_URL:
-            # requests' message quotes the URL, a password in it too: said without it. Not
-            # permanent, as a missing key is not: a fixed deployment carries on by itself.
-            raise AirtableNotConfigured(
-                f"{label}: no request can be built on NEXUS_WORKFLOWS['AIRTABLE_ENDPOINT_URL'] "
-                "(requests refused the URL); `manage.py check` says what is wrong with it (E200)"
-            ) from None
+            raise _unusable_url(label) from None  # requests' message quotes the URL
         except Exception as exc:
             error = _error_of(exc, label, attempt, answers)
             if error is None:
@@ -170,6 +165,15 @@ def _next_wait(
     if time.monotonic() + delay > deadline:
         return None, "the next attempt would start after AIRTABLE_RETRY_DEADLINE"
     return delay, ""
+
+
+def _unusable_url(label: str) -> AirtableNotConfigured:
+    """The error of an endpoint URL requests cannot use, without the URL (a password in it
+    too). Not permanent, as a missing key is not: a fixed deployment carries on by itself."""
+    return AirtableNotConfigured(
+        f"{label}: no request can be built on NEXUS_WORKFLOWS['AIRTABLE_ENDPOINT_URL'] "
+        "(requests refused the URL); `manage.py check` says what is wrong with it (E200)"
+    )
 
 
 def _error_of(exc: Exception, label: str, attempt: int, answers: int) -> AirtableError | None:
