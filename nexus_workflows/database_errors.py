@@ -155,6 +155,12 @@ def is_deadlock(error: BaseException) -> bool:
     return sqlstate(error) in DEADLOCK_SQLSTATES or mysql_error_number(error) == MYSQL_DEADLOCK
 
 
+def is_lock_wait_cut_short(error: BaseException) -> bool:
+    """Whether the statement waited longer than ``lock_timeout`` (PostgreSQL) or
+    ``innodb_lock_wait_timeout`` (MySQL/MariaDB) for a row another session holds."""
+    return sqlstate(error) == "55P03" or mysql_error_number(error) == 1205
+
+
 def sqlite_busy(error: BaseException) -> bool:
     """Whether ``error`` is SQLite's ``database is locked`` (:data:`SQLITE_BUSY`), on
     Django's wrapper or the driver's error it wraps."""

@@ -284,6 +284,25 @@ def save_journals(saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], *, using:
     return written
 
 
+def save_journals_around_locks(
+    saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], *, using: str
+) -> tuple[set[int], set[int]] | None:
+    """:func:`save_journals` of the rows no other session holds a lock on, skipping the
+    others (one transaction: the rows are locked, then written); (ids written, ids of rows
+    another session holds). None where the database cannot skip a locked row."""
+    if not _skips_locked_rows(using):
+        return None
+    ids = [work.id for work, _ in saves]
+    with transaction.atomic(using=using):
+        free = _free_of_locks(DeferredWork.objects.using(using).filter(pk__in=ids))
+        written = (
+            save_journals([save for save in saves if save[0].id in free], using=using) if free else set()
+        )
+    # A row that is gone (deleted, purged) is not locked: its save finds its claim lost.
+    existing = set(DeferredWork.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True))
+    return written, existing - free
+
+
 def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[ClaimedWork]]:
     """Mark finished work done; returns ``(written, lost)``.
 

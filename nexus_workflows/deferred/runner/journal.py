@@ -36,7 +36,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from nexus_workflows.database_errors import statement_refused
+from nexus_workflows.database_errors import is_lock_wait_cut_short, statement_refused
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
@@ -322,8 +322,37 @@ class JournalWriter:
             for save in batch:  # one row may be the cause: only its save fails
                 self._write([save])
             return
+        if len(batch) > 1 and is_lock_wait_cut_short(failed) and self._write_around_locks(batch, failed):
+            return
         # One instance per attempt: each raises it in its own thread or task.
         _complete_once(batch, lambda save: _own_copy(failed))
+
+    def _write_around_locks(self, batch: list[_Save], failed: BaseException) -> bool:
+        """A batch whose wait for a row lock was cut short (``lock_timeout``): written again
+        skipping the rows another session holds, whose saves alone fail, so a lock on one
+        row fails its own attempt, not the batch's (up to MAX_BATCH). False: cannot skip."""
+        journals = [(save.work, save.checkpoints) for save in batch]
+        try:
+            result = transitions.save_journals_around_locks(journals, using=self.using)
+        except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
+            close_connection(self.using)
+            again: BaseException = error
+            _complete_once(batch, lambda save: _own_copy(again))
+            return True
+        if result is None:
+            return False
+        written, locked = result
+        _complete_once(
+            batch,
+            lambda save: (
+                _own_copy(failed)
+                if save.work.id in locked
+                else None
+                if save.work.id in written
+                else claim_lost(save.work)
+            ),
+        )
+        return True
 
     def _fail_in_hand(self) -> None:
         """Fail the saves of writers still writing after the stop's wait: their callers
