@@ -5,9 +5,9 @@ hold only ciphertext (:mod:`nexus_workflows.fire_and_forget.sealing`). This page
 as the deferred work's reveal page does (:mod:`nexus_workflows.admin.reveal`), for a user
 with the same two permissions, the ones for workflow data, deferred or fire-and-forget:
 ``nexus_workflows.reveal_deferredwork`` and the view (or change) permission on deferred
-work. ``GET`` asks for confirmation and shows nothing, ``POST`` shows the data,
-writes one admin log entry (who, when, which job; never the data) and is sent with
-``Cache-Control: no-store``.
+work. ``GET`` asks for confirmation and shows nothing, not even whether the job exists;
+``POST`` shows the data, writes one admin log entry (who, when, which job; never the
+data; a job that is not there is logged too) and is sent with ``Cache-Control: no-store``.
 """
 
 from __future__ import annotations
@@ -16,19 +16,25 @@ from typing import Any
 
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotFound
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
-from django.utils.translation import gettext
+from django.utils.translation import gettext, gettext_noop
 
 from nexus_workflows.admin import display
 from nexus_workflows.admin.reveal import private, staff_user_pk
 from nexus_workflows.exceptions import SealedDataUnreadable
 from nexus_workflows.fire_and_forget.job import error_of, is_workflow_job, trigger_of
+from nexus_workflows.fire_and_forget.job_ids import split_job_id
 from nexus_workflows.fire_and_forget.sending import configured_queues, get_queue
 from nexus_workflows.phi.keys import keyring
 
 TEMPLATE = "admin/nexus_workflows/job_reveal.html"
+NOT_FOUND = gettext_noop("No fire-and-forget workflow job with that id is in this queue.")
+REVEALED_LOGGED = gettext_noop(
+    "Revealed the trigger and error message of a %(kind)s job (nothing was changed)."
+)
+NOT_FOUND_LOGGED = gettext_noop("Looked for a %(kind)s job to reveal; none with that id was in its queue.")
 
 
 def reveal_job_view(request: HttpRequest, queue_name: str, job_id: str, *, model_admin: Any) -> HttpResponse:
@@ -39,20 +45,27 @@ def reveal_job_view(request: HttpRequest, queue_name: str, job_id: str, *, model
     admin_site = model_admin.admin_site
     if queue_name not in configured_queues():
         raise Http404(gettext("No RQ queue of that name is configured."))
-    job = get_queue(queue_name).fetch_job(job_id)
-    if job is None or not is_workflow_job(job):
-        raise Http404(gettext("No fire-and-forget workflow job with that id is in this queue."))
-    kind = job.args[0]
+    try:
+        kind, _ = split_job_id(job_id)
+    except ValueError:
+        raise Http404(gettext(NOT_FOUND)) from None
     revealed: dict[str, Any] | None = None
     if request.method == "POST":
+        # Only here is Redis asked: whether a job exists for a key (a patient) is patient
+        # data, so a GET, which audits nothing, answers the same either way, and a miss is
+        # audited as a reveal is (misses are what probing looks like).
+        job = get_queue(queue_name).fetch_job(job_id)
+        if job is None or not is_workflow_job(job):
+            _log(request, job_id, kind, NOT_FOUND_LOGGED)
+            return HttpResponseNotFound(gettext(NOT_FOUND))
         revealed = _open(job)
-        _log_reveal(request, job.id, kind)
+        _log(request, job_id, kind, REVEALED_LOGGED)
     context = {
         **admin_site.each_context(request),
         "title": gettext("Reveal the trigger and error message of a %(kind)s job") % {"kind": kind},
         "kind": kind,
-        "job_id": job.id,
-        "job_url": _django_rq_job_url(queue_name, job.id),
+        "job_id": job_id,
+        "job_url": _django_rq_job_url(queue_name, job_id),
         "revealed": revealed is not None,
         **(revealed or {}),
     }
@@ -76,7 +89,7 @@ def _open(job: Any) -> dict[str, Any]:
     return shown
 
 
-def _log_reveal(request: HttpRequest, job_id: str, kind: str) -> None:
+def _log(request: HttpRequest, job_id: str, kind: str, message: str) -> None:
     # No content type: a job is not a model instance. The job id carries the dedupe key
     # and log entries are never purged, so object_id keeps its keyed hash (an auditor
     # with a job id finds its reveals: audit_id); the repr, shown in every staff user's
@@ -87,10 +100,7 @@ def _log_reveal(request: HttpRequest, job_id: str, kind: str) -> None:
         object_id=audit_id(kind, job_id),
         object_repr=gettext("fire-and-forget %(kind)s job") % {"kind": kind},
         action_flag=CHANGE,
-        change_message=gettext(
-            "Revealed the trigger and error message of a %(kind)s job (nothing was changed)."
-        )
-        % {"kind": kind},
+        change_message=gettext(message) % {"kind": kind},
     )
 
 

@@ -3,6 +3,7 @@ only with the permission, after a POST, never cached and always audited (real Re
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -136,3 +137,27 @@ def test_a_job_sent_before_triggers_were_sealed_is_revealed_too(
     html = client_for(revealer).post(reveal_url("test-ff-fail__rv3")).content.decode()
     assert html.count(PHONE) == 2  # the plain trigger, and the error sealed when it failed
     assert "UpstreamRejected: upstream rejected the message for +525598765432" in html
+
+
+def test_a_get_does_not_tell_whether_a_job_exists_and_a_post_for_none_is_audited(
+    failed_job: str, revealer: Any
+) -> None:
+    """Whether a job exists for a key is patient data (its id is ``<kind>__<dedupe key>``):
+    the confirmation page answers the same for a job that is not there, and the POST that
+    finds none is recorded, as the find box records a search that finds nothing."""
+    client = client_for(revealer)
+    absent = failed_job.replace("rv1", "rv-absent")
+    pages = [client.get(reveal_url(job_id)) for job_id in (failed_job, absent)]
+    assert [page.status_code for page in pages] == [200, 200]
+    # The same page but for the id asked for (and the form's CSRF token, masked anew each time).
+    shown = [re.sub(r'name="csrfmiddlewaretoken" value="[^"]+"', "", page.content.decode()) for page in pages]
+    assert shown[0].replace(failed_job, absent) == shown[1]
+    assert not LogEntry.objects.exists()
+    missing = client.post(reveal_url(absent))
+    assert missing.status_code == 404
+    entry = LogEntry.objects.get()
+    assert entry.object_id == audit_id("test-ff-fail", absent)
+    assert "rv-absent" not in f"{entry.object_id} {entry.object_repr} {entry.change_message}"
+    assert (
+        "Looked for a test-ff-fail job to reveal; none with that id was in its queue." in entry.change_message
+    )
