@@ -31,7 +31,9 @@ _LOSSES = {
         "again (the next enqueue of one creates new work)"
     ),
     Status.PROCESSING: _(
-        "may be running right now; the runner's result is discarded when it finishes, and it is never retried"
+        "may be running right now; the runner's result is discarded when it finishes, and it is never "
+        "retried; its kind's concurrency slot and its serial key are free at once, so another item of "
+        "them may start while it still runs"
     ),
     Status.ABANDONED: _("can no longer be revived; errors and history are gone"),
     Status.DONE: _(

@@ -662,6 +662,8 @@ def test_bulk_delete_shows_what_will_be_lost_before_deleting(changer, make_work)
     assert "3 of them are not finished" in html
     assert '<li data-status="pending"><strong>2 pending</strong>: will never run' in html
     assert '<li data-status="processing"><strong>1 processing</strong>: may be running right now' in html
+    # Its slot and key go with the row, while its attempt may still be running (flow audit).
+    assert "concurrency slot and its serial key are free at once" in html
     assert '<li data-status="done"><strong>1 done</strong>' in html
     assert "abandoned" not in html.split('class="nw-losses"')[1].split("</ul>")[0]
 
