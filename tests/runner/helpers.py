@@ -6,6 +6,9 @@ import itertools
 from typing import Any
 
 from nexus_workflows.deferred.execution import Outcome, Result
+from nexus_workflows.deferred.runner.capacity import Capacity
+from nexus_workflows.deferred.runner.lanes import LaneClaims, lane_of
+from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
 from nexus_workflows.deferred.transitions import ClaimedWork
 
 _ids = itertools.count(1)
@@ -43,3 +46,20 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def lane_claims(*, kinds: list[str], queues: list[str] | None) -> tuple[LaneClaims, list[ClaimedWork]]:
+    """A runner's lane claims on the default database (4 slots a lane), and the list the
+    works they claim are handed to."""
+    handed_out: list[ClaimedWork] = []
+    lanes = LaneClaims(
+        kinds=kinds,
+        queues=queues,
+        using="default",
+        worker_id="w",
+        ledger=Ledger(lane_of),
+        capacity={SYNC: Capacity(4, 10), ASYNC: Capacity(4, 10)},
+        claimed=handed_out.extend,
+        reclaimed=handed_out.extend,
+    )
+    return lanes, handed_out

@@ -9,8 +9,10 @@ claims: the runner of the other kind makes none while the first drains its rows.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -20,13 +22,11 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from nexus_workflows import enqueue
 from nexus_workflows.deferred import transitions, wakeup
 from nexus_workflows.deferred.runner import Runner
-from nexus_workflows.deferred.runner.capacity import Capacity
-from nexus_workflows.deferred.runner.lanes import LaneClaims, lane_of
-from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
-from nexus_workflows.deferred.transitions import ClaimedWork
+from nexus_workflows.deferred.runner.ledger import SYNC
 from nexus_workflows.models import DeferredWork, Status
 from tests.flow.test_lane_claims import BusyLane
 from tests.processes import wait_for
+from tests.runner.helpers import lane_claims
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,6 +120,22 @@ def start(runner: Runner) -> threading.Thread:
     return thread
 
 
+@contextlib.contextmanager
+def started(runners: Iterable[Runner]) -> Iterator[None]:
+    """``runners`` running, each on a thread of its own and waiting for work (:func:`start`);
+    stopped at the end of the block, their threads ended."""
+    runners = list(runners)
+    threads = [start(runner) for runner in runners]
+    try:
+        yield
+    finally:
+        for runner in runners:
+            runner.request_stop()
+        for thread in threads:
+            thread.join(15)
+    assert not any(thread.is_alive() for thread in threads)
+
+
 def done(work_id: int) -> bool:
     return DeferredWork.objects.get(pk=work_id).status == Status.DONE
 
@@ -151,8 +167,7 @@ def test_a_runner_makes_no_claim_for_rows_of_a_kind_another_runner_runs(register
         events[kind] = CountedEvent()
         runner._wake = events[kind]
     counts = claims_counted(runners[ours])
-    threads = [start(runner) for runner in runners.values()]
-    try:
+    with started(runners.values()):
         # A row of its own first: once it is done and the runner waits, nothing is pending.
         own = int(enqueue(ours, {"key": "own"}) or 0)
         wait_for(functools.partial(done, own), timeout=15, what="own row done")
@@ -166,12 +181,6 @@ def test_a_runner_makes_no_claim_for_rows_of_a_kind_another_runner_runs(register
         # A row of ours still wakes it at once (the poll is a minute away).
         own = int(enqueue(ours, {"key": "own-2"}) or 0)
         wait_for(functools.partial(done, own), timeout=15, what="own row done")
-    finally:
-        for runner in runners.values():
-            runner.request_stop()
-        for thread in threads:
-            thread.join(15)
-    assert not any(thread.is_alive() for thread in threads)
 
 
 def test_parse_ended_reads_only_the_ended_payload() -> None:
@@ -187,17 +196,7 @@ def test_the_listener_wakes_a_runner_of_some_queues_only_for_tasks_of_those(
     """A Django task's NOTIFY names its queue (migration 0021): a runner that takes only
     some queues (``runworkflows --queue``) ignores a task of another; one that names no
     queue (a NOTIFY of an earlier release) it still claims by id, queue re-checked."""
-    handed_out: list[ClaimedWork] = []
-    lanes = LaneClaims(
-        kinds=[],
-        queues=["emails"],
-        using="default",
-        worker_id="w",
-        ledger=Ledger(lane_of),
-        capacity={SYNC: Capacity(4, 10), ASYNC: Capacity(4, 10)},
-        claimed=handed_out.extend,
-        reclaimed=handed_out.extend,
-    )
+    lanes, _ = lane_claims(kinds=[], queues=["emails"])
     event = CountedEvent()
     listener = wakeup.PostgresListener("default", event, on_new_work=lanes.new_work)
     listener._received("8 myapp.tasks.send reports")
@@ -222,8 +221,7 @@ def test_a_runner_makes_no_claim_for_tasks_of_a_queue_another_runner_takes() -> 
         events[queue] = CountedEvent()
         runner._wake = events[queue]
     counts = claims_counted(runners["emails"])
-    threads = [start(runner) for runner in runners.values()]
-    try:
+    with started(runners.values()):
         own = tasks.record.using(queue_name="emails").enqueue("own")
         wait_for(functools.partial(task_done, own), timeout=15, what="own task done")
         wait_for(lambda: idle(runners["emails"], events["emails"]), timeout=15, what="emails runner idle")
@@ -239,9 +237,3 @@ def test_a_runner_makes_no_claim_for_tasks_of_a_queue_another_runner_takes() -> 
         # A task of its own queue still wakes it at once (the poll is a minute away).
         email = tasks.record.using(queue_name="emails").enqueue("email")
         wait_for(functools.partial(task_done, email), timeout=15, what="email task done")
-    finally:
-        for runner in runners.values():
-            runner.request_stop()
-        for thread in threads:
-            thread.join(15)
-    assert not any(thread.is_alive() for thread in threads)

@@ -16,12 +16,9 @@ from django.utils import timezone
 from nexus_workflows import enqueue
 from nexus_workflows.database_errors import sqlstate
 from nexus_workflows.deferred.inserts import insert_pending
-from nexus_workflows.deferred.runner.capacity import Capacity
-from nexus_workflows.deferred.runner.lanes import LaneClaims, lane_of
-from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
-from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.models import DeferredWork, Status
 from tests.raw_connections import updates_wait_for_a_lock
+from tests.runner.helpers import lane_claims
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
@@ -38,17 +35,7 @@ def test_a_workflow_row_claimed_by_id_is_handed_out_when_the_tasks_claim_fails(
     task_id = insert_pending(
         "default", kind="tasks.send", dedupe_key="t", trigger={}, now=timezone.now(), queue_name="default"
     )
-    handed_out: list[ClaimedWork] = []
-    lanes = LaneClaims(
-        kinds=[kind],
-        queues=None,
-        using="default",
-        worker_id="w",
-        ledger=Ledger(lane_of),
-        capacity={SYNC: Capacity(4, 10), ASYNC: Capacity(4, 10)},
-        claimed=handed_out.extend,
-        reclaimed=handed_out.extend,
-    )
+    lanes, handed_out = lane_claims(kinds=[kind], queues=None)
     lanes.new_work(workflow_id, kind)
     lanes.new_work(task_id, "tasks.send")
     try:
