@@ -158,7 +158,7 @@ def test_a_stale_workers_late_writes_change_nothing(kind: str) -> None:
     assert reschedule(old, delay=timedelta(minutes=1), error="Late: error") is False
     assert abandon(old, error="Late: error", reason="late") is False
     assert release([old]) == 0
-    assert heartbeat([old], using="default") == 0
+    assert heartbeat([old], using="default") == set()
     assert DeferredWork.objects.filter(pk=work_id).values().get() == snapshot
 
     # The new claim's writes go through.
@@ -206,7 +206,7 @@ def test_claim_stale_counts_the_lost_attempt_only_if_it_had_started(kind: str) -
     started = enqueue(kind, {"key": "started"})
     unstarted = enqueue(kind, {"key": "unstarted"})
     held = claimer(kind).claim_due(3)
-    assert mark_started([w for w in held if w.id == int(started)], using="default") == 1
+    assert mark_started([w for w in held if w.id == int(started)], using="default") == {int(started)}
     DeferredWork.objects.filter(pk__in=[started, unstarted]).update(
         heartbeat_at=timezone.now() - timedelta(minutes=6)
     )
@@ -241,7 +241,7 @@ def test_worker_ids_and_first_start_follow_attempts_not_claims() -> None:
     pk = dict(DeferredWork.objects.values_list("dedupe_key", "pk"))
     first = Claimer(kinds=[], queues=["default"], using="default", worker_id="first")
     held = first.claim_due(2)
-    assert mark_started([w for w in held if w.id == pk[started]], using="default") == 1
+    assert mark_started([w for w in held if w.id == pk[started]], using="default") == {pk[started]}
     before = {row.pk: row for row in DeferredWork.objects.all()}
     assert all(row.first_started_at is not None for row in before.values())
     DeferredWork.objects.update(heartbeat_at=timezone.now() - timedelta(minutes=6))
@@ -324,7 +324,7 @@ def test_heartbeat_refreshes_held_rows_only(kind: str) -> None:
     long_ago = timezone.now() - timedelta(minutes=10)
     DeferredWork.objects.update(heartbeat_at=long_ago)
     DeferredWork.objects.filter(pk=held[1].id).update(claim_token="other-runner")
-    assert heartbeat(held, using="default") == 1
+    assert heartbeat(held, using="default") == {held[0].id}  # the ids refreshed
     assert DeferredWork.objects.get(pk=held[0].id).heartbeat_at > long_ago
     assert DeferredWork.objects.get(pk=held[1].id).heartbeat_at == long_ago
 
