@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tomllib
 from importlib import metadata
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +104,12 @@ def test_the_installed_redis_is_checked_and_passes() -> None:
     assert check_redis_release() == redis_release_warnings(installed) == []
 
 
-def test_the_check_runs_with_manage_py_check(capsys: pytest.CaptureFixture[str]) -> None:
-    call_command("check", "--fail-level", "WARNING")  # raises SystemCheckError on any warning
-    assert "W305" not in capsys.readouterr().err
+@pytest.mark.django_db  # Django 6.1's checks of MariaDB read its server
+def test_the_check_runs_with_manage_py_check() -> None:
+    # Warnings are printed, not raised (Django 6.1 on MariaDB warns of its own: W036 …).
+    out, err = StringIO(), StringIO()
+    call_command("check", stdout=out, stderr=err)
+    assert "nexus_workflows.W305" not in out.getvalue() + err.getvalue()
 
 
 def test_the_package_declares_every_hanging_release_excluded() -> None:
