@@ -607,10 +607,17 @@ def mark_started(works: Sequence[ClaimedWork], *, using: str) -> set[int]:
         return set()
     ids = {work.id for work in works}
     if _skips_locked_rows(using):
-        with transaction.atomic(using=using):
-            ids = _free_of_locks(DeferredWork.objects.using(using).filter(pk__in=ids))
-            works = [work for work in works if work.id in ids]
-            _mark(works, using)
+        # A plain read first (it waits for no lock and writes nothing): most rows are marked
+        # already (a save marks its row), and a row locked for nothing would be a write, its
+        # commit waiting for a synchronous standby as any write's does.
+        unmarked = _still_processing(works, using).filter(started_at__isnull=True)
+        wanted = set(unmarked.values_list("pk", flat=True))
+        if wanted:
+            with transaction.atomic(using=using):
+                free = _free_of_locks(DeferredWork.objects.using(using).filter(pk__in=wanted))
+                _mark([work for work in works if work.id in free], using)
+            ids -= wanted - free
+        works = [work for work in works if work.id in ids]
     else:
         _mark(works, using)
     starts.confirm(works)  # rate-limited attempts: running by now (flow.starts.confirm)
