@@ -116,9 +116,17 @@ def test_an_outcome_whose_answer_was_lost_in_a_crash_counts_as_written(
         began = f"SELECT 1 FROM {TABLE} WHERE status = 'processing' AND checkpoints ? 'began'"
         wait_for(lambda: query(url, began), timeout=30, what="the attempt began")
         hold_commits_unanswered(cluster)
-        until.touch()  # the prepare ends
-        # Every outcome write sets last_error (a done clears it); no other write does.
-        wait_for(lambda: waiting_for_a_standby(url, "last_error"), timeout=30, what="the outcome committed")
+        try:
+            until.touch()  # the prepare ends
+            # Every outcome write sets last_error (a done clears it); no other write does.
+            what = "the outcome committed"
+            wait_for(lambda: waiting_for_a_standby(url, "last_error"), timeout=30, what=what)
+        except BaseException:
+            # Commits answered again: left held, every commit on the cluster (the next
+            # case's CREATE DATABASE) waited for ever, and the whole run with it.
+            execute(url, "ALTER SYSTEM RESET synchronous_standby_names")
+            execute(url, "SELECT pg_reload_conf()")
+            raise
         # The crash: the write is in the WAL, its answer never left. Back without a standby.
         execute(url, "ALTER SYSTEM RESET synchronous_standby_names")
         away = cluster.restart("immediate")
