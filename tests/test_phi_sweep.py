@@ -124,7 +124,13 @@ def test_canaries_reach_no_log_message_output_page_metric_or_hashed_column(
     # The messages are kept where they belong.
     assert DeferredWork.objects.filter(kind__in=kinds, last_error__contains=NAME).exists()
 
-    for command in (["status"], ["revive", "--all-abandoned"], ["revive", "--kind", kind, "--key", NAME]):
+    commands = (
+        ["status"],
+        ["revive", "--all-abandoned"],
+        ["revive", "--kind", kind, "--key", NAME],
+        ["rekey", kind],
+    )
+    for command in commands:
         out = io.StringIO()
         call_command("workflows", *command, stdout=out, stderr=out)
         seen.append((f"workflows {command[0]}", out.getvalue()))

@@ -11,7 +11,8 @@ from nexus_workflows.deferred import triage
 from nexus_workflows.deferred.enqueue import enqueue
 from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.status import build_status_report, render_status_report
-from nexus_workflows.exceptions import WorkflowError
+from nexus_workflows.exceptions import UnknownWorkflow, WorkflowError
+from nexus_workflows.flow.rekey import describe_result, rekey
 from nexus_workflows.json_values import MAX_DEPTH, text_problem
 from nexus_workflows.management.commands._arguments import number, whole_number
 from nexus_workflows.management.commands._database import require_migrated
@@ -34,6 +35,15 @@ REVIVE_EXIT_STATUS = (
     "(ways of choosing work combined or missing, a key or kind no work can have, an unmigrated "
     "database) or the database failed; 2 when the arguments do not parse (an id that is not "
     "a whole number from 1)."
+)
+
+
+#: The rekey subcommand's exit statuses.
+REKEY_EXIT_STATUS = (
+    "Exit status: 0 when every unfinished item of KIND carries the keys its trigger gives; 1 when "
+    "some do not (a key function failed for them, or a processing item's serial key is held by "
+    "another running item of the key: run it again once they have ended), when KIND is not a "
+    "deferred workflow registered here, or when the database failed."
 )
 
 
@@ -76,32 +86,8 @@ class Command(BaseCommand):
         status_parser.add_argument(
             "--reveal", action="store_true", help="Also print dedupe keys and error messages (patient data)."
         )
-        revive_parser = subcommands.add_parser(
-            "revive",
-            help="Revive abandoned deferred work: by id, by --kind and --key, or --all-abandoned.",
-            description="Revive abandoned deferred work: pending, due now, its next run attempt 1, "
-            "error cleared, "
-            "checkpoints kept. Work that is not abandoned is skipped (a runner may be working on "
-            "it). Prints what was revived and what was skipped, then a last line "
-            "'revived N, skipped M', which ends ': nothing to revive' when N is 0.",
-            epilog=REVIVE_EXIT_STATUS,
-        )
-        revive_parser.add_argument(
-            "ids", nargs="*", type=_WORK_ID, metavar="ID", help="Ids of deferred work (64-bit, from 1)."
-        )
-        revive_parser.add_argument("--kind", metavar="KIND", help="With --key, or to narrow --all-abandoned.")
-        revive_parser.add_argument(
-            "--key",
-            metavar="KEY",
-            help="The dedupe key (needs --kind), or - to read it from standard input (its first "
-            "line): a key on the command line is seen through ps and kept in shell history.",
-        )
-        revive_parser.add_argument(
-            "--all-abandoned", action="store_true", help="Every abandoned item (of --kind, when given)."
-        )
-        revive_parser.add_argument(
-            "--reveal", action="store_true", help="Also print the dedupe keys (they may be patient data)."
-        )
+        _add_revive(subcommands)
+        _add_rekey(subcommands)
 
     def handle(self, *args: Any, **options: Any) -> None:
         handler = getattr(self, f"handle_{options['subcommand']}")
@@ -187,6 +173,17 @@ class Command(BaseCommand):
         result = triage.revive(queryset, by="command line")
         self._report_revive(result, ids=ids, kind=kind, key=key, reveal=reveal)
 
+    def handle_rekey(self, *, kind: str, **_: Any) -> None:
+        _check_text("KIND", kind)
+        try:
+            result = rekey(kind)
+        except UnknownWorkflow as error:
+            raise CommandError(str(error)) from None
+        for line in describe_result(result):
+            self.stdout.write(line)
+        if not result.complete:
+            raise CommandError("not every unfinished item carries its keys (see above)")
+
     def _report_revive(
         self, result: triage.TriageResult, *, ids: list[int], kind: str | None, key: str | None, reveal: bool
     ) -> None:
@@ -219,6 +216,50 @@ class Command(BaseCommand):
         # Still exit status 0 (see the help's epilog): a cron job that finds nothing is not failing.
         nothing = "" if result.changed else ": nothing to revive"
         self.stdout.write(f"revived {len(result.changed)}, skipped {skipped}{nothing}")
+
+
+def _add_revive(subcommands: Any) -> None:
+    revive_parser = subcommands.add_parser(
+        "revive",
+        help="Revive abandoned deferred work: by id, by --kind and --key, or --all-abandoned.",
+        description="Revive abandoned deferred work: pending, due now, its next run attempt 1, "
+        "error cleared, "
+        "checkpoints kept. Work that is not abandoned is skipped (a runner may be working on "
+        "it). Prints what was revived and what was skipped, then a last line "
+        "'revived N, skipped M', which ends ': nothing to revive' when N is 0.",
+        epilog=REVIVE_EXIT_STATUS,
+    )
+    revive_parser.add_argument(
+        "ids", nargs="*", type=_WORK_ID, metavar="ID", help="Ids of deferred work (64-bit, from 1)."
+    )
+    revive_parser.add_argument("--kind", metavar="KIND", help="With --key, or to narrow --all-abandoned.")
+    revive_parser.add_argument(
+        "--key",
+        metavar="KEY",
+        help="The dedupe key (needs --kind), or - to read it from standard input (its first "
+        "line): a key on the command line is seen through ps and kept in shell history.",
+    )
+    revive_parser.add_argument(
+        "--all-abandoned", action="store_true", help="Every abandoned item (of --kind, when given)."
+    )
+    revive_parser.add_argument(
+        "--reveal", action="store_true", help="Also print the dedupe keys (they may be patient data)."
+    )
+
+
+def _add_rekey(subcommands: Any) -> None:
+    rekey_parser = subcommands.add_parser(
+        "rekey",
+        help="Compute the serial and rate keys of a kind's unfinished work again from its triggers.",
+        description="Compute the serial_key and rate_key hashes of every pending, processing and "
+        "abandoned item of KIND again from its trigger, with the key functions registered now "
+        "(and the current PHI_HMAC_KEY), and write those that differ. Run it after a deploy "
+        "that adds or changes a serial_key or rate_key, or after rotating PHI_HMAC_KEY: keys are "
+        "computed at enqueue, so work enqueued before has none or the old ones. Safe while "
+        "runners run, and to run again. Prints ids and counts only.",
+        epilog=REKEY_EXIT_STATUS,
+    )
+    rekey_parser.add_argument("kind", metavar="KIND", help="A deferred workflow's kind.")
 
 
 def _check_text(option: str, value: str | None) -> None:
