@@ -79,7 +79,9 @@ DEFAULTS: dict[str, Any] = {
     # request at once; computing the answer does not count.
     "METRICS_IDLE_TIMEOUT": 10,
     # Connections the endpoint of `runworkflows --metrics-port` serves at once (a thread
-    # each); one beyond them is closed at once. Prometheus scrapes one at a time per server.
+    # each); at the cap the oldest one that has not sent its request yet is shut to make
+    # room, and a new one is closed at once only when every slot is answering.
+    # Prometheus scrapes one at a time per server.
     "METRICS_MAX_CONNECTIONS": 16,
     # django-rq queue used by fire-and-forget workflows.
     "RQ_QUEUE": "default",

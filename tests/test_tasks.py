@@ -706,6 +706,26 @@ def test_backend_options_are_checked(options: dict[str, Any], check_id: str) -> 
     assert [message.id for message in messages] == [check_id]
 
 
+@pytest.mark.parametrize("schedule", ["1", 5, {"minutes": 1}])
+def test_a_retry_schedule_that_is_no_list_is_refused_in_the_tasks_own_words(schedule: Any) -> None:
+    """The message was the workflow rule's: "a non-empty list ... or None for
+    fire-and-forget", while a task's schedule may be empty and tasks have no fire-and-forget."""
+    tasks_setting = {
+        "default": {
+            "BACKEND": "nexus_workflows.tasks.DeferredBackend",
+            "OPTIONS": {"RETRY_SCHEDULE": schedule},
+        }
+    }
+    with override_settings(TASKS=tasks_setting):
+        (message,) = task_backends["default"].check()
+    assert message.id == "nexus_workflows.E032"
+    assert "fire-and-forget" not in message.msg
+    assert "non-empty" not in message.msg
+    assert (
+        f"must be a list of minutes (empty or None: run once); got {type(schedule).__name__}" in message.msg
+    )
+
+
 @pytest.mark.parametrize(
     ("alias", "queues"),
     [

@@ -61,6 +61,11 @@ def schedule_of(owner: str, value: object) -> tuple[float, ...]:
 
     if value is None or (isinstance(value, list | tuple) and not value):
         return ()
+    if not isinstance(value, list | tuple):  # the workflow rule's message speaks of fire-and-forget
+        raise InvalidTaskOptions(
+            f"task {owner!r}: retry_schedule must be a list of minutes (empty or None: run once); "
+            f"got {type(value).__name__}"
+        )
     try:
         return _validate_schedule(owner, value) or ()
     except RegistrationError as error:
