@@ -84,6 +84,21 @@ MYSQL_STATEMENT_REFUSED = {
 }
 
 
+#: SQLSTATE classes of an error about the session or the server, not the statement:
+#: connection exceptions (08), insufficient resources (53: disk full, out of memory, too
+#: many connections), operator intervention (57: a shutdown, a crash, a terminated session,
+#: "cannot connect now"), system errors (58: I/O). Any other SQLSTATE says the server read
+#: the statement and it cannot run (54: a program limit; 55: an object in use …).
+SESSION_SQLSTATE_CLASSES = frozenset({"08", "53", "57", "58"})
+#: SQLite's primary result codes that blame the statement, not the file: an SQL error
+#: ("no such table", a syntax error), a value too big, a constraint, a type mismatch, an
+#: API misuse, an authorizer's refusal, a parameter out of range.
+SQLITE_STATEMENT_ERRORS = frozenset({1, 18, 19, 20, 21, 23, 25})
+#: MySQL/MariaDB statement errors that mysqlclient files under OperationalError (it maps
+#: few server errors): an unknown column, column counts that do not match, a subquery of
+#: more than one row or column. The server read the statement and cannot run it.
+MYSQL_STATEMENT_ERRORS = frozenset({1054, 1136, 1222, 1241, 1242})
+
 #: MariaDB's error number of a statement its ``max_statement_time`` cancelled (MySQL's
 #: ``max_execution_time`` is 3024): PostgreSQL's 57014.
 MYSQL_STATEMENT_TIMEOUTS = {1969: "max_statement_time", 3024: "max_execution_time"}
@@ -217,3 +232,22 @@ def describe_unavailable(error: BaseException) -> str:
         return f"{name}: the database is read-only"
     cause = type(error.__cause__).__name__ if error.__cause__ is not None else name
     return f"{name}: {cause}" if cause != name else name
+
+
+def blames_the_statement(error: BaseException) -> bool:
+    """Whether the database read the statement and answered that it cannot run, while the
+    session and the database are fine: SQLite's "no such table", PostgreSQL's
+    ``program_limit_exceeded``, MariaDB's unknown column. DB-API files these under
+    ``OperationalError`` too, so :func:`is_database_unavailable` takes them for an outage;
+    a ``prepare`` whose own query fails so is no outage: the same query fails again. An
+    error of no known code (the driver's own: a connection lost) never blames the
+    statement."""
+    code = sqlstate(error)
+    if code is not None:
+        return code[:2] not in SESSION_SQLSTATE_CLASSES and code not in (
+            READ_ONLY_SQLSTATE,
+            IDLE_IN_TRANSACTION_SQLSTATE,
+        )
+    if sqlite_result_code(error) in SQLITE_STATEMENT_ERRORS:
+        return True
+    return mysql_error_number(error) in MYSQL_STATEMENT_ERRORS

@@ -47,6 +47,25 @@ def explode(key: str) -> None:
     raise ValueError("the upstream said no")
 
 
+#: A statement every database reads and refuses as an OperationalError (DB-API's class for
+#: outages too): a program limit on PostgreSQL, a missing table on SQLite, an unknown
+#: column on MariaDB.
+BAD_QUERY = {
+    "postgresql": "SELECT array_fill(0, ARRAY[200000000])",
+    "sqlite": "SELECT * FROM nw_no_such_table",
+    "mysql": "SELECT nw_no_such_column FROM nexus_workflows_deferredwork",
+}
+
+
+@task()
+def queries_badly(key: str) -> None:
+    from django.db import connection
+
+    _record("queries_badly", key)
+    with connection.cursor() as cursor:
+        cursor.execute(BAD_QUERY[connection.vendor])
+
+
 @task(takes_context=True, **RETRYING)
 def flaky(context: Any, key: str, failures: int) -> dict[str, Any]:
     """Fails its first ``failures`` attempts; retried along RETRY (a task option)."""

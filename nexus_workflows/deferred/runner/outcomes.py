@@ -9,7 +9,7 @@ from dataclasses import replace
 from datetime import timedelta
 from queue import Empty, SimpleQueue
 
-from nexus_workflows.database_errors import statement_refused
+from nexus_workflows.database_errors import blames_the_statement, statement_refused
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.execution import Outcome, Result
 from nexus_workflows.deferred.history import describe_error
@@ -64,7 +64,7 @@ def released_for_outage(work: ClaimedWork, error: BaseException) -> bool:
     """Whether a failure only says the database was unreachable, and this attempt has not
     been released for that too often already (a workflow that always fails so must still
     walk its schedule and end)."""
-    if not is_database_unavailable(error):
+    if not is_database_unavailable(error) or blames_the_statement(error):
         return False
     releases = sum(
         1
