@@ -929,6 +929,7 @@ def test_a_task_without_retries_whose_runner_is_killed_fails_without_running_aga
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[-1].exception_class_path == "nexus_workflows.exceptions.WorkerLost"
+    assert result.attempts == 1 == len(result.worker_ids)  # the rescuer ran nothing
     assert steps("hold_once") == ["done"]
 
 

@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Case, F, JSONField, QuerySet, Value, When
+from django.db.models import Case, DateTimeField, F, JSONField, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 
 from nexus_workflows import json_values, sql
@@ -474,14 +474,17 @@ def release_attempt(work: ClaimedWork, *, delay: timedelta, reason: str, error: 
     return matched == 1 or _written_by_this_claim(work, status=Status.PENDING, attempt=work.attempt)
 
 
-def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
+def abandon(work: ClaimedWork, *, error: str, reason: str, unrun: bool = False) -> bool:
     """processing → abandoned; keeps the stored ``finished_at`` on ``work``. Whether it
     was written: by this write, or by this claim's same write before, whose answer was
-    lost (an outage)."""
+    lost (an outage). ``unrun``: this claim ran nothing (the crash-loop guard gives up a
+    reclaimed row), so a Django task's ``worker_ids`` drops the runner it appended: its
+    attempts are the runs it had."""
     history = append_entry(
         work.history, attempt=work.attempt, outcome="abandoned", reason=reason, error=error
     )
     starts.give_back([work])
+    unrun_claim = {"worker_ids": JSONDropLast("worker_ids")} if unrun and work.is_task else {}
     written = _write_final(
         work,
         lambda now: {
@@ -491,6 +494,7 @@ def abandon(work: ClaimedWork, *, error: str, reason: str) -> bool:
             "finished_at": now,
             **_failure_fields(work, error),
             **_unclaimed(now),
+            **unrun_claim,
         },
     )
     return written or _written_by_this_claim(work, status=Status.ABANDONED)
@@ -526,6 +530,7 @@ def release(works: Iterable[ClaimedWork]) -> int:
                 # The claim did not start an attempt: it does not count as one.
                 worker_ids=JSONDropLast("worker_ids"),
                 **_unclaimed(DatabaseNow()),
+                **_unstamped_if_first_claim(),
             )
         )
         if matched < len(ids):
@@ -534,6 +539,17 @@ def release(works: Iterable[ClaimedWork]) -> int:
             matched = max(matched, len(_written_by(using, token, ids, status=Status.PENDING)))
         released += matched
     return released
+
+
+def _unstamped_if_first_claim() -> dict[str, Any]:
+    """A released claim that was a Django task's first (its ``worker_ids`` held only this
+    claim's runner) takes its stamps back: a READY task that never ran has no start, and
+    the next claim stamps its own first start."""
+    only_claim = Q(worker_ids__1__isnull=True)  # no second element
+    return {
+        field: Case(When(only_claim, then=Value(None)), default=F(field), output_field=DateTimeField())
+        for field in ("first_started_at", "last_attempted_at")
+    }
 
 
 def _still_processing(works: Sequence[ClaimedWork], using: str) -> Any:

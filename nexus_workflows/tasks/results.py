@@ -11,7 +11,8 @@ from django.utils.module_loading import import_string
 
 from nexus_workflows.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
 
-# A row's status as a TaskResult's status.
+# A row's status as a TaskResult's status (a processing row whose run has not started is
+# READY: see result_from_row).
 _STATUSES = {
     "pending": TaskResultStatus.READY,
     "processing": TaskResultStatus.RUNNING,
@@ -30,6 +31,7 @@ RESULT_FIELDS = (
     "backend_name",
     "created_at",
     "first_started_at",
+    "started_at",
     "last_attempted_at",
     "finished_at",
     "worker_ids",
@@ -72,6 +74,11 @@ def _run_after(trigger: dict[str, Any]) -> datetime | None:
 
 def result_from_row(row: dict[str, Any]) -> TaskResult:
     status = _STATUSES[row["status"]]
+    if status == TaskResultStatus.RUNNING and row["started_at"] is None:
+        # Claimed, its run not started: a runner's prefetch holds it, or a stop gives it
+        # back. RUNNING is "currently running"; a run marks its start (started_at) within
+        # 0.1 s, and a save marks it too.
+        status = TaskResultStatus.READY
     finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
     trigger = row["trigger"] or {}
     result: TaskResult[Any] = TaskResult(

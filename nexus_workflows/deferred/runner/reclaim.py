@@ -43,7 +43,7 @@ def guard_crash_loop(work: ClaimedWork, tally: Tally) -> bool:
             f"WorkerLost: {work.lost_unstarted} claims of this work were lost before their "
             f"attempt started; at most {UNSTARTED_LOSSES_MAX} are allowed"
         )
-    if transitions.abandon(work, error=error, reason="lost too many times"):
+    if transitions.abandon(work, error=error, reason="lost too many times", unrun=True):
         tally.finished(work, "abandoned", "abandoned (its runners kept dying)", logging.ERROR)
         tasks_running.send_finished([work], succeeded=False)
     else:
