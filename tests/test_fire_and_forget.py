@@ -916,6 +916,34 @@ def test_unreachable_redis_raises_queue_unavailable_naming_host_and_port(setting
     assert DeferredWork.objects.count() == 0
 
 
+class HttpNotRedis(LoopbackListener):
+    """A port that answers as a web server does."""
+
+    def handle(self, connection: socket.socket, index: int) -> None:
+        connection.recv(4096)
+        connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_redis_url_that_reaches_no_redis_server_raises_queue_unavailable(settings: Any) -> None:
+    """redis-py's InvalidResponse (whose text quotes the answer) went up as it was."""
+    server = HttpNotRedis()
+    try:
+        settings.RQ_QUEUES = {"default": {"URL": f"redis://:s3cret-pw@127.0.0.1:{server.port}/0"}}
+        with pytest.raises(QueueUnavailable) as raised:
+            enqueue(LEDGER, {"key": "Zorbatilde"})
+    finally:
+        server.stop()
+    message = str(raised.value)
+    assert f"Redis at 127.0.0.1:{server.port} for queue 'default' did not answer as a Redis server" in message
+    assert "(InvalidResponse)" in message
+    assert "HTTP/1.1" not in message
+    assert "s3cret-pw" not in message
+    assert "Zorbatilde" not in message
+    assert raised.value.__cause__ is None
+    assert server.connections >= 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_unreachable_redis_inside_a_transaction_raises_at_enqueue_and_leaves_nothing_for_commit(
     settings: Any, logs: pytest.LogCaptureFixture

@@ -211,6 +211,15 @@ def _reachable(queue: Queue) -> Iterator[None]:
             "the job may exist; enqueueing the same trigger again is safe (its dedupe key "
             "makes it one job). Is the server running and REDIS_URL right?"
         ) from None
+    except redis.exceptions.RedisError as error:
+        # Anything else redis-py raises: a server that answers what is no Redis reply (an
+        # HTTP port, a TLS-only endpoint: InvalidResponse, whose text quotes the answer).
+        raise QueueUnavailable(
+            f"Redis at {describe_server(queue.connection)} for queue {queue.name!r} did not "
+            f"answer as a Redis server ({type(error).__name__}). Does REDIS_URL point at Redis "
+            "(the right port, TLS through rediss://)? The job may exist if it did; enqueueing "
+            "the same trigger again is safe (its dedupe key makes it one job)."
+        ) from None
 
 
 # --- enqueue ---------------------------------------------------------------------------------
