@@ -3,13 +3,15 @@ hands to a task's context."""
 
 from __future__ import annotations
 
+import dataclasses
+import types
 from datetime import datetime
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
 from django.utils.module_loading import import_string
 
-from nexus_workflows.tasks.compat import Task, TaskError, TaskResult, TaskResultStatus
+from nexus_workflows.tasks.compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 
 # A row's status as a TaskResult's status (a processing row whose run has not started is
 # READY: see result_from_row).
@@ -72,6 +74,40 @@ def _run_after(trigger: dict[str, Any]) -> datetime | None:
     return parse_datetime(value) if isinstance(value, str) else None
 
 
+def _unloadable(*args: Any, **kwargs: Any) -> Any:
+    raise ImportError("this task's code could not be loaded when its result was read")
+
+
+def stored_task(path: str, row: dict[str, Any]) -> Task:
+    """A stand-in for the task of a stored row whose code cannot be loaded now (moved or
+    removed since the enqueue, or its options no longer valid: a queue taken out of
+    ``QUEUES``), so that ``get_result()`` still answers, as Django's contract says it does,
+    with the stored path (``module_path``), priority, queue and backend. Built without
+    Django's validation, which would refuse it again; calling it raises ``ImportError``."""
+    module, _, name = path.rpartition(".")
+    func = types.FunctionType(_unloadable.__code__, _unloadable.__globals__, name)
+    func.__module__, func.__qualname__ = module, name
+    values = {
+        "func": func,
+        "priority": row["priority"],
+        "backend": row["backend_name"],
+        "queue_name": row["queue_name"],
+        "run_after": _run_after(row["trigger"]),
+        "takes_context": False,
+    }
+    task = object.__new__(Task)
+    for field in dataclasses.fields(Task):
+        object.__setattr__(task, field.name, values.get(field.name, field.default))
+    return task
+
+
+def _task_of(row: dict[str, Any]) -> Task:
+    try:
+        return task_as_enqueued(row["kind"], row)
+    except (ImportError, ValueError, InvalidTask):
+        return stored_task(row["kind"], row)
+
+
 def result_from_row(row: dict[str, Any]) -> TaskResult:
     status = _STATUSES[row["status"]]
     if status == TaskResultStatus.RUNNING and row["started_at"] is None:
@@ -82,7 +118,7 @@ def result_from_row(row: dict[str, Any]) -> TaskResult:
     finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
     trigger = row["trigger"] or {}
     result: TaskResult[Any] = TaskResult(
-        task=task_as_enqueued(row["kind"], row),
+        task=_task_of(row),
         id=row["dedupe_key"],
         status=status,
         enqueued_at=row["created_at"],
