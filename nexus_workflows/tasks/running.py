@@ -110,7 +110,7 @@ def stored_return_value(path: str, value: Any, *, database_depth: int | None = N
             f"task {path!r} returned a value that contains itself or is nested too deep"
         ) from None
     try:
-        json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False)
     except ValueError:
         raise ValueError(
             f"task {path!r} returned NaN, infinity or an integer too long to write, which JSON cannot hold"
@@ -123,7 +123,9 @@ def stored_return_value(path: str, value: Any, *, database_depth: int | None = N
             f"task {path!r} returned a value nested more than {database_depth} containers deep, "
             "the most this database keeps in one JSON document"
         )
-    return value
+    # As the column gives it back (an integer key is a string there), so that task_finished's
+    # result and a later get_result() carry the same value.
+    return json.loads(text)
 
 
 def _text_problem(value: Any) -> str | None:

@@ -47,6 +47,12 @@ def explode(key: str) -> None:
     raise ValueError("the upstream said no")
 
 
+@task()
+def keyed_by_numbers(key: str) -> dict[Any, Any]:
+    """A value JSON gives back otherwise: integer keys come back as strings."""
+    return {1: key, "pair": (2, 3)}
+
+
 #: A statement every database reads and refuses as an OperationalError (DB-API's class for
 #: outages too): a program limit on PostgreSQL, a missing table on SQLite, an unknown
 #: column on MariaDB.
