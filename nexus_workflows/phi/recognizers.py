@@ -208,8 +208,11 @@ _MONTH_DAY_AFTER = re.compile(r"/[0-9]{1,2}/[0-9]{1,2}(?![0-9])")
 _MAX_WINDOW_DIGITS = 20
 
 
+_DIGIT_GROUP = re.compile(r"[0-9]+")
+
+
 def _digit_groups(raw: str) -> list[int]:
-    return [len(group) for group in re.findall(r"[0-9]+", raw)]
+    return [len(group) for group in _DIGIT_GROUP.findall(raw)]
 
 
 def _plausible_grouping(groups: list[int], national_length: int, area_length: int) -> bool:
@@ -333,17 +336,29 @@ def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int
     # numbers) must also be written as numbers are: a group of four digits or more, or
     # five pairs — lists of lab values ("98 102 95 110") have neither.
     outer_starts, outer_ends = set(starts[:4]), set(ends[-3:])
+    long_groups, five_pairs = _NextMatch(_LONG_GROUP, run), _NextMatch(_FIVE_PAIRS_AHEAD, run)
     windows: list[tuple[int, int]] = []
     # Digits before each position, so that a window's count is one subtraction.
-    digits_before = list(itertools.accumulate((char.isdigit() for char in run), initial=0))
+    digits_before = list(itertools.accumulate(map(str.isdigit, run), initial=0))
     for start in starts:
-        fitting: list[tuple[int, int]] = []
+        # From the first end after this start (ends are in order): walking every earlier
+        # end for every start took time in the square of the run's groups.
+        first = bisect.bisect_right(ends, start)
+        if start not in outer_starts:
+            # A window from an inner start must pass the grouping check: the ends before the
+            # first that can are skipped unseen, and once no window can from here on, the
+            # later starts (all inner) are too. In "5 5 5 …" or "1 2 3 … 0", that is all.
+            long = long_groups.at(start)
+            if long is None and five_pairs.at(start) is None:
+                break
+            first = max(first, _first_grouped_end(run, ends, start, long))
+            if first == len(ends):
+                continue
         # The dash or dot between two numbers after this start, if any: no window crosses it.
         at = bisect.bisect_left(between, start)
         limit = between[at] if at < len(between) else len(run)
-        # From the first end after this start (ends are in order): walking every earlier
-        # end for every start took time in the square of the run's groups.
-        for index in range(bisect.bisect_right(ends, start), len(ends)):
+        fitting: list[tuple[int, int]] = []
+        for index in range(first, len(ends)):
             end = ends[index]
             digits = digits_before[end] - digits_before[start]
             if digits > _MAX_WINDOW_DIGITS or end > limit:
@@ -357,6 +372,40 @@ def _windows(run: str, skip_first: bool, skip_last: bool) -> list[tuple[int, int
             fitting.append((start, end))
         windows.extend(reversed(fitting))
     return windows
+
+
+# The first group of four digits or more from a place between groups; five groups of two
+# digits in a row from there, or anywhere after.
+_LONG_GROUP = re.compile(r"[0-9]{4,}")
+_FIVE_PAIRS = re.compile(r"[^0-9]*(?:[0-9]{2}[^0-9]+){4}[0-9]{2}(?![0-9])")
+_FIVE_PAIRS_AHEAD = re.compile(r"(?<![0-9])(?:[0-9]{2}[^0-9]+){4}[0-9]{2}(?![0-9])")
+
+
+class _NextMatch:
+    """The first match of a pattern at or after positions asked for in order: searched again
+    only once passed, so one scan of the text in all, however many positions."""
+
+    def __init__(self, pattern: re.Pattern[str], text: str) -> None:
+        self.pattern, self.text = pattern, text
+        self.match: re.Match[str] | None = None
+        self.valid_to = -1  # the positions up to here have self.match as theirs
+
+    def at(self, position: int) -> re.Match[str] | None:
+        if position > self.valid_to:
+            self.match = self.pattern.search(self.text, position)
+            self.valid_to = len(self.text) if self.match is None else self.match.start()
+        return self.match
+
+
+def _first_grouped_end(run: str, ends: list[int], start: int, long: re.Match[str] | None) -> int:
+    """The index in ``ends`` of the first end at which a window from ``start`` (a place
+    between groups) holds ``long``, the next group of four digits or more, or is exactly five
+    pairs; ``len(ends)`` when there is none. No end cuts a group."""
+    earliest = len(ends) if long is None else bisect.bisect_left(ends, long.end())
+    pairs = _FIVE_PAIRS.match(run, start)
+    if pairs is not None:
+        earliest = min(earliest, bisect.bisect_left(ends, pairs.end()))
+    return earliest
 
 
 def _numbers_side_by_side(shade: str, runs: list[re.Match[str]]) -> list[bool]:
