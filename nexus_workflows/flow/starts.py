@@ -42,16 +42,22 @@ def begin(work: ClaimedWork) -> None:
     reservation = work.reservation
     if reservation is None:
         return
-    with transaction.atomic(using=work.using):
-        started = windows.start_reserved(reservation, using=work.using)
-        if started is None:
-            raise ReservedStartLapsed(
-                f"{work.kind} #{work.id}: its reserved start of {reservation.limit} per "
-                f"{reservation.period:g}s lapsed before the attempt started, and no start is free"
-            )
-        slot, stamp = started
-        if work.fenced().update(started_at=stamp) != 1:
-            raise ClaimLost(f"{work.kind} #{work.id}: this attempt no longer holds the work; not started")
+    try:
+        with transaction.atomic(using=work.using):
+            started = windows.start_reserved(reservation, using=work.using)
+            if started is None:
+                raise ReservedStartLapsed(
+                    f"{work.kind} #{work.id}: its reserved start of {reservation.limit} per "
+                    f"{reservation.period:g}s lapsed before the attempt started, and no start is free"
+                )
+            slot, stamp = started
+            if work.fenced().update(started_at=stamp) != 1:
+                raise ClaimLost(f"{work.kind} #{work.id}: this attempt no longer holds the work; not started")
+    except ClaimLost:
+        # The start was undone with the transaction; the reservation would hold its row
+        # for RESERVED_FOR, a start of the window no one takes.
+        give_back([work])
+        raise
     work.reservation = None
     work.window_start = (reservation, slot, stamp)
 

@@ -358,3 +358,51 @@ def test_after_a_deploy_lowers_the_cap_runners_reading_at_once_are_offered_one_n
     # A row claimed before the kind had a cap holds no number: it counts the same way.
     DeferredWork.objects.filter(flow_slot=5).update(flow_slot=None)
     assert flow.free_slots(kind, 4) == []
+
+
+def test_a_start_whose_claim_was_lost_gives_its_reserved_start_back(register_workflow: Any) -> None:
+    """The start was undone with its transaction and the reservation held a start of the
+    window for RESERVED_FOR (30 s) that no attempt took."""
+    from nexus_workflows.clock import database_now
+    from nexus_workflows.exceptions import ClaimLost
+    from nexus_workflows.flow import starts
+
+    kind = register_workflow(noop, retry_schedule=[1], rate_limit=(1, 60)).kind
+    enqueue_many(kind, [{"key": n} for n in range(2)])
+    (work,) = claimer(kind).claim_due(10)
+    DeferredWork.objects.filter(pk=work.id).update(claim_token="another-runner")
+    with pytest.raises(ClaimLost):
+        starts.begin(work)
+    assert work.reservation is None
+    assert not window_rows(kind).filter(started_at__gt=database_now("default")).exists()
+    assert len(claimer(kind).claim_due(10)) == 1  # the window's one start is free again
+
+
+def test_a_reclaim_found_lost_by_its_guard_gives_its_reserved_start_back(register_workflow: Any) -> None:
+    """Another runner finished (or reclaimed) the row between this reclaim and its guard's
+    write: the reclaim's reserved start held a row of the window for 30 s."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from nexus_workflows.clock import database_now
+    from nexus_workflows.deferred.runner.reclaim import guard_crash_loop
+    from nexus_workflows.deferred.runner.stats import RunStats, Tally
+    from nexus_workflows.observability.observer import Observer
+
+    kind = register_workflow(noop, retry_schedule=[1, 1], rate_limit=(1, 60)).kind
+    enqueue_many(kind, [{"key": n} for n in range(2)])
+    (work,) = claimer(kind).claim_due(1)
+    long_ago = timezone.now() - timedelta(hours=1)
+    DeferredWork.objects.filter(pk=work.id).update(heartbeat_at=long_ago, started_at=long_ago)
+    window_rows(kind).update(started_at=database_now("default") - timedelta(seconds=61))  # free
+    (again,) = claimer(kind).claim_stale(10, stale_after=timedelta(minutes=5))
+    assert again.reservation is not None
+    DeferredWork.objects.filter(pk=work.id).update(status=Status.DONE, claim_token=work.claim_token)
+    tally = Tally(RunStats(), Observer(kinds=[kind], concurrency=1, using="default", in_flight=lambda: 0))
+
+    assert not guard_crash_loop(again, tally)
+
+    assert tally.stats.lost == 1
+    assert not window_rows(kind).filter(started_at__gt=database_now("default")).exists()
+    assert len(claimer(kind).claim_due(10)) == 1

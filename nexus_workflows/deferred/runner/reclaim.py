@@ -14,6 +14,7 @@ from nexus_workflows.deferred.runner.outcomes import retry_delay
 from nexus_workflows.deferred.runner.stats import Tally
 from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
 from nexus_workflows.deferred.transitions import ClaimedWork
+from nexus_workflows.flow import starts
 from nexus_workflows.limits import UNSTARTED_LOSSES_MAX
 from nexus_workflows.tasks import running as tasks_running
 
@@ -29,6 +30,9 @@ def guard_crash_loop(work: ClaimedWork, tally: Tally) -> bool:
     workflow = registry.for_work(work)
     if work.attempt < workflow.max_attempts and work.lost_unstarted < UNSTARTED_LOSSES_MAX:
         if not transitions.record_lost(work):
+            # Another claim holds it now (its runner finished it, or reclaimed it first):
+            # this claim's reserved start would hold its window row for nothing.
+            starts.give_back([work])
             tally.lost(work)
             return False
         log_outcome(work, "reclaimed from a runner that stopped heart-beating", logging.WARNING)
