@@ -78,34 +78,45 @@ def _unloadable(*args: Any, **kwargs: Any) -> Any:
     raise ImportError("this task's code could not be loaded when its result was read")
 
 
-def stored_task(path: str, row: dict[str, Any]) -> Task:
-    """A stand-in for the task of a stored row whose code cannot be loaded now (moved or
-    removed since the enqueue, or its options no longer valid: a queue taken out of
-    ``QUEUES``), so that ``get_result()`` still answers, as Django's contract says it does,
-    with the stored path (``module_path``), priority, queue and backend. Built without
-    Django's validation, which would refuse it again; calling it raises ``ImportError``."""
-    module, _, name = path.rpartition(".")
-    func = types.FunctionType(_unloadable.__code__, _unloadable.__globals__, name)
-    func.__module__, func.__qualname__ = module, name
+def stored_task(path: str, row: dict[str, Any], loaded: Task | None = None) -> Task:
+    """The task of a stored row as it was enqueued, built without Django's validation,
+    which refuses it now: its options no longer pass (a queue taken out of ``QUEUES``:
+    ``loaded`` is the task, whose code still runs), or its code cannot be loaded (moved or
+    removed since the enqueue: a stand-in with the stored path as ``module_path``, which
+    raises ``ImportError`` when called). So ``get_result()`` still answers, as Django's
+    contract says it does, with the stored priority, queue and backend."""
+    if loaded is not None:
+        func, takes_context = loaded.func, loaded.takes_context
+    else:
+        module, _, name = path.rpartition(".")
+        func = types.FunctionType(_unloadable.__code__, _unloadable.__globals__, name)
+        func.__module__, func.__qualname__ = module, name
+        takes_context = False
     values = {
         "func": func,
         "priority": row["priority"],
         "backend": row["backend_name"],
         "queue_name": row["queue_name"],
         "run_after": _run_after(row["trigger"]),
-        "takes_context": False,
+        "takes_context": takes_context,
     }
-    task = object.__new__(Task)
-    for field in dataclasses.fields(Task):
-        object.__setattr__(task, field.name, values.get(field.name, field.default))
+    task = object.__new__(type(loaded) if loaded is not None else Task)
+    for field in dataclasses.fields(task):
+        default = getattr(loaded, field.name, field.default)
+        object.__setattr__(task, field.name, values.get(field.name, default))
     return task
 
 
 def _task_of(row: dict[str, Any]) -> Task:
+    path = row["kind"]
     try:
-        return task_as_enqueued(row["kind"], row)
-    except (ImportError, ValueError, InvalidTask):
-        return stored_task(row["kind"], row)
+        loaded = load_task(path)
+    except (ImportError, ValueError):
+        return stored_task(path, row)
+    try:
+        return task_as_enqueued(path, row)
+    except InvalidTask:
+        return stored_task(path, row, loaded)
 
 
 def result_from_row(row: dict[str, Any]) -> TaskResult:

@@ -59,3 +59,4 @@ def test_a_result_whose_queue_was_taken_out_of_queues_still_answers() -> None:
         stored = task_backends["default"].get_result(result.id)
     assert (stored.status, stored.task.queue_name) == (TaskResultStatus.READY, "emails")
     assert stored.task.module_path == tasks.record.module_path
+    assert stored.task.func is tasks.record.func  # its code still loads: it still runs
