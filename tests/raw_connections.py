@@ -10,6 +10,8 @@ from typing import Any
 
 from django.db import connection
 
+Callback = Callable[[], None]
+
 
 def raw_connection(**options: Any) -> Any:
     """An autocommit psycopg connection to the database ``connection`` points at, with
@@ -29,6 +31,24 @@ def row_locked(model: Any, pk: Any) -> Iterator[Callable[[], None]]:
     ends or it calls the ``release`` it yields (a rollback). PostgreSQL (psycopg) or
     MySQL/MariaDB (mysqlclient)."""
     table = connection.ops.quote_name(model._meta.db_table)
+    with _open_transaction(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [pk]) as (release, _):
+        yield release
+
+
+@contextlib.contextmanager
+def row_changed(model: Any, pk: Any, assignment: str) -> Iterator[Callable[[], None]]:
+    """Another session changes the row ``pk`` of ``model`` (``UPDATE … SET assignment``) in a
+    transaction it keeps open, holding the row's lock, until it calls the ``commit`` it
+    yields (or the block ends: a rollback)."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    with _open_transaction(f"UPDATE {table} SET {assignment} WHERE id = %s", [pk]) as (_, commit):
+        yield commit
+
+
+@contextlib.contextmanager
+def _open_transaction(statement: str, params: list[Any]) -> Iterator[tuple[Callback, Callback]]:
+    """A session of the test database's own that ran ``statement`` in a transaction it keeps
+    open; yields its rollback and its commit."""
     if connection.vendor == "mysql":
         import MySQLdb
 
@@ -36,18 +56,22 @@ def row_locked(model: Any, pk: Any) -> Iterator[Callable[[], None]]:
         session.autocommit(True)
         cursor = session.cursor()
         cursor.execute("START TRANSACTION")
-        cursor.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [pk])
+        cursor.execute(statement, params)
         release: Callable[[], None] = session.rollback
+        commit: Callable[[], None] = session.commit
     else:
         session = raw_connection()
         session.execute("BEGIN")
-        session.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [pk])
+        session.execute(statement, params)
 
         def release() -> None:
             session.execute("ROLLBACK")
 
+        def commit() -> None:
+            session.execute("COMMIT")
+
     try:
-        yield release
+        yield release, commit
     finally:
         # Answered once the lock is gone: a close alone returns before the server releases it,
         # and the test's next statement could still find the row locked.
@@ -66,8 +90,13 @@ def updates_wait_for_a_lock(model: Any, condition: str) -> Iterator[Callable[[],
     ``NEW``/``OLD``) wait for a lock another session holds until the block ends or it
     calls the ``release`` it yields: a trigger takes an advisory lock the other session
     holds. A wait that ``SKIP LOCKED`` does not skip (the row itself is not locked), so a
-    claim's statement meets the session's ``lock_timeout`` as a row lock used to make it."""
+    claim's statement meets the session's ``lock_timeout`` as a row lock used to make it.
+    MariaDB: the same with a user lock (``GET_LOCK``) the other session holds."""
     table = connection.ops.quote_name(model._meta.db_table)
+    if connection.vendor == "mysql":
+        with _updates_wait_for_a_user_lock(table, condition) as release:
+            yield release
+        return
     holder = raw_connection()
     try:
         # Held by a transaction, not the session: behind PgBouncer in transaction mode a
@@ -94,3 +123,29 @@ def updates_wait_for_a_lock(model: Any, condition: str) -> Iterator[Callable[[],
             holder.close()
             with connection.cursor() as cursor:
                 cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_lock_wait ON {table}")
+
+
+@contextlib.contextmanager
+def _updates_wait_for_a_user_lock(table: str, condition: str) -> Iterator[Callable[[], None]]:
+    """:func:`updates_wait_for_a_lock` on MariaDB: the trigger waits (up to an hour) for a
+    user lock of the test database's name, which another session holds."""
+    import MySQLdb
+
+    name = f"nw_test_lock_wait_{connection.settings_dict['NAME']}"
+    holder = MySQLdb.connect(**connection.get_connection_params())
+    try:
+        cursor = holder.cursor()
+        cursor.execute("SELECT GET_LOCK(%s, 0)", [name])
+        with connection.cursor() as ours:
+            ours.execute(
+                f"CREATE TRIGGER nw_test_lock_wait BEFORE UPDATE ON {table} FOR EACH ROW "
+                f"BEGIN IF {condition} THEN DO GET_LOCK('{name}', 3600); DO RELEASE_LOCK('{name}'); "
+                "END IF; END"
+            )
+        yield lambda: cursor.execute("DO RELEASE_LOCK(%s)", [name])
+    finally:
+        try:
+            holder.close()  # a session's user locks go with it
+        finally:
+            with connection.cursor() as ours:
+                ours.execute("DROP TRIGGER IF EXISTS nw_test_lock_wait")

@@ -458,13 +458,70 @@ def test_the_journal_writers_batch_writes_only_rows_whose_claim_holds() -> None:
         new_row(key)
     held, lost = sorted(Claimer(kinds=["k"], using="default").claim_due(2), key=lambda work: work.dedupe_key)
     DeferredWork.objects.filter(pk=lost.id).update(claim_token="someone else's")
-    written = transitions.save_journals([(held, {"step": 1}), (lost, {"step": 9})], using="default")
-    assert written == {held.id}
+    result = transitions.save_journals([(held, {"step": 1}), (lost, {"step": 9})], using="default")
+    assert result == transitions.JournalsWritten(written={held.id}, held=set())
     rows = {row.pk: row for row in DeferredWork.objects.all()}
     assert rows[held.id].checkpoints == {"step": 1}
     assert rows[held.id].started_at is not None
     assert rows[lost.id].checkpoints == {}
     assert rows[lost.id].started_at is None
+
+
+@pytest.mark.needs("row_locks")
+def test_the_journal_writers_batch_skips_a_row_another_session_holds() -> None:
+    """The batch does not wait for a locked row: it writes the others and names the held
+    one (its claim still holds) apart from a lost one."""
+    from nexus_workflows.deferred import transitions
+    from nexus_workflows.deferred.claims import Claimer
+    from tests.raw_connections import row_locked
+
+    for key in ("a", "b", "c"):
+        new_row(key)
+    claimed = Claimer(kinds=["k"], using="default").claim_due(3)
+    free, locked, lost = sorted(claimed, key=lambda work: work.dedupe_key)
+    DeferredWork.objects.filter(pk=lost.id).update(claim_token="someone else's")
+    with row_locked(DeferredWork, locked.id):
+        result = transitions.save_journals(
+            [(free, {"step": 1}), (locked, {"step": 2}), (lost, {"step": 3})], using="default"
+        )
+    assert result == transitions.JournalsWritten(written={free.id}, held={locked.id})
+    rows = dict(DeferredWork.objects.values_list("pk", "checkpoints"))
+    assert rows == {free.id: {"step": 1}, locked.id: {}, lost.id: {}}
+
+
+@pytest.mark.needs("row_locks")
+def test_a_lock_wait_error_is_the_databases_own_and_none_once_the_row_is_free() -> None:
+    from django.db import OperationalError
+
+    from nexus_workflows.database_errors import is_lock_wait_cut_short
+    from nexus_workflows.deferred import transitions
+    from nexus_workflows.deferred.claims import Claimer
+    from tests.raw_connections import row_locked
+
+    new_row("a")
+    (work,) = Claimer(kinds=["k"], using="default").claim_due(1)
+    with row_locked(DeferredWork, work.id):
+        error = transitions.lock_wait_error(work)
+    assert isinstance(error, OperationalError)
+    assert is_lock_wait_cut_short(error)
+    assert transitions.lock_wait_error(work) is None
+
+
+def test_the_sessions_lock_wait_limit() -> None:
+    from nexus_workflows.deferred import transitions
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            assert transitions.lock_wait_limit("default") is None  # the default: for ever
+            cursor.execute("SET lock_timeout = '1500ms'")
+            assert transitions.lock_wait_limit("default") == 1.5
+            cursor.execute("RESET lock_timeout")
+        elif connection.vendor == "mysql":
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = 7")
+            assert transitions.lock_wait_limit("default") == 7.0
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+        else:
+            assert transitions.lock_wait_limit("default") is None  # no row locks
 
 
 @pytest.mark.postgresql

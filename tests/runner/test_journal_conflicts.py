@@ -1,21 +1,22 @@
-"""A journal batch the database ends to break a deadlock is written again, not failed: the
-runner's heartbeat (and its start marks) update the same rows, many in one statement, in
-the order of their own plans. In CI a rate-limited kind with 200 async attempts in flight
-had its one batch of 200 first saves end so, and every attempt failed ("failed
-(OperationalError)", all 200 rescheduled) for no fault of its own.
+"""A journal batch and the other sessions that hold its rows.
+
+A row another session holds a lock on (an operator's open transaction, a backfill, the
+runner's own heartbeat) is skipped, not waited for: the batch's other saves are written at
+once, and the held row's save is written once the lock goes, or fails with the database's
+own lock error once it has waited as long as the session's ``lock_timeout`` says. (Before,
+the batch waited for the lock, holding up to 200 attempts; and it could deadlock with the
+heartbeat, which updated the same rows in the order of its own plan: in CI a batch of 200
+first saves ended so, and every attempt failed.)
 
 And a batch the database refused for one row's value (a project's trigger) fails only
-that row's save: the others are written alone.
-
-The deadlock is made on purpose: another session (as the heartbeat) holds the batch's
-second row, the batch takes the first and waits, then that session updates the first row
-too. Its own ``deadlock_timeout`` is long, so the batch's session is the one PostgreSQL
-ends (after its default second)."""
+that row's save: the others are written alone."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,11 +24,12 @@ from django.db import DatabaseError
 
 from nexus_workflows import enqueue
 from nexus_workflows.deferred.claims import Claimer
-from nexus_workflows.deferred.runner.journal import JournalWriter, _Save
+from nexus_workflows.deferred.runner.journal import JournalWriter
+from nexus_workflows.deferred.runner.journal_saves import Save
 from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.models import DeferredWork
 from tests.processes import wait_for
-from tests.raw_connections import raw_connection, row_locked
+from tests.raw_connections import row_changed, row_locked
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,87 +43,161 @@ def claimed_pair(register_workflow: Any) -> list[ClaimedWork]:
     return sorted(Claimer(kinds=[kind], using="default").claim_due(2), key=lambda work: work.id)
 
 
-def lock_waits(backend: int) -> bool:
-    with raw_connection() as watcher:
-        row = watcher.execute(
-            "SELECT count(*) FROM pg_locks WHERE pid = %s AND NOT granted", [backend]
-        ).fetchone()
-        return bool(row and row[0])
+def saving(writer: JournalWriter, work: ClaimedWork, patch: dict[str, Any]) -> dict[str, Any]:
+    """``writer.save`` on a thread of its own: its outcome under "result" or "error"."""
+    from django.db import connection
 
+    outcome: dict[str, Any] = {}
 
-@pytest.mark.postgresql
-def test_a_batch_ended_by_a_deadlock_is_written_again(register_workflow: Any) -> None:
-    first, second = claimed_pair(register_workflow)
-    writer = JournalWriter("default", 1)
-    saves = [_Save(work, {"step": work.id}, written=threading.Event()) for work in (first, second)]
-    backend: dict[str, int] = {}
-
-    def write() -> None:
-        from django.db import connection
-
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            backend["pid"] = cursor.fetchone()[0]
+    def save() -> None:
         try:
-            writer._write(saves)  # as its writer thread does: the batch, in this order
+            outcome["result"] = writer.save(work, patch)
+        except BaseException as error:  # noqa: BLE001 - the test looks at it
+            outcome["error"] = error
         finally:
             connection.close()
 
-    with raw_connection() as heartbeat:
-        heartbeat.execute("SET deadlock_timeout = '30s'")  # the batch's session detects it
-        heartbeat.execute("BEGIN")
-        heartbeat.execute(f"UPDATE {TABLE} SET heartbeat_at = now() WHERE id = %s", [second.id])
-        batch = threading.Thread(target=write)
-        batch.start()
-        wait_for(
-            lambda: "pid" in backend and lock_waits(backend["pid"]), timeout=10, what="the batch to wait"
-        )
-        # The batch holds the first row and waits for the second: this closes the cycle.
-        heartbeat.execute(f"UPDATE {TABLE} SET heartbeat_at = now() WHERE id = %s", [first.id])
-        heartbeat.execute("COMMIT")
-        batch.join(30)
-    assert not batch.is_alive()
-    assert [save.error for save in saves] == [None, None]
-    assert list(
-        DeferredWork.objects.filter(pk__in=[first.id, second.id])
-        .order_by("pk")
-        .values_list("checkpoints", flat=True)
-    ) == [
-        {"step": first.id},
-        {"step": second.id},
-    ]
+    outcome["thread"] = threading.Thread(target=save, daemon=True)
+    outcome["thread"].start()
+    return outcome
+
+
+def one_batch(writer: JournalWriter, pairs: list[tuple[ClaimedWork, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The saves of ``pairs`` made at once and, before the writer starts, queued together:
+    its first batch holds them all, in this order."""
+    outcomes = [saving(writer, work, patch) for work, patch in pairs]
+    wait_for(lambda: writer._waiting.qsize() == len(pairs), timeout=10, what="the saves to queue")
+    writer.start()
+    return outcomes
+
+
+def checkpoints_of(*works: ClaimedWork) -> dict[int, Any]:
+    rows = DeferredWork.objects.filter(pk__in=[work.id for work in works])
+    return dict(rows.values_list("pk", "checkpoints"))
 
 
 @pytest.mark.needs("row_locks")
-def test_a_batch_whose_lock_wait_was_cut_short_fails_only_the_locked_rows_save(
-    register_workflow: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A lock wait cut short (``lock_timeout``, ``innodb_lock_wait_timeout``) has waited its
-    whole timeout already: the save of the row another session holds fails with the
-    database's error (the attempt's refusal rules), not after three more waits; the
-    batch's other saves are written, skipping that row. On the old code every save of the
-    batch failed (up to 200 attempts, for one row an operator held)."""
-    from django.db import OperationalError, connection
-
+def test_a_row_another_session_holds_holds_back_no_other_save_of_its_batch(register_workflow: Any) -> None:
+    """No ``lock_timeout``: the batch skips the held row and writes the other at once; the
+    held row's save waits and is written once the lock goes. On the old code the whole
+    batch waited for the lock (an operator's open transaction held up to 200 attempts)."""
     first, second = claimed_pair(register_workflow)
     writer = JournalWriter("default", 1)
-    saves = [_Save(work, {"step": 1}, written=threading.Event()) for work in (first, second)]
-    with row_locked(DeferredWork, second.id), caplog.at_level(logging.INFO, logger="nexus_workflows"):
+    try:
+        with row_locked(DeferredWork, second.id) as release:
+            free, held = one_batch(writer, [(first, {"step": 1}), (second, {"step": 2})])
+            wait_for(lambda: not free["thread"].is_alive(), timeout=10, what="the free row's save")
+            assert free == {"thread": free["thread"], "result": {"step": 1}}
+            assert held["thread"].is_alive()  # still waiting for the lock
+            assert checkpoints_of(first, second) == {first.id: {"step": 1}, second.id: {}}
+            release()
+            wait_for(lambda: not held["thread"].is_alive(), timeout=10, what="the held row's save")
+        assert held["result"] == {"step": 2}
+        assert checkpoints_of(first, second) == {first.id: {"step": 1}, second.id: {"step": 2}}
+    finally:
+        writer.stop()
+
+
+@pytest.mark.needs("row_locks")
+def test_a_held_rows_save_whose_claim_is_lost_meanwhile_raises_claim_lost(register_workflow: Any) -> None:
+    """The session that held the row took the work (an operator's revive, another runner):
+    the save put off finds its claim gone once the lock goes, as a waiting statement would."""
+    from nexus_workflows.exceptions import ClaimLost
+
+    (work,) = claimed_pair(register_workflow)[:1]
+    writer = JournalWriter("default", 1)
+    try:
+        with row_changed(DeferredWork, work.id, "claim_token = 'someone else'") as commit:
+            (saved,) = one_batch(writer, [(work, {"step": 1})])
+            wait_for(lambda: writer._held.seconds_to_next() is not None, timeout=10, what="the save put off")
+            commit()
+        wait_for(lambda: not saved["thread"].is_alive(), timeout=10, what="the save")
+    finally:
+        writer.stop()
+    assert isinstance(saved["error"], ClaimLost)
+    assert checkpoints_of(work) == {work.id: {}}
+
+
+@pytest.mark.needs("row_locks")
+def test_a_stop_fails_a_held_rows_save_at_once(register_workflow: Any) -> None:
+    """A save put off for a lock is failed by the stop (ClaimLost: "the runner stopped"),
+    not left to its writer, which on the old code was stuck in the statement until the
+    stop gave up on it (STOP_WAIT)."""
+    from nexus_workflows.deferred.runner import journal
+    from nexus_workflows.exceptions import ClaimLost
+
+    (work,) = claimed_pair(register_workflow)[:1]
+    writer = JournalWriter("default", 1)
+    with row_locked(DeferredWork, work.id):
+        (saved,) = one_batch(writer, [(work, {"step": 1})])
+        # Taken by the writer: put off now (or, on the old code, waiting in its statement).
+        wait_for(lambda: writer._waiting.qsize() == 0, timeout=10, what="the writer to take the save")
+        began = time.monotonic()
+        writer.stop()
+        stopping = time.monotonic() - began
+        wait_for(lambda: not saved["thread"].is_alive(), timeout=10, what="the save")
+    assert isinstance(saved["error"], ClaimLost)
+    assert "the runner stopped" in str(saved["error"])
+    assert stopping < journal.STOP_WAIT / 2
+    assert checkpoints_of(work) == {work.id: {}}
+
+
+@pytest.fixture
+def lock_wait_limit() -> Iterator[str]:
+    """Every new connection of the test database waits at most 200 ms (PostgreSQL's
+    ``lock_timeout``) or 1 s (MariaDB's ``innodb_lock_wait_timeout``) for a row lock, as a
+    production role often does; the writer's own connections included."""
+    from django.db.backends.signals import connection_created
+
+    def limit(sender: Any, connection: Any, **kwargs: Any) -> None:
         with connection.cursor() as cursor:
             if connection.vendor == "mysql":
                 cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
             else:
                 cursor.execute("SET lock_timeout = '200ms'")
-        try:
-            writer._write(saves)
-        finally:
-            connection.close()  # the session's lock wait setting goes with it
-    assert [type(save.error) for save in saves] == [type(None), OperationalError]
+
+    connection_created.connect(limit, weak=False)
+    from django.db import connection
+
+    connection.close()
+    try:
+        yield connection.vendor
+    finally:
+        connection_created.disconnect(limit)
+        connection.close()
+
+
+@pytest.mark.needs("row_locks")
+def test_a_held_rows_save_fails_with_the_databases_lock_error_after_the_sessions_limit(
+    register_workflow: Any, lock_wait_limit: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lock wait cut short (``lock_timeout``, ``innodb_lock_wait_timeout``) fails the
+    held row's save with the database's own error (the attempt's refusal rules), once it
+    has waited that long; the batch's other save is written at once. On the code before
+    the last change every save of the batch failed (up to 200 attempts, for one row an
+    operator held)."""
+    from django.db import OperationalError
+
+    from nexus_workflows.database_errors import is_lock_wait_cut_short
+
+    first, second = claimed_pair(register_workflow)
+    writer = JournalWriter("default", 1)
+    limit = 1.0 if lock_wait_limit == "mysql" else 0.2
+    try:
+        with row_locked(DeferredWork, second.id), caplog.at_level(logging.INFO, logger="nexus_workflows"):
+            began = time.monotonic()
+            free, held = one_batch(writer, [(first, {"step": 1}), (second, {"step": 2})])
+            wait_for(lambda: not free["thread"].is_alive(), timeout=10, what="the free row's save")
+            wait_for(lambda: not held["thread"].is_alive(), timeout=10, what="the held row's save")
+            waited = time.monotonic() - began
+    finally:
+        writer.stop()
+    assert free["result"] == {"step": 1}
+    assert isinstance(held["error"], OperationalError)
+    assert is_lock_wait_cut_short(held["error"])
+    assert waited >= limit
     assert "writing it again" not in caplog.text
-    checkpoints = dict(
-        DeferredWork.objects.filter(pk__in=[first.id, second.id]).values_list("pk", "checkpoints")
-    )
-    assert checkpoints == {first.id: {"step": 1}, second.id: {}}
+    assert checkpoints_of(first, second) == {first.id: {"step": 1}, second.id: {}}
 
 
 def test_a_batch_refused_for_one_rows_write_fails_only_that_save(
@@ -130,7 +206,7 @@ def test_a_batch_refused_for_one_rows_write_fails_only_that_save(
     """On the old code both saves failed with the trigger's error: the whole batch."""
     first, second = claimed_pair(register_workflow)
     writer = JournalWriter("default", 1)
-    saves = [_Save(work, {"step": work.id}, written=threading.Event()) for work in (first, second)]
+    saves = [Save(work, {"step": work.id}, written=threading.Event()) for work in (first, second)]
     write_blocker.install(f"NEW.id = {second.id}")
     writer._write(saves)
     assert saves[0].error is None

@@ -1,13 +1,14 @@
-"""Two waits on a statement that does not answer (a row lock another session holds, as a
-silent network would): the journal writers' stop is bounded as a whole, and fails the
-saves a stuck writer holds; a heartbeat's confirmation counts from when its statement was
-sent. PostgreSQL and MariaDB (a real row lock; SQLite locks the whole database)."""
+"""Two waits on a statement that does not answer (as a silent network would: a lock
+another session holds, which a trigger of the table waits for, for the journal writers,
+which skip locked rows; a row lock for the heartbeat): the journal writers' stop is
+bounded as a whole, and fails the saves a stuck writer holds; a heartbeat's confirmation
+counts from when its statement was sent. PostgreSQL and MariaDB (real locks; SQLite locks
+the whole database)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from nexus_workflows.deferred.runner.journal import JournalWriter
 from nexus_workflows.deferred.runner.ledger import Ledger
 from nexus_workflows.models import DeferredWork
 from tests.processes import wait_for
-from tests.raw_connections import row_locked
+from tests.raw_connections import row_locked, updates_wait_for_a_lock
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.needs("row_locks")]
 
@@ -37,7 +38,10 @@ def lock_waits() -> int:
         if connection.vendor == "postgresql":
             cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
         else:
-            cursor.execute("SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
+            cursor.execute(
+                "SELECT (SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT') "
+                "+ (SELECT count(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock')"
+            )
         return int(cursor.fetchone()[0])
 
 
@@ -70,9 +74,7 @@ def test_the_writers_stop_within_one_wait_and_fail_the_saves_a_stuck_writer_hold
         finally:
             connections.close_all()
 
-    with ExitStack() as locks:
-        for work in works:
-            locks.enter_context(row_locked(DeferredWork, work.id))
+    with updates_wait_for_a_lock(DeferredWork, f"NEW.id IN ({works[0].id}, {works[1].id})"):
         savers = [threading.Thread(target=save, args=(work,)) for work in works]
         for saver in savers:
             saver.start()

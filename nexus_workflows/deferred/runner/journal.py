@@ -10,10 +10,13 @@ written only while the claim that took it is still held (id *and* claim token). 
 returns once its batch committed; a save whose fence failed raises :class:`ClaimLost` in
 its attempt; a database error fails every save of its batch with that error (so the
 runner's outage rules apply to the attempt as to any other ``OperationalError``), except
-a deadlock (with the runner's own heartbeat, say), after which the batch is written again
-first (:func:`~nexus_workflows.deferred.runner.unavailable.rerun_after_deadlocks`), and a
+a deadlock, after which the batch is written again first
+(:func:`~nexus_workflows.deferred.runner.unavailable.rerun_after_deadlocks`), and a
 refusal of what it wrote (a project's trigger), after which each save is written alone, so
-that only the row at fault fails.
+that only the row at fault fails. A row another session holds a lock on is skipped, not
+waited for, and its save written again a moment later
+(:mod:`~nexus_workflows.deferred.runner.held_saves`): one held row no longer holds every
+other save of its batch back.
 
 The few other statements of an ``async def`` attempt (a rate-limited kind's start and its
 confirmation) run on a writer too (:meth:`JournalWriter.call_async`), so that they count
@@ -25,27 +28,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, connections
 
-from nexus_workflows.database_errors import is_lock_wait_cut_short, statement_refused
+from nexus_workflows.database_errors import statement_refused
 from nexus_workflows.deferred import transitions
+from nexus_workflows.deferred.runner.held_saves import HeldSaves, wait_before_try
+from nexus_workflows.deferred.runner.journal_saves import (
+    Call,
+    Save,
+    claim_lost,
+    complete_once,
+    own_copy,
+    resolve,
+    stopped,
+)
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
     close_if_past_max_age,
     is_database_unavailable,
     rerun_after_deadlocks,
 )
-from nexus_workflows.deferred.transitions import ClaimedWork, validate_patch
-from nexus_workflows.exceptions import ClaimLost
+from nexus_workflows.deferred.transitions import ClaimedWork, JournalsWritten, validate_patch
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
 
@@ -53,99 +63,8 @@ logger = logging.getLogger("nexus_workflows.deferred.runner")
 MAX_BATCH = 200
 #: Seconds :meth:`JournalWriter.stop` waits for all the writers together.
 STOP_WAIT = 5.0
-
-
-@dataclass(eq=False)
-class _Save:
-    """One ``save()`` waiting for the writer: a sync caller waits on ``written``, an async
-    one on ``future`` (of ``loop``, whose result is the ``clean`` patch); ``error`` is what
-    the save raises, if anything."""
-
-    work: ClaimedWork
-    checkpoints: dict[str, Any]
-    clean: dict[str, Any] | None = None
-    written: threading.Event | None = None
-    future: asyncio.Future[dict[str, Any]] | None = None
-    loop: asyncio.AbstractEventLoop | None = None
-    error: BaseException | None = None
-    # Completed (its error, or none, is final and its caller woken): at most once, by
-    # whichever comes first of its writer and a stop that gave up on that writer.
-    completed: bool = False
-
-
-#: Guards every ``_Save.completed`` (a writer and a stop may complete one save at once).
-_completion = threading.Lock()
-
-
-def _complete_once(saves: list[_Save], error_of: Callable[[_Save], BaseException | None]) -> None:
-    """Complete those of ``saves`` not completed yet, each with ``error_of(save)``: a save
-    a stop failed (its caller told ClaimLost) is not written again later by its stuck
-    writer, nor is a written one failed by a stop that came after its writer."""
-    with _completion:
-        mine = [save for save in saves if not save.completed]
-        for save in mine:
-            save.completed = True
-            save.error = error_of(save)
-    _complete(mine)
-
-
-@dataclass(eq=False)
-class _Call:
-    """A function an async attempt runs on a writer's connection; its result or error is
-    set on ``future`` (of ``loop``)."""
-
-    function: Callable[..., Any]
-    args: tuple[Any, ...]
-    future: asyncio.Future[Any]
-    loop: asyncio.AbstractEventLoop
-
-
-def _complete(saves: list[_Save]) -> None:
-    """Wake the callers of written (or failed) saves: sync ones one by one, async ones
-    with one call per event loop (one wake-up of the loop for the whole batch)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[_Save]] = {}
-    for save in saves:
-        if save.loop is not None:
-            by_loop.setdefault(save.loop, []).append(save)
-        elif save.written is not None:
-            save.written.set()
-    for loop, settled in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            loop.call_soon_threadsafe(_settle, settled)
-
-
-def _settle(saves: list[_Save]) -> None:
-    for save in saves:
-        if save.future is not None:
-            if save.error is None:
-                # Written: the next save merges onto it, whether or not this one's caller
-                # still waits (see execution.execute_async).
-                save.work.checkpoints = save.checkpoints
-            _resolve(save.future, save.clean, save.error)
-
-
-def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    """On the future's loop: its result or error, unless the awaiting attempt was
-    cancelled meanwhile."""
-    if future.done():
-        return
-    if error is None:
-        future.set_result(result)
-    else:
-        future.set_exception(error)
-
-
-def claim_lost(work: ClaimedWork) -> ClaimLost:
-    return ClaimLost(
-        f"{work.kind} #{work.id}: this attempt no longer holds the work (it was "
-        "reclaimed or changed by someone else); checkpoints not saved"
-    )
-
-
-def stopped(work: ClaimedWork) -> ClaimLost:
-    """The runner stopped before this save was written: the attempt must end (its claim
-    is kept and goes stale, as for any attempt that outlived the shutdown grace)."""
-    return ClaimLost(f"{work.kind} #{work.id}: the runner stopped; checkpoints not saved")
+#: Seconds a save waits for its row, held by another session's lock, before it is said.
+HELD_SAID_AFTER = 1.0
 
 
 class JournalWriter:
@@ -160,14 +79,15 @@ class JournalWriter:
     def __init__(self, using: str, size: int) -> None:
         self.using = using
         self.size = size
-        self._waiting: queue.SimpleQueue[_Save | _Call | None] = queue.SimpleQueue()
+        self._waiting: queue.SimpleQueue[Save | Call | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._stopped = False
         # Guards _stopped and the hand-over of saves: a save racing stop() is either
         # queued before the stop sentinels (so written or failed by it) or not at all.
         self._lock = threading.Lock()
         # The batch each writer is writing, by thread: failed at stop if still unwritten.
-        self._in_hand: dict[int, list[_Save]] = {}
+        self._in_hand: dict[int, list[Save]] = {}
+        self._held: HeldSaves[Save] = HeldSaves()
 
     def start(self) -> None:
         for number in range(self.size):
@@ -188,9 +108,10 @@ class JournalWriter:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         self._fail_in_hand()
+        complete_once(self._held.take_all(), lambda save: stopped(save.work))
         self._fail_waiting()
 
-    def _enqueue(self, item: _Save | _Call) -> bool:
+    def _enqueue(self, item: Save | Call) -> bool:
         """Hand ``item`` to the writers; False once they are stopping (the caller then
         writes it itself)."""
         with self._lock:
@@ -208,9 +129,9 @@ class JournalWriter:
         """
         clean = validate_patch(patch, work.using)
         written = threading.Event()
-        save = _Save(work, {**work.checkpoints, **clean}, written=written)
+        save = Save(work, {**work.checkpoints, **clean}, written=written)
         if not self._enqueue(save):
-            self._write([save])
+            self._write_alone(save)
         written.wait()
         if save.error is not None:
             raise save.error
@@ -228,7 +149,7 @@ class JournalWriter:
         clean = validate_patch(patch, work.using)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
-        if not self._enqueue(_Save(work, {**work.checkpoints, **clean}, clean, future=future, loop=loop)):
+        if not self._enqueue(Save(work, {**work.checkpoints, **clean}, clean, future=future, loop=loop)):
             future.cancel()  # the writers stopped meanwhile: written as after stop()
             return asyncio.ensure_future(asyncio.to_thread(self.save, work, patch))
         return future
@@ -240,30 +161,67 @@ class JournalWriter:
         if self._stopped:
             return await asyncio.to_thread(function, *args)
         loop = asyncio.get_running_loop()
-        call = _Call(function, args, loop.create_future(), loop)
+        call = Call(function, args, loop.create_future(), loop)
         if not self._enqueue(call):
             return await asyncio.to_thread(function, *args)  # the writers stopped meanwhile
         return await call.future
 
     def _run(self) -> None:
         try:
-            while (first := self._waiting.get()) is not None:
+            while (first := self._next()) is not None:
                 close_if_past_max_age(self.using)  # between batches, as Django between requests
-                if isinstance(first, _Call):
+                if isinstance(first, Call):
                     self._call(first)
                     continue
                 batch = self._gather(first)
                 with self._lock:
                     self._in_hand[threading.get_ident()] = batch
                 try:
-                    self._write(batch)
+                    held = self._write(batch)
                 finally:
                     with self._lock:
                         self._in_hand.pop(threading.get_ident(), None)
+                self._put_off(held)
         finally:
             connections.close_all()
 
-    def _call(self, call: _Call) -> None:
+    def _next(self) -> Save | Call | None:
+        """What waits next, put-off saves whose wait is over first in line; None: stop."""
+        while True:
+            due = self._held.due()
+            if due:
+                with self._lock:
+                    stopping = self._stopped
+                    if not stopping:
+                        for save in due:
+                            self._waiting.put(save)
+                if stopping:  # the stop failed what it found; these it could not see
+                    complete_once(due, lambda save: stopped(save.work))
+            try:
+                return self._waiting.get(timeout=self._held.seconds_to_next())
+            except queue.Empty:
+                continue
+
+    def _put_off(self, saves: list[Save]) -> None:
+        """Saves whose row another session holds, written again after their wait."""
+        if not saves:
+            return
+        with self._lock:
+            if not self._stopped:
+                self._held.put_off((save, wait_before_try(save.held_tries)) for save in saves)
+                for save in saves:
+                    save.held_tries += 1
+                return
+        complete_once(saves, lambda save: stopped(save.work))
+
+    def _write_alone(self, save: Save) -> None:
+        """After :meth:`stop`, on the caller's own connection: again after a wait while
+        another session holds its row."""
+        while self._write([save]):
+            time.sleep(wait_before_try(save.held_tries))
+            save.held_tries += 1
+
+    def _call(self, call: Call) -> None:
         result, error = None, None
         try:
             result = call.function(*call.args)
@@ -273,9 +231,9 @@ class JournalWriter:
                 close_connection(self.using)  # the next statement reconnects
 
         with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            call.loop.call_soon_threadsafe(_resolve, call.future, result, error)
+            call.loop.call_soon_threadsafe(resolve, call.future, result, error)
 
-    def _gather(self, first: _Save) -> list[_Save]:
+    def _gather(self, first: Save) -> list[Save]:
         """``first`` and whatever else waits, up to MAX_BATCH, one save per row (a later
         save of the same row waits for the next batch, which puts the stop sentinel back)."""
         batch, rows = [first], {first.work.id}
@@ -284,20 +242,23 @@ class JournalWriter:
                 save = self._waiting.get_nowait()
             except queue.Empty:
                 break
-            if save is None or isinstance(save, _Call) or save.work.id in rows:
+            if save is None or isinstance(save, Call) or save.work.id in rows:
                 self._waiting.put(save)
                 break
             batch.append(save)
             rows.add(save.work.id)
         return batch
 
-    def _save_journals(self, journals: list[tuple[ClaimedWork, dict[str, Any]]], saves: int) -> set[int]:
+    def _save_journals(
+        self, journals: list[tuple[ClaimedWork, dict[str, Any]]], saves: int
+    ) -> JournalsWritten:
         """The batch's statement; again at once when the database ended it to break a
-        deadlock (the heartbeat and the start marks update the same rows, many in one
-        statement each, in the order of their own plans). The database undid the statement
-        whole, and a fenced save may be written twice; failing it would fail every attempt
-        of the batch (up to MAX_BATCH) for no fault of theirs. A lock wait cut short is not
-        retried: it has waited its whole timeout already."""
+        deadlock (where a batch cannot skip locked rows, MariaDB before 10.6: the heartbeat
+        and the start marks update the same rows, many in one statement each, in the order
+        of their own plans). The database undid the statement whole, and a fenced save may
+        be written twice; failing it would fail every attempt of the batch (up to MAX_BATCH)
+        for no fault of theirs. A lock wait cut short (a table's lock: rows held by others
+        are skipped) is not retried: it has waited its whole timeout already."""
         return rerun_after_deadlocks(
             self.using,
             lambda: transitions.save_journals(journals, using=self.using),
@@ -306,53 +267,71 @@ class JournalWriter:
             ),
         )
 
-    def _write(self, batch: list[_Save]) -> None:
+    def _write(self, batch: list[Save]) -> list[Save]:
+        """Write ``batch`` and complete its saves, but for those whose row another session
+        holds: returned, to be written again after a wait (:meth:`_put_off`)."""
         journals = [(save.work, save.checkpoints) for save in batch]
         try:
             # A writer's connection sits idle between batches: once more on a new one if
             # it died meanwhile (the same journals again: a second write changes nothing).
-            written = self._save_journals(journals, len(batch))
+            result = self._save_journals(journals, len(batch))
         except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
             close_connection(self.using)  # the next batch reconnects
             failed: BaseException = error
         else:
-            _complete_once(batch, lambda save: None if save.work.id in written else claim_lost(save.work))
-            return
+            return self._settle(batch, result)
         if len(batch) > 1 and refused_for_its_rows(failed):
-            for save in batch:  # one row may be the cause: only its save fails
-                self._write([save])
-            return
-        if len(batch) > 1 and is_lock_wait_cut_short(failed) and self._write_around_locks(batch, failed):
-            return
+            # One row may be the cause: only its save fails.
+            return [held for save in batch for held in self._write([save])]
         # One instance per attempt: each raises it in its own thread or task.
-        _complete_once(batch, lambda save: _own_copy(failed))
+        complete_once(batch, lambda save: own_copy(failed))
+        return []
 
-    def _write_around_locks(self, batch: list[_Save], failed: BaseException) -> bool:
-        """A batch whose wait for a row lock was cut short (``lock_timeout``): written again
-        skipping the rows another session holds, whose saves alone fail, so a lock on one
-        row fails its own attempt, not the batch's (up to MAX_BATCH). False: cannot skip."""
-        journals = [(save.work, save.checkpoints) for save in batch]
-        try:
-            result = transitions.save_journals_around_locks(journals, using=self.using)
-        except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
-            close_connection(self.using)
-            again: BaseException = error
-            _complete_once(batch, lambda save: _own_copy(again))
-            return True
-        if result is None:
-            return False
-        written, locked = result
-        _complete_once(
-            batch,
+    def _settle(self, batch: list[Save], result: JournalsWritten) -> list[Save]:
+        """Complete the saves written or lost; return those whose row another session
+        holds, unless they waited as long as a statement would have (see _held_too_long)."""
+        held = [save for save in batch if save.work.id in result.held]
+        errors = self._held_too_long(held)
+        complete_once(
+            [save for save in batch if save.work.id not in result.held or save.work.id in errors],
             lambda save: (
-                _own_copy(failed)
-                if save.work.id in locked
-                else None
-                if save.work.id in written
-                else claim_lost(save.work)
+                errors.get(save.work.id)
+                or (None if save.work.id in result.written else claim_lost(save.work))
             ),
         )
-        return True
+        return [save for save in held if save.work.id not in errors]
+
+    def _held_too_long(self, held: list[Save]) -> dict[int, BaseException]:
+        """The errors of the held saves that have waited the session's own limit for a lock
+        (``lock_timeout``; none: for ever): the database's error for that lock, as the
+        statement would have raised had it waited (the attempt's refusal rules apply)."""
+        if not held:
+            return {}
+        now, waited = time.monotonic(), {}
+        for save in held:
+            save.held_since = now if save.held_since is None else save.held_since
+            waited[save.work.id] = now - save.held_since
+        try:
+            limit = transitions.lock_wait_limit(self.using)
+            expired = [save for save in held if limit is not None and waited[save.work.id] >= limit]
+            errors = {save.work.id: transitions.lock_wait_error(save.work) for save in expired}
+        except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
+            close_connection(self.using)
+            return {save.work.id: own_copy(error) for save in held}
+        self._say_held([save for save in held if waited[save.work.id] >= HELD_SAID_AFTER])
+        return {pk: error for pk, error in errors.items() if error is not None}
+
+    def _say_held(self, saves: list[Save]) -> None:
+        """Once per save: which row a save has waited for (kind and id only)."""
+        unsaid = [save for save in saves if not save.held_said]
+        for save in unsaid:
+            save.held_said = True
+        if unsaid:
+            logger.info(
+                "%d save(s) wait for their row, which another session holds a lock on (%s)",
+                len(unsaid),
+                ", ".join(f"{save.work.kind} #{save.work.id}" for save in unsaid[:10]),
+            )
 
     def _fail_in_hand(self) -> None:
         """Fail the saves of writers still writing after the stop's wait: their callers
@@ -361,7 +340,7 @@ class JournalWriter:
         with self._lock:
             held = [save for batch in self._in_hand.values() for save in batch]
             self._in_hand.clear()
-        _complete_once(held, lambda save: stopped(save.work))
+        complete_once(held, lambda save: stopped(save.work))
 
     def _fail_waiting(self) -> None:
         failed, ends = [], 0
@@ -370,7 +349,7 @@ class JournalWriter:
                 save = self._waiting.get_nowait()
                 if save is None:
                     ends += 1
-                elif isinstance(save, _Call):
+                elif isinstance(save, Call):
                     self._call(save)  # a start after the writers stopped: on this thread
                 else:
                     failed.append(save)
@@ -378,7 +357,7 @@ class JournalWriter:
         # connection) once its statement returns, instead of waiting for work for ever.
         for _ in range(ends):
             self._waiting.put(None)
-        _complete_once(failed, lambda save: stopped(save.work))
+        complete_once(failed, lambda save: stopped(save.work))
 
 
 def refused_for_its_rows(error: BaseException) -> bool:
@@ -387,14 +366,3 @@ def refused_for_its_rows(error: BaseException) -> bool:
     outage, and not a wait cut short (a lock, a deadlock, a cancel), which each row written
     alone would meet again, one timeout each."""
     return not is_database_unavailable(error) and statement_refused(error) is None
-
-
-def _own_copy(error: BaseException) -> BaseException:
-    try:
-        copied = copy.copy(error)
-    except Exception:  # noqa: BLE001 - an exception that cannot be copied is shared
-        return error
-    # copy.copy drops the cause: the driver's error, whose SQLSTATE tells a read-only
-    # database (an outage) from an error of the work (see nexus_workflows.database_errors).
-    copied.__cause__ = error.__cause__
-    return copied
