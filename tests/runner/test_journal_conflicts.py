@@ -29,7 +29,7 @@ from nexus_workflows.deferred.runner.journal_saves import Save
 from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.models import DeferredWork
 from tests.processes import wait_for
-from tests.raw_connections import row_changed, row_locked
+from tests.raw_connections import raw_connection, row_changed, row_locked
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -140,6 +140,62 @@ def test_a_stop_fails_a_held_rows_save_at_once(register_workflow: Any) -> None:
     assert "the runner stopped" in str(saved["error"])
     assert stopping < journal.STOP_WAIT / 2
     assert checkpoints_of(work) == {work.id: {}}
+
+
+#: The advisory lock the deadlock test's trigger waits for (a key no app code uses).
+_CYCLE_LOCK = 0x6E77_6379
+
+
+@pytest.mark.postgresql
+def test_a_batch_ended_by_a_deadlock_is_written_again(
+    register_workflow: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch skips rows others hold, so row locks alone no longer close a cycle with it;
+    a project's trigger still can. Here the batch holds both rows and its trigger waits for
+    a lock another session holds, which then updates the first row. That session's
+    ``deadlock_timeout`` is long, so PostgreSQL ends the batch: it is written again at
+    once (skipping the row the other session now holds, written once that one commits),
+    and no save fails. Without the rerun both saves failed with the deadlock's error."""
+    from django.db import connection
+
+    first, second = claimed_pair(register_workflow)
+    writer = JournalWriter("default", 1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION nw_test_cycle() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            f"BEGIN PERFORM pg_advisory_xact_lock({_CYCLE_LOCK}); RETURN NEW; END $$"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER nw_test_cycle BEFORE UPDATE ON {TABLE} FOR EACH ROW "
+            f"WHEN (NEW.id = {first.id} AND NEW.checkpoints <> OLD.checkpoints) "
+            "EXECUTE FUNCTION nw_test_cycle()"
+        )
+    try:
+        with raw_connection() as other, caplog.at_level(logging.INFO, logger="nexus_workflows"):
+            other.execute("BEGIN")
+            other.execute("SET LOCAL deadlock_timeout = '30s'")  # the batch's session detects it
+            other.execute("SELECT pg_advisory_xact_lock(%s)", [_CYCLE_LOCK])
+            saved = one_batch(writer, [(first, {"step": 1}), (second, {"step": 2})])
+            wait_for(lambda: advisory_waits() == 1, timeout=10, what="the batch to wait in its trigger")
+            # The batch holds the first row and waits for this session: this closes the cycle.
+            other.execute(f"UPDATE {TABLE} SET heartbeat_at = now() WHERE id = %s", [first.id])
+            other.execute("COMMIT")
+            wait_for(lambda: not any(s["thread"].is_alive() for s in saved), timeout=30, what="the saves")
+    finally:
+        writer.stop()
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_cycle ON {TABLE}")
+    assert [outcome.get("result") for outcome in saved] == [{"step": 1}, {"step": 2}]
+    assert "a batch of 2 saves was not written (the database ended it to break a deadlock)" in caplog.text
+    assert checkpoints_of(first, second) == {first.id: {"step": 1}, second.id: {"step": 2}}
+
+
+def advisory_waits() -> int:
+    with raw_connection() as watcher:
+        row = watcher.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone()
+        return int(row[0])
 
 
 @pytest.fixture
