@@ -176,3 +176,60 @@ def test_a_held_row_another_session_locks_holds_back_no_heartbeat_and_no_attempt
     assert "heartbeat reached the 1 item(s) it waited for" in first_output
     assert "heartbeat failed" not in first_output
     assert "reclaimed" not in second_output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["test-interval", "test-interval-async"])
+def test_a_held_row_another_session_locks_holds_back_no_other_attempts_saves(
+    tmp_path: Path, kind: str
+) -> None:
+    """One attempt's save meets its row locked by another session: the other attempts'
+    saves go on and they end, while that save waits and is written once the lock goes.
+    ``DB_CONNECTIONS`` 4 leaves one journal writer on PostgreSQL: on the old code its batch
+    waited for the lock, and with it every other attempt's save, until the lock went."""
+    settings = {**FAST, "STALE_AFTER": 10, "DB_CONNECTIONS": 4}
+    ledger = tmp_path / "ledger"
+    go_x, go_others = tmp_path / "go-x", tmp_path / "go-others"
+    others = ["y1", "y2", "y3"]
+    for key, go in [("x", go_x), *((key, go_others) for key in others)]:
+        trigger = {"key": key, "ledger": str(ledger), "seconds": 120, "until_file": str(go), "steps": 5}
+        enqueue(kind, {**trigger, "step_seconds": 0.02})
+    ids = dict(DeferredWork.objects.values_list("dedupe_key", "pk"))
+    process = ManagePy("runworkflows", "--kind", kind, "--concurrency", "4", settings=settings)
+    try:
+        started = lambda: {interval.key for interval in read_intervals(ledger)} == {"x", *others}  # noqa: E731
+        wait_for(started, timeout=30, what="the runner to start all four")
+        with row_locked(DeferredWork, ids["x"]) as release:
+            go_x.touch()
+            process.wait_for_output("save(s) wait for their row, which another session holds a lock on")
+            go_others.touch()
+            wait_for(
+                lambda: (
+                    DeferredWork.objects.filter(
+                        pk__in=[ids[key] for key in others], status=Status.DONE
+                    ).count()
+                    == 3
+                ),
+                timeout=20,
+                what="the other attempts to end while the lock is held",
+            )
+            assert DeferredWork.objects.get(pk=ids["x"]).checkpoints == {}
+            release()
+            wait_for(
+                lambda: DeferredWork.objects.get(pk=ids["x"]).status == Status.DONE,
+                timeout=20,
+                what="x's end",
+            )
+        assert process.terminate() == 0
+        output = process.output()
+    finally:
+        process.close()
+    intervals = read_intervals(ledger)
+    assert sorted(interval.key for interval in intervals) == ["x", *others]  # each ran once
+    assert set(DeferredWork.objects.values_list("attempt", flat=True)) == {0}
+    steps = {f"step{step}": True for step in range(5)}
+    assert set(map(str, DeferredWork.objects.values_list("checkpoints", flat=True))) == {str(steps)}
+    assert (
+        f"1 save(s) wait for their row, which another session holds a lock on ({kind} #{ids['x']})" in output
+    )
+    assert "failed" not in output
