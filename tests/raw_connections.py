@@ -80,6 +80,21 @@ def _open_transaction(statement: str, params: list[Any]) -> Iterator[tuple[Callb
         session.close()
 
 
+def lock_waits() -> int:
+    """Statements of any session waiting for a lock now (row or advisory; MariaDB: row or
+    user lock). Poll MariaDB no faster than every 0.2 s: it refreshes ``INNODB_TRX`` only
+    when its last read is over 0.1 s old, so quicker polls read the first answer for ever."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+        else:
+            cursor.execute(
+                "SELECT (SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT') "
+                "+ (SELECT count(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock')"
+            )
+        return int(cursor.fetchone()[0])
+
+
 #: The advisory lock :func:`updates_wait_for_a_lock` holds (a key no app code uses).
 _TEST_LOCK = 0x6E77_7465
 

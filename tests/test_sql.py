@@ -490,7 +490,9 @@ def test_the_journal_writers_batch_skips_a_row_another_session_holds() -> None:
 
 
 @pytest.mark.needs("row_locks")
-def test_a_lock_wait_error_is_the_databases_own_and_none_once_the_row_is_free() -> None:
+def test_a_save_written_alone_waits_for_its_rows_lock_at_most_as_long_as_told() -> None:
+    """The journal writer's write of a held row: in the lock's queue, but bounded (then the
+    database's own lock error); written once the row is free; False when the claim is lost."""
     from django.db import OperationalError
 
     from nexus_workflows.database_errors import is_lock_wait_cut_short
@@ -500,28 +502,43 @@ def test_a_lock_wait_error_is_the_databases_own_and_none_once_the_row_is_free() 
 
     new_row("a")
     (work,) = Claimer(kinds=["k"], using="default").claim_due(1)
-    with row_locked(DeferredWork, work.id):
-        error = transitions.lock_wait_error(work)
-    assert isinstance(error, OperationalError)
-    assert is_lock_wait_cut_short(error)
-    assert transitions.lock_wait_error(work) is None
+    with row_locked(DeferredWork, work.id), pytest.raises(OperationalError) as waited:
+        transitions.save_journal_waiting(work, {"step": 1}, at_most=0.1)
+    assert is_lock_wait_cut_short(waited.value)
+    assert DeferredWork.objects.get(pk=work.id).checkpoints == {}
+    assert transitions.save_journal_waiting(work, {"step": 2}, at_most=0.1) is True
+    assert DeferredWork.objects.get(pk=work.id).checkpoints == {"step": 2}
+    DeferredWork.objects.filter(pk=work.id).update(claim_token="someone else's")
+    assert transitions.save_journal_waiting(work, {"step": 3}, at_most=0.1) is False
+    assert DeferredWork.objects.get(pk=work.id).checkpoints == {"step": 2}
 
 
 def test_the_sessions_lock_wait_limit() -> None:
+    """The least of the limits that end a statement's wait for a lock, that are set."""
     from nexus_workflows.deferred import transitions
 
+    limit = lambda: transitions.lock_wait_limit("default")  # noqa: E731
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            assert transitions.lock_wait_limit("default") is None  # the default: for ever
+            assert limit() is None  # the default: for ever
             cursor.execute("SET lock_timeout = '1500ms'")
-            assert transitions.lock_wait_limit("default") == 1.5
+            assert limit() == 1.5
+            cursor.execute("SET statement_timeout = '1s'")
+            assert limit() == 1.0
+            cursor.execute("SET lock_timeout = 0")
+            assert limit() == 1.0
             cursor.execute("RESET lock_timeout")
+            cursor.execute("RESET statement_timeout")
         elif connection.vendor == "mysql":
             cursor.execute("SET SESSION innodb_lock_wait_timeout = 7")
-            assert transitions.lock_wait_limit("default") == 7.0
+            assert limit() == 7.0
+            cursor.execute("SET SESSION max_statement_time = 2.5")
+            assert limit() == 2.5
+            cursor.execute("SET SESSION max_statement_time = 0")
+            assert limit() == 7.0
             cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
         else:
-            assert transitions.lock_wait_limit("default") is None  # no row locks
+            assert limit() is None  # no row locks
 
 
 @pytest.mark.postgresql

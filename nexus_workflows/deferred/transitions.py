@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import connections, transaction
 from django.db.models import Case, DateTimeField, F, JSONField, Q, QuerySet, Value, When
 from django.db.models.functions import Coalesce
 
@@ -319,27 +319,22 @@ def _save_journals_one_by_one(
     return written
 
 
+def save_journal_waiting(work: ClaimedWork, journal: dict[str, Any], *, at_most: float) -> bool:
+    """One save written alone, fenced, waiting for its row's lock at most ``at_most``
+    seconds (less where the session's own limit is lower), then raising the database's
+    lock error (PostgreSQL 55P03, MariaDB 1205): the journal writer's save of a row another
+    session held (``runner.held_saves``). True when the fence held."""
+    with sql.for_connection(work.using).lock_waits_at_most(work.using, at_most):
+        return bool(_save_journals_one_by_one([(work, journal)], work.using, skip_locked=False))
+
+
 def lock_wait_limit(using: str) -> float | None:
-    """Seconds the session of ``using`` waits for a row lock before the database cuts the
-    wait short (PostgreSQL's ``lock_timeout``, MariaDB's ``innodb_lock_wait_timeout``); None
-    when it waits for ever (or the database has no row locks)."""
+    """Seconds a statement of the session of ``using`` may wait for a row lock before the
+    database ends it: the least of PostgreSQL's ``lock_timeout`` and ``statement_timeout``,
+    or of MariaDB's ``innodb_lock_wait_timeout`` and ``max_statement_time``, that is set;
+    None when nothing ends the wait (or the database has no row locks)."""
     statements = sql.for_connection(using)
     return statements.lock_wait_limit(using) if hasattr(statements, "lock_wait_limit") else None
-
-
-def lock_wait_error(work: ClaimedWork) -> Exception | None:
-    """The database's own error for the lock another session holds on ``work``'s row, from
-    a locking read that does not wait (``NOWAIT``: PostgreSQL 55P03, MariaDB 1205, what a
-    lock wait cut short raises), for a save that waited as long as the session would have;
-    None when the row is free now."""
-    no_key = connections[work.using].features.has_select_for_no_key_update
-    rows = DeferredWork.objects.using(work.using).filter(pk=work.id).order_by()
-    try:
-        with transaction.atomic(using=work.using):
-            list(rows.select_for_update(nowait=True, no_key=no_key).values_list("pk", flat=True))
-    except DatabaseError as error:
-        return error
-    return None
 
 
 def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[ClaimedWork]]:

@@ -128,10 +128,18 @@ def claimable(candidates: QuerySet[Any], ids: Sequence[Any]) -> QuerySet[Any]:
 
 
 def lock_wait_limit(using: str) -> float | None:
-    """The session's ``innodb_lock_wait_timeout`` in seconds (MariaDB has no "for ever")."""
+    """Seconds a statement of the session waits for a row lock at most: the least of its
+    ``innodb_lock_wait_timeout`` (never "for ever") and MariaDB's ``max_statement_time``
+    when that is set (0: none; MySQL has no such variable)."""
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT @@SESSION.innodb_lock_wait_timeout")
-        return float(cursor.fetchone()[0])
+        limit = float(cursor.fetchone()[0])
+        try:
+            cursor.execute("SELECT @@SESSION.max_statement_time")
+        except DatabaseError:  # MySQL: its max_execution_time bounds SELECTs only
+            return limit
+        statement = float(cursor.fetchone()[0] or 0)
+    return min(limit, statement) if statement else limit
 
 
 @contextlib.contextmanager

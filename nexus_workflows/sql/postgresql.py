@@ -341,12 +341,22 @@ def set_local_lock_timeout(cursor: Any, seconds: float) -> None:
     cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(seconds * 1000))}ms"])
 
 
+# The least of the session's lock_timeout and statement_timeout that is set (0 is none;
+# LEAST passes over NULLs), in seconds.
+_LOCK_WAIT_LIMIT = (
+    "SELECT LEAST("
+    "NULLIF(EXTRACT(EPOCH FROM current_setting('lock_timeout')::interval), 0), "
+    "NULLIF(EXTRACT(EPOCH FROM current_setting('statement_timeout')::interval), 0))::float8"
+)
+
+
 def lock_wait_limit(using: str) -> float | None:
-    """The session's ``lock_timeout`` in seconds; None when it is 0 (no limit)."""
+    """Seconds a statement of the session waits for a lock at most: the least of its
+    ``lock_timeout`` and its ``statement_timeout`` that is set; None when neither is."""
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT EXTRACT(EPOCH FROM current_setting('lock_timeout')::interval)::float8")
+        cursor.execute(_LOCK_WAIT_LIMIT)
         seconds = cursor.fetchone()[0]
-    return float(seconds) or None
+    return None if seconds is None else float(seconds)
 
 
 #: The longest lock_timeout PostgreSQL takes, in seconds: an int of milliseconds (24.8

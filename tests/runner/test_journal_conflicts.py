@@ -29,7 +29,7 @@ from nexus_workflows.deferred.runner.journal_saves import Save
 from nexus_workflows.deferred.transitions import ClaimedWork
 from nexus_workflows.models import DeferredWork
 from tests.processes import wait_for
-from tests.raw_connections import raw_connection, row_changed, row_locked
+from tests.raw_connections import lock_waits, raw_connection, row_changed, row_locked
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -109,7 +109,9 @@ def test_a_held_rows_save_whose_claim_is_lost_meanwhile_raises_claim_lost(regist
     try:
         with row_changed(DeferredWork, work.id, "claim_token = 'someone else'") as commit:
             (saved,) = one_batch(writer, [(work, {"step": 1})])
-            wait_for(lambda: writer._held.seconds_to_next() is not None, timeout=10, what="the save put off")
+            wait_for(
+                lambda: lock_waits() >= 1, timeout=10, interval=0.2, what="the save to wait for the lock"
+            )
             commit()
         wait_for(lambda: not saved["thread"].is_alive(), timeout=10, what="the save")
     finally:
@@ -140,6 +142,136 @@ def test_a_stop_fails_a_held_rows_save_at_once(register_workflow: Any) -> None:
     assert "the runner stopped" in str(saved["error"])
     assert stopping < journal.STOP_WAIT / 2
     assert checkpoints_of(work) == {work.id: {}}
+
+
+def session_limits(statements: dict[str, str]) -> Any:
+    """Every new connection of the test database runs the statement of its vendor (a
+    session setting, as a production role has), the writers' own included."""
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    def limit(sender: Any, connection: Any, **kwargs: Any) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(statements[connection.vendor])
+
+    connection_created.connect(limit, weak=False)
+    connection.close()
+    return limit
+
+
+@pytest.mark.needs("row_locks")
+def test_a_row_locked_again_and_again_gets_its_save_written(register_workflow: Any) -> None:
+    """Another session locks the row in back-to-back transactions (a backfill's batches):
+    it is never free between two of them. The held save waits in the lock's queue, so it
+    gets the row at one of their commits; a save that only skipped and tried again (this
+    change's first version) waited until the locking stopped."""
+    from django.db import connection
+
+    (work,) = claimed_pair(register_workflow)[:1]
+    stop, locking = threading.Event(), threading.Event()
+
+    def lock_again_and_again() -> None:
+        """One session, each transaction begun as the last one commits."""
+        table = connection.ops.quote_name(TABLE)
+        if connection.vendor == "mysql":
+            import MySQLdb
+
+            session = MySQLdb.connect(**connection.get_connection_params())
+            session.autocommit(True)
+            run = session.cursor().execute
+        else:
+            session = raw_connection()
+            run = session.execute
+        try:
+            while not stop.is_set():
+                run("BEGIN")
+                run(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [work.id])
+                locking.set()
+                stop.wait(0.2)
+                run("COMMIT")
+        finally:
+            session.close()
+
+    locker = threading.Thread(target=lock_again_and_again, daemon=True)
+    locker.start()
+    writer = JournalWriter("default", 1)
+    try:
+        wait_for(locking.is_set, timeout=10, what="the locking")
+        (saved,) = one_batch(writer, [(work, {"step": 1})])
+        wait_for(lambda: not saved["thread"].is_alive(), timeout=20, what="the save, the locking going on")
+        assert locker.is_alive()
+    finally:
+        stop.set()
+        locker.join(10)
+        writer.stop()
+    assert saved["result"] == {"step": 1}
+    assert checkpoints_of(work) == {work.id: {"step": 1}}
+
+
+@pytest.mark.needs("row_locks")
+def test_a_held_rows_save_fails_once_it_has_waited_the_sessions_statement_timeout(
+    register_workflow: Any,
+) -> None:
+    """``statement_timeout`` (MariaDB: ``max_statement_time``) ended a save's wait for a
+    lock before; it still does for a held save, with the database's lock error, while the
+    lock is still held."""
+    from django.db import OperationalError
+    from django.db.backends.signals import connection_created
+
+    from nexus_workflows.database_errors import is_lock_wait_cut_short
+
+    (work,) = claimed_pair(register_workflow)[:1]
+    limit = session_limits(
+        {"postgresql": "SET statement_timeout = '1s'", "mysql": "SET SESSION max_statement_time = 1"}
+    )
+    writer = JournalWriter("default", 1)
+    try:
+        with row_locked(DeferredWork, work.id):
+            began = time.monotonic()
+            (saved,) = one_batch(writer, [(work, {"step": 1})])
+            wait_for(
+                lambda: not saved["thread"].is_alive(), timeout=20, what="the save while the lock is held"
+            )
+            waited = time.monotonic() - began
+    finally:
+        writer.stop()
+        connection_created.disconnect(limit)
+    assert isinstance(saved["error"], OperationalError)
+    assert is_lock_wait_cut_short(saved["error"])
+    assert waited >= 1.0
+    assert checkpoints_of(work) == {work.id: {}}
+
+
+@pytest.mark.postgresql
+def test_a_row_a_trigger_leaves_unwritten_is_a_lost_claim_not_a_held_row(register_workflow: Any) -> None:
+    """A project's trigger that leaves the row as it is (``RETURN NULL``): no lock anywhere.
+    The save finds its claim lost, as before; this change's first version took the row for
+    held and tried it for ever."""
+    from django.db import connection
+
+    from nexus_workflows.exceptions import ClaimLost
+
+    (work,) = claimed_pair(register_workflow)[:1]
+    writer = JournalWriter("default", 1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION nw_test_freeze() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN RETURN NULL; END $$"
+        )
+        cursor.execute(
+            f"CREATE TRIGGER nw_test_freeze BEFORE UPDATE ON {TABLE} FOR EACH ROW "
+            f"WHEN (NEW.id = {work.id} AND NEW.checkpoints <> OLD.checkpoints) "
+            "EXECUTE FUNCTION nw_test_freeze()"
+        )
+    try:
+        (saved,) = one_batch(writer, [(work, {"step": 1})])
+        wait_for(lambda: not saved["thread"].is_alive(), timeout=10, what="the save")
+    finally:
+        writer.stop()
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS nw_test_freeze ON {TABLE}")
+    assert isinstance(saved["error"], ClaimLost)
+    assert "no longer holds the work" in str(saved["error"])
 
 
 #: The advisory lock the deadlock test's trigger waits for (a key no app code uses).

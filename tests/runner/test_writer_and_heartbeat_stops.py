@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 
 from nexus_workflows import ClaimLost, enqueue
 from nexus_workflows.deferred.claims import Claimer
@@ -22,27 +22,13 @@ from nexus_workflows.deferred.runner.journal import JournalWriter
 from nexus_workflows.deferred.runner.ledger import Ledger
 from nexus_workflows.models import DeferredWork
 from tests.processes import wait_for
-from tests.raw_connections import row_locked, updates_wait_for_a_lock
+from tests.raw_connections import lock_waits, row_locked, updates_wait_for_a_lock
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.needs("row_locks")]
 
 
-#: Seconds between polls of lock_waits: MariaDB refreshes INNODB_TRX only when its last
-#: read is over 0.1 s old, so quicker polls would read the first answer for ever.
+#: Seconds between polls of lock_waits (see there).
 POLL = 0.2
-
-
-def lock_waits() -> int:
-    """Statements of any session waiting for a row lock now."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-        else:
-            cursor.execute(
-                "SELECT (SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT') "
-                "+ (SELECT count(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock')"
-            )
-        return int(cursor.fetchone()[0])
 
 
 def claimed(kind: str, count: int) -> list[Any]:

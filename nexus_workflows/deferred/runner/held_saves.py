@@ -3,67 +3,67 @@
 The journal writer's batch skips a row another session holds a lock on (an operator's open
 transaction, a backfill, the heartbeat's beat) instead of waiting for it: waiting held
 every other save of the batch (up to 200 attempts) back for as long as the lock was held.
-The skipped save waits here and is written again a moment later, the wait doubling from
-:data:`FIRST_WAIT` up to :data:`LONGEST_WAIT`, until it is written or its claim is lost,
-or until it has waited as long as the session would have waited for the lock inside a
-statement (``lock_timeout``, ``innodb_lock_wait_timeout``): then it fails with the
-database's own error for that lock (see ``JournalWriter``).
+The skipped save waits here :data:`BETWEEN_TRIES`, then a writer writes it alone, waiting
+in the row lock's queue like any statement, at most :data:`HELD_WAIT` at a time, in turn
+with the other saves it writes; until it is written, its claim is found lost, or it has
+waited as long as the session's own limit (see ``JournalWriter._write_held``).
+
+Skipping alone would not do for the held save itself: a row whose lock passes from one
+holder to the next (sessions queued on it) is never free between them, and a skipping
+try never lands; a waiting statement gets it at the next commit.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import collections
 import threading
 import time
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
-#: Seconds before a put-off save is first written again: a beat's or a mark's lock lasts a
-#: few milliseconds.
-FIRST_WAIT = 0.01
-#: The longest wait between two tries of one save: how late it may be written after the
-#: lock is let go.
-LONGEST_WAIT = 0.5
+#: Seconds a put-off save waits before it is written alone: a beat's or a mark's lock
+#: lasts a few milliseconds; and between two of its waits in the lock's queue.
+BETWEEN_TRIES = 0.01
+#: Seconds a held save waits in its row lock's queue at a time: the most its writer's
+#: other saves wait for it.
+HELD_WAIT = 0.1
+#: Seconds an idle writer waits on its queue before it looks at the put-off saves again
+#: (another writer may have put one off meanwhile).
+IDLE_WAKE = 0.5
 
 T = TypeVar("T")
 
 
-def wait_before_try(tries: int) -> float:
-    """Seconds to wait before the next try of a save put off ``tries`` times already."""
-    return min(LONGEST_WAIT, FIRST_WAIT * 2 ** min(tries, 16))
-
-
 class HeldSaves(Generic[T]):
-    """Saves waiting for their next try, soonest first; safe to use from any thread."""
+    """Saves waiting for their next try, in the order they were put off (each waits the
+    same time); safe to use from any thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._heap: list[tuple[float, int, T]] = []
-        self._order = itertools.count()  # ties in time keep their order; saves are not compared
+        self._waiting: collections.deque[tuple[float, T]] = collections.deque()
 
-    def put_off(self, saves: Iterable[tuple[T, float]]) -> None:
-        """Each save, to be tried again after its wait (seconds)."""
-        now = time.monotonic()
+    def put_off(self, saves: Iterable[T], wait: float) -> None:
+        """Each save, to be tried again after ``wait`` seconds."""
+        due = time.monotonic() + wait
         with self._lock:
-            for save, wait in saves:
-                heapq.heappush(self._heap, (now + wait, next(self._order), save))
+            self._waiting.extend((due, save) for save in saves)
 
-    def due(self) -> list[T]:
-        """The saves whose wait is over, taken out."""
-        now, ready = time.monotonic(), []
+    def take_due(self) -> T | None:
+        """The first save whose wait is over, taken out; None if none is."""
         with self._lock:
-            while self._heap and self._heap[0][0] <= now:
-                ready.append(heapq.heappop(self._heap)[2])
-        return ready
+            if self._waiting and self._waiting[0][0] <= time.monotonic():
+                return self._waiting.popleft()[1]
+        return None
 
-    def seconds_to_next(self) -> float | None:
-        """Seconds until the next save's wait is over; None when none waits."""
+    def seconds_to_next(self, *, at_most: float) -> float:
+        """Seconds until the next save's wait is over, at most ``at_most``."""
         with self._lock:
-            return max(0.0, self._heap[0][0] - time.monotonic()) if self._heap else None
+            if not self._waiting:
+                return at_most
+            return min(at_most, max(0.0, self._waiting[0][0] - time.monotonic()))
 
     def take_all(self) -> list[T]:
         with self._lock:
-            saves = [save for _, _, save in self._heap]
-            self._heap.clear()
+            saves = [save for _, save in self._waiting]
+            self._waiting.clear()
         return saves

@@ -14,9 +14,9 @@ a deadlock, after which the batch is written again first
 (:func:`~nexus_workflows.deferred.runner.unavailable.rerun_after_deadlocks`), and a
 refusal of what it wrote (a project's trigger), after which each save is written alone, so
 that only the row at fault fails. A row another session holds a lock on is skipped, not
-waited for, and its save written again a moment later
-(:mod:`~nexus_workflows.deferred.runner.held_saves`): one held row no longer holds every
-other save of its batch back.
+waited for, and its save written alone a moment later, waiting for the lock in bounded
+turns (:mod:`~nexus_workflows.deferred.runner.held_saves`): one held row no longer holds
+every other save of its batch back.
 
 The few other statements of an ``async def`` attempt (a rate-limited kind's start and its
 confirmation) run on a writer too (:meth:`JournalWriter.call_async`), so that they count
@@ -32,14 +32,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import DatabaseError, connections
 
-from nexus_workflows.database_errors import statement_refused
+from nexus_workflows.database_errors import is_lock_wait_cut_short, statement_refused
 from nexus_workflows.deferred import transitions
-from nexus_workflows.deferred.runner.held_saves import HeldSaves, wait_before_try
+from nexus_workflows.deferred.runner.held_saves import BETWEEN_TRIES, HELD_WAIT, IDLE_WAKE, HeldSaves
 from nexus_workflows.deferred.runner.journal_saves import (
     Call,
     Save,
@@ -168,58 +168,109 @@ class JournalWriter:
 
     def _run(self) -> None:
         try:
-            while (first := self._next()) is not None:
+            while True:
+                # Turn about: one put-off save whose wait is over, then what waits in line
+                # (so neither starves the other).
+                self._write_one_held()
+                try:
+                    first = self._waiting.get(timeout=self._held.seconds_to_next(at_most=IDLE_WAKE))
+                except queue.Empty:
+                    continue
+                if first is None:
+                    break
                 close_if_past_max_age(self.using)  # between batches, as Django between requests
                 if isinstance(first, Call):
                     self._call(first)
                     continue
                 batch = self._gather(first)
-                with self._lock:
-                    self._in_hand[threading.get_ident()] = batch
-                try:
+                with self._in_hand_of_this_writer(batch):
                     held = self._write(batch)
-                finally:
-                    with self._lock:
-                        self._in_hand.pop(threading.get_ident(), None)
                 self._put_off(held)
         finally:
             connections.close_all()
 
-    def _next(self) -> Save | Call | None:
-        """What waits next, put-off saves whose wait is over first in line; None: stop."""
-        while True:
-            due = self._held.due()
-            if due:
-                with self._lock:
-                    stopping = self._stopped
-                    if not stopping:
-                        for save in due:
-                            self._waiting.put(save)
-                if stopping:  # the stop failed what it found; these it could not see
-                    complete_once(due, lambda save: stopped(save.work))
-            try:
-                return self._waiting.get(timeout=self._held.seconds_to_next())
-            except queue.Empty:
-                continue
+    @contextlib.contextmanager
+    def _in_hand_of_this_writer(self, batch: list[Save]) -> Iterator[None]:
+        """``batch`` is this writer's while the block runs: a stop that gives up on the
+        writer (stuck on a silent network) fails its saves."""
+        with self._lock:
+            self._in_hand[threading.get_ident()] = batch
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_hand.pop(threading.get_ident(), None)
 
     def _put_off(self, saves: list[Save]) -> None:
-        """Saves whose row another session holds, written again after their wait."""
+        """Saves whose row another session holds, written again after a moment."""
         if not saves:
             return
         with self._lock:
             if not self._stopped:
-                self._held.put_off((save, wait_before_try(save.held_tries)) for save in saves)
-                for save in saves:
-                    save.held_tries += 1
+                self._held.put_off(saves, BETWEEN_TRIES)
                 return
         complete_once(saves, lambda save: stopped(save.work))
 
+    def _write_one_held(self) -> None:
+        """One put-off save whose wait is over, if any (none once stopping: the stop fails
+        them), written alone, waiting for its row's lock (see _write_held)."""
+        with self._lock:
+            save = None if self._stopped else self._held.take_due()
+        if save is not None:
+            close_if_past_max_age(self.using)
+            with self._in_hand_of_this_writer([save]):
+                again = self._write_held(save)
+            self._put_off([save] if again else [])
+
     def _write_alone(self, save: Save) -> None:
-        """After :meth:`stop`, on the caller's own connection: again after a wait while
-        another session holds its row."""
-        while self._write([save]):
-            time.sleep(wait_before_try(save.held_tries))
-            save.held_tries += 1
+        """After :meth:`stop`, on the caller's own connection (see _write_held)."""
+        if self._write([save]):
+            while self._write_held(save):
+                time.sleep(BETWEEN_TRIES)
+
+    def _write_held(self, save: Save) -> bool:
+        """Write a save whose row another session held: alone, in the row lock's queue as
+        any waiting statement (a lock that passes from holder to holder is had at the next
+        commit), but waiting at most :data:`HELD_WAIT` at a time, so that this writer's
+        other saves wait no longer. True: that wait was cut short, to be tried again.
+        Once the save has waited as long as the session's own limit (``lock_timeout``,
+        ``statement_timeout``, ``innodb_lock_wait_timeout``, ``max_statement_time``), the
+        cut-short wait's error (the database's lock error) is the save's."""
+        try:
+            written = transitions.save_journal_waiting(save.work, save.checkpoints, at_most=HELD_WAIT)
+        except Exception as error:  # noqa: BLE001 - the attempt decides (outage rules)
+            failed: BaseException = error
+        else:
+            complete_once([save], lambda save: None if written else claim_lost(save.work))
+            return False
+        if is_lock_wait_cut_short(failed):
+            try:
+                again = not self._waited_its_limit(save)
+            except Exception as error:  # noqa: BLE001 - the attempt decides (outage rules)
+                close_connection(self.using)
+                failed, again = error, False
+            if again:
+                self._say_held(save)
+                return True
+        else:
+            close_connection(self.using)  # the next statement reconnects
+        complete_once([save], lambda save: own_copy(failed))
+        return False
+
+    def _waited_its_limit(self, save: Save) -> bool:
+        limit = transitions.lock_wait_limit(self.using)
+        return limit is not None and time.monotonic() - (save.held_since or 0.0) >= limit
+
+    def _say_held(self, save: Save) -> None:
+        """Once per save, after a second: which row it waits for (kind and id only)."""
+        if save.held_said or time.monotonic() - (save.held_since or 0.0) < HELD_SAID_AFTER:
+            return
+        save.held_said = True
+        logger.info(
+            "a save of %s #%s waits for its row, which another session holds a lock on",
+            save.work.kind,
+            save.work.id,
+        )
 
     def _call(self, call: Call) -> None:
         result, error = None, None
@@ -269,7 +320,7 @@ class JournalWriter:
 
     def _write(self, batch: list[Save]) -> list[Save]:
         """Write ``batch`` and complete its saves, but for those whose row another session
-        holds: returned, to be written again after a wait (:meth:`_put_off`)."""
+        holds: returned, to be written on their own after a moment (:meth:`_put_off`)."""
         journals = [(save.work, save.checkpoints) for save in batch]
         try:
             # A writer's connection sits idle between batches: once more on a new one if
@@ -279,59 +330,21 @@ class JournalWriter:
             close_connection(self.using)  # the next batch reconnects
             failed: BaseException = error
         else:
-            return self._settle(batch, result)
+            held = [save for save in batch if save.work.id in result.held]
+            complete_once(
+                [save for save in batch if save.work.id not in result.held],
+                lambda save: None if save.work.id in result.written else claim_lost(save.work),
+            )
+            now = time.monotonic()
+            for save in held:
+                save.held_since = save.held_since or now
+            return held
         if len(batch) > 1 and refused_for_its_rows(failed):
             # One row may be the cause: only its save fails.
             return [held for save in batch for held in self._write([save])]
         # One instance per attempt: each raises it in its own thread or task.
         complete_once(batch, lambda save: own_copy(failed))
         return []
-
-    def _settle(self, batch: list[Save], result: JournalsWritten) -> list[Save]:
-        """Complete the saves written or lost; return those whose row another session
-        holds, unless they waited as long as a statement would have (see _held_too_long)."""
-        held = [save for save in batch if save.work.id in result.held]
-        errors = self._held_too_long(held)
-        complete_once(
-            [save for save in batch if save.work.id not in result.held or save.work.id in errors],
-            lambda save: (
-                errors.get(save.work.id)
-                or (None if save.work.id in result.written else claim_lost(save.work))
-            ),
-        )
-        return [save for save in held if save.work.id not in errors]
-
-    def _held_too_long(self, held: list[Save]) -> dict[int, BaseException]:
-        """The errors of the held saves that have waited the session's own limit for a lock
-        (``lock_timeout``; none: for ever): the database's error for that lock, as the
-        statement would have raised had it waited (the attempt's refusal rules apply)."""
-        if not held:
-            return {}
-        now, waited = time.monotonic(), {}
-        for save in held:
-            save.held_since = now if save.held_since is None else save.held_since
-            waited[save.work.id] = now - save.held_since
-        try:
-            limit = transitions.lock_wait_limit(self.using)
-            expired = [save for save in held if limit is not None and waited[save.work.id] >= limit]
-            errors = {save.work.id: transitions.lock_wait_error(save.work) for save in expired}
-        except Exception as error:  # noqa: BLE001 - the attempts decide (outage rules)
-            close_connection(self.using)
-            return {save.work.id: own_copy(error) for save in held}
-        self._say_held([save for save in held if waited[save.work.id] >= HELD_SAID_AFTER])
-        return {pk: error for pk, error in errors.items() if error is not None}
-
-    def _say_held(self, saves: list[Save]) -> None:
-        """Once per save: which row a save has waited for (kind and id only)."""
-        unsaid = [save for save in saves if not save.held_said]
-        for save in unsaid:
-            save.held_said = True
-        if unsaid:
-            logger.info(
-                "%d save(s) wait for their row, which another session holds a lock on (%s)",
-                len(unsaid),
-                ", ".join(f"{save.work.kind} #{save.work.id}" for save in unsaid[:10]),
-            )
 
     def _fail_in_hand(self) -> None:
         """Fail the saves of writers still writing after the stop's wait: their callers

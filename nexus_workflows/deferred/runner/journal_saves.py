@@ -32,10 +32,9 @@ class Save:
     # Completed (its error, or none, is final and its caller woken): at most once, by
     # whichever comes first of its writer and a stop that gave up on that writer.
     completed: bool = False
-    # Since when (monotonic) another session's lock has held its row, how many times it
-    # was put off since, and whether that was said (see held_saves).
+    # Since when (monotonic) another session's lock has held its row, and whether that
+    # was said (see held_saves).
     held_since: float | None = None
-    held_tries: int = 0
     held_said: bool = False
 
 
