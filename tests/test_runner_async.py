@@ -279,6 +279,34 @@ def test_attempts_in_flight_with_saves_never_hold_more_connections_than_the_sett
     assert journals == [{"step": 2}] * in_flight
 
 
+@pytest.mark.postgresql
+def test_the_wake_up_listener_opens_no_connection_of_its_own_beyond_its_listen(
+    register_workflow: Any,
+) -> None:
+    """The listener's probe (and the runner row it updates on a mode change) run on a
+    journal writer's connection. On the old code they opened one of the listener thread's
+    own, closed after: with the writers' connections that was DB_CONNECTIONS + 1 for a
+    moment, and the bound test above failed so in CI (5 sessions for 4)."""
+    from django.db.backends.signals import connection_created
+
+    threads: list[str] = []
+
+    def opened(sender: Any, connection: Any, **kwargs: Any) -> None:
+        threads.append(threading.current_thread().name)
+
+    kind = register_workflow(lambda t, c, s: s({"step": 1}), retry_schedule=[1]).kind
+    connection_created.connect(opened, weak=False)
+    try:
+        with override_settings(NEXUS_WORKFLOWS=FAST), running([kind]) as runner:
+            wait_for(lambda: runner.wakeup_mode.name == "LISTENING", timeout=30, what="wake-ups")
+            enqueue_many(kind, [{"key": n} for n in range(3)])
+            wait_for(lambda: runner.stats.done == 3, timeout=30, what="the work done")
+    finally:
+        connection_created.disconnect(opened)
+    assert threads  # the runner's connections were seen
+    assert [name for name in threads if "listener" in name] == []
+
+
 # --- wake-up by id (issue 12, item 3) ------------------------------------------------------
 
 

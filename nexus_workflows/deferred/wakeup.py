@@ -165,6 +165,7 @@ class PostgresListener(threading.Thread):
         on_kind_ended: Callable[[str], bool] | None = None,
         on_any_work: Callable[[], object] | None = None,
         on_rest_held: Callable[[str], object] | None = None,
+        run_db: Callable[..., Any] | None = None,
     ) -> None:
         super().__init__(name="nexus-workflows-listener", daemon=True)
         self.using = using
@@ -174,6 +175,10 @@ class PostgresListener(threading.Thread):
         self.decided = threading.Event()  # set once the first probe has an answer
         # Called from this thread when the mode changed: the runner's row shows it.
         self.on_mode_change = on_mode_change
+        # Runs a function on another thread's connection of ``using`` (the runner's journal
+        # writers): the probe and on_mode_change then hold no connection of this thread's
+        # beyond the LISTEN's. Without it, they use one of this thread's, closed after.
+        self.run_db = run_db
         # Called from this thread with (id, kind) of a row inserted alone, before the
         # event is set: the runner can claim that row by id (see parse_new_work). It
         # answers whether the runner takes such a row: if not, the event is not set.
@@ -371,7 +376,10 @@ class PostgresListener(threading.Thread):
         True if it arrived, False if not, None if it could not be sent."""
         payload = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
-            send_probe(self.using, payload)
+            if self.run_db is not None:
+                self.run_db(notify_probe, self.using, payload)
+            else:
+                send_probe(self.using, payload)
         except Exception as error:  # noqa: BLE001 - the database may be down: retry later
             logger.warning(
                 "wake-up probe could not be sent through database %r (%s); retrying",
@@ -435,21 +443,32 @@ class PostgresListener(threading.Thread):
         if changed:
             self.event.set()  # the runner re-reads its poll interval
             if self.on_mode_change is not None and not self._stopping.is_set():
+                self._show_mode(self.on_mode_change)
+
+    def _show_mode(self, show: Callable[[], None]) -> None:
+        try:
+            if self.run_db is not None:
+                self.run_db(show)
+            else:
                 try:
-                    self.on_mode_change()
-                except Exception as error:  # noqa: BLE001 - the row is only shown
-                    logger.debug("runner row not updated (%s)", type(error).__name__)
+                    show()
                 finally:
                     with contextlib.suppress(Exception):
                         connections[self.using].close()  # hold no second connection
+        except Exception as error:  # noqa: BLE001 - the row is only shown
+            logger.debug("runner row not updated (%s)", type(error).__name__)
 
 
 def send_probe(using: str, payload: str) -> None:
-    """NOTIFY ``payload`` on a connection of ``using`` (this thread's, closed afterwards so
-    an idle listener holds no second connection)."""
-    connection = connections[using]
+    """:func:`notify_probe` on this thread's connection of ``using``, closed afterwards so
+    an idle listener holds no second connection."""
     try:
-        with connection.cursor() as cursor:
-            postgresql.notify(cursor, CHANNEL, payload)
+        notify_probe(using, payload)
     finally:
-        connection.close()
+        connections[using].close()
+
+
+def notify_probe(using: str, payload: str) -> None:
+    """NOTIFY ``payload`` on this thread's connection of ``using``."""
+    with connections[using].cursor() as cursor:
+        postgresql.notify(cursor, CHANNEL, payload)

@@ -161,10 +161,25 @@ class JournalWriter:
         if self._stopped:
             return await asyncio.to_thread(function, *args)
         loop = asyncio.get_running_loop()
-        call = Call(function, args, loop.create_future(), loop)
-        if not self._enqueue(call):
+        future = loop.create_future()
+        if not self._enqueue(Call(function, args, future, loop)):
             return await asyncio.to_thread(function, *args)  # the writers stopped meanwhile
-        return await call.future
+        return await future
+
+    def call(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` on a writer's connection for another thread of the runner (the
+        wake-up listener's probe and row updates: no connection beyond ``DB_CONNECTIONS``);
+        after :meth:`stop`, on the caller's thread, whose connection is closed afterwards."""
+        call = Call(function, args, done=(done := threading.Event()))
+        if not self._enqueue(call):
+            try:
+                return function(*args)
+            finally:
+                connections[self.using].close()
+        done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.result
 
     def _run(self) -> None:
         try:
@@ -281,8 +296,12 @@ class JournalWriter:
             if isinstance(raised, DatabaseError):
                 close_connection(self.using)  # the next statement reconnects
 
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
-            call.loop.call_soon_threadsafe(resolve, call.future, result, error)
+        if call.done is not None:
+            call.result, call.error = result, error
+            call.done.set()
+        elif call.loop is not None and call.future is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+                call.loop.call_soon_threadsafe(resolve, call.future, result, error)
 
     def _gather(self, first: Save) -> list[Save]:
         """``first`` and whatever else waits, up to MAX_BATCH, one save per row (a later

@@ -56,13 +56,17 @@ def complete_once(saves: list[Save], error_of: Callable[[Save], BaseException | 
 
 @dataclass(eq=False)
 class Call:
-    """A function an async attempt runs on a writer's connection; its result or error is
-    set on ``future`` (of ``loop``)."""
+    """A function run on a writer's connection for another thread: an async attempt's (its
+    result or error set on ``future``, of ``loop``) or a helper thread's (``done`` set once
+    ``result`` or ``error`` is)."""
 
     function: Callable[..., Any]
     args: tuple[Any, ...]
-    future: asyncio.Future[Any]
-    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    done: threading.Event | None = None
+    result: Any = None
+    error: BaseException | None = None
 
 
 def _complete(saves: list[Save]) -> None:

@@ -311,6 +311,7 @@ class Runner:
                 on_kind_ended=self._lanes.kind_ended,
                 on_any_work=self._lanes.wake_limited if self._lanes.limited else None,
                 on_rest_held=self._lanes.wake_limited if self._lanes.limited else None,
+                run_db=self._journal.call,
             )
             self._listener.start()
             started.callback(self._listener.stop)
