@@ -297,7 +297,9 @@ def test_the_wake_up_listener_opens_no_connection_of_its_own_beyond_its_listen(
     kind = register_workflow(lambda t, c, s: s({"step": 1}), retry_schedule=[1]).kind
     connection_created.connect(opened, weak=False)
     try:
-        with override_settings(NEXUS_WORKFLOWS=FAST), running([kind]) as runner:
+        # "direct": the LISTEN straight to PostgreSQL also in bin/test's PgBouncer leg.
+        settings = {**FAST, "WAKEUP_DATABASE": "direct"}
+        with override_settings(NEXUS_WORKFLOWS=settings), running([kind]) as runner:
             wait_for(lambda: runner.wakeup_mode.name == "LISTENING", timeout=30, what="wake-ups")
             enqueue_many(kind, [{"key": n} for n in range(3)])
             wait_for(lambda: runner.stats.done == 3, timeout=30, what="the work done")
