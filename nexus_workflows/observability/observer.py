@@ -301,6 +301,13 @@ class Observer:
                 self._next_sweep = time.monotonic() + float(app_settings.SWEEP_INTERVAL)
                 self._bounded(self._sweep, "old runner rows and counts not purged")
 
+    def show_mode(self) -> None:
+        """Wake-up listener, on a mode change: refresh the runner's row only (the sweep is
+        the heartbeat thread's: this runs on a journal writer, whose saves would wait)."""
+        with self._row_lock:
+            if not self._stopped:
+                self._refresh_row()
+
     def _refresh_row(self) -> bool:
         """Refresh the row, or write it again, in a block of its own; whether it passed. A
         row written again is this runner's only once the block has committed: on PostgreSQL

@@ -37,9 +37,9 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 
-from nexus_workflows.database_errors import is_lock_wait_cut_short, statement_refused
+from nexus_workflows.database_errors import statement_refused
 from nexus_workflows.deferred import transitions
-from nexus_workflows.deferred.runner.held_saves import BETWEEN_TRIES, HELD_WAIT, IDLE_WAKE, HeldSaves
+from nexus_workflows.deferred.runner.held_saves import BETWEEN_TRIES, IDLE_WAKE, HeldSaves, WritesHeldSaves
 from nexus_workflows.deferred.runner.journal_saves import (
     Call,
     Save,
@@ -54,6 +54,7 @@ from nexus_workflows.deferred.runner.unavailable import (
     close_if_past_max_age,
     is_database_unavailable,
     rerun_after_deadlocks,
+    rerun_on_a_new_connection,
 )
 from nexus_workflows.deferred.transitions import ClaimedWork, JournalsWritten, validate_patch
 
@@ -63,11 +64,9 @@ logger = logging.getLogger("nexus_workflows.deferred.runner")
 MAX_BATCH = 200
 #: Seconds :meth:`JournalWriter.stop` waits for all the writers together.
 STOP_WAIT = 5.0
-#: Seconds a save waits for its row, held by another session's lock, before it is said.
-HELD_SAID_AFTER = 1.0
 
 
-class JournalWriter:
+class JournalWriter(WritesHeldSaves):
     """``size`` writer threads, each with one connection to ``using``; see the module.
 
     :meth:`save` (sync) and :meth:`save_async` may be called from any number of threads
@@ -87,6 +86,7 @@ class JournalWriter:
         self._lock = threading.Lock()
         # The batch each writer is writing, by thread: failed at stop if still unwritten.
         self._in_hand: dict[int, list[Save]] = {}
+        self._calls_in_hand: dict[int, Call] = {}
         self._held: HeldSaves[Save] = HeldSaves()
 
     def start(self) -> None:
@@ -195,7 +195,11 @@ class JournalWriter:
                     break
                 close_if_past_max_age(self.using)  # between batches, as Django between requests
                 if isinstance(first, Call):
+                    with self._lock:  # a helper thread's call, failed by a stop that gives up on us
+                        self._calls_in_hand[threading.get_ident()] = first
                     self._call(first)
+                    with self._lock:
+                        self._calls_in_hand.pop(threading.get_ident(), None)
                     continue
                 batch = self._gather(first)
                 with self._in_hand_of_this_writer(batch):
@@ -216,89 +220,28 @@ class JournalWriter:
             with self._lock:
                 self._in_hand.pop(threading.get_ident(), None)
 
-    def _put_off(self, saves: list[Save]) -> None:
-        """Saves whose row another session holds, written again after a moment."""
-        if not saves:
-            return
-        with self._lock:
-            if not self._stopped:
-                self._held.put_off(saves, BETWEEN_TRIES)
-                return
-        complete_once(saves, lambda save: stopped(save.work))
-
-    def _write_one_held(self) -> None:
-        """One put-off save whose wait is over, if any (none once stopping: the stop fails
-        them), written alone, waiting for its row's lock (see _write_held)."""
-        with self._lock:
-            save = None if self._stopped else self._held.take_due()
-        if save is not None:
-            close_if_past_max_age(self.using)
-            with self._in_hand_of_this_writer([save]):
-                again = self._write_held(save)
-            self._put_off([save] if again else [])
-
     def _write_alone(self, save: Save) -> None:
         """After :meth:`stop`, on the caller's own connection (see _write_held)."""
         if self._write([save]):
             while self._write_held(save):
                 time.sleep(BETWEEN_TRIES)
 
-    def _write_held(self, save: Save) -> bool:
-        """Write a save whose row another session held: alone, in the row lock's queue as
-        any waiting statement (a lock that passes from holder to holder is had at the next
-        commit), but waiting at most :data:`HELD_WAIT` at a time, so that this writer's
-        other saves wait no longer. True: that wait was cut short, to be tried again.
-        Once the save has waited as long as the session's own limit (``lock_timeout``,
-        ``statement_timeout``, ``innodb_lock_wait_timeout``, ``max_statement_time``), the
-        cut-short wait's error (the database's lock error) is the save's."""
-        try:
-            written = transitions.save_journal_waiting(save.work, save.checkpoints, at_most=HELD_WAIT)
-        except Exception as error:  # noqa: BLE001 - the attempt decides (outage rules)
-            failed: BaseException = error
-        else:
-            complete_once([save], lambda save: None if written else claim_lost(save.work))
-            return False
-        if is_lock_wait_cut_short(failed):
-            try:
-                again = not self._waited_its_limit(save)
-            except Exception as error:  # noqa: BLE001 - the attempt decides (outage rules)
-                close_connection(self.using)
-                failed, again = error, False
-            if again:
-                self._say_held(save)
-                return True
-        else:
-            close_connection(self.using)  # the next statement reconnects
-        complete_once([save], lambda save: own_copy(failed))
-        return False
-
-    def _waited_its_limit(self, save: Save) -> bool:
-        limit = transitions.lock_wait_limit(self.using)
-        return limit is not None and time.monotonic() - (save.held_since or 0.0) >= limit
-
-    def _say_held(self, save: Save) -> None:
-        """Once per save, after a second: which row it waits for (kind and id only)."""
-        if save.held_said or time.monotonic() - (save.held_since or 0.0) < HELD_SAID_AFTER:
-            return
-        save.held_said = True
-        logger.info(
-            "a save of %s #%s waits for its row, which another session holds a lock on",
-            save.work.kind,
-            save.work.id,
-        )
-
     def _call(self, call: Call) -> None:
         result, error = None, None
         try:
-            result = call.function(*call.args)
+            if call.done is not None:  # a helper thread's (a NOTIFY, the runner's row): may run twice
+                result = rerun_on_a_new_connection(self.using, lambda: call.function(*call.args))
+            else:
+                result = call.function(*call.args)
         except BaseException as raised:  # noqa: BLE001 - the attempt decides, as for a save
             error = raised
             if isinstance(raised, DatabaseError):
                 close_connection(self.using)  # the next statement reconnects
 
         if call.done is not None:
-            call.result, call.error = result, error
-            call.done.set()
+            if not call.done.is_set():  # a stop may have given up on it (_fail_in_hand)
+                call.result, call.error = result, error
+                call.done.set()
         elif call.loop is not None and call.future is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
                 call.loop.call_soon_threadsafe(resolve, call.future, result, error)
@@ -372,7 +315,13 @@ class JournalWriter:
         with self._lock:
             held = [save for batch in self._in_hand.values() for save in batch]
             self._in_hand.clear()
+            calls = [call for call in self._calls_in_hand.values() if call.done is not None]
+            self._calls_in_hand.clear()
         complete_once(held, lambda save: stopped(save.work))
+        for call in calls:  # the listener's probe or row update: its thread must not wait for ever
+            if call.done is not None and not call.done.is_set():
+                call.error = RuntimeError("the runner stopped before its journal writer ended this call")
+                call.done.set()
 
     def _fail_waiting(self) -> None:
         failed, ends = [], 0

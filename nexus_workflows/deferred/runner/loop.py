@@ -306,7 +306,7 @@ class Runner:
             self._listener = wakeup.PostgresListener(
                 self.using,
                 self._wake,
-                on_mode_change=self._observer.heartbeat,
+                on_mode_change=self._observer.show_mode,
                 on_new_work=self._lanes.new_work,
                 on_kind_ended=self._lanes.kind_ended,
                 on_any_work=self._lanes.wake_limited if self._lanes.limited else None,
