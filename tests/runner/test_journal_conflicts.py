@@ -13,6 +13,7 @@ that row's save: the others are written alone."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -144,9 +145,11 @@ def test_a_stop_fails_a_held_rows_save_at_once(register_workflow: Any) -> None:
     assert checkpoints_of(work) == {work.id: {}}
 
 
-def session_limits(statements: dict[str, str]) -> Any:
-    """Every new connection of the test database runs the statement of its vendor (a
-    session setting, as a production role has), the writers' own included."""
+@contextlib.contextmanager
+def session_limits(statements: dict[str, str]) -> Iterator[str]:
+    """Within the block, every new connection of the test database runs the statement of its
+    vendor (a session setting, as a production role has), the writers' own included; yields
+    the vendor."""
     from django.db import connection
     from django.db.backends.signals import connection_created
 
@@ -156,7 +159,11 @@ def session_limits(statements: dict[str, str]) -> Any:
 
     connection_created.connect(limit, weak=False)
     connection.close()
-    return limit
+    try:
+        yield connection.vendor
+    finally:
+        connection_created.disconnect(limit)
+        connection.close()  # the session's setting goes with it
 
 
 @pytest.mark.needs("row_locks")
@@ -217,17 +224,14 @@ def test_a_held_rows_save_fails_once_it_has_waited_the_sessions_statement_timeou
     database's lock error, or, on MariaDB, whose least wait is a second, with the statement
     cancelled by ``max_statement_time`` when that comes first (as before)."""
     from django.db import OperationalError
-    from django.db.backends.signals import connection_created
 
     from nexus_workflows.database_errors import is_lock_wait_cut_short, is_query_canceled
 
     (work,) = claimed_pair(register_workflow)[:1]
-    limit = session_limits(
-        {"postgresql": "SET statement_timeout = '1s'", "mysql": "SET SESSION max_statement_time = 1"}
-    )
+    limits = {"postgresql": "SET statement_timeout = '1s'", "mysql": "SET SESSION max_statement_time = 1"}
     writer = JournalWriter("default", 1)
     try:
-        with row_locked(DeferredWork, work.id):
+        with session_limits(limits), row_locked(DeferredWork, work.id):
             began = time.monotonic()
             (saved,) = one_batch(writer, [(work, {"step": 1})])
             wait_for(
@@ -236,7 +240,6 @@ def test_a_held_rows_save_fails_once_it_has_waited_the_sessions_statement_timeou
             waited = time.monotonic() - began
     finally:
         writer.stop()
-        connection_created.disconnect(limit)
     assert isinstance(saved["error"], OperationalError)
     assert is_lock_wait_cut_short(saved["error"]) or is_query_canceled(saved["error"])
     assert waited >= 1.0
@@ -336,24 +339,9 @@ def lock_wait_limit() -> Iterator[str]:
     """Every new connection of the test database waits at most 200 ms (PostgreSQL's
     ``lock_timeout``) or 1 s (MariaDB's ``innodb_lock_wait_timeout``) for a row lock, as a
     production role often does; the writer's own connections included."""
-    from django.db.backends.signals import connection_created
-
-    def limit(sender: Any, connection: Any, **kwargs: Any) -> None:
-        with connection.cursor() as cursor:
-            if connection.vendor == "mysql":
-                cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
-            else:
-                cursor.execute("SET lock_timeout = '200ms'")
-
-    connection_created.connect(limit, weak=False)
-    from django.db import connection
-
-    connection.close()
-    try:
-        yield connection.vendor
-    finally:
-        connection_created.disconnect(limit)
-        connection.close()
+    limits = {"postgresql": "SET lock_timeout = '200ms'", "mysql": "SET SESSION innodb_lock_wait_timeout = 1"}
+    with session_limits(limits) as vendor:
+        yield vendor
 
 
 @pytest.mark.needs("row_locks")
