@@ -479,7 +479,8 @@ def test_a_runner_says_once_that_statement_timeout_cancels_its_prune_as_for_a_he
 
     table = slow_window_prune()
     purging = Purging("default", RunStats())
-    with caplog.at_level(logging.DEBUG, logger="nexus_workflows"), only_the_prune_times_out(100):
+    # 500 ms: on a loaded CI machine, the passing prune's one-row DELETE took over 100 ms.
+    with caplog.at_level(logging.DEBUG, logger="nexus_workflows"), only_the_prune_times_out(500):
         for _ in range(3):
             assert purging.batch() is False
         with connection.cursor() as cursor:
@@ -541,8 +542,8 @@ def test_the_purge_reads_only_expired_entries_of_its_index() -> None:
 
 
 def slow_window_prune() -> str:
-    """One expired rate-window row whose delete takes a second (a trigger), so a prune of
-    it outlasts a short ``statement_timeout``. In the test's transaction: its rollback
+    """One expired rate-window row whose delete takes 30 s (a trigger), so a prune of
+    it outlasts any short ``statement_timeout``. In the test's transaction: its rollback
     drops the function and the trigger. Returns the table's quoted name."""
     from nexus_workflows.models import FlowWindowSlot
 
@@ -551,7 +552,7 @@ def slow_window_prune() -> str:
     with connection.cursor() as cursor:
         cursor.execute(
             "CREATE FUNCTION nw_test_slow_prune() RETURNS trigger LANGUAGE plpgsql AS $$ "
-            "BEGIN PERFORM pg_sleep(1); RETURN OLD; END $$"
+            "BEGIN PERFORM pg_sleep(30); RETURN OLD; END $$"
         )
         cursor.execute(
             f"CREATE TRIGGER nw_test_slow_prune BEFORE DELETE ON {table} "
