@@ -374,7 +374,8 @@ def test_purge_expired_waits_for_a_lock_as_the_session_says_not_the_runners_boun
         def release_once_waited_for() -> None:
             wait_for(
                 lambda: watcher.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE %s",
                     [f"DELETE FROM {table}%"],
                 ).fetchone(),
                 timeout=10,

@@ -329,7 +329,8 @@ def test_a_batch_ended_by_a_deadlock_is_written_again(
 def advisory_waits() -> int:
     with raw_connection() as watcher:
         row = watcher.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         ).fetchone()
         return int(row[0])
 
