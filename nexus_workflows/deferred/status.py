@@ -1,5 +1,6 @@
-"""What ``manage.py workflows status`` reports: counts, the oldest due item, abandoned work,
-and how each live runner learns of new work (its wake-up mode).
+"""What ``manage.py workflows status`` reports: counts, the oldest due item, stale claims
+(processing rows whose runner is gone), abandoned work, and how each live runner learns of
+new work (its wake-up mode).
 
 Dedupe keys and error messages may carry patient data: the report names work by kind and
 id and errors by exception type, unless it is rendered with ``reveal=True``
@@ -12,12 +13,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count
+from django.db.models import Count, F
 from django.utils import timezone
 
 from nexus_workflows.clock import database_now
 from nexus_workflows.deferred.attempts import describe_attempt
 from nexus_workflows.deferred.history import first_line
+from nexus_workflows.deferred.triage import stale_q
 from nexus_workflows.deferred.unknown_kinds import due_of_unknown_kinds
 from nexus_workflows.deferred.wakeup import WakeupMode
 from nexus_workflows.flow.report import KindFlow, flow_report
@@ -39,6 +41,9 @@ class StatusReport:
     flow: list[KindFlow] = field(default_factory=list)
     #: Due rows per kind that no runner of this project runs (they stay pending).
     unknown_due: dict[str, int] = field(default_factory=dict)
+    #: Stale claims per kind, and the one whose runner was heard from longest ago.
+    stale: dict[str, int] = field(default_factory=dict)
+    oldest_stale: DeferredWork | None = None
 
 
 def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
@@ -58,6 +63,7 @@ def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
     abandoned = DeferredWork.objects.filter(status=Status.ABANDONED).order_by("-updated_at")
     report.flow = flow_report()
     report.unknown_due = due_of_unknown_kinds(report.generated_at, using=DeferredWork.objects.db)
+    _add_stale_claims(report)
     report.abandoned_total = abandoned.count()
     listed = ("pk", "kind", "dedupe_key", "attempt", "backend_name", "last_error", "updated_at")
     report.abandoned = list(abandoned.only(*listed)[:abandoned_limit])
@@ -65,6 +71,14 @@ def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
     # on the database's clock like the rows' own times.
     report.runners = list(Runner.objects.filter(live_runners.alive_q()).order_by("host", "pid"))
     return report
+
+
+def _add_stale_claims(report: StatusReport) -> None:
+    stale = DeferredWork.objects.filter(stale_q(report.generated_at))
+    report.stale = dict(stale.order_by("kind").values_list("kind").annotate(n=Count("pk")))
+    if report.stale:
+        oldest = stale.order_by(F("heartbeat_at").asc(nulls_first=True), "pk")
+        report.oldest_stale = oldest.only("pk", "kind", "heartbeat_at", "attempt", "backend_name").first()
 
 
 _MODE_NOTES: dict[str, str] = {  # by WakeupMode, a StrEnum: the runner row's string finds it
@@ -96,6 +110,7 @@ def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
         )
     else:
         lines.append("Oldest due: nothing is due.")
+    lines.extend(render_stale(report))
     lines.extend(render_flow(report.flow))
     lines.extend(render_unknown(report.unknown_due))
     lines.append(f"Abandoned: {report.abandoned_total}")
@@ -134,6 +149,29 @@ def render_flow(flows: list[KindFlow]) -> list[str]:
             f"  {item.kind.ljust(width)}  {item.limits}; running {slots}; waiting: "
             f"key {item.waiting['key']}, slot {item.waiting['slot']}, rate {item.waiting['rate']}"
         )
+    return lines
+
+
+def render_stale(report: StatusReport) -> list[str]:
+    """Processing rows whose runner has not been heard from for STALE_AFTER: nothing runs
+    them until a runner of their kind takes them over (by kind and id only)."""
+    if not report.stale:
+        return []
+    lines = [
+        f"Stale claims ({sum(report.stale.values())}; processing, but their runner has not been heard "
+        "from for STALE_AFTER: nothing runs them until a runner of their kind reclaims them):"
+    ]
+    width = max(len(kind) for kind in report.stale)
+    lines.extend(f"  {kind.ljust(width)}  {n}" for kind, n in report.stale.items())
+    work = report.oldest_stale
+    if work is not None:
+        attempt = describe_attempt(work.kind, work.attempt, work.backend_name)
+        if work.heartbeat_at is None:
+            heard = "no heartbeat"
+        else:
+            ago = (report.generated_at - work.heartbeat_at).total_seconds()
+            heard = f"last heartbeat {work.heartbeat_at:%Y-%m-%d %H:%M:%S %Z} ({ago:.0f}s ago)"
+        lines.append(f"  oldest: {work.kind} #{work.pk} ({attempt}), {heard}")
     return lines
 
 

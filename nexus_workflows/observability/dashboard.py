@@ -34,6 +34,8 @@ class KindPanel:
     pending: int
     processing: int
     abandoned_rows: int
+    #: Processing rows whose runner is gone (``STALE_AFTER`` without a heartbeat).
+    stale_claims: int
     oldest_due_age: float
     series: dict[str, list[int]] = field(default_factory=dict)  # outcome -> BUCKETS counts
     window_start: datetime | None = None
@@ -135,6 +137,7 @@ def build(using: str) -> Dashboard:
                 pending=figures.count(kind, "pending"),
                 processing=figures.count(kind, "processing"),
                 abandoned_rows=figures.count(kind, "abandoned"),
+                stale_claims=figures.stale.get(kind, 0),
                 oldest_due_age=figures.oldest_due_age(kind),
                 series=series.get(kind, {name: [0] * BUCKETS for name in SHOWN}),
                 window_start=start,

@@ -1,5 +1,6 @@
 """What the database says about deferred work right now, cheaply enough to ask on every
-scrape: rows per kind and status, and how late the most overdue pending item of each kind is.
+scrape: rows per kind and status, how many processing rows of each kind lost their runner
+(stale claims), and how late the most overdue item of each kind is.
 
 Each status is counted by its own query so that each uses its index: pending and
 processing rows through the partial indexes ``nw_due_idx`` and ``nw_stale_idx`` (whose size
@@ -7,17 +8,26 @@ is the backlog, not the retained history), abandoned rows through ``nw_expiry_id
 Done rows are not counted: they are most of a retained table (a million rows is a day
 of a busy platform), and counting them would read all of them on every scrape; the
 runners' ``nexus_workflows_attempts_total{outcome="done"}`` counts them as they happen.
+
+A stale claim (a processing row whose runner has not been heard from for ``STALE_AFTER``,
+:func:`.triage.stale_q`) is overdue too: nothing runs it until a runner of its kind takes it
+over, and its runner died or lost the database. It counts as due from the moment it went
+stale, so the oldest due age grows for work a dead runner holds as for work nobody claims
+(it read 0, "nothing overdue", while a killed runner's attempts were run by no one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from django.db.models import Count, Min
+from django.db.models import Count, Min, QuerySet
+from django.db.models.functions import Coalesce
 
+from nexus_workflows.conf import app_settings
 from nexus_workflows.deferred.registry import registry
+from nexus_workflows.deferred.triage import stale_q
 from nexus_workflows.deferred.unknown_kinds import unknown_of
 from nexus_workflows.models import DeferredWork, Status
 from nexus_workflows.observability.clock import database_now
@@ -30,21 +40,30 @@ COUNTED_STATUSES = (Status.PENDING, Status.PROCESSING, Status.ABANDONED)
 class WorkFigures:
     now: datetime
     counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, status) -> rows
-    oldest_due: dict[str, datetime] = field(default_factory=dict)  # kind -> earliest due time
+    #: kind -> the earliest due time: of a due pending row, or when a stale claim went stale.
+    oldest_due: dict[str, datetime] = field(default_factory=dict)
+    #: Stale claims per kind: processing rows whose runner has not been heard from for
+    #: STALE_AFTER (nothing runs them until a runner of their kind reclaims them).
+    stale: dict[str, int] = field(default_factory=dict)
     #: Due rows per kind that no runner of this project runs (they stay pending).
     due_unknown: dict[str, int] = field(default_factory=dict)
 
     @property
     def kinds(self) -> list[str]:
         """Every deferred kind this project registers, plus any kind found in the table."""
-        found = {kind for kind, _ in self.counts} | set(self.oldest_due)
+        found = {kind for kind, _ in self.counts} | set(self.oldest_due) | set(self.stale)
         return sorted(found | set(registry.kinds(deferred=True)))
 
     def count(self, kind: str, status: str) -> int:
         return self.counts.get((kind, status), 0)
 
+    def due_since(self, kind: str, when: datetime) -> None:
+        if kind not in self.oldest_due or when < self.oldest_due[kind]:
+            self.oldest_due[kind] = when
+
     def oldest_due_age(self, kind: str) -> float:
-        """Seconds the most overdue pending item of ``kind`` has waited past its due time."""
+        """Seconds the most overdue item of ``kind`` has waited: a due pending item past its
+        due time, or a stale claim since it went stale."""
         due = self.oldest_due.get(kind)
         return max(0.0, (self.now - due).total_seconds()) if due else 0.0
 
@@ -59,10 +78,22 @@ def work_figures(using: str) -> WorkFigures:
     due = rows.due(figures.now).order_by().values_list("kind", "backend_name")
     groups = list(due.annotate(oldest=Min("next_attempt_at"), n=Count("pk")))
     for kind, _backend, oldest, _n in groups:
-        if kind not in figures.oldest_due or oldest < figures.oldest_due[kind]:
-            figures.oldest_due[kind] = oldest
+        figures.due_since(kind, oldest)
     figures.due_unknown = unknown_of((kind, backend, n) for kind, backend, _oldest, n in groups)
+    _count_stale_claims(figures, rows)
     return figures
+
+
+def _count_stale_claims(figures: WorkFigures, rows: QuerySet[DeferredWork]) -> None:
+    """Stale claims per kind, each due since it went stale: its last heartbeat (a row
+    with none: its last update) plus ``STALE_AFTER``. Processing rows are few
+    (``nw_stale_idx``), so this costs a scrape little."""
+    stale_after = timedelta(seconds=app_settings.STALE_AFTER)
+    last_heard = Min(Coalesce("heartbeat_at", "updated_at"))
+    stale = rows.filter(stale_q(figures.now)).order_by().values_list("kind")
+    for kind, n, heard in stale.annotate(n=Count("pk"), heard=last_heard):
+        figures.stale[kind] = n
+        figures.due_since(kind, heard + stale_after)
 
 
 def task_paths(using: str, queues: Sequence[str] | None) -> list[str]:

@@ -3,6 +3,7 @@
 * :class:`DatabaseCollector` asks the database at scrape time (any process may expose
   it; :func:`nexus_workflows.views.metrics` does):
   ``nexus_workflows_work{kind,status}``, ``nexus_workflows_oldest_due_age_seconds{kind}``,
+  ``nexus_workflows_stale_claims{kind}`` (processing rows whose runner is gone),
   ``nexus_workflows_runners{state}`` and, for kinds with flow limits (issue 19),
   ``nexus_workflows_flow_slots_in_use{kind}`` and
   ``nexus_workflows_flow_waiting{kind,limit}`` (limit: key, slot or rate), and
@@ -89,7 +90,15 @@ class DatabaseCollector(Collector):
         )
         yield GaugeMetricFamily(
             "nexus_workflows_oldest_due_age_seconds",
-            "How long the most overdue pending item of a kind has been due (0 when none is).",
+            "How long the most overdue item of a kind has waited: a due pending item since it "
+            "became due, a stale claim since it went stale (0 when none is).",
+            labels=["kind"],
+        )
+        yield GaugeMetricFamily(
+            "nexus_workflows_stale_claims",
+            "Processing rows of a kind whose runner has not been heard from for STALE_AFTER "
+            "(it died or lost the database): nothing runs them until a runner of their kind "
+            "reclaims them.",
             labels=["kind"],
         )
         yield GaugeMetricFamily(
@@ -99,8 +108,8 @@ class DatabaseCollector(Collector):
         )
         yield GaugeMetricFamily(
             "nexus_workflows_flow_slots_in_use",
-            "Attempts of a kind with flow limits running now, across all runners (its concurrency "
-            "slots in use).",
+            "Processing rows of a kind with flow limits, across all runners: its concurrency "
+            "slots in use (a stale claim holds its slot until it is reclaimed).",
             labels=["kind"],
         )
         yield GaugeMetricFamily(
@@ -119,7 +128,7 @@ class DatabaseCollector(Collector):
     def collect(self) -> Iterable[Any]:
         from nexus_workflows.flow.report import flow_metrics
 
-        work, oldest, runners, slots, waiting, unknown = self._families()
+        work, oldest, stale, runners, slots, waiting, unknown = self._families()
         if not self._asking.acquire(blocking=not self.swallow_errors):
             self._figures_missing("the database's figures left out; an earlier scrape still waits for them")
             return []
@@ -143,6 +152,7 @@ class DatabaseCollector(Collector):
             for status in COUNTED_STATUSES:
                 work.add_metric([kind, status.value], figures.count(kind, status.value))
             oldest.add_metric([kind], figures.oldest_due_age(kind))
+            stale.add_metric([kind], figures.stale.get(kind, 0))
         runners.add_metric(["alive"], alive)
         runners.add_metric(["dead"], dead)
         for kind, numbers in flow.items():
@@ -152,7 +162,7 @@ class DatabaseCollector(Collector):
                     waiting.add_metric([kind, name.removeprefix("waiting_")], n)
         for kind, n in figures.due_unknown.items():
             unknown.add_metric([kind], n)
-        return [work, oldest, runners, slots, waiting, unknown]
+        return [work, oldest, stale, runners, slots, waiting, unknown]
 
     def _figures_missing(self, why: str) -> None:
         with self._missing_lock:
