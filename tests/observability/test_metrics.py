@@ -383,15 +383,21 @@ def test_flow_limits_are_exported_per_kind_over_http_with_no_key(live_server: An
 
 
 @pytest.mark.postgresql
-def test_scrapes_while_the_database_stalls_hold_one_connection_and_still_serve_the_counters() -> None:
+def test_scrapes_while_the_database_stalls_hold_one_connection_and_still_serve_the_counters(
+    monkeypatch: Any,
+) -> None:
     """A runner's endpoint serves each scrape on a thread of its own. While the database
     does not answer its figures (here: a lock it waits for), scrapes keep coming (Prometheus
     gives up on each and tries again); each must not hold a connection of its own, and the
-    runner's own counters are still served."""
+    runner's own counters are still served once it has waited SCRAPE_WAIT for the first."""
     import threading
+    import time
 
+    from nexus_workflows.observability import metrics as metrics_module
     from nexus_workflows.observability.metrics import RunnerMetrics
     from tests.raw_connections import raw_connection
+
+    monkeypatch.setattr(metrics_module, "SCRAPE_WAIT", 0.3)  # 2 s each otherwise
 
     metrics = RunnerMetrics(kinds=["test-outcomes"], using="default", in_flight=lambda: 0)
     port = metrics.serve("127.0.0.1", 0)
@@ -411,7 +417,9 @@ def test_scrapes_while_the_database_stalls_hold_one_connection_and_still_serve_t
             ).fetchone()[0]
 
         wait_for(lambda: waiting() == 1, timeout=10, what="the first scrape to wait for the database")
-        bodies = [scrape(port) for _ in range(3)]  # each answers at once
+        started = time.monotonic()
+        bodies = [scrape(port) for _ in range(3)]  # each answers once it has waited
+        assert time.monotonic() - started >= 3 * 0.3
         assert waiting() == 1  # still only the first scrape's connection
         for body in bodies:
             found = samples(body)
@@ -424,6 +432,41 @@ def test_scrapes_while_the_database_stalls_hold_one_connection_and_still_serve_t
     stalled.join(10)
     metrics.stop()
     assert ("nexus_workflows_runners", (("state", "alive"),)) in samples(first[0])  # once the lock went
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_scrapes_at_the_same_moment_both_get_the_databases_figures(caplog: Any) -> None:
+    """Two Prometheus servers (the usual pair) scrape one runner's endpoint at the same
+    moment. With the database healthy, both get its figures, and nothing says they are
+    missing. The second went without at once before (half the scrapes of 20 rounds, and
+    a WARNING/INFO pair per collision)."""
+    import logging
+    import threading
+
+    from nexus_workflows.observability.metrics import RunnerMetrics
+
+    metrics = RunnerMetrics(kinds=["test-outcomes"], using="default", in_flight=lambda: 0)
+    port = metrics.serve("127.0.0.1", 0)
+    bodies: list[str] = []
+    try:
+        with caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
+            for _ in range(10):
+                together = threading.Barrier(2)
+
+                def one(together: threading.Barrier = together) -> None:
+                    together.wait()
+                    bodies.append(scrape(port))
+
+                pair = [threading.Thread(target=one) for _ in range(2)]
+                for thread in pair:
+                    thread.start()
+                for thread in pair:
+                    thread.join(30)
+    finally:
+        metrics.stop()
+    assert len(bodies) == 20
+    assert all(("nexus_workflows_runners", (("state", "alive"),)) in samples(body) for body in bodies)
+    assert not [record.getMessage() for record in caplog.records if "metrics:" in record.getMessage()]
 
 
 def test_a_runners_counters_stay_in_its_process_when_prometheus_multiproc_dir_is_set(tmp_path: Any) -> None:
