@@ -34,7 +34,7 @@ class RunnerAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, admin.ModelAdmin):
         "state_column",
         "kinds_column",
         "concurrency",
-        "in_flight",
+        "in_flight_column",
         "done",
         "failed",
         "started_column",
@@ -71,6 +71,18 @@ class RunnerAdmin(ReadOnlyAdminMixin, ListedFiltersOnlyMixin, admin.ModelAdmin):
             '<span class="nw-badge nw-badge--abandoned" title="{}">{}</span>',
             _("Not seen for longer than STALE_AFTER: the process died or lost the database"),
             _("dead"),
+        )
+
+    @admin.display(description=_("in flight"), ordering="in_flight")
+    def in_flight_column(self, runner: Runner) -> SafeString | int:
+        if getattr(runner, "alive", False):
+            return runner.in_flight
+        # A dead runner runs nothing: its count is what it ran when last seen, which live
+        # runners take over (stale claims). Shown plainly, it read as work still running.
+        return format_html(
+            '<span class="nw-muted" title="{}">— ({})</span>',
+            _("A dead runner runs nothing; in brackets, what it ran when last seen"),
+            runner.in_flight,
         )
 
     @admin.display(description=_("kinds"))

@@ -3,6 +3,7 @@ removed at a clean shutdown, shown dead after ``kill -9`` and purged later."""
 
 from __future__ import annotations
 
+import re
 import socket
 from datetime import timedelta
 from typing import Any
@@ -85,6 +86,29 @@ def test_dead_runners_are_purged_after_retention_and_live_ones_kept() -> None:
     Runner.objects.filter(pk=gone).update(last_seen_at=long_ago, started_at=long_ago)
     assert runners.purge_dead(database_now("default"), using="default") == 1
     assert list(Runner.objects.values_list("pk", flat=True)) == [live]
+
+
+def test_a_dead_runners_in_flight_count_is_shown_as_what_it_ran_when_last_seen() -> None:
+    """A dead runner runs nothing: its in-flight count is what it ran when last seen (live
+    runners take those over), and must not read as work still running; a live one's is
+    shown as it is."""
+    live = runners.register(kinds=["a"], concurrency=4, using="default")
+    gone = runners.register(kinds=["b"], concurrency=4, using="default")
+    Runner.objects.filter(pk=live).update(in_flight=3)
+    long_ago = timezone.now() - timedelta(hours=1)
+    Runner.objects.filter(pk=gone).update(in_flight=2, last_seen_at=long_ago, started_at=long_ago)
+    page = admin_client().get("/admin/nexus_workflows/runner/").content.decode()
+    cells = dict(
+        re.findall(
+            r'<td class="field-kinds_column">(\w)</td>.*?<td class="field-in_flight_column">(.*?)</td>',
+            page,
+            re.S,
+        )
+    )
+    assert cells["a"] == "3"
+    assert re.fullmatch(r'<span class="nw-muted" title="[^"]*last seen[^"]*">— \(2\)</span>', cells["b"]), (
+        cells
+    )
 
 
 def test_the_runner_admin_is_read_only(django_user_model: Any) -> None:
