@@ -2,9 +2,9 @@
 
 The runner calls it at a few points; it keeps the runner's row in the ``Runner`` table,
 adds the per-minute outcome counts once per batch of outcomes, feeds the Prometheus
-metrics (when ``--metrics-port`` is given) and sends the signals. Nothing it does may
-stop the runner: the only database errors it lets through are those of the counts'
-upsert, which the runner handles like the outcome writes it follows (and retries).
+metrics (when ``--metrics-port`` is given) and sends the signals. Nothing it does may stop the
+runner: the only database errors it lets through are the counts' upsert's, retried like the outcome
+writes they follow (at shutdown until the grace ends; beyond it, a WARNING says how many are lost).
 
 The runner's row is refreshed after the claims' heartbeat, and its statements wait at
 most a second for a lock (:func:`row_lock_wait`): a statement on the row that waits (a
@@ -119,11 +119,15 @@ class Observer:
             return []
 
     def stop(self) -> None:
+        failed = "refused"  # a lock wait cut short, SQLite busy: outcomes_written keeps them
         try:
             self.outcomes_written(force=True)  # the last counts (released attempts included)
             self.outcomes_written(force=True)  # and any that came while a sealed batch went again
         except DatabaseError as error:
-            logger.warning("could not write the last outcome counts (%s)", type(error).__name__)
+            failed = type(error).__name__
+        if self.counts_unwritten:  # the runner's shutdown retried them through its grace
+            missing = f"({failed}): the dashboard misses up to {self.counts_unwritten} outcome(s)"
+            logger.warning("could not write the last outcome counts %s", missing)
         with self._row_lock:
             self._stopped = True
             if self.runner_id is not None:
@@ -274,6 +278,11 @@ class Observer:
             logger.error("outcome counts not written (%s); dropped", type(error).__name__)
         self._sealed = None
         self._counts_written_at = time.monotonic()
+
+    @property
+    def counts_unwritten(self) -> int:
+        """Outcomes counted and not written yet (a sealed batch, and any since); 0: none."""
+        return sum(self._sealed[1].values() if self._sealed else ()) + self._unwritten_counts.total()
 
     # --- the database ----------------------------------------------------------------------
 

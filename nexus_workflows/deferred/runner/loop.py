@@ -593,16 +593,20 @@ class Runner:
         ).run()
 
     def _try_write_outcomes(self) -> bool:
-        """Write what can be written; whether nothing is left to write."""
+        """Write what can be written, the outcomes and then their counts (the dashboard's,
+        forced: no wait for ``COUNTS_EVERY``; a sealed batch goes again under its token, so
+        nothing is counted twice); whether nothing of either is left to write."""
         try:
             self._writer.write()
+            if self._ledger.unwritten_count() == 0:  # one upsert per batch of outcomes, at most
+                self._observer.outcomes_written(force=True)
         except Exception as error:  # noqa: BLE001 - shutting down must not fail
             if is_database_unavailable(error):
                 self._database_lost(error)
             else:
                 logger.error("writing outcomes at shutdown failed (%s)", type(error).__name__)
             return False
-        return self._ledger.unwritten_count() == 0
+        return self._ledger.unwritten_count() == 0 and not self._observer.counts_unwritten
 
     def _release(self, works: list[ClaimedWork], time_is_up: Callable[[], bool]) -> None:
         # Woken by a second signal (events only: libfaketime breaks time.sleep).
