@@ -35,7 +35,7 @@ from nexus_workflows.deferred.attempts import attempt_number
 from nexus_workflows.observability import counts, runners
 from nexus_workflows.observability.clock import database_now
 from nexus_workflows.observability.figures import task_paths
-from nexus_workflows.observability.metrics import RunnerMetrics
+from nexus_workflows.observability.runner_metrics import RunnerMetrics
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
 
@@ -185,10 +185,12 @@ class Observer:
 
     # --- attempts ------------------------------------------------------------------------
 
-    def claimed(self, works: Sequence[Any]) -> None:
+    def claimed(self, works: Sequence[Any], *, reclaimed: bool = False) -> None:
         if self.metrics is not None and works:
             for work in works:
                 self.metrics.start_at_zero(work.kind)  # before its attempt can end
+                if reclaimed:
+                    self.metrics.reclaimed(work.kind)
             self.metrics.claims.inc(len(works))
 
     def attempt_started(self, work: Any) -> None:
@@ -371,18 +373,16 @@ class Observer:
 
 
 def row_lock_wait() -> float:
-    """How long the runner's row statements wait for a lock: a second, or a heartbeat
-    interval if shorter."""
+    """How long the runner's row statements wait for a lock: 1 s, or HEARTBEAT_INTERVAL if shorter."""
     return min(1.0, float(app_settings.HEARTBEAT_INTERVAL))
 
 
 @contextlib.contextmanager
 def _waiting_at_most(using: str, seconds: float) -> Iterator[None]:
-    """Statements in the block wait at most ``seconds`` for a row lock, then raise (a
-    refusal, :func:`~nexus_workflows.database_errors.statement_refused`): PostgreSQL's
-    local ``lock_timeout`` in one transaction, MariaDB's session ``innodb_lock_wait_timeout``
-    lowered around the block, in whole seconds (``lock_waits_at_most``); as it is
-    elsewhere (SQLite has no row locks)."""
+    """Statements in the block wait at most ``seconds`` for a row lock, then raise (a refusal,
+    :func:`~nexus_workflows.database_errors.statement_refused`): PostgreSQL's local ``lock_timeout``
+    in one transaction, MariaDB's session ``innodb_lock_wait_timeout`` lowered around the block,
+    in whole seconds (``lock_waits_at_most``); as it is elsewhere (SQLite has no row locks)."""
     with sql.for_connection(using).lock_waits_at_most(using, seconds):
         yield
 

@@ -142,6 +142,43 @@ def scrape(port: int) -> str:
 
 
 @pytest.mark.slow
+def test_an_attempt_a_killed_runner_lost_is_counted_by_the_runner_that_reclaims_it() -> None:
+    """A killed runner counts nothing, so the attempt it lost was counted nowhere: the row's
+    history said "lost", the runner that took it over showed done 1 and nothing else. That
+    runner counts the reclaim, by kind: ``nexus_workflows_reclaimed_total``."""
+    settings = {**FAST, "STALE_AFTER": 2}
+    work = enqueue("test-slow", {"key": "reclaimed", "seconds": 1.5})
+    first = ManagePy("runworkflows", "--kind", "test-slow", settings=settings)
+    try:
+        running = DeferredWork.objects.filter(pk=work, started_at__isnull=False)
+        wait_for(running.exists, timeout=20, what="the first attempt to start")
+        first.kill()  # SIGKILL: its claim stays, nobody beats it
+    finally:
+        first.close()
+    second = ManagePy("runworkflows", "--kind", "test-slow", "--metrics-port", "0", settings=settings)
+    reclaimed = ("nexus_workflows_reclaimed_total", (("kind", "test-slow"),))
+    try:
+        second.wait_for_output("/metrics")
+        port = int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", second.output()).group(1))
+        assert samples(scrape(port))[reclaimed] == 0  # at 0 from the start
+        wait_for(
+            lambda: DeferredWork.objects.get(pk=work).status == Status.DONE,
+            timeout=30,
+            what="the reclaimed work",
+        )
+        wait_for(lambda: samples(scrape(port))[reclaimed] == 1, timeout=10, what="the reclaim counted")
+        assert (
+            samples(scrape(port))[
+                ("nexus_workflows_attempts_total", (("kind", "test-slow"), ("outcome", "done")))
+            ]
+            == 1
+        )
+    finally:
+        second.close()
+    assert DeferredWork.objects.get(pk=work).history[0]["outcome"] == "lost"
+
+
+@pytest.mark.slow
 def test_a_runner_endpoint_scraped_after_a_drain_matches_the_rows() -> None:
     plan = {"done": 12, "retry once": 5, "permanent": 3}
     for outcome, count in plan.items():
@@ -176,6 +213,7 @@ def test_a_runner_endpoint_scraped_after_a_drain_matches_the_rows() -> None:
     assert attempts("done") == rows[Status.DONE]
     assert attempts("abandoned") == rows[Status.ABANDONED]
     assert attempts("rescheduled") == 5  # the five "retry once" items, once each
+    assert found[("nexus_workflows_reclaimed_total", (("kind", "test-outcomes"),))] == 0  # due claims only
     assert attempts("lost") == 0
     assert attempts("released") == 0
     histogram = ("nexus_workflows_attempt_duration_seconds_count", (("kind", "test-outcomes"),))
@@ -394,7 +432,7 @@ def test_scrapes_while_the_database_stalls_hold_one_connection_and_still_serve_t
     import time
 
     from nexus_workflows.observability import metrics as metrics_module
-    from nexus_workflows.observability.metrics import RunnerMetrics
+    from nexus_workflows.observability.runner_metrics import RunnerMetrics
     from tests.raw_connections import raw_connection
 
     monkeypatch.setattr(metrics_module, "SCRAPE_WAIT", 0.3)  # 2 s each otherwise
@@ -443,7 +481,7 @@ def test_two_scrapes_at_the_same_moment_both_get_the_databases_figures(caplog: A
     import logging
     import threading
 
-    from nexus_workflows.observability.metrics import RunnerMetrics
+    from nexus_workflows.observability.runner_metrics import RunnerMetrics
 
     metrics = RunnerMetrics(kinds=["test-outcomes"], using="default", in_flight=lambda: 0)
     port = metrics.serve("127.0.0.1", 0)

@@ -20,7 +20,7 @@ from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from nexus_workflows.observability.metrics import RunnerMetrics
+from nexus_workflows.observability.runner_metrics import RunnerMetrics
 from tests.processes import ManagePy, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -532,7 +532,7 @@ class Runner:
 
     def _reclaimed(self, works: list[ClaimedWork]) -> None:
         self.stats.reclaimed += len(works)
-        self._observer.claimed(works)
+        self._observer.claimed(works, reclaimed=True)
         self._ledger.add_unguarded(works)
 
     # --- database outages -------------------------------------------------------------
