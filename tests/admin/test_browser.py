@@ -210,6 +210,14 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
             trigger={"visit": 4713},
             next_attempt_at=timezone.now() - timedelta(minutes=20),
         )
+        # And one a dead runner held: not heard from for 10 minutes (STALE_AFTER: 5 minutes).
+        DeferredWork.objects.create(
+            kind=KIND,
+            dedupe_key="visit-4714",
+            trigger={"visit": 4714},
+            status=Status.PROCESSING,
+            heartbeat_at=timezone.now() - timedelta(minutes=10),
+        )
         self._user("watcher", "view_deferredwork", "view_runner")
         with browser.chromium() as driver:
             self._log_in(driver, "watcher")
@@ -219,7 +227,10 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
             section = WebDriverWait(driver, 10).until(ec.presence_of_element_located(panel))
             text = section.text
             assert section.find_element(By.CSS_SELECTOR, ".nw-figure-pending").text == "1"
-            assert "20 minutes overdue" in text
+            assert "20 minutes overdue" in text  # the pending item waited longer than the stale claim
+            stale = section.find_element(By.CSS_SELECTOR, ".nw-figure-stale")
+            assert stale.text == "1"
+            assert "STALE_AFTER" in stale.get_attribute("title")
             assert "7 done · 2 rescheduled · 1 abandoned" in text
             chart = section.find_element(By.CSS_SELECTOR, "svg.nw-chart")
             assert chart.size["width"] > 600
@@ -227,6 +238,7 @@ class TriageDeskInChromium(StaticLiveServerTestCase):
             # The newest bucket holds the three outcomes, stacked.
             assert len(chart.find_elements(By.CSS_SELECTOR, "rect")) == 3
             assert "visit-4713" not in driver.page_source
+            assert "visit-4714" not in driver.page_source
             driver.find_element(By.ID, "nw-dashboard-runners").click()
             WebDriverWait(driver, 10).until(ec.title_contains("Runners"))
 
