@@ -30,8 +30,9 @@ SETTINGS = {"STALE_AFTER": 60}
 
 
 def _rows() -> dict[str, int]:
-    """A live attempt (heartbeat now), a dead one (heartbeat 3 minutes ago, past
-    STALE_AFTER), work due in 2 minutes and work due 2 minutes ago: all by the database."""
+    """A live attempt (heartbeat now), a dead one (heartbeat 2.5 minutes ago, past
+    STALE_AFTER: stale for 1.5 minutes), work due in 2 minutes and work due 2 minutes ago:
+    all by the database."""
     made = {}
     processing, pending = Status.PROCESSING, Status.PENDING
     statuses = {"live": processing, "dead": processing, "soon": pending, "late": pending}
@@ -40,7 +41,7 @@ def _rows() -> dict[str, int]:
         made[name] = work.pk
     rows = DeferredWork.objects
     rows.filter(pk=made["live"]).update(claimed_at=DatabaseNow(), heartbeat_at=DatabaseNow())
-    ago = now_plus(-timedelta(minutes=3))
+    ago = now_plus(-timedelta(minutes=2.5))
     rows.filter(pk=made["dead"]).update(claimed_at=ago, heartbeat_at=ago)
     DeferredWork.objects.filter(pk=made["soon"]).update(next_attempt_at=now_plus(timedelta(minutes=2)))
     DeferredWork.objects.filter(pk=made["late"]).update(next_attempt_at=now_plus(-timedelta(minutes=2)))
@@ -60,6 +61,15 @@ def test_workflows_status_says_how_late_by_the_databases_clock(offset: str) -> N
     assert found, output
     assert int(found.group(1)) == made["late"]
     assert 110 <= int(found.group(2)) <= 200, output  # two minutes late, not 2 ± 10
+    # The dead attempt: a stale claim, stale for a minute and a half (later than the late
+    # item, so not the oldest due), by the database's clock: not stale at all, or 11.5
+    # minutes, by a host clock ten minutes off.
+    assert "Stale claims (1; " in output, output
+    stale = re.search(
+        rf"^  oldest: test-ledger #{made['dead']} .*a stale claim, stale since .* \((\d+)s ago;", output, re.M
+    )
+    assert stale, output
+    assert 80 <= int(stale.group(1)) <= 170, output
 
 
 def _runserver(offset: str, cookie: str) -> tuple[ManagePy, Callable[[str], str]]:
@@ -114,6 +124,8 @@ def test_the_admin_judges_heartbeats_and_due_times_by_the_databases_clock(offset
         attention = get(f"{base}?status=attention")
         listed = get(base)
         index = get("/admin/")
+        board = get(f"{base}dashboard/")
+        metrics = get("/internal/metrics")
     finally:
         server.close()
     assert "heartbeat stale" not in pages["live"]
@@ -130,3 +142,12 @@ def test_the_admin_judges_heartbeats_and_due_times_by_the_databases_clock(offset
     assert cards["Needs attention"] == 1, cards
     assert cards["Stale heartbeat"] == 1, cards
     assert "Needs attention (1)</a>" in index
+    # The dashboard and the metrics count the dead attempt as a stale claim, and the late
+    # item (due two minutes ago, the oldest) as two minutes overdue: not twelve, not none.
+    panel = board[board.index('data-kind="test-ledger"') :]
+    assert re.search(r'<dd class="nw-figure-stale nw-stale"[^>]*>1</dd>', panel), panel[:3000]
+    assert re.search(r'nw-figure-oldest[^"]*">2\s+minutes(, \d+\s+seconds)? overdue<', panel), panel[:3000]
+    assert 'nexus_workflows_stale_claims{kind="test-ledger"} 1.0' in metrics
+    age = re.search(r'nexus_workflows_oldest_due_age_seconds\{kind="test-ledger"\} (\S+)', metrics)
+    assert age, metrics
+    assert 110 <= float(age.group(1)) <= 200, metrics

@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Count, F
+from django.db.models import Count
 from django.utils import timezone
 
 from nexus_workflows.clock import database_now
@@ -25,6 +25,7 @@ from nexus_workflows.deferred.wakeup import WakeupMode
 from nexus_workflows.flow.report import KindFlow, flow_report
 from nexus_workflows.models import DeferredWork, Status
 from nexus_workflows.observability import runners as live_runners
+from nexus_workflows.observability.figures import stale_since
 from nexus_workflows.observability.models import Runner
 from nexus_workflows.redaction import error_type
 
@@ -44,6 +45,7 @@ class StatusReport:
     #: Stale claims per kind, and the one whose runner was heard from longest ago.
     stale: dict[str, int] = field(default_factory=dict)
     oldest_stale: DeferredWork | None = None
+    oldest_stale_since: datetime | None = None  # when it went stale (figures.stale_since)
 
 
 def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
@@ -76,9 +78,17 @@ def build_status_report(*, abandoned_limit: int = 20) -> StatusReport:
 def _add_stale_claims(report: StatusReport) -> None:
     stale = DeferredWork.objects.filter(stale_q(report.generated_at))
     report.stale = dict(stale.order_by("kind").values_list("kind").annotate(n=Count("pk")))
-    if report.stale:
-        oldest = stale.order_by(F("heartbeat_at").asc(nulls_first=True), "pk")
-        report.oldest_stale = oldest.only("pk", "kind", "heartbeat_at", "attempt", "backend_name").first()
+    if not report.stale:
+        return
+    # The one stale longest: of those with a heartbeat, the oldest beat; of those with
+    # none (written by hand), the oldest update (figures.stale_since).
+    fields = ("pk", "kind", "heartbeat_at", "updated_at", "attempt", "backend_name")
+    firsts = [
+        stale.filter(heartbeat_at__isnull=False).order_by("heartbeat_at", "pk").only(*fields).first(),
+        stale.filter(heartbeat_at__isnull=True).order_by("updated_at", "pk").only(*fields).first(),
+    ]
+    found = [(stale_since(work.heartbeat_at, updated_at=work.updated_at), work) for work in firsts if work]
+    report.oldest_stale_since, report.oldest_stale = min(found, key=lambda pair: pair[0])
 
 
 _MODE_NOTES: dict[str, str] = {  # by WakeupMode, a StrEnum: the runner row's string finds it
@@ -100,7 +110,11 @@ def render_status_report(report: StatusReport, *, reveal: bool = False) -> str:
         lines.append("KIND".ljust(width) + "".join(s.upper().rjust(12) for s in statuses))
         for kind, by_status in sorted(report.counts.items()):
             lines.append(kind.ljust(width) + "".join(str(by_status[s]).rjust(12) for s in statuses))
-    if report.oldest_due is not None:
+    if report.oldest_stale_since is not None and (
+        report.oldest_due is None or report.oldest_stale_since < report.oldest_due.next_attempt_at
+    ):
+        lines.append(f"Oldest due: {_stale_claim(report)}")  # as the metric's oldest due age counts it
+    elif report.oldest_due is not None:
         due = report.oldest_due
         late = (report.generated_at - due.next_attempt_at).total_seconds()
         attempt = describe_attempt(due.kind, due.attempt, due.backend_name)
@@ -153,26 +167,35 @@ def render_flow(flows: list[KindFlow]) -> list[str]:
 
 
 def render_stale(report: StatusReport) -> list[str]:
-    """Processing rows whose runner has not been heard from for STALE_AFTER: nothing runs
-    them until a runner of their kind takes them over (by kind and id only)."""
+    """Processing rows whose heartbeat is older than STALE_AFTER (or that have none): by
+    kind, and the one stale longest (by kind and id only)."""
     if not report.stale:
         return []
     lines = [
-        f"Stale claims ({sum(report.stale.values())}; processing, but their runner has not been heard "
-        "from for STALE_AFTER: nothing runs them until a runner of their kind reclaims them):"
+        f"Stale claims ({sum(report.stale.values())}; processing, heartbeat older than STALE_AFTER: the "
+        "runner died or lost the database, or a lock has been held on the row that long; a live "
+        "runner of the kind takes them over, one with no heartbeat waits for an operator):"
     ]
     width = max(len(kind) for kind in report.stale)
     lines.extend(f"  {kind.ljust(width)}  {n}" for kind, n in report.stale.items())
-    work = report.oldest_stale
-    if work is not None:
-        attempt = describe_attempt(work.kind, work.attempt, work.backend_name)
-        if work.heartbeat_at is None:
-            heard = "no heartbeat"
-        else:
-            ago = (report.generated_at - work.heartbeat_at).total_seconds()
-            heard = f"last heartbeat {work.heartbeat_at:%Y-%m-%d %H:%M:%S %Z} ({ago:.0f}s ago)"
-        lines.append(f"  oldest: {work.kind} #{work.pk} ({attempt}), {heard}")
+    lines.append(f"  oldest: {_stale_claim(report)}")
     return lines
+
+
+def _stale_claim(report: StatusReport) -> str:
+    work, since = report.oldest_stale, report.oldest_stale_since
+    assert work is not None  # found together with since
+    assert since is not None
+    attempt = describe_attempt(work.kind, work.attempt, work.backend_name)
+    ago = (report.generated_at - since).total_seconds()
+    if work.heartbeat_at is None:
+        heard = "no heartbeat"
+    else:
+        heard = f"last heartbeat {work.heartbeat_at:%Y-%m-%d %H:%M:%S %Z}"
+    return (
+        f"{work.kind} #{work.pk} ({attempt}), a stale claim, stale since "
+        f"{since:%Y-%m-%d %H:%M:%S %Z} ({ago:.0f}s ago; {heard})"
+    )
 
 
 def render_unknown(unknown_due: dict[str, int]) -> list[str]:

@@ -9,11 +9,14 @@ Done rows are not counted: they are most of a retained table (a million rows is 
 of a busy platform), and counting them would read all of them on every scrape; the
 runners' ``nexus_workflows_attempts_total{outcome="done"}`` counts them as they happen.
 
-A stale claim (a processing row whose runner has not been heard from for ``STALE_AFTER``,
-:func:`.triage.stale_q`) is overdue too: nothing runs it until a runner of its kind takes it
-over, and its runner died or lost the database. It counts as due from the moment it went
-stale, so the oldest due age grows for work a dead runner holds as for work nobody claims
-(it read 0, "nothing overdue", while a killed runner's attempts were run by no one).
+A stale claim (a processing row whose heartbeat is older than ``STALE_AFTER``, or that has
+none, :func:`.triage.stale_q`, as the triage desk counts them) is overdue too: its runner
+died or lost the database (or another session has held a lock on its row that long), and
+until a live runner of its kind takes it over nothing runs it; one with no heartbeat at
+all (written by hand) waits for an operator. It counts as due from the moment it went
+stale (its heartbeat plus ``STALE_AFTER``; with none, its last update), so the oldest due
+age grows for work a dead runner holds as for work nobody claims (it read 0, "nothing
+overdue", while a killed runner's attempts were run by no one).
 """
 
 from __future__ import annotations
@@ -22,8 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count, Min, QuerySet
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Min, Q, QuerySet
 
 from nexus_workflows.conf import app_settings
 from nexus_workflows.deferred.registry import registry
@@ -42,8 +44,8 @@ class WorkFigures:
     counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (kind, status) -> rows
     #: kind -> the earliest due time: of a due pending row, or when a stale claim went stale.
     oldest_due: dict[str, datetime] = field(default_factory=dict)
-    #: Stale claims per kind: processing rows whose runner has not been heard from for
-    #: STALE_AFTER (nothing runs them until a runner of their kind reclaims them).
+    #: Stale claims per kind: processing rows whose heartbeat is older than STALE_AFTER, or
+    #: that have none (see the module's docstring).
     stale: dict[str, int] = field(default_factory=dict)
     #: Due rows per kind that no runner of this project runs (they stay pending).
     due_unknown: dict[str, int] = field(default_factory=dict)
@@ -85,15 +87,25 @@ def work_figures(using: str) -> WorkFigures:
 
 
 def _count_stale_claims(figures: WorkFigures, rows: QuerySet[DeferredWork]) -> None:
-    """Stale claims per kind, each due since it went stale: its last heartbeat (a row
-    with none: its last update) plus ``STALE_AFTER``. Processing rows are few
-    (``nw_stale_idx``), so this costs a scrape little."""
-    stale_after = timedelta(seconds=app_settings.STALE_AFTER)
-    last_heard = Min(Coalesce("heartbeat_at", "updated_at"))
+    """Stale claims per kind, each due since it went stale (:func:`stale_since`).
+    Processing rows are few (``nw_stale_idx``), so this costs a scrape little."""
     stale = rows.filter(stale_q(figures.now)).order_by().values_list("kind")
-    for kind, n, heard in stale.annotate(n=Count("pk"), heard=last_heard):
+    unbeaten = Min("updated_at", filter=Q(heartbeat_at__isnull=True))
+    for kind, n, beat, update in stale.annotate(n=Count("pk"), beat=Min("heartbeat_at"), update=unbeaten):
         figures.stale[kind] = n
-        figures.due_since(kind, heard + stale_after)
+        if beat is not None:
+            figures.due_since(kind, stale_since(beat, updated_at=None))
+        if update is not None:
+            figures.due_since(kind, stale_since(None, updated_at=update))
+
+
+def stale_since(heartbeat_at: datetime | None, *, updated_at: datetime | None) -> datetime:
+    """When a stale claim went stale: its heartbeat plus ``STALE_AFTER``; a row with no
+    heartbeat at all (written by hand: no runner takes it over), at its last update."""
+    if heartbeat_at is not None:
+        return heartbeat_at + timedelta(seconds=app_settings.STALE_AFTER)
+    assert updated_at is not None  # a row's updated_at is never NULL
+    return updated_at
 
 
 def task_paths(using: str, queues: Sequence[str] | None) -> list[str]:

@@ -84,9 +84,10 @@ class DatabaseCollector(Collector):
         )
         yield GaugeMetricFamily(
             "nexus_workflows_stale_claims",
-            "Processing rows of a kind whose runner has not been heard from for STALE_AFTER "
-            "(it died or lost the database): nothing runs them until a runner of their kind "
-            "reclaims them.",
+            "Processing rows of a kind whose heartbeat is older than STALE_AFTER, or that have "
+            "none: their runner died or lost the database, or another session has held a lock "
+            "on the row that long. A live runner of the kind takes them over (one with no "
+            "heartbeat waits for an operator).",
             labels=["kind"],
         )
         yield GaugeMetricFamily(

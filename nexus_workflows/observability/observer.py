@@ -189,7 +189,7 @@ class Observer:
         if self.metrics is not None and works:
             for work in works:
                 self.metrics.start_at_zero(work.kind)  # before its attempt can end
-                if reclaimed:
+                if reclaimed and work.lost_started:  # a claim lost unstarted was no attempt
                     self.metrics.reclaimed(work.kind)
             self.metrics.claims.inc(len(works))
 

@@ -149,8 +149,9 @@ class RunnerMetrics:
 
     def reclaimed(self, kind: str) -> None:
         """A claim of ``kind`` this runner took over from a runner not heard from for
-        ``STALE_AFTER``: the attempt that runner ran was lost (killed, or it lost the
-        database), and nobody else counts it (a killed runner counts nothing)."""
+        ``STALE_AFTER`` after its attempt started: that attempt was lost (killed, or it
+        lost the database), and nobody else counts it (a killed runner counts nothing).
+        A claim lost before its attempt started is no attempt, and is not counted."""
         self._reclaim(kind).inc()
 
     def _duration(self, kind: str) -> _Durations:
@@ -238,8 +239,9 @@ class _RunnerCollector(Collector):
         )
         reclaimed = CounterMetricFamily(
             "nexus_workflows_reclaimed",
-            "Claims this runner took over from a runner not heard from for STALE_AFTER (it "
-            "was killed or lost the database): each an attempt lost there, by kind.",
+            "Attempts lost by a runner not heard from for STALE_AFTER after they started (it "
+            "was killed or lost the database), counted by the runner that took their claims "
+            "over, by kind.",
             labels=["kind"],
         )
         for kind, count in reclaim_series:

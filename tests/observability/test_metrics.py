@@ -146,6 +146,8 @@ def test_an_attempt_a_killed_runner_lost_is_counted_by_the_runner_that_reclaims_
     """A killed runner counts nothing, so the attempt it lost was counted nowhere: the row's
     history said "lost", the runner that took it over showed done 1 and nothing else. That
     runner counts the reclaim, by kind: ``nexus_workflows_reclaimed_total``."""
+    from django.db.models.functions import Now
+
     settings = {**FAST, "STALE_AFTER": 2}
     work = enqueue("test-slow", {"key": "reclaimed", "seconds": 1.5})
     first = ManagePy("runworkflows", "--kind", "test-slow", settings=settings)
@@ -155,27 +157,25 @@ def test_an_attempt_a_killed_runner_lost_is_counted_by_the_runner_that_reclaims_
         first.kill()  # SIGKILL: its claim stays, nobody beats it
     finally:
         first.close()
+    # And a claim a killed runner held queued, unstarted: no attempt was lost with it.
+    queued = enqueue("test-slow", {"key": "queued", "seconds": 0})
+    stale_beat = Now() - timedelta(hours=1)
+    DeferredWork.objects.filter(pk=queued).update(status=Status.PROCESSING, heartbeat_at=stale_beat)
     second = ManagePy("runworkflows", "--kind", "test-slow", "--metrics-port", "0", settings=settings)
     reclaimed = ("nexus_workflows_reclaimed_total", (("kind", "test-slow"),))
     try:
         second.wait_for_output("/metrics")
         port = int(re.search(r"metrics on http://127\.0\.0\.1:(\d+)/metrics", second.output()).group(1))
         assert samples(scrape(port))[reclaimed] == 0  # at 0 from the start
-        wait_for(
-            lambda: DeferredWork.objects.get(pk=work).status == Status.DONE,
-            timeout=30,
-            what="the reclaimed work",
-        )
-        wait_for(lambda: samples(scrape(port))[reclaimed] == 1, timeout=10, what="the reclaim counted")
-        assert (
-            samples(scrape(port))[
-                ("nexus_workflows_attempts_total", (("kind", "test-slow"), ("outcome", "done")))
-            ]
-            == 1
-        )
+        both = DeferredWork.objects.filter(pk__in=[work, queued], status=Status.DONE)
+        wait_for(lambda: both.count() == 2, timeout=30, what="the reclaimed work")
+        done = ("nexus_workflows_attempts_total", (("kind", "test-slow"), ("outcome", "done")))
+        wait_for(lambda: samples(scrape(port))[done] == 2, timeout=10, what="both done counted")
+        assert samples(scrape(port))[reclaimed] == 1  # the started one only
     finally:
         second.close()
-    assert DeferredWork.objects.get(pk=work).history[0]["outcome"] == "lost"
+    assert [entry["started"] for entry in DeferredWork.objects.get(pk=work).history] == [True]
+    assert [entry["started"] for entry in DeferredWork.objects.get(pk=queued).history] == [False]
 
 
 @pytest.mark.slow

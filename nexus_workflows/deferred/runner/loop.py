@@ -542,9 +542,10 @@ class Runner:
         if self._backoff.database_lost():
             self._observer.database_lost()
             logger.warning(
-                "database unavailable (%s); holding %d unwritten outcome(s) and retrying",
+                "database unavailable (%s); holding %d unwritten outcome(s)%s and retrying",
                 describe_unavailable(error),
                 self._ledger.unwritten_count(),
+                _and_counts(self._observer.counts_unwritten),
             )
 
     def _claim_refused(self, refused: str) -> None:
@@ -629,3 +630,9 @@ class Runner:
             self._listener.stop()
         self._observer.stop()
         close_connection(self.using)
+
+
+def _and_counts(unwritten: int) -> str:
+    """The dashboard's outcome counts held too, when there are any (at a stop, they may be
+    all that is held)."""
+    return f" and the dashboard's counts of {unwritten} outcome(s)" if unwritten else ""
