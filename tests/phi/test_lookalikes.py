@@ -149,10 +149,10 @@ def test_the_context_rules_keep_matching_linear() -> None:
         if unit.startswith("folio"):
             values = [f"{rng.randint(0, 99_999_999):08d}" for _ in range(4_000)]
         text = "".join(unit.format(value) for value in values)
-        started = time.perf_counter()
+        started = time.process_time()
         find(text, "MX")
-        assert time.perf_counter() - started < 5
+        assert time.process_time() - started < 5
     # A long run of values after one label: the label reaches only the first ones.
-    started = time.perf_counter()
+    started = time.process_time()
     find("FC " + "91 88 90 84 73 " * 4_000, "MX")
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5

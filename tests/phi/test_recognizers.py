@@ -517,9 +517,9 @@ def test_resolving_many_detections_is_not_quadratic() -> None:
     # A long message full of addresses: checking each against every chosen span took
     # about a second for 8,000 and grew with the square (a minute for 60,000).
     detections = [Detection(20 * n, 20 * n + 15, "EMAIL", f"p{n}@example.com") for n in range(60_000)]
-    started = time.perf_counter()
+    started = time.process_time()
     chosen = resolve([(5, 10, "PERSONA")], detections)
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
     assert len(chosen) == 60_000
     assert chosen[:2] == [(5, 10, "PERSONA"), (20, 35, "EMAIL")]
 
@@ -535,9 +535,9 @@ def test_an_address_of_thousands_of_labels_is_not_quadratic(text: str) -> None:
     # Dropping trailing labels one at a time re-scanned the whole candidate each time: a
     # 20,000-character message took about half a minute (7 s at 10,000), and any patient
     # (or anyone) can send one.
-    started = time.perf_counter()
+    started = time.process_time()
     assert found(text) == []
-    assert time.perf_counter() - started < 3
+    assert time.process_time() - started < 3
 
 
 def test_a_long_run_of_numbers_is_not_quadratic() -> None:
@@ -545,9 +545,9 @@ def test_a_long_run_of_numbers_is_not_quadratic() -> None:
     # every earlier group of the run first: 168,000 characters took about 16 s, growing
     # with the square of the length.
     text = "98 102 95 110 " * 12_000
-    started = time.perf_counter()
+    started = time.process_time()
     assert found(text) == []
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
     # Numbers in such a run are still found, near its start, middle and end.
     labs = "98 102 95 110 " * 1_000
     spans = found(f"{labs}55 1234 5678 {labs}33 3616 1234 {labs}")
@@ -556,19 +556,20 @@ def test_a_long_run_of_numbers_is_not_quadratic() -> None:
 
 def test_many_numbers_around_slashes_are_found_in_linear_time() -> None:
     # Each run is compared with its neighbours once: a pasted list of 10,000 numbers joined
-    # by slashes (130,000 characters) takes well under a second.
+    # by slashes (130,000 characters) takes well under a second. These bounds are on this
+    # process's CPU time: CI's two streams at once stretched the wall clock past 5 s.
     numbers = [f"55-{1000 + n % 9000:04d}-{(n * 7919) % 10_000:04d}" for n in range(10_000)]
-    started = time.perf_counter()
+    started = time.process_time()
     spans = found("/".join(numbers))
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
     assert [surface for surface, _ in spans] == numbers
     # Numbers in one piece joined by dashes and dots: one run of 100,000 digits, split at
     # each joint, and no window crosses one.
     numbers = [number.replace("-", "") for number in numbers]
     joined = "".join(f"{number}{'-.'[n % 2]}" for n, number in enumerate(numbers))
-    started = time.perf_counter()
+    started = time.process_time()
     spans = found(joined)
-    assert time.perf_counter() - started < 5
+    assert time.process_time() - started < 5
     assert [surface for surface, _ in spans] == numbers
 
 
