@@ -1,6 +1,6 @@
 """What ``manage.py workflows status`` reports: counts, the oldest due item, stale claims
-(processing rows whose runner is gone), abandoned work, and how each live runner learns of
-new work (its wake-up mode).
+(processing rows whose heartbeat is older than ``STALE_AFTER``, or that have none),
+abandoned work, and how each live runner learns of new work (its wake-up mode).
 
 Dedupe keys and error messages may carry patient data: the report names work by kind and
 id and errors by exception type, unless it is rendered with ``reveal=True``

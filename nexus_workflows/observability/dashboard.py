@@ -34,7 +34,7 @@ class KindPanel:
     pending: int
     processing: int
     abandoned_rows: int
-    #: Processing rows whose runner is gone (``STALE_AFTER`` without a heartbeat).
+    #: Stale claims (:attr:`.figures.WorkFigures.stale`).
     stale_claims: int
     oldest_due_age: float
     series: dict[str, list[int]] = field(default_factory=dict)  # outcome -> BUCKETS counts

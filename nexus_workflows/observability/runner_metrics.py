@@ -20,7 +20,7 @@ import bisect
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import prometheus_client.metrics
 from prometheus_client import CollectorRegistry
@@ -32,6 +32,9 @@ from prometheus_client.utils import floatToGoString
 from nexus_workflows.conf import app_settings
 from nexus_workflows.observability import metrics_server
 from nexus_workflows.observability.metrics import DatabaseCollector
+
+K = TypeVar("K")
+C = TypeVar("C")
 
 OUTCOMES = ("done", "rescheduled", "abandoned", "lost", "released")
 
@@ -140,12 +143,17 @@ class RunnerMetrics:
         self._duration(kind)
         self._reclaim(kind)
 
-    def _reclaim(self, kind: str) -> _Count:
-        child = self._reclaims.get(kind)
+    def _child(self, children: dict[K, C], key: K, make: Callable[[], C]) -> C:
+        """``children[key]``, made at first use (worker threads add kinds; the lock only
+        then, not on every count)."""
+        child = children.get(key)
         if child is None:
             with self._lock:
-                child = self._reclaims.setdefault(kind, _Count())
+                child = children.setdefault(key, make())
         return child
+
+    def _reclaim(self, kind: str) -> _Count:
+        return self._child(self._reclaims, kind, _Count)
 
     def reclaimed(self, kind: str) -> None:
         """A claim of ``kind`` this runner took over from a runner not heard from for
@@ -155,17 +163,10 @@ class RunnerMetrics:
         self._reclaim(kind).inc()
 
     def _duration(self, kind: str) -> _Durations:
-        child = self._durations.get(kind)
-        if child is None:
-            with self._lock:
-                child = self._durations.setdefault(kind, _Durations())
-        return child
+        return self._child(self._durations, kind, _Durations)
 
     def attempt_ended(self, kind: str, outcome: str, *, count_only: bool = False) -> None:
-        child = self._attempts.get((kind, outcome))
-        if child is None:
-            with self._lock:
-                child = self._attempts.setdefault((kind, outcome), _Count())
+        child = self._child(self._attempts, (kind, outcome), _Count)
         if not count_only:
             child.inc()
 
