@@ -27,6 +27,7 @@ from django.db.models.functions import Coalesce
 
 from nexus_workflows import sql
 from nexus_workflows.clock import DatabaseNow, now_plus
+from nexus_workflows.database_errors import is_database_unavailable
 from nexus_workflows.deferred.expressions import JSONAppend, JSONDropLast
 from nexus_workflows.deferred.history import append_entry
 from nexus_workflows.deferred.transitions import (
@@ -124,6 +125,7 @@ class Claimer:
         using: str,
         queues: Sequence[str] | None = (),
         worker_id: str = "",
+        on_unanswered: Callable[[str], None] | None = None,
     ) -> None:
         self.kinds = list(kinds)
         # Django task queues to take: a list, or None for every queue. Tasks have no flow
@@ -132,6 +134,10 @@ class Claimer:
         self.using = using
         self.worker_id = worker_id or uuid.uuid4().hex
         self.contended = False
+        # Told the token of a claim whose answer an outage may have lost after the database
+        # ran it (the runner gives back what it took: :mod:`.runner.unanswered`). Over a
+        # network only: SQLite's answers come from this process.
+        self._on_unanswered = on_unanswered if connections[using].vendor != "sqlite" else None
         # Kinds with flow limits are claimed by the flow claimer, only as far as their
         # limits let them start; every other kind keeps the plain claim below.
         self.flow = FlowClaimer.for_kinds(self.kinds, using)
@@ -218,10 +224,14 @@ class Claimer:
         every = tasks is not None and len(tasks) == len(ids)
         names = _CLAIM_FIELDS if some is False else (*_CLAIM_FIELDS, *_TASK_FIELDS)
         sent_at = time.monotonic()  # the claim's heartbeat stamp is no older (see Ledger.dispatch)
-        with self._one_transaction(several=len(variants) > 1):
-            # Rows another session holds a lock on are skipped, not waited for.
-            claimable = sql.for_connection(self.using).claimable(candidates, ids)
-            found = self._claim_variants(claimable, ids, token, variants, names, some, every, changes)
+        try:
+            with self._one_transaction(several=len(variants) > 1):
+                # Rows another session holds a lock on are skipped, not waited for.
+                claimable = sql.for_connection(self.using).claimable(candidates, ids)
+                found = self._claim_variants(claimable, ids, token, variants, names, some, every, changes)
+        except Exception as error:
+            self.note_unanswered(token, error)
+            raise
         self.contended = len(found) < len(ids)
         # Hand them out in the claim's order (priority first): RETURNING keeps no order.
         position = {pk: index for index, pk in enumerate(ids)}
@@ -241,6 +251,14 @@ class Claimer:
         if connection.in_atomic_block or not (several or not can_return_from_update(self.using)):
             return contextlib.nullcontext()
         return transaction.atomic(using=self.using)
+
+    def note_unanswered(self, token: str, error: Exception) -> None:
+        """A claim raised ``error``; when the database went away, it may have run the claim
+        before the answer was lost: nothing was handed out, and the runner gives back what
+        it took under ``token`` once the database answers again (else it would sit
+        processing, holding slots and keys, until ``STALE_AFTER``)."""
+        if self._on_unanswered is not None and is_database_unavailable(error):
+            self._on_unanswered(token)
 
     def _claim_variants(
         self,
@@ -396,7 +414,11 @@ class Claimer:
             statement = self._by_id[len(ids)] = self._claim_by_id_statement(len(ids))
         token = uuid.uuid4().hex
         sent_at = time.monotonic()
-        rows = statement.run([token, *ids])
+        try:
+            rows = statement.run([token, *ids])
+        except Exception as error:
+            self.note_unanswered(token, error)
+            raise
         self.contended = len(rows) < len(ids)
         position = {pk: index for index, pk in enumerate(ids)}
         rows.sort(key=lambda row: position[row["pk"]])

@@ -30,7 +30,7 @@ Every time written here comes from the database (``DatabaseNow()``), never from 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -554,25 +554,36 @@ def release(works: Iterable[ClaimedWork]) -> int:
     for work in works:
         by_claim.setdefault((work.using, work.claim_token), []).append(work.id)
     for (using, token), ids in by_claim.items():
-        matched = (
-            DeferredWork.objects.using(using)
-            .held(token)
-            .filter(pk__in=ids)
-            .update(
-                status=Status.PENDING,
-                next_attempt_at=DatabaseNow(),
-                # The claim did not start an attempt: it does not count as one.
-                worker_ids=JSONDropLast("worker_ids"),
-                **_unclaimed(DatabaseNow()),
-                **_unstamped_if_first_claim(),
-            )
-        )
+        matched = DeferredWork.objects.using(using).held(token).filter(pk__in=ids).update(**_given_back())
         if matched < len(ids):
             # Rows pending with this token now: this write's and an earlier try's. At least
             # ``matched`` (a row this write gave back may be claimed again already).
             matched = max(matched, len(_written_by(using, token, ids, status=Status.PENDING)))
         released += matched
     return released
+
+
+def release_unanswered(using: str, tokens: Collection[str]) -> int:
+    """Give back what claims whose answer was lost took (the database ran them, then the
+    connection went away before the rows came back): nothing of theirs was handed out,
+    so nothing runs them. Pending again, due now, as :func:`release`; returns how many.
+    A token another claim replaced since (a reclaim) no longer matches its rows."""
+    if not tokens:
+        return 0
+    held = DeferredWork.objects.using(using).filter(claim_token__in=list(tokens), status=Status.PROCESSING)
+    return held.update(**_given_back())
+
+
+def _given_back() -> dict[str, Any]:
+    """What a claim given back before its attempt started writes: pending, due now."""
+    return {
+        "status": Status.PENDING,
+        "next_attempt_at": DatabaseNow(),
+        # The claim did not start an attempt: it does not count as one.
+        "worker_ids": JSONDropLast("worker_ids"),
+        **_unclaimed(DatabaseNow()),
+        **_unstamped_if_first_claim(),
+    }
 
 
 def _unstamped_if_first_claim() -> dict[str, Any]:

@@ -555,12 +555,18 @@ class FlowClaimer:
         # One transaction: a claim whose starts the window cannot grant leaves nothing
         # behind (inside a caller's transaction it is a savepoint, so a refusal by a
         # unique index does not break that transaction).
-        with transaction.atomic(using=self.using):
-            works = claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **options)
-            if flow.rate_limit is not None:
-                granted = self._take_starts(kind, flow, works)
-                if granted < len(works):
-                    raise _Shortfall(granted)
+        works: list[ClaimedWork] = []
+        try:
+            with transaction.atomic(using=self.using):
+                works = claimer.claim_rows(candidates, ids, reclaimed=reclaimed, **options)
+                if flow.rate_limit is not None:
+                    granted = self._take_starts(kind, flow, works)
+                    if granted < len(works):
+                        raise _Shortfall(granted)
+        except Exception as error:
+            if works:  # the claim ran: its commit's answer may be what the outage lost
+                claimer.note_unanswered(works[0].claim_token, error)
+            raise
         return _limited(works)
 
     def _take_starts(self, kind: str, flow: FlowLimits, works: list[ClaimedWork]) -> int:

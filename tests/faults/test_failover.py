@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgresql]
 
 DATABASE = "nw_faults_failover"
 ITEMS = 40
-# Stale claims come back within the test: a claim whose commit reached the standby but
-# whose answer was lost with the primary is reclaimed, as not started, after STALE_AFTER.
+# A claim whose commit reached the standby but whose answer was lost with the primary is
+# given back once the runner reaches the new primary; STALE_AFTER stays short so that one
+# the give-back missed (its statement ran on after the give-back) comes back within the test.
 SETTINGS = {
     "POLL_INTERVAL": 0.2,
     "HEARTBEAT_INTERVAL": 1,

@@ -3,6 +3,7 @@ work goes where, and claiming due work for each only as far as it has room."""
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -63,14 +64,16 @@ class LaneClaims:
         capacity: dict[str, Capacity],
         claimed: Callable[[list[ClaimedWork]], None],
         reclaimed: Callable[[list[ClaimedWork]], None],
+        on_unanswered: Callable[[str], None] | None = None,
     ) -> None:
         async_kinds = [kind for kind in kinds if registry.get(kind).is_async]
         sync_kinds = [kind for kind in kinds if kind not in async_kinds]
         self.claimers: dict[str, Claimer] = {}
+        claimer = functools.partial(Claimer, using=using, worker_id=worker_id, on_unanswered=on_unanswered)
         if sync_kinds or queues != []:
-            self.claimers[SYNC] = Claimer(kinds=sync_kinds, queues=queues, using=using, worker_id=worker_id)
+            self.claimers[SYNC] = claimer(kinds=sync_kinds, queues=queues)
         if async_kinds:
-            self.claimers[ASYNC] = Claimer(kinds=async_kinds, queues=[], using=using, worker_id=worker_id)
+            self.claimers[ASYNC] = claimer(kinds=async_kinds, queues=[])
         self.ledger = ledger
         self.capacity = capacity
         self.claimed = claimed

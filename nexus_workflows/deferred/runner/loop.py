@@ -41,6 +41,7 @@ from nexus_workflows.deferred.runner.selection import selection, worker_id
 from nexus_workflows.deferred.runner.shutdown import Shutdown, release_claims
 from nexus_workflows.deferred.runner.stats import RunStats, Tally
 from nexus_workflows.deferred.runner.stop_signals import StopSignals
+from nexus_workflows.deferred.runner.unanswered import UnansweredClaims
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
     close_if_past_max_age,
@@ -123,20 +124,17 @@ class Runner:
 
     def _build_parts(self, metrics_host: str, metrics_port: int | None) -> None:
         """The runner's parts, each in its module, wired to each other."""
+        # Claims an outage cut off after the database ran them: given back once it answers.
+        self._unanswered = UnansweredClaims(self.using)
         # Stale work of any kind is reclaimed by one claimer; due work by one per lane.
         self._claimer = Claimer(
-            kinds=self.kinds, queues=self.queues, using=self.using, worker_id=self.worker_id
+            kinds=self.kinds,
+            queues=self.queues,
+            using=self.using,
+            worker_id=self.worker_id,
+            on_unanswered=self._unanswered.add,
         )
-        # Queued work whose claim went unconfirmed as long as claiming pauses for is
-        # not started: another runner may be running it (Ledger, "forfeited").
-        self._ledger = Ledger(
-            lane_of,
-            at_risk=functools.partial(
-                heartbeat_failing,
-                stale_after=self.stale_after.total_seconds(),
-                interval=float(app_settings.HEARTBEAT_INTERVAL),
-            ),
-        )
+        self._ledger = self._new_ledger()
         batch_size = int(app_settings.BATCH_SIZE)
         self._capacity = {
             SYNC: Capacity(self.concurrency, batch_size),
@@ -151,6 +149,7 @@ class Runner:
             capacity=self._capacity,
             claimed=self._claimed,
             reclaimed=self._reclaimed,
+            on_unanswered=self._unanswered.add,
         )
         self._journal = JournalWriter(self.using, journal_writers(self.using))
         self._backoff = Backoff(self.poll_interval)
@@ -176,6 +175,16 @@ class Runner:
             on_beat=self._on_beat,
         )
         self._build_pools()
+
+    def _new_ledger(self) -> Ledger:
+        # Queued work whose claim went unconfirmed as long as claiming pauses for is
+        # not started: another runner may be running it (Ledger, "forfeited").
+        at_risk = functools.partial(
+            heartbeat_failing,
+            stale_after=self.stale_after.total_seconds(),
+            interval=float(app_settings.HEARTBEAT_INTERVAL),
+        )
+        return Ledger(lane_of, at_risk=at_risk)
 
     def _build_pools(self) -> None:
         self._pool = SyncPool(
@@ -430,6 +439,7 @@ class Runner:
         self._log_forfeited(self._ledger.take_forfeited())
         self._writer.write()
         guard_unguarded(self._ledger, self._tally, self._dispatch)
+        self._give_back_unanswered()
         purging = schedule.purge_due() and self._purging.batch()
         if purging:
             schedule.purge_next_turn()
@@ -447,6 +457,17 @@ class Runner:
                 claimed, more_due = self._claim(cutoff, check_stale=wants_more and schedule.stale_check_due())
                 self._more_due = more_due
         return claimed, more_due, purging
+
+    def _give_back_unanswered(self) -> None:
+        """Claims whose answer an outage lost: pending again before this turn claims."""
+        if self._unanswered:
+            released = self._unanswered.give_back()
+            if released:
+                logger.info(
+                    "gave back %d item(s) claimed as the database went away (the claim's answer "
+                    "was lost): pending again, due now, attempt unchanged",
+                    released,
+                )
 
     def _claim_turn(self) -> bool:
         """Whether this turn makes the full claim: every turn, but in a run of purge batches
@@ -599,6 +620,7 @@ class Runner:
         nothing is counted twice); whether nothing of either is left to write."""
         try:
             self._writer.write()
+            self._give_back_unanswered()  # not waited for: else they go stale, no worse
             if self._ledger.unwritten_count() == 0:  # one upsert per batch of outcomes, at most
                 self._observer.outcomes_written(force=True)
         except Exception as error:  # noqa: BLE001 - shutting down must not fail
