@@ -47,9 +47,14 @@ LACKING: dict[str, set[str]] = {
 }
 # How many tests each reason deselected, for the end of the run.
 DESELECTED: dict[str, int] = {}
+# bin/test runs the tests marked database_independent on one leg per Django line: on the
+# others (NW_DATABASE_INDEPENDENT=no) they would run the same code again.
+RUN_DATABASE_INDEPENDENT = os.environ.get("NW_DATABASE_INDEPENDENT", "yes") != "no"
 
 
 def _deselected_because(item: pytest.Item, vendor: str) -> str | None:
+    if not RUN_DATABASE_INDEPENDENT and item.get_closest_marker("database_independent"):
+        return "marked database_independent (run on another leg of this Django line)"
     if item.get_closest_marker("postgresql") and vendor != "postgresql":
         return "marked postgresql"
     if item.get_closest_marker("mysql") and vendor != "mysql":
@@ -76,7 +81,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``postgresql`` (or ``mysql``, ``sqlite``) are deselected (not skipped) on the other
-    databases, and tests marked ``needs(feature)`` on a database that lacks the feature."""
+    databases, tests marked ``needs(feature)`` on a database that lacks the feature, and
+    tests marked ``database_independent`` where ``NW_DATABASE_INDEPENDENT=no``."""
     vendor = connection.vendor
     selected, deselected = [], []
     for item in items:

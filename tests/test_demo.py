@@ -14,6 +14,9 @@ import pytest
 from tests.ports import PortTaken, free_port, start_on_a_free_port
 from tests.processes import PROJECT_ROOT, wait_for
 
+# Touches no database of the suite's: bin/test runs it once per Django line.
+pytestmark = pytest.mark.database_independent
+
 # What bin/demo prints when the admin's port is taken: before it starts (its own check) or
 # after (runserver's, when another process took the port in between).
 PORT_TAKEN = ("on 127.0.0.1 is in use by another program", "That port is already in use")

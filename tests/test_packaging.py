@@ -14,6 +14,9 @@ import pytest
 
 from tests.processes import PROJECT_ROOT
 
+# Touches no database of the suite's: bin/test runs it once per Django line.
+pytestmark = pytest.mark.database_independent
+
 OTHER_PROJECT_SETTINGS = """
 SECRET_KEY = "another-project"
 USE_TZ = True

@@ -8,6 +8,9 @@ from django.test import override_settings
 from nexus_workflows.phi import CATEGORIES, InvalidCategory, InvalidPhiValue, normalize
 from nexus_workflows.phi.normalization import is_richer, richness, surface_form
 
+# Pure Python: bin/test runs it once per Django line.
+pytestmark = pytest.mark.database_independent
+
 
 def test_categories() -> None:
     assert CATEGORIES == ("PERSONA", "TELEFONO", "EMAIL", "ID")

@@ -27,6 +27,9 @@ from nexus_workflows.phi.recognizers import (
     shadow,
 )
 
+# Pure Python: bin/test runs it once per Django line.
+pytestmark = pytest.mark.database_independent
+
 
 def found(text: str) -> list[tuple[str, str]]:
     """(surface, category) of every span encode_text would replace."""
