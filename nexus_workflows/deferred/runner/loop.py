@@ -468,6 +468,7 @@ class Runner:
                     "was lost): pending again, due now, attempt unchanged",
                     released,
                 )
+                wakeup.notify(self.using)  # any runner, this one too, can start them at once
 
     def _claim_turn(self) -> bool:
         """Whether this turn makes the full claim: every turn, but in a run of purge batches
