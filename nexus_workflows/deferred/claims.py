@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, transaction
 from django.db.models import Case, F, Field, Q, When
@@ -38,6 +38,9 @@ from nexus_workflows.deferred.transitions import (
 from nexus_workflows.flow.claiming import FlowClaimer
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.sql.returning import PrecompiledUpdate, can_return_from_update
+
+if TYPE_CHECKING:
+    from nexus_workflows.flow.windows import Reservation
 
 _CLAIM_FIELDS = (
     "pk",
@@ -125,7 +128,7 @@ class Claimer:
         using: str,
         queues: Sequence[str] | None = (),
         worker_id: str = "",
-        on_unanswered: Callable[[str], None] | None = None,
+        on_unanswered: Callable[[str, Sequence[Reservation]], None] | None = None,
     ) -> None:
         self.kinds = list(kinds)
         # Django task queues to take: a list, or None for every queue. Tasks have no flow
@@ -230,7 +233,8 @@ class Claimer:
                 claimable = sql.for_connection(self.using).claimable(candidates, ids)
                 found = self._claim_variants(claimable, ids, token, variants, names, some, every, changes)
         except Exception as error:
-            self.note_unanswered(token, error)
+            if not reclaimed:
+                self.note_unanswered(token, error)
             raise
         self.contended = len(found) < len(ids)
         # Hand them out in the claim's order (priority first): RETURNING keeps no order.
@@ -252,13 +256,16 @@ class Claimer:
             return contextlib.nullcontext()
         return transaction.atomic(using=self.using)
 
-    def note_unanswered(self, token: str, error: Exception) -> None:
-        """A claim raised ``error``; when the database went away, it may have run the claim
-        before the answer was lost: nothing was handed out, and the runner gives back what
-        it took under ``token`` once the database answers again (else it would sit
-        processing, holding slots and keys, until ``STALE_AFTER``)."""
+    def note_unanswered(self, token: str, error: Exception, reservations: Sequence[Reservation] = ()) -> None:
+        """A claim of due work raised ``error``; when the database went away, it may have
+        run the claim before the answer was lost: nothing was handed out, and the runner
+        gives back what it took under ``token`` once the database answers again (else it
+        would sit processing, holding slots and keys, until ``STALE_AFTER``). Not for a
+        reclaim: pending again, its row would skip the crash-loop guard and the history
+        entry of the attempt it counted lost; it goes stale again, as at a shutdown.
+        ``reservations``: the rate-window starts the claim reserved in its transaction."""
         if self._on_unanswered is not None and is_database_unavailable(error):
-            self._on_unanswered(token)
+            self._on_unanswered(token, reservations)
 
     def _claim_variants(
         self,

@@ -564,8 +564,9 @@ class FlowClaimer:
                     if granted < len(works):
                         raise _Shortfall(granted)
         except Exception as error:
-            if works:  # the claim ran: its commit's answer may be what the outage lost
-                claimer.note_unanswered(works[0].claim_token, error)
+            if works and not reclaimed:  # it ran: its commit's answer may be what was lost
+                reserved = [work.reservation for work in works if work.reservation is not None]
+                claimer.note_unanswered(works[0].claim_token, error, reserved)
             raise
         return _limited(works)
 

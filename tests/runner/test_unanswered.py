@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import socket
 import threading
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 
 from nexus_workflows import enqueue
 from nexus_workflows.clock import database_now
 from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.runner.unanswered import UnansweredClaims
 from nexus_workflows.deferred.transitions import release_unanswered
-from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.models import DeferredWork, FlowWindowSlot, Status
 from tests.processes import ManagePy, url_of_test_database, wait_for
 from tests.tcp_proxy import TcpProxy
 
@@ -98,18 +101,53 @@ def test_a_lost_token_is_given_back_at_every_turn_until_it_settled() -> None:
     (work,) = Claimer(kinds=["test-ledger"], using="default").claim_due(1)
     unanswered.add(work.claim_token)
 
-    now[0] += 1.0
+    now[0] += 60.0  # an outage longer than SETTLE: the settling starts at the first give-back
     assert unanswered.give_back() == 1
     assert unanswered  # its statement may still have been running: kept a while
-    now[0] += 5.0
+    now[0] += 4.9
+    assert unanswered.give_back() == 0
+    assert unanswered
+    now[0] += 0.2
     assert unanswered.give_back() == 0
     assert not unanswered
+
+
+def test_a_reclaim_that_raised_is_left_to_go_stale_a_claim_of_due_work_is_noted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Given back, a reclaimed row would be claimed as plain due work: past the crash-loop
+    guard, and without the history entry of the attempt the reclaim counted lost."""
+    from django.db import OperationalError
+
+    from nexus_workflows.deferred import claims
+
+    enqueue("test-ledger", {"key": "stale"})
+    (held,) = Claimer(kinds=["test-ledger"], using="default").claim_due(1)
+    DeferredWork.objects.filter(pk=held.id).update(heartbeat_at=Now() - timedelta(hours=1))
+    enqueue("test-ledger", {"key": "due"})
+    noted: list[str] = []
+    claimer = Claimer(
+        kinds=["test-ledger"], using="default", on_unanswered=lambda token, _reserved: noted.append(token)
+    )
+
+    def answer_lost(*args: object, **kwargs: object) -> None:
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(claims, "claim", answer_lost)
+    with pytest.raises(OperationalError):
+        claimer.claim_stale(1, stale_after=timedelta(minutes=5))
+    assert noted == []
+    with pytest.raises(OperationalError):
+        claimer.claim_due(1)
+    assert len(noted) == (0 if connection.vendor == "sqlite" else 1)
 
 
 def test_only_a_claim_over_a_network_can_lose_its_answer() -> None:
     """SQLite's answers come from this process: no claim of it is ever unanswered."""
     noted: list[str] = []
-    claimer = Claimer(kinds=["test-ledger"], using="default", on_unanswered=noted.append)
+    claimer = Claimer(
+        kinds=["test-ledger"], using="default", on_unanswered=lambda token, _reserved: noted.append(token)
+    )
     claimer.note_unanswered("token", ConnectionError())
     from django.db import OperationalError
 
@@ -169,3 +207,30 @@ def test_work_a_claim_took_as_its_answer_was_lost_runs_at_once_not_after_stale_a
     assert (row.attempt, row.lost_unstarted) == (0, 0)
     assert row.history == [], row.history
     assert "runner stopped: 1 done, 0 rescheduled, 0 abandoned, 0 reclaimed" in output, output
+    # The lost claim's reserved start was given back with its row: no start of the window is
+    # stamped ahead (a reservation not yet started), which would hold the window for its
+    # period after RESERVED_FOR (an hour, for one start an hour).
+    assert not FlowWindowSlot.objects.filter(started_at__gt=Now()).exists()
+
+
+def test_a_give_back_the_database_refuses_is_dropped_not_tried_before_every_claim(
+    write_blocker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused for another reason than an outage (here a trigger; a lock timeout, say), the
+    give-back would fail every turn before its claim: the runner would claim nothing more."""
+    from django.test import override_settings
+
+    from nexus_workflows.deferred.runner import Runner
+
+    enqueue("test-ledger", {"key": "1"})
+    (work,) = Claimer(kinds=["test-ledger"], using="default").claim_due(1)
+    write_blocker.install("NEW.status = 'pending'")
+    with override_settings(NEXUS_WORKFLOWS={"POLL_INTERVAL": 0.05}):
+        runner = Runner(kinds=["test-ledger"], install_signal_handlers=False)
+    runner._unanswered.add(work.claim_token)
+
+    runner._give_back_unanswered()  # the turn goes on to its claim
+
+    assert not runner._unanswered
+    assert "could not give back claims whose answer was lost" in caplog.text
+    assert DeferredWork.objects.get(pk=work.id).status == Status.PROCESSING  # goes stale, as before

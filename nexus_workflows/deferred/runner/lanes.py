@@ -16,6 +16,7 @@ from nexus_workflows.deferred.registry import registry
 from nexus_workflows.deferred.runner.capacity import Capacity
 from nexus_workflows.deferred.runner.ledger import ASYNC, SYNC, Ledger
 from nexus_workflows.deferred.transitions import ClaimedWork
+from nexus_workflows.flow.windows import Reservation
 
 
 def lane_of(work: ClaimedWork) -> str:
@@ -64,7 +65,7 @@ class LaneClaims:
         capacity: dict[str, Capacity],
         claimed: Callable[[list[ClaimedWork]], None],
         reclaimed: Callable[[list[ClaimedWork]], None],
-        on_unanswered: Callable[[str], None] | None = None,
+        on_unanswered: Callable[[str, Sequence[Reservation]], None] | None = None,
     ) -> None:
         async_kinds = [kind for kind in kinds if registry.get(kind).is_async]
         sync_kinds = [kind for kind in kinds if kind not in async_kinds]

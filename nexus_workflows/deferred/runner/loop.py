@@ -459,9 +459,22 @@ class Runner:
         return claimed, more_due, purging
 
     def _give_back_unanswered(self) -> None:
-        """Claims whose answer an outage lost: pending again before this turn claims."""
+        """Claims whose answer an outage lost: pending again before this turn claims. An
+        outage is the turn's (raised); any other refusal drops them, so that it cannot
+        hold every later claim back: they go stale and are reclaimed, as before."""
         if self._unanswered:
-            released = self._unanswered.give_back()
+            try:
+                released = self._unanswered.give_back()
+            except Exception as error:
+                if is_database_unavailable(error):
+                    raise
+                self._unanswered.forget()
+                logger.warning(
+                    "could not give back claims whose answer was lost (%s); they are reclaimed "
+                    "after STALE_AFTER",
+                    type(error).__name__,
+                )
+                return
             if released:
                 logger.info(
                     "gave back %d item(s) claimed as the database went away (the claim's answer "

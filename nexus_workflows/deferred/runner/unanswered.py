@@ -8,21 +8,25 @@ turn on which the database answers: pending again, due now, attempt unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+from django.db import DatabaseError
 
 from nexus_workflows.deferred import transitions
+from nexus_workflows.flow import windows
 
-#: Seconds a lost claim's token is given back again at every turn: its statement may
-#: still have been running on the old session (the server had not yet noticed it was
-#: gone) when the first give-back ran, and taken its rows after it.
+#: Seconds a lost claim's token is given back again at every turn after its first
+#: give-back: its statement may still have been running on the old session (the server had
+#: not yet noticed it was gone) when that one ran, and taken its rows after it.
 SETTLE = 5.0
 
 
 class UnansweredClaims:
     """The tokens of claims that raised because the database went away (``add``, from the
-    claimers), until a give-back has run ``SETTLE`` seconds after each was lost. Used by
-    the runner's main loop only, which makes every claim."""
+    claimers), until ``SETTLE`` seconds after the first give-back that ran for each. Used
+    by the runner's main loop only, which makes every claim."""
 
     def __init__(
         self, using: str, *, settle: float = SETTLE, monotonic: Callable[[], float] = time.monotonic
@@ -30,20 +34,44 @@ class UnansweredClaims:
         self.using = using
         self.settle = settle
         self._monotonic = monotonic
-        self._lost_at: dict[str, float] = {}
+        # Token -> when to stop giving it back (None: no give-back has run for it yet).
+        self._until: dict[str, float | None] = {}
+        # Token -> the rate-window starts its claim reserved (a rate-limited kind's claim).
+        self._reserved: dict[str, Sequence[windows.Reservation]] = {}
 
-    def add(self, token: str) -> None:
-        self._lost_at[token] = self._monotonic()
+    def add(self, token: str, reservations: Sequence[windows.Reservation] = ()) -> None:
+        self._until[token] = None
+        if reservations:
+            self._reserved[token] = reservations
 
     def __bool__(self) -> bool:
-        return bool(self._lost_at)
+        return bool(self._until)
 
     def give_back(self) -> int:
         """Release every row still held under a lost token (one ``UPDATE``); returns how
-        many. Raises what the database raises: the token stays for the next turn."""
-        if not self._lost_at:
+        many. Raises what the database raises: the tokens stay for the next turn."""
+        if not self._until:
             return 0
-        released = transitions.release_unanswered(self.using, list(self._lost_at))
-        settled = self._monotonic() - self.settle
-        self._lost_at = {token: at for token, at in self._lost_at.items() if at > settled}
+        released = sum(self._give_back_reserved(token) for token in list(self._reserved))
+        released += transitions.release_unanswered(self.using, list(self._until))
+        now = self._monotonic()
+        until = {token: now + self.settle if at is None else at for token, at in self._until.items()}
+        self._until = {token: at for token, at in until.items() if at > now}
         return released
+
+    def _give_back_reserved(self, token: str) -> int:
+        """The rows of a claim that reserved rate-window starts, on their own, and those
+        starts too if rows were found: its transaction (committed) reserved them. Else
+        they stay (their slots may be another claim's since) until they lapse."""
+        released = transitions.release_unanswered(self.using, [token])
+        if released:
+            for reservation in self._reserved[token]:
+                with contextlib.suppress(DatabaseError):  # best effort: it lapses anyway
+                    windows.give_back(reservation, using=self.using)
+        del self._reserved[token]
+        return released
+
+    def forget(self) -> None:
+        """Stop giving back: what the tokens hold goes stale and is reclaimed, as before."""
+        self._until.clear()
+        self._reserved.clear()
