@@ -48,8 +48,9 @@ class UnansweredClaims:
         return bool(self._until)
 
     def give_back(self) -> int:
-        """Release every row still held under a lost token (one ``UPDATE``); returns how
-        many. Raises what the database raises: the tokens stay for the next turn."""
+        """Release every row still held under a lost token (one ``UPDATE``, and one more
+        the first time for each claim that reserved window starts); returns how many.
+        Raises what the database raises: the tokens stay for the next turn."""
         if not self._until:
             return 0
         released = sum(self._give_back_reserved(token) for token in list(self._reserved))
