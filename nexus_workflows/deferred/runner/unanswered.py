@@ -53,8 +53,9 @@ class UnansweredClaims:
         Raises what the database raises: the tokens stay for the next turn."""
         if not self._until:
             return 0
-        released = sum(self._give_back_reserved(token) for token in list(self._reserved))
-        released += transitions.release_unanswered(self.using, list(self._until))
+        first = list(self._reserved)  # given back on their own this once (their starts too)
+        released = sum(self._give_back_reserved(token) for token in first)
+        released += transitions.release_unanswered(self.using, [t for t in self._until if t not in first])
         now = self._monotonic()
         until = {token: now + self.settle if at is None else at for token, at in self._until.items()}
         self._until = {token: at for token, at in until.items() if at > now}
