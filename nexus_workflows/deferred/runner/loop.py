@@ -44,6 +44,7 @@ from nexus_workflows.deferred.runner.stop_signals import StopSignals
 from nexus_workflows.deferred.runner.unanswered import UnansweredClaims
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
+    close_if_gone,
     close_if_past_max_age,
     describe_unavailable,
     is_database_unavailable,
@@ -411,18 +412,12 @@ class Runner:
     def _loop_failed(self, error: Exception) -> None:
         """A loop turn raised: an outage (down, or read-only) is waited out on a new
         connection; anything else is logged by type and the turn is tried again later."""
-        if session_ended_idle(error):
-            # The server ended the session while the loop waited (idle_session_timeout):
-            # nothing of the turn ran, and a new session runs it at once. Not an outage.
-            close_connection(self.using)
-            logger.debug("the database ended the runner's idle session; reconnecting")
-            return
         refused = statement_refused(error)
         if refused is not None:
             self._claim_refused(refused)
             return
         if is_database_unavailable(error):
-            self._database_lost(error)
+            self._connection_failed(error)
             return
         # Its message may hold patient data (a trigger echoed by a constraint): type only.
         logger.error("runner loop error (%s); carrying on", type(error).__name__)
@@ -572,6 +567,17 @@ class Runner:
 
     # --- database outages -------------------------------------------------------------
 
+    def _connection_failed(self, error: BaseException) -> None:
+        """A statement of the main thread met a connection the database is not on."""
+        if session_ended_idle(error):
+            # The server ended the session while it sat idle (idle_session_timeout): the
+            # statement never ran, and a new session runs it at once. Not an outage;
+            # at a stop too, where the loop may have waited past the timeout.
+            close_connection(self.using)
+            logger.debug("the database ended the runner's idle session; reconnecting")
+            return
+        self._database_lost(error)
+
     def _database_lost(self, error: BaseException) -> None:
         close_connection(self.using)
         if self._backoff.database_lost():
@@ -639,7 +645,7 @@ class Runner:
                 self._observer.outcomes_written(force=True)
         except Exception as error:  # noqa: BLE001 - shutting down must not fail
             if is_database_unavailable(error):
-                self._database_lost(error)
+                self._connection_failed(error)
             else:
                 logger.error("writing outcomes at shutdown failed (%s)", type(error).__name__)
             return False
@@ -647,7 +653,9 @@ class Runner:
 
     def _release(self, works: list[ClaimedWork], time_is_up: Callable[[], bool]) -> None:
         # Woken by a second signal (events only: libfaketime breaks time.sleep).
-        released = release_claims(works, time_is_up, on_outage=self._database_lost, pause=self._stop_now.wait)
+        released = release_claims(
+            works, time_is_up, on_outage=self._connection_failed, pause=self._stop_now.wait
+        )
         if released is None:
             return
         self.stats.released += released
@@ -664,6 +672,10 @@ class Runner:
         wakeup.remove_local_waiter(self._wake)
         if self._listener is not None:
             self._listener.stop()
+        # Its last statements (the runner's row removed) come after a wait for running
+        # attempts that may have written nothing: the loop's session may have sat idle.
+        if close_if_gone(self.using):
+            logger.debug("the runner's session is gone; its last statements go on a new one")
         self._observer.stop()
         close_connection(self.using)
 

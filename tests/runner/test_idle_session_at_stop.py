@@ -1,0 +1,109 @@
+"""A runner stopped after its loop waited longer than the server lets a session sit idle
+(PostgreSQL's ``idle_session_timeout``, set by an operator): the server has ended the
+loop's session, and the stop's first statement meets that. It is renewed quietly, as a
+turn renews it: no WARNING of an outage, and nothing of the stop is lost (the last outcome
+counts are written, the runner's row is removed). Before, the stop logged "database
+unavailable" (counts to write) or "could not remove this runner's row" (none to write:
+the dashboard then showed a dead runner). Real sessions, ended by the server."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.db.backends.signals import connection_created
+from django.db.models import Sum
+from django.test import override_settings
+
+from nexus_workflows import enqueue
+from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.observability import observer
+from nexus_workflows.observability.models import OutcomeCount
+from nexus_workflows.observability.models import Runner as RunnerRow
+from tests.processes import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
+
+#: The loop turns only when told (polls an hour apart): its session sits idle until the stop.
+SETTINGS = {
+    "POLL_INTERVAL": 3600,
+    "HEARTBEAT_INTERVAL": 0.5,
+    "STALE_AFTER": 30,
+    "SHUTDOWN_GRACE": 2,
+    "WAKEUP": False,
+}
+LOOP = "test-runner"  # the name of the thread the runner's loop runs on
+
+
+@pytest.fixture
+def loop_sessions() -> Iterator[list[int]]:
+    """Backend pids of the sessions the runner's loop opens, each of which the server ends
+    once it sits idle for 300 ms; the other threads' sessions are left as they are."""
+    opened: list[int] = []
+
+    def shorten_idle(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if connection.alias == "default" and threading.current_thread().name == LOOP:
+            opened.append(connection.connection.info.backend_pid)
+            with connection.cursor() as cursor:
+                cursor.execute("SET idle_session_timeout = '300ms'")
+
+    connection_created.connect(shorten_idle, weak=False)
+    yield opened
+    connection_created.disconnect(shorten_idle)
+
+
+def live_pids() -> set[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        return {row[0] for row in cursor.fetchall()}
+
+
+@pytest.mark.parametrize(
+    "counts_every",
+    [
+        pytest.param(float("inf"), id="counts-left-for-the-stop"),  # the stop's flush writes them
+        pytest.param(0.0, id="counts-written-already"),  # the row's removal is the first statement
+    ],
+)
+def test_a_stop_on_a_session_the_server_ended_while_idle_says_nothing_and_loses_nothing(
+    loop_sessions: list[int],
+    counts_every: float,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(observer, "COUNTS_EVERY", counts_every)
+    pk = enqueue("test-noop", {"key": "1"})
+    connections.close_all()
+    with override_settings(NEXUS_WORKFLOWS=SETTINGS):
+        runner = Runner(kinds=["test-noop"], concurrency=1, install_signal_handlers=False)
+        thread = threading.Thread(target=runner.run, name=LOOP)
+        thread.start()
+        try:
+            wait_for(
+                lambda: DeferredWork.objects.get(pk=pk).status == Status.DONE,
+                timeout=30,
+                what="the item done",
+            )
+            wait_for(lambda: RunnerRow.objects.exists(), timeout=10, what="the runner's row")
+            # Every session the loop opened was ended by the server for sitting idle.
+            wait_for(
+                lambda: loop_sessions and not set(loop_sessions) & live_pids(), timeout=30, what="idle end"
+            )
+            caplog.clear()
+            ended = len(loop_sessions)
+        finally:
+            runner.request_stop()
+            thread.join(30)
+    assert not thread.is_alive()
+    assert runner.stats.done == 1
+    warnings = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert warnings == []
+    assert len(loop_sessions) == ended + 1  # the stop met the ended session and opened one new one
+    assert not RunnerRow.objects.exists()  # not left to show as a dead runner
+    written = OutcomeCount.objects.filter(kind="test-noop", outcome="done").aggregate(n=Sum("count"))["n"]
+    assert written == 1
