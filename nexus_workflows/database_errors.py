@@ -4,11 +4,18 @@ which mean "the database refused this statement" (a lock wait cut short, SQLite'
 "database is locked" and "database table is locked" among them, a deadlock, a cancel by a time-out:
 :func:`statement_refused`), which is no outage: the session is fine.
 Used by the runner (:mod:`nexus_workflows.deferred.runner.unavailable`) and by its
-observer, which must not import the runner."""
+observer, which must not import the runner; so is the one rerun such an error calls for
+wherever no later turn renews the session (:func:`rerun_if_ended_idle`)."""
 
 from __future__ import annotations
 
-from django.db import InterfaceError, OperationalError
+import contextlib
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import InterfaceError, OperationalError, connections
+
+T = TypeVar("T")
 
 #: Errors that mean "the database is not answering right now": wait and retry.
 DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
@@ -120,6 +127,21 @@ def is_read_only(error: BaseException) -> bool:
 
 def session_ended_idle(error: BaseException) -> bool:
     return sqlstate(error) == IDLE_SESSION_TIMEOUT_SQLSTATE
+
+
+def rerun_if_ended_idle(using: str, statements: Callable[[], T]) -> T:
+    """``statements()``; once more at once, on a new session, when the server had ended
+    this thread's session for sitting idle (``idle_session_timeout``: nothing of it ran).
+    For a runner's stop, which has no later turn to renew the session in, and which may
+    follow a long wait: the loop's, or one for running attempts. Other errors are raised."""
+    try:
+        return statements()
+    except Exception as error:
+        if not session_ended_idle(error):
+            raise
+    with contextlib.suppress(Exception):  # closing a broken connection may fail too
+        connections[using].close()
+    return statements()
 
 
 def is_query_canceled(error: BaseException) -> bool:

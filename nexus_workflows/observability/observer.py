@@ -132,10 +132,7 @@ class Observer:
             self._stopped = True
             if self.runner_id is not None:
                 try:
-                    # Bounded like the refreshes: a lock held on the row must not hang
-                    # the runner's exit.
-                    with _waiting_at_most(self.using, row_lock_wait()):
-                        runners.remove(self.runner_id, using=self.using)
+                    runners.remove(self.runner_id, using=self.using, lock_wait=row_lock_wait())
                 except DatabaseError as error:
                     logger.warning(
                         "could not remove this runner's row (%s); it will show as dead",

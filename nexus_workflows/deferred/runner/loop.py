@@ -44,10 +44,10 @@ from nexus_workflows.deferred.runner.stop_signals import StopSignals
 from nexus_workflows.deferred.runner.unanswered import UnansweredClaims
 from nexus_workflows.deferred.runner.unavailable import (
     close_connection,
-    close_if_gone,
     close_if_past_max_age,
     describe_unavailable,
     is_database_unavailable,
+    rerun_if_ended_idle,
     session_ended_idle,
 )
 from nexus_workflows.deferred.transitions import ClaimedWork
@@ -639,10 +639,7 @@ class Runner:
         forced: no wait for ``COUNTS_EVERY``; a sealed batch goes again under its token, so
         nothing is counted twice); whether nothing of either is left to write."""
         try:
-            self._writer.write()
-            self._give_back_unanswered()  # not waited for: else they go stale, no worse
-            if self._ledger.unwritten_count() == 0:  # one upsert per batch of outcomes, at most
-                self._observer.outcomes_written(force=True)
+            rerun_if_ended_idle(self.using, self._write_outcomes_now)
         except Exception as error:  # noqa: BLE001 - shutting down must not fail
             if is_database_unavailable(error):
                 self._connection_failed(error)
@@ -651,10 +648,16 @@ class Runner:
             return False
         return self._ledger.unwritten_count() == 0 and not self._observer.counts_unwritten
 
+    def _write_outcomes_now(self) -> None:
+        self._writer.write()  # a batch leaves the ledger once written: none goes twice
+        self._give_back_unanswered()  # not waited for: else they go stale, no worse
+        if self._ledger.unwritten_count() == 0:  # one upsert per batch of outcomes, at most
+            self._observer.outcomes_written(force=True)
+
     def _release(self, works: list[ClaimedWork], time_is_up: Callable[[], bool]) -> None:
         # Woken by a second signal (events only: libfaketime breaks time.sleep).
         released = release_claims(
-            works, time_is_up, on_outage=self._connection_failed, pause=self._stop_now.wait
+            works, time_is_up, using=self.using, on_outage=self._connection_failed, pause=self._stop_now.wait
         )
         if released is None:
             return
@@ -672,10 +675,6 @@ class Runner:
         wakeup.remove_local_waiter(self._wake)
         if self._listener is not None:
             self._listener.stop()
-        # Its last statements (the runner's row removed) come after a wait for running
-        # attempts that may have written nothing: the loop's session may have sat idle.
-        if close_if_gone(self.using):
-            logger.debug("the runner's session is gone; its last statements go on a new one")
         self._observer.stop()
         close_connection(self.using)
 

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.runner.ledger import Ledger
-from nexus_workflows.deferred.runner.unavailable import is_database_unavailable
+from nexus_workflows.deferred.runner.unavailable import is_database_unavailable, rerun_if_ended_idle
 from nexus_workflows.deferred.transitions import ClaimedWork
 
 logger = logging.getLogger("nexus_workflows.deferred.runner")
@@ -23,16 +23,18 @@ def release_claims(
     works: list[ClaimedWork],
     time_is_up: Callable[[], bool],
     *,
+    using: str,
     on_outage: Callable[[BaseException], None],
     pause: Callable[[float], object],  # e.g. Event.wait: what it returns is not used
 ) -> int | None:
     """Give back claims of work not started (pending again, due now, attempt unchanged),
     retrying through an outage until ``time_is_up()`` (the grace ended, or a second
     signal ended it); the number released, or None when they could not be (they go
-    stale and are reclaimed, no worse)."""
+    stale and are reclaimed, no worse). A session the server ended while the loop sat
+    idle is no outage: renewed at once, even when no grace is left."""
     while True:
         try:
-            return transitions.release(works)
+            return rerun_if_ended_idle(using, lambda: transitions.release(works))
         except Exception as error:  # noqa: BLE001 - unreleased claims go stale, no worse
             if not is_database_unavailable(error):
                 logger.error("releasing claims failed (%s)", type(error).__name__)

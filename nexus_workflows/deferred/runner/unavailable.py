@@ -17,6 +17,7 @@ from nexus_workflows.database_errors import (
     describe_unavailable,
     is_database_unavailable,
     is_deadlock,
+    rerun_if_ended_idle,
     session_ended_idle,
     transaction_conflict,
 )
@@ -31,12 +32,12 @@ __all__ = [
     "CONFLICT_RETRIES",
     "DATABASE_UNAVAILABLE",
     "close_connection",
-    "close_if_gone",
     "close_if_past_max_age",
     "describe_unavailable",
     "is_database_unavailable",
     "past_max_age",
     "rerun_after_deadlocks",
+    "rerun_if_ended_idle",
     "rerun_on_a_new_connection",
     "session_ended_idle",
 ]
@@ -46,18 +47,6 @@ def close_connection(using: str) -> None:
     """Drop this thread's connection so the next query reconnects."""
     with contextlib.suppress(Exception):  # closing a broken connection may fail too
         connections[using].close()
-
-
-def close_if_gone(using: str) -> bool:
-    """Close this thread's connection to ``using`` when its session is gone (one round
-    trip, Django's ``is_usable()``); whether it did. For a statement that must not fail on
-    a session the server ended while it sat idle (``idle_session_timeout``) and has no
-    turn to run again in: the next statement opens a new one."""
-    connection = connections[using]
-    if connection.connection is None or connection.in_atomic_block or connection.is_usable():
-        return False
-    close_connection(using)
-    return True
 
 
 def past_max_age(connection: BaseDatabaseWrapper) -> bool:
