@@ -133,11 +133,12 @@ def rerun_if_ended_idle(using: str, statements: Callable[[], T]) -> T:
     """``statements()``; once more at once, on a new session, when the server had ended
     this thread's session for sitting idle (``idle_session_timeout``: nothing of it ran).
     For a runner's stop, which has no later turn to renew the session in, and which may
-    follow a long wait: the loop's, or one for running attempts. Other errors are raised."""
+    follow a long wait: the loop's, or one for running attempts. Other errors are raised,
+    and so is this one inside a transaction: its earlier statements went with the session."""
     try:
         return statements()
     except Exception as error:
-        if not session_ended_idle(error):
+        if not session_ended_idle(error) or connections[using].in_atomic_block:
             raise
     with contextlib.suppress(Exception):  # closing a broken connection may fail too
         connections[using].close()

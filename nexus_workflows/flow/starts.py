@@ -10,11 +10,13 @@ themselves, however long the hand-off from the claim to a worker thread took.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 
+from nexus_workflows.database_errors import is_database_unavailable, rerun_if_ended_idle
 from nexus_workflows.exceptions import ClaimLost, RateLimitTimeout
 from nexus_workflows.flow import windows
 
@@ -79,8 +81,9 @@ def confirm(works: Iterable[ClaimedWork]) -> None:
             continue
         work.window_start = None
         reservation, slot, stamp = window_start
-        with contextlib.suppress(DatabaseError):
-            windows.confirm_start(reservation, slot, stamp, using=work.using)
+        _best_effort(
+            work.using, functools.partial(windows.confirm_start, reservation, slot, stamp, using=work.using)
+        )
 
 
 def mark_delay(works: Iterable[ClaimedWork], default: float) -> float:
@@ -99,6 +102,19 @@ def give_back(works: Iterable[ClaimedWork]) -> None:
         reservation = work.reservation
         if reservation is None:
             continue
-        with contextlib.suppress(DatabaseError):
-            windows.give_back(reservation, using=work.using)
+        _best_effort(work.using, functools.partial(windows.give_back, reservation, using=work.using))
         work.reservation = None
+
+
+def _best_effort(using: str, statement: Callable[[], object]) -> None:
+    """A window statement whose failure does no harm (see :func:`confirm`, :func:`give_back`).
+    On a session the server ended while idle it runs again on a new one. After another
+    error that says the session is gone, the session is closed (outside a transaction),
+    so that the caller's next statement (a release's, an outcome's) opens a new one
+    instead of failing on this one as an outage."""
+    try:
+        rerun_if_ended_idle(using, statement)
+    except DatabaseError as error:
+        if is_database_unavailable(error) and not connections[using].in_atomic_block:
+            with contextlib.suppress(Exception):  # closing a broken connection may fail too
+                connections[using].close()

@@ -17,13 +17,14 @@ import pytest
 from django.db import connection, connections
 from django.db.backends.signals import connection_created
 from django.db.models import Sum
+from django.db.models.functions import Now
 from django.test import override_settings
 
 from nexus_workflows import enqueue
 from nexus_workflows.deferred.claims import Claimer
 from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.deferred.runner.shutdown import release_claims
-from nexus_workflows.models import DeferredWork, Status
+from nexus_workflows.models import DeferredWork, FlowWindowSlot, Status
 from nexus_workflows.observability import observer
 from nexus_workflows.observability.models import OutcomeCount
 from nexus_workflows.observability.models import Runner as RunnerRow
@@ -112,12 +113,15 @@ def test_a_stop_on_a_session_the_server_ended_while_idle_says_nothing_and_loses_
     assert written == 1
 
 
-def test_unstarted_claims_are_released_on_a_new_session_even_with_no_grace_left() -> None:
+@pytest.mark.parametrize("kind", ["test-noop", "test-flow-rate"])
+def test_unstarted_claims_are_released_on_a_new_session_even_with_no_grace_left(kind: str) -> None:
     """A second signal (or ``SHUTDOWN_GRACE`` 0) leaves no time for a retry after an outage,
     but a session the server ended while idle is none: renewed at once, the claims go back
-    (pending, due now), not left processing until ``STALE_AFTER``."""
-    pk = enqueue("test-noop", {"key": "1"})
-    (work,) = Claimer(kinds=["test-noop"], using="default").claim_due(1)
+    (pending, due now), not left processing until ``STALE_AFTER``. A rate-limited kind's
+    claim gives its reserved start back first: that statement meets the ended session."""
+    pk = enqueue(kind, {"key": "1"})
+    (work,) = Claimer(kinds=[kind], using="default").claim_due(1)
+    assert (work.reservation is not None) == (kind == "test-flow-rate")
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         (pid,) = cursor.fetchone()
@@ -134,3 +138,5 @@ def test_unstarted_claims_are_released_on_a_new_session_even_with_no_grace_left(
     assert (released, outages) == (1, [])
     row = DeferredWork.objects.get(pk=pk)
     assert (row.status, row.attempt) == (Status.PENDING, 0)
+    # No start of the window is held ahead for an attempt that will not start.
+    assert not FlowWindowSlot.objects.filter(started_at__gt=Now()).exists()
