@@ -13,6 +13,13 @@ from django.db import connection
 Callback = Callable[[], None]
 
 
+def live_pids() -> set[int]:
+    """Backend pids of every session on the test database now (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        return {row[0] for row in cursor.fetchall()}
+
+
 def raw_connection(**options: Any) -> Any:
     """An autocommit psycopg connection to the database ``connection`` points at, with
     Django's own connection parameters (``options`` override them)."""

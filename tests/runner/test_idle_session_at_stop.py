@@ -29,7 +29,7 @@ from nexus_workflows.observability import observer
 from nexus_workflows.observability.models import OutcomeCount
 from nexus_workflows.observability.models import Runner as RunnerRow
 from tests.processes import wait_for
-from tests.raw_connections import raw_connection
+from tests.raw_connections import live_pids, raw_connection
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
@@ -59,12 +59,6 @@ def loop_sessions() -> Iterator[list[int]]:
     connection_created.connect(shorten_idle, weak=False)
     yield opened
     connection_created.disconnect(shorten_idle)
-
-
-def live_pids() -> set[int]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
-        return {row[0] for row in cursor.fetchall()}
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from nexus_workflows import enqueue
 from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.models import DeferredWork, Status
 from tests.processes import wait_for
+from tests.raw_connections import live_pids
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
@@ -48,12 +49,6 @@ def sessions() -> Iterator[dict[str, list[int]]]:
     connection_created.connect(record, weak=False)
     yield opened
     connection_created.disconnect(record)
-
-
-def live_pids() -> set[int]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
-        return {row[0] for row in cursor.fetchall()}
 
 
 def run_work_for(register_workflow: Any, seconds: float, sessions: dict[str, list[int]]) -> list[int]:
