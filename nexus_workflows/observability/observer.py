@@ -30,7 +30,7 @@ from django.db import connections
 
 from nexus_workflows import signals, sql
 from nexus_workflows.conf import app_settings
-from nexus_workflows.database_errors import is_database_unavailable, statement_refused
+from nexus_workflows.database_errors import is_database_unavailable, rerun_if_ended_idle, statement_refused
 from nexus_workflows.deferred.attempts import attempt_number
 from nexus_workflows.observability import counts, runners
 from nexus_workflows.observability.clock import database_now
@@ -334,10 +334,11 @@ class Observer:
         """Run ``write`` with its lock waits bounded; the error if it failed. A failure is
         said at DEBUG; the connection is closed only when the error says the session is gone
         (an outage): after a refusal or a rolled-back error it is fine, and a new one per
-        heartbeat would cost a login every interval for as long as the fault lasts."""
+        heartbeat would cost a login every interval for as long as the fault lasts. A session
+        the server ended for sitting idle between beats is no failure: again on a new one."""
         try:
-            with _waiting_at_most(self.using, row_lock_wait()):
-                write()
+            # A @contextmanager is a decorator too, entered anew at each call (a rerun's).
+            rerun_if_ended_idle(self.using, _waiting_at_most(self.using, row_lock_wait())(write))
         except DatabaseError as error:  # a lock waited for too long, a refusal, or an outage
             logger.debug("%s (%s)", failed, type(error).__name__)
             _close_if_gone(self.using, error)

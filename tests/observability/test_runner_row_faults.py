@@ -221,3 +221,39 @@ def runner_row_refused() -> Iterator[RunnerRowRefusal]:
     refusal = RunnerRowRefusal()
     yield refusal
     refusal.remove()
+
+
+def test_a_runner_row_on_a_session_the_server_ended_idle_is_refreshed_at_every_beat(
+    caplog: pytest.LogCaptureFixture, register_workflow: Any
+) -> None:
+    """An operator's ``idle_session_timeout`` shorter than ``HEARTBEAT_INTERVAL`` ends the
+    heartbeat's session between beats; with nothing held (no claims' beat renews it
+    first) the row's refresh met it. On the old code it failed (at DEBUG) and closed the
+    session, so only every other beat refreshed the row."""
+    opened: list[int] = []
+
+    def shorten_idle(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if connection.alias == "default" and threading.current_thread().name == HEARTBEAT_THREAD:
+            opened.append(connection.connection.info.backend_pid)
+            with connection.cursor() as cursor:
+                cursor.execute("SET idle_session_timeout = '200ms'")
+
+    kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
+    connection_created.connect(shorten_idle, weak=False)
+    try:
+        with override_settings(NEXUS_WORKFLOWS={**SETTINGS, "HEARTBEAT_INTERVAL": 0.5}):
+            runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
+            thread = threading.Thread(target=runner.run, name="test-runner")
+            with caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
+                thread.start()
+                try:
+                    # Each beat after the first finds its session ended, and opens another.
+                    wait_for(lambda: len(opened) >= 5, timeout=30, what="four sessions ended idle")
+                finally:
+                    runner.request_stop()
+                    thread.join(30)
+                    connections.close_all()
+    finally:
+        connection_created.disconnect(shorten_idle)
+    assert not thread.is_alive()
+    assert failures(caplog) == []
