@@ -5,10 +5,12 @@ session of the test database's own (PostgreSQL or MariaDB) that holds a row lock
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import connection
+from django.db.backends.signals import connection_created
 
 Callback = Callable[[], None]
 
@@ -18,6 +20,27 @@ def live_pids() -> set[int]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
         return {row[0] for row in cursor.fetchall()}
+
+
+@contextlib.contextmanager
+def ended_when_idle(thread_name: str, timeout: str) -> Iterator[list[int]]:
+    """Have the server end each session the thread ``thread_name`` opens on ``default``
+    once it sits idle for ``timeout`` (PostgreSQL's ``idle_session_timeout``, set on that
+    session only: an operator's, for the thread under test); yields their backend pids,
+    in the order they were opened."""
+    opened: list[int] = []
+
+    def shorten_idle(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if connection.alias == "default" and threading.current_thread().name == thread_name:
+            opened.append(connection.connection.info.backend_pid)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('idle_session_timeout', %s, false)", [timeout])
+
+    connection_created.connect(shorten_idle, weak=False)
+    try:
+        yield opened
+    finally:
+        connection_created.disconnect(shorten_idle)
 
 
 def raw_connection(**options: Any) -> Any:

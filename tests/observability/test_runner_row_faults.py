@@ -23,7 +23,7 @@ from nexus_workflows.deferred.runner import Runner
 from nexus_workflows.observability.models import Runner as RunnerRow
 from nexus_workflows.observability.observer import Observer
 from tests.processes import wait_for
-from tests.raw_connections import row_locked
+from tests.raw_connections import ended_when_idle, row_locked
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
@@ -230,30 +230,21 @@ def test_a_runner_row_on_a_session_the_server_ended_idle_is_refreshed_at_every_b
     heartbeat's session between beats; with nothing held (no claims' beat renews it
     first) the row's refresh met it. On the old code it failed (at DEBUG) and closed the
     session, so only every other beat refreshed the row."""
-    opened: list[int] = []
-
-    def shorten_idle(sender: Any, connection: Any, **kwargs: Any) -> None:
-        if connection.alias == "default" and threading.current_thread().name == HEARTBEAT_THREAD:
-            opened.append(connection.connection.info.backend_pid)
-            with connection.cursor() as cursor:
-                cursor.execute("SET idle_session_timeout = '200ms'")
-
     kind = register_workflow(lambda t, c, s: None, retry_schedule=[1]).kind
-    connection_created.connect(shorten_idle, weak=False)
-    try:
-        with override_settings(NEXUS_WORKFLOWS={**SETTINGS, "HEARTBEAT_INTERVAL": 0.5}):
-            runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
-            thread = threading.Thread(target=runner.run, name="test-runner")
-            with caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
-                thread.start()
-                try:
-                    # Each beat after the first finds its session ended, and opens another.
-                    wait_for(lambda: len(opened) >= 5, timeout=30, what="four sessions ended idle")
-                finally:
-                    runner.request_stop()
-                    thread.join(30)
-                    connections.close_all()
-    finally:
-        connection_created.disconnect(shorten_idle)
+    with (
+        ended_when_idle(HEARTBEAT_THREAD, "200ms") as opened,
+        override_settings(NEXUS_WORKFLOWS={**SETTINGS, "HEARTBEAT_INTERVAL": 0.5}),
+    ):
+        runner = Runner(kinds=[kind], concurrency=1, install_signal_handlers=False)
+        thread = threading.Thread(target=runner.run, name="test-runner")
+        with caplog.at_level(logging.DEBUG, logger="nexus_workflows"):
+            thread.start()
+            try:
+                # Each beat after the first finds its session ended, and opens another.
+                wait_for(lambda: len(opened) >= 5, timeout=30, what="four sessions ended idle")
+            finally:
+                runner.request_stop()
+                thread.join(30)
+                connections.close_all()
     assert not thread.is_alive()
     assert failures(caplog) == []

@@ -11,11 +11,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.db import connection, connections
-from django.db.backends.signals import connection_created
 from django.db.models import Sum
 from django.db.models.functions import Now
 from django.test import override_settings
@@ -29,7 +27,7 @@ from nexus_workflows.observability import observer
 from nexus_workflows.observability.models import OutcomeCount
 from nexus_workflows.observability.models import Runner as RunnerRow
 from tests.processes import wait_for
-from tests.raw_connections import live_pids, raw_connection
+from tests.raw_connections import ended_when_idle, live_pids, raw_connection
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
@@ -48,17 +46,8 @@ LOOP = "test-runner"  # the name of the thread the runner's loop runs on
 def loop_sessions() -> Iterator[list[int]]:
     """Backend pids of the sessions the runner's loop opens, each of which the server ends
     once it sits idle for 300 ms; the other threads' sessions are left as they are."""
-    opened: list[int] = []
-
-    def shorten_idle(sender: Any, connection: Any, **kwargs: Any) -> None:
-        if connection.alias == "default" and threading.current_thread().name == LOOP:
-            opened.append(connection.connection.info.backend_pid)
-            with connection.cursor() as cursor:
-                cursor.execute("SET idle_session_timeout = '300ms'")
-
-    connection_created.connect(shorten_idle, weak=False)
-    yield opened
-    connection_created.disconnect(shorten_idle)
+    with ended_when_idle(LOOP, "300ms") as opened:
+        yield opened
 
 
 @pytest.mark.parametrize(
