@@ -4,7 +4,9 @@ loop's session, and the stop's first statement meets that. It is renewed quietly
 turn renews it: no WARNING of an outage, and nothing of the stop is lost (the last outcome
 counts are written, the runner's row is removed). Before, the stop logged "database
 unavailable" (counts to write) or "could not remove this runner's row" (none to write:
-the dashboard then showed a dead runner). Real sessions, ended by the server."""
+the dashboard then showed a dead runner), and with no grace left its release of unstarted
+claims gave up on it (they stayed processing until ``STALE_AFTER``). Real sessions, ended
+by the server."""
 
 from __future__ import annotations
 
