@@ -99,11 +99,16 @@ def give_back(works: Iterable[ClaimedWork]) -> None:
     """Free the reserved starts of attempts that will not start (released claims). Best
     effort: a reservation that cannot be given back is free ``RESERVED_FOR`` later."""
     for work in works:
-        reservation = work.reservation
-        if reservation is None:
-            continue
-        _best_effort(work.using, functools.partial(windows.give_back, reservation, using=work.using))
-        work.reservation = None
+        if work.reservation is not None:
+            give_back_reserved([work.reservation], using=work.using)
+            work.reservation = None
+
+
+def give_back_reserved(reservations: Iterable[windows.Reservation], *, using: str) -> None:
+    """Free reserved starts no attempt will take (:func:`give_back`; a claim whose answer
+    was lost, whose rows were given back). Best effort, as there."""
+    for reservation in reservations:
+        _best_effort(using, functools.partial(windows.give_back, reservation, using=using))
 
 
 def _best_effort(using: str, statement: Callable[[], object]) -> None:

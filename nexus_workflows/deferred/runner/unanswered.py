@@ -8,14 +8,11 @@ turn on which the database answers: pending again, due now, attempt unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from django.db import DatabaseError
-
 from nexus_workflows.deferred import transitions
-from nexus_workflows.flow import windows
+from nexus_workflows.flow import starts, windows
 
 #: Seconds a lost claim's token is given back again at every turn after its first
 #: give-back: its statement may still have been running on the old session (the server had
@@ -67,9 +64,7 @@ class UnansweredClaims:
         they stay (their slots may be another claim's since) until they lapse."""
         released = transitions.release_unanswered(self.using, [token])
         if released:
-            for reservation in self._reserved[token]:
-                with contextlib.suppress(DatabaseError):  # best effort: it lapses anyway
-                    windows.give_back(reservation, using=self.using)
+            starts.give_back_reserved(self._reserved[token], using=self.using)
         del self._reserved[token]
         return released
 
