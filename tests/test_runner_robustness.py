@@ -281,11 +281,12 @@ def test_queued_work_whose_claim_heartbeats_could_not_confirm_is_never_started(
             def reclaimed_all() -> bool:
                 # Tried again as its stale checks would: a failing heartbeat's statement
                 # locks the rows for a moment (then its trigger refuses it), and a reclaim
-                # skips rows another session holds. Once, it met one and took none.
+                # skips rows another session holds. Once, it met one and took none; once,
+                # it took the queued work but not the slow item, which then ended here.
                 taken.extend(other.claim_stale(10, stale_after=timedelta(seconds=1.0)))
-                return {w.id for w in taken} >= {int(q) for q in queued}
+                return {w.id for w in taken} >= {int(q) for q in [*queued, slow]}
 
-            wait_for(reclaimed_all, timeout=10, what="the other runner to reclaim the queued work")
+            wait_for(reclaimed_all, timeout=10, what="the other runner to reclaim the slow and queued work")
             release_slow.set()
             wait_for(lambda: runner.stats.forfeited == 3, timeout=10, what="the queued claims to be given up")
             write_blocker.remove()
