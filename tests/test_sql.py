@@ -583,6 +583,39 @@ def test_a_block_of_bounded_lock_waits_runs_and_commits_on_every_backend() -> No
     assert list(DeferredWork.objects.values_list("pk", flat=True)) == [kept]
 
 
+def test_a_block_of_values_sent_apart_runs_and_commits_on_every_backend() -> None:
+    with sql.for_connection("default").values_sent_apart("default"):
+        kept = new_row("kept")
+        DeferredWork.objects.filter(pk=kept).update(checkpoints={"note": "kept"})
+    assert DeferredWork.objects.get(pk=kept).checkpoints == {"note": "kept"}
+
+
+@pytest.mark.postgresql
+def test_values_sent_apart_binds_on_the_server_for_the_block_only() -> None:
+    """The server sees ``$1`` where the block's values were, and the values inline (as
+    Django binds them) before and after it; a block within one leaves the outer's as it
+    was."""
+
+    def seen_by_server() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT query FROM pg_stat_activity WHERE pid = pg_backend_pid() AND %s = %s", ["nw", "nw"]
+            )
+            return str(cursor.fetchone()[0])
+
+    apart = sql.for_connection("default").values_sent_apart
+    assert "'nw' = 'nw'" in seen_by_server()
+    with apart("default"):
+        assert "$1 = $2" in seen_by_server()
+        with apart("default"):
+            assert "$1 = $2" in seen_by_server()
+        assert "$1 = $2" in seen_by_server()
+    assert "'nw' = 'nw'" in seen_by_server()
+    connection.close()
+    with apart("default"):  # a closed connection is opened first
+        assert "$1 = $2" in seen_by_server()
+
+
 @pytest.mark.postgresql
 @pytest.mark.parametrize(
     ("session", "in_effect"),

@@ -414,7 +414,7 @@ def _enqueue_deferred(
             with transaction.atomic(using=using) if in_transaction or serial_key else nullcontext():
                 ordering.lock_keys(using, workflow.kind, [serial_key])
                 # On PostgreSQL a taken key is skipped (None), never an error: the server
-                # would log the failed statement with its values, the trigger included.
+                # would log the violation's DETAIL, which quotes the key.
                 work_id = insert_pending(
                     using,
                     kind=workflow.kind,

@@ -19,10 +19,12 @@ returns no value the database computed), the host's ``now`` stamps them.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from django.db import connections
 from django.db.models import Field
@@ -141,8 +143,8 @@ def insert_pending(
 ) -> int | None:
     """Insert one pending row, due at ``run_after`` or else ``delay`` after the database's
     now; returns its id. A taken key returns ``None`` on PostgreSQL (no error on the
-    server, so its log never gets the statement's values) and raises ``IntegrityError``
-    elsewhere. See :func:`insert_pending_stamped` for ``now``."""
+    server, so its log never gets the violation's DETAIL, which quotes the key) and raises
+    ``IntegrityError`` elsewhere. See :func:`insert_pending_stamped` for ``now``."""
     inserted = insert_pending_stamped(
         using,
         kind=kind,
@@ -159,6 +161,25 @@ def insert_pending(
     return None if inserted is None else inserted[0]
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _values_sent_apart(insert: Callable[_P, _R]) -> Callable[_P, _R]:
+    """An insert on the database ``using`` (its first argument) sends its values apart from
+    the statement's text where the database would log a failed statement with them
+    (PostgreSQL: ``sql.postgresql.values_sent_apart``): a trigger stays out of that log."""
+
+    @functools.wraps(insert)
+    def sent_apart(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        using = cast(str, args[0])
+        with sql.for_connection(using).values_sent_apart(using):
+            return insert(*args, **kwargs)
+
+    return sent_apart
+
+
+@_values_sent_apart
 def insert_pending_stamped(
     using: str,
     *,
@@ -270,6 +291,7 @@ def _one_row_params(
     )
 
 
+@_values_sent_apart
 def insert_pending_many_postgresql(
     using: str,
     *,

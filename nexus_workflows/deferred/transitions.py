@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -156,7 +157,8 @@ def revive(queryset: QuerySet[DeferredWork], *, due: Any = None, history: list[A
     (attempt 0, due at ``due`` or now, error and claim cleared, checkpoints kept); returns
     rows revived. Rows that are not abandoned (a runner may be working on them) are left
     alone; ``queryset`` may add its own conditions (the ``updated_at`` the caller read)."""
-    return queryset.filter(status=Status.ABANDONED).update(**_revived(due, history))
+    with _values_apart(queryset.db):
+        return queryset.filter(status=Status.ABANDONED).update(**_revived(due, history))
 
 
 def revive_ids(queryset: QuerySet[DeferredWork], *, due: Any = None, by: str) -> set[int]:
@@ -243,13 +245,14 @@ def save_checkpoints(work: ClaimedWork, patch: Any) -> dict[str, Any]:
     """Merge ``patch`` into the journal durably; raises :class:`ClaimLost`."""
     clean = validate_patch(patch, work.using)
     merged = {**work.checkpoints, **clean}
-    matched = work.fenced().update(
-        checkpoints=merged,
-        heartbeat_at=DatabaseNow(),
-        updated_at=DatabaseNow(),
-        # A save proves the attempt started: it counts if its runner is lost.
-        started_at=Coalesce(F("started_at"), DatabaseNow()),
-    )
+    with _values_apart(work.using):
+        matched = work.fenced().update(
+            checkpoints=merged,
+            heartbeat_at=DatabaseNow(),
+            updated_at=DatabaseNow(),
+            # A save proves the attempt started: it counts if its runner is lost.
+            started_at=Coalesce(F("started_at"), DatabaseNow()),
+        )
     if matched != 1:
         raise ClaimLost(
             f"{work.kind} #{work.id}: this attempt no longer holds the work (it was "
@@ -280,15 +283,16 @@ def save_journals(saves: Sequence[tuple[ClaimedWork, dict[str, Any]]], *, using:
     back for as long as the lock was held. Such rows come back as ``held``."""
     skips = _skips_locked_rows(using)
     statements = sql.for_connection(using)
-    if hasattr(statements, "save_journals"):  # one statement, SKIP LOCKED within it
-        written = statements.save_journals(
-            using,
-            [work.id for work, _ in saves],
-            [work.claim_token for work, _ in saves],
-            [journal for _, journal in saves],
-        )
-    else:
-        written = _save_journals_one_by_one(saves, using, skip_locked=skips)
+    with statements.values_sent_apart(using):
+        if hasattr(statements, "save_journals"):  # one statement, SKIP LOCKED within it
+            written = statements.save_journals(
+                using,
+                [work.id for work, _ in saves],
+                [work.claim_token for work, _ in saves],
+                [journal for _, journal in saves],
+            )
+        else:
+            written = _save_journals_one_by_one(saves, using, skip_locked=skips)
     unwritten = [work for work, _ in saves if work.id not in written]
     if not (skips and unwritten):
         return JournalsWritten(written)
@@ -324,7 +328,7 @@ def save_journal_waiting(work: ClaimedWork, journal: dict[str, Any], *, at_most:
     seconds (less where the session's own limit is lower), then raising the database's
     lock error (PostgreSQL 55P03, MariaDB 1205): the journal writer's save of a row another
     session held (``runner.held_saves``). True when the fence held."""
-    with sql.for_connection(work.using).lock_waits_at_most(work.using, at_most):
+    with sql.for_connection(work.using).lock_waits_at_most(work.using, at_most), _values_apart(work.using):
         return bool(_save_journals_one_by_one([(work, journal)], work.using, skip_locked=False))
 
 
@@ -362,14 +366,14 @@ def finish_done(works: Iterable[ClaimedWork]) -> tuple[list[ClaimedWork], list[C
         # What each written row stores as finished_at, by id: only a Django task's is
         # read (task_finished), so a claim of workflow rows returns their ids alone.
         ours: dict[int, Any] = {}
-        if can_return_from_update(using):
-            if any(work.is_task for work in group):
+        with _values_apart(using):
+            if not can_return_from_update(using):
+                rows.update(**done)  # which rows it wrote, and their finished_at, are read below
+            elif any(work.is_task for work in group):
                 returning = update_returning(rows, done, ("pk", "finished_at"))
                 ours = {row["pk"]: row["finished_at"] for row in returning}
             else:
                 ours = dict.fromkeys(row["pk"] for row in update_returning(rows, done, ("pk",)))
-        else:
-            rows.update(**done)  # which rows it wrote, and their finished_at, are read below
         if len(ours) < len(group):
             missing = [pk for pk in ids if pk not in ours]
             ours.update(_written_by(using, token, missing, status=Status.DONE))
@@ -393,6 +397,13 @@ def _return_values(group: list[ClaimedWork]) -> Any:
         default=Value(None, output_field=JSONField()),
         output_field=JSONField(),
     )
+
+
+def _values_apart(using: str) -> AbstractContextManager[None]:
+    """Writes of journals, errors, histories and return values send their values apart
+    from the statement's text where the database would log a failed statement with them
+    (PostgreSQL: ``sql.postgresql.values_sent_apart``), so patient data stays out of it."""
+    return sql.for_connection(using).values_sent_apart(using)
 
 
 def _failure_fields(work: ClaimedWork, error: str) -> dict[str, Any]:
@@ -463,14 +474,16 @@ def _write_final(work: ClaimedWork, changes: Callable[[Any], dict[str, Any]]) ->
     keeps the stored ``finished_at`` on ``work``: ``RETURNING`` where the database can,
     else the database's time read first and written as a value."""
     if can_return_from_update(work.using):
-        rows = update_returning(work.fenced(), changes(DatabaseNow()), ("pk", "finished_at"))
+        with _values_apart(work.using):
+            rows = update_returning(work.fenced(), changes(DatabaseNow()), ("pk", "finished_at"))
         if len(rows) != 1:
             return False
         work.finished_at = rows[0]["finished_at"]
         return True
     now = database_now(work.using)
-    if work.fenced().update(**changes(now)) != 1:
-        return False
+    with _values_apart(work.using):
+        if work.fenced().update(**changes(now)) != 1:
+            return False
     work.finished_at = now
     return True
 
@@ -479,15 +492,16 @@ def reschedule(work: ClaimedWork, *, delay: timedelta, error: str) -> bool:
     """processing → pending after ``delay``, ``attempt + 1``. Whether it was written: by
     this write, or by this claim's same write before, whose answer was lost (an outage)."""
     history = append_entry(work.history, attempt=work.attempt, outcome="rescheduled", error=error)
-    matched = work.fenced().update(
-        status=Status.PENDING,
-        attempt=work.attempt + 1,
-        next_attempt_at=now_plus(delay),
-        last_error=error,
-        history=history,
-        **_failure_fields(work, error),
-        **_unclaimed(DatabaseNow()),
-    )
+    with _values_apart(work.using):
+        matched = work.fenced().update(
+            status=Status.PENDING,
+            attempt=work.attempt + 1,
+            next_attempt_at=now_plus(delay),
+            last_error=error,
+            history=history,
+            **_failure_fields(work, error),
+            **_unclaimed(DatabaseNow()),
+        )
     return matched == 1 or _written_by_this_claim(work, status=Status.PENDING, attempt=work.attempt + 1)
 
 
@@ -497,13 +511,14 @@ def release_attempt(work: ClaimedWork, *, delay: timedelta, reason: str, error: 
     reserved start lapsed before it started; the history keeps it)."""
     history = append_entry(work.history, attempt=work.attempt, outcome="released", reason=reason, error=error)
     starts.give_back([work])
-    matched = work.fenced().update(
-        status=Status.PENDING,
-        next_attempt_at=now_plus(delay),
-        last_error=error,
-        history=history,
-        **_unclaimed(DatabaseNow()),
-    )
+    with _values_apart(work.using):
+        matched = work.fenced().update(
+            status=Status.PENDING,
+            next_attempt_at=now_plus(delay),
+            last_error=error,
+            history=history,
+            **_unclaimed(DatabaseNow()),
+        )
     # Written before, its answer lost (see reschedule)?
     return matched == 1 or _written_by_this_claim(work, status=Status.PENDING, attempt=work.attempt)
 
@@ -538,8 +553,9 @@ def record_lost(work: ClaimedWork) -> bool:
     """Write the history of a reclaimed row (its lost attempt) before it runs again."""
     if not work.history_changed:
         return True
-    if work.fenced().update(history=work.history) != 1:
-        return False
+    with _values_apart(work.using):
+        if work.fenced().update(history=work.history) != 1:
+            return False
     work.history_changed = False
     return True
 

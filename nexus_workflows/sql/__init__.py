@@ -6,8 +6,10 @@
   PHI token allocation CTE, LISTEN and NOTIFY, the outcome counts' once-per-token upsert,
   a minute as epoch seconds, the session's ``statement_timeout``, a transaction whose lock
   waits are bounded (``lock_waits_at_most``: the runner's purge), a read-only snapshot
-  (``read_only_snapshot``: an admin list's counts and rows), and reading a unique
-  violation's constraint name.
+  (``read_only_snapshot``: an admin list's counts and rows), the writes of patient data
+  with their values sent apart from the statement's text (``values_sent_apart``: kept out
+  of the server's log of failed statements), and reading a unique violation's constraint
+  name.
 - :mod:`.sqlite`: the outcome counts' upsert, a minute as epoch seconds, and reading a
   unique violation's constraint from SQLite's message.
 - :mod:`.mysql`: MySQL and MariaDB (tested on MariaDB): the outcome counts' upsert, a

@@ -21,6 +21,7 @@ __all__ = [
     "lock_waits_at_most",
     "notify",
     "statement_timeout",
+    "values_sent_apart",
     "violated_constraint",
 ]
 
@@ -64,6 +65,11 @@ def constraint_name(error: Exception) -> None:
 
 def lock_waits_at_most(using: str, seconds: float) -> AbstractContextManager[None]:
     """As it is (None): how another database bounds a lock wait is not known here."""
+    return nullcontext()
+
+
+def values_sent_apart(using: str) -> AbstractContextManager[None]:
+    """As it is: how another database logs a failed statement is not known here."""
     return nullcontext()
 
 

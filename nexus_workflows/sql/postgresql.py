@@ -58,6 +58,7 @@ __all__ = [
     "set_local_lock_timeout",
     "statement_timeout",
     "update_returning",
+    "values_sent_apart",
     "violated_constraint",
 ]
 
@@ -423,6 +424,43 @@ def _in_raw_transaction(connection: Any) -> bool:
     return raw is not None and raw.info.transaction_status != pq.TransactionStatus.IDLE
 
 
+@contextlib.contextmanager
+def values_sent_apart(using: str) -> Iterator[None]:
+    """The block's statements on ``using`` go to the server with their values apart from
+    their text (psycopg's server-side binding; Django binds client-side unless
+    ``OPTIONS["server_side_binding"]``). A statement that fails (a lock or statement
+    timeout, a deadlock, a trigger's refusal) is written to the server's log
+    (``log_min_error_statement = error``, the default) as ``… = $1``, without its values
+    (``log_parameter_max_length_on_error = 0``, the default): the writes of triggers,
+    journals, errors and histories use it, so patient data stays out of that log. No
+    prepared statements: Django's ``prepare_threshold`` (None by default) still applies,
+    so PgBouncer in transaction mode is served as before. A connection Django opens again
+    inside the block binds client-side (the block's write is then sent again anyway)."""
+    connection = connections[using]
+    connection.ensure_connection()
+    raw = connection.connection
+    binding = getattr(raw, "cursor_factory", None)
+    if not _binds_client_side(binding):  # psycopg2; or server-side already (the setting, an outer block)
+        yield
+        return
+    # Defined by Django's backend under psycopg 3 only, hence not in its stubs.
+    from django.db.backends.postgresql.base import ServerBindingCursor  # type: ignore[attr-defined]
+
+    raw.cursor_factory = ServerBindingCursor
+    try:
+        yield
+    finally:
+        raw.cursor_factory = binding
+
+
+def _binds_client_side(cursor_factory: Any) -> bool:
+    try:
+        from psycopg import ClientCursor
+    except ImportError:  # psycopg2, which binds client-side only
+        return False
+    return isinstance(cursor_factory, type) and issubclass(cursor_factory, ClientCursor)
+
+
 def release_waiting_lock(connection: Any) -> None:
     """On the listener's connection: this runner no longer waits (it has a backlog)."""
     connection.execute("SELECT pg_advisory_unlock_shared(%s, %s)", WAITING_LOCK)
@@ -460,7 +498,7 @@ def insert_returning_pk_with_constants(
 
     ``skip_conflict_on`` (a unique constraint's name) adds ``ON CONFLICT ON CONSTRAINT …
     DO NOTHING``: a row that constraint refuses is skipped and no id returned, with no
-    error on the server (whose log would show the statement with its values); any other
+    error on the server (whose log would show the violation's DETAIL, quoting the key); any other
     constraint still raises ``IntegrityError``. ``also_returning``: fields returned after
     the id.
     """

@@ -34,6 +34,7 @@ __all__ = [
     "notify",
     "statement_timeout",
     "update_returning",
+    "values_sent_apart",
     "violated_constraint",
 ]
 
@@ -79,6 +80,11 @@ def constraint_name(error: Exception) -> None:
 def lock_waits_at_most(using: str, seconds: float) -> AbstractContextManager[None]:
     """As it is (None): SQLite has no row locks, only the database's write lock, which its
     ``busy_timeout`` (Django's ``timeout`` option) already bounds."""
+    return nullcontext()
+
+
+def values_sent_apart(using: str) -> AbstractContextManager[None]:
+    """As it is: SQLite keeps no log of statements."""
     return nullcontext()
 
 

@@ -28,11 +28,12 @@ def query(url: str, sql: str) -> list[tuple[Any, ...]] | None:
         return None
 
 
-def run_to_end(*args: str, url: str, timeout: float = 180) -> None:
-    """Run one management command against ``url``; it must succeed."""
+def run_to_end(*args: str, url: str, timeout: float = 180) -> str:
+    """Run one management command against ``url``; it must succeed. Its output."""
     process = ManagePy(*args, database_url=url)
     try:
         assert process.wait(timeout) == 0, process.output()
+        return process.output()
     finally:
         process.close()
 
