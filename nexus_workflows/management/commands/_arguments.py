@@ -4,9 +4,14 @@ starts with an underscore."""
 
 from __future__ import annotations
 
+import argparse
 import math
+import re
 from argparse import ArgumentTypeError
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
 
 from nexus_workflows.limits import MAX_DELAY
 
@@ -48,3 +53,51 @@ def seconds(value: str) -> float:
             f"must be a number of seconds greater than 0 and at most {MAX_SECONDS:,.0f} (ten years)"
         )
     return number
+
+
+#: argparse's own messages that quote what was given, and what each says instead.
+_ECHOES = (
+    # A JSON trigger left unquoted splits into many arguments: the extra ones are listed.
+    (
+        re.compile(r"unrecognized arguments: .*", re.S),
+        "unrecognized arguments (not shown: they may be patient data)",
+    ),
+    (re.compile(r"invalid choice: .*?(?= \(choose from |$)", re.S), "invalid choice"),
+    (re.compile(r"(invalid \S+ value): .*", re.S), r"\1"),
+    (re.compile(r"ambiguous option: .*? could match", re.S), "ambiguous option: it could match"),
+)
+
+
+def without_values(message: str) -> str:
+    """An argparse error message with whatever it quoted of the arguments taken out."""
+    for echo, instead in _ECHOES:
+        message = echo.sub(instead, message)
+    return message
+
+
+class ParserNotEchoing(CommandParser):
+    """Django's parser, whose errors (on standard error, or in the ``CommandError`` of
+    ``call_command``) never quote an argument: it may be a trigger or a key."""
+
+    def error(self, message: str) -> Any:
+        return super().error(without_values(message))
+
+
+class ArgumentsNotEchoed(BaseCommand):
+    """A command whose parser, and each of its subcommands', is :class:`ParserNotEchoing`.
+    Django builds a plain ``CommandParser`` (``create_parser`` takes no class), so each
+    parser it built is narrowed to this subclass, which adds only ``error``."""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        for each in _parsers_of(parser):
+            each.__class__ = ParserNotEchoing
+        return parser
+
+
+def _parsers_of(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    yield parser
+    for action in parser._actions:  # argparse lists subcommands nowhere public
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                yield from _parsers_of(subparser)

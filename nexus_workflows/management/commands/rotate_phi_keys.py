@@ -2,19 +2,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import connections, router
 
 from nexus_workflows.conf import app_settings
 from nexus_workflows.limits import MAX_BATCH_SIZE
-from nexus_workflows.management.commands._arguments import whole_number
+from nexus_workflows.management.commands._arguments import ArgumentsNotEchoed, whole_number
 from nexus_workflows.management.commands._database import require_migrated
 from nexus_workflows.phi.keys import configured_encryption_keys
 from nexus_workflows.phi.models import PhiToken
 from nexus_workflows.phi.rotation import rotate_keys
 
 
-class Command(BaseCommand):
+class Command(ArgumentsNotEchoed):
     help = (
         "Re-encrypt every stored PHI surface under the newest key (the first of "
         "NEXUS_WORKFLOWS['PHI_ENCRYPTION_KEYS']). Remove old keys only after this succeeds, "

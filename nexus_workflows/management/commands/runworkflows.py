@@ -4,7 +4,7 @@ import logging
 from argparse import ArgumentTypeError
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import router
 
 from nexus_workflows.conf import app_settings
@@ -14,7 +14,7 @@ from nexus_workflows.deferred.runner.shutdown import end_process
 from nexus_workflows.deferred.wakeup import wakeup_alias
 from nexus_workflows.exceptions import UnknownQueue, UnknownWorkflow
 from nexus_workflows.limits import MAX_THREADS
-from nexus_workflows.management.commands._arguments import seconds, whole_number
+from nexus_workflows.management.commands._arguments import ArgumentsNotEchoed, seconds, whole_number
 from nexus_workflows.management.commands._database import DatabaseUnreachable, require_migrated
 from nexus_workflows.models import DeferredWork
 from nexus_workflows.observability.logs import install_default_handler, remove_default_handler
@@ -47,7 +47,7 @@ def _metrics_advice(error: MetricsEndpointUnavailable) -> str:
     return "choose another --metrics-port"
 
 
-class Command(BaseCommand):
+class Command(ArgumentsNotEchoed):
     help = (
         "Run deferred workflows: claim due work, run it, walk the retry schedule on "
         "failure. Runs until SIGTERM/SIGINT, or with --once until nothing is due."

@@ -4,7 +4,7 @@ import json
 import sys
 from typing import IO, Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import router
 
 from nexus_workflows.deferred import triage
@@ -14,7 +14,7 @@ from nexus_workflows.deferred.status import build_status_report, render_status_r
 from nexus_workflows.exceptions import UnknownWorkflow, WorkflowError
 from nexus_workflows.flow.rekey import describe_result, rekey
 from nexus_workflows.json_values import MAX_DEPTH, text_problem
-from nexus_workflows.management.commands._arguments import number, whole_number
+from nexus_workflows.management.commands._arguments import ArgumentsNotEchoed, number, whole_number
 from nexus_workflows.management.commands._database import require_migrated
 from nexus_workflows.models import DeferredWork, Status
 
@@ -47,7 +47,7 @@ REKEY_EXIT_STATUS = (
 )
 
 
-class Command(BaseCommand):
+class Command(ArgumentsNotEchoed):
     help = "Enqueue workflows and inspect deferred work."
     # call_command(..., stdin=...) gives the text that "-" reads (sys.stdin otherwise).
     stealth_options = ("stdin",)
