@@ -10,6 +10,7 @@ thread and pooled; a ``LISTEN`` needs a session that stays).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -440,25 +441,30 @@ def values_sent_apart(using: str) -> Iterator[None]:
     connection.ensure_connection()
     raw = connection.connection
     binding = getattr(raw, "cursor_factory", None)
-    if not _binds_client_side(binding):  # psycopg2; or server-side already (the setting, an outer block)
+    cursors = _cursor_classes()
+    # psycopg2; or bound on the server already (the setting, an outer block): as it is.
+    if cursors is None or not (isinstance(binding, type) and issubclass(binding, cursors[0])):
         yield
         return
-    # Defined by Django's backend under psycopg 3 only, hence not in its stubs.
-    from django.db.backends.postgresql.base import ServerBindingCursor  # type: ignore[attr-defined]
-
-    raw.cursor_factory = ServerBindingCursor
+    raw.cursor_factory = cursors[1]
     try:
         yield
     finally:
         raw.cursor_factory = binding
 
 
-def _binds_client_side(cursor_factory: Any) -> bool:
+@functools.cache
+def _cursor_classes() -> tuple[type, type] | None:
+    """psycopg 3's client-side binding cursor and Django's server-side binding one; None
+    under psycopg2, which binds client-side only."""
     try:
         from psycopg import ClientCursor
-    except ImportError:  # psycopg2, which binds client-side only
-        return False
-    return isinstance(cursor_factory, type) and issubclass(cursor_factory, ClientCursor)
+    except ImportError:
+        return None
+    # Defined by Django's backend under psycopg 3 only, hence not in its stubs.
+    from django.db.backends.postgresql.base import ServerBindingCursor  # type: ignore[attr-defined]
+
+    return ClientCursor, ServerBindingCursor
 
 
 def release_waiting_lock(connection: Any) -> None:
