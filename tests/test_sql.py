@@ -11,15 +11,18 @@ from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from nexus_workflows import sql
 from nexus_workflows.clock import DatabaseNow, database_now
+from nexus_workflows.deferred import transitions
 from nexus_workflows.deferred.inserts import insert_pending, insert_pending_many_postgresql, one_row_statement
 from nexus_workflows.deferred.wakeup import CHANNEL
 from nexus_workflows.models import DEDUPE_CONSTRAINT, DeferredWork, Status
 from nexus_workflows.phi.models import PhiToken, TokenMap
 from nexus_workflows.sql import portable, returning
+from tests.processes import wait_for
 from tests.raw_connections import raw_connection, row_locked
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -596,13 +599,6 @@ def test_values_sent_apart_binds_on_the_server_for_the_block_only() -> None:
     Django binds them) before and after it; a block within one leaves the outer's as it
     was."""
 
-    def seen_by_server() -> str:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT query FROM pg_stat_activity WHERE pid = pg_backend_pid() AND %s = %s", ["nw", "nw"]
-            )
-            return str(cursor.fetchone()[0])
-
     apart = sql.for_connection("default").values_sent_apart
     assert "'nw' = 'nw'" in seen_by_server()
     with apart("default"):
@@ -614,6 +610,86 @@ def test_values_sent_apart_binds_on_the_server_for_the_block_only() -> None:
     connection.close()
     with apart("default"):  # a closed connection is opened first
         assert "$1 = $2" in seen_by_server()
+
+
+def seen_by_server() -> str:
+    """The text of this statement as the server received it: ``$1 = $2`` when bound on
+    the server, ``'nw' = 'nw'`` when Django bound it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT query FROM pg_stat_activity WHERE pid = pg_backend_pid() AND %s = %s", ["nw", "nw"]
+        )
+        return str(cursor.fetchone()[0])
+
+
+@pytest.mark.postgresql
+def test_values_sent_apart_swaps_on_the_session_that_replaces_one_the_health_check_finds_dead() -> None:
+    """``CONN_HEALTH_CHECKS``: the first cursor after a request starts replaces a dead
+    session. The block does so before it swaps, or its statements would go out on the new
+    session bound by Django, values inline."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    with raw_connection() as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+        ended = "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = %s)"
+        wait_for(lambda: other.execute(ended, [pid]).fetchone()[0], timeout=10, what="the session ended")
+    enabled = connection.health_check_enabled
+    # As a request's start leaves it with CONN_HEALTH_CHECKS on (close_old_connections).
+    connection.health_check_enabled, connection.health_check_done = True, False
+    try:
+        with sql.for_connection("default").values_sent_apart("default"):
+            assert "$1 = $2" in seen_by_server()
+    finally:
+        connection.health_check_enabled = enabled
+
+
+@pytest.mark.postgresql
+def test_values_sent_apart_prepares_nothing_whatever_prepare_threshold_says() -> None:
+    """A ``prepare_threshold`` set without server-side binding did nothing (a client-side
+    cursor never prepares): the block must not start preparing, which PgBouncer in
+    transaction mode cannot serve. The threshold is the connection's again after it."""
+    connection.ensure_connection()
+    raw = connection.connection
+    threshold = raw.prepare_threshold
+    raw.prepare_threshold = 1  # as OPTIONS={"prepare_threshold": 1} would
+    try:
+        with sql.for_connection("default").values_sent_apart("default"):
+            for _ in range(3):
+                assert "$1 = $2" in seen_by_server()
+        assert raw.prepare_threshold == 1
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+            assert cursor.fetchone()[0] == 0
+    finally:
+        raw.prepare_threshold = threshold
+
+
+@pytest.mark.postgresql
+def test_a_revive_binds_on_the_database_its_update_goes_to() -> None:
+    """A router that reads from another database: the revive's ``UPDATE`` goes to the
+    write database, and is bound on the server there."""
+
+    class ReadsElsewhere:
+        def db_for_read(self, model: Any, **hints: Any) -> str:
+            return "direct"
+
+        def db_for_write(self, model: Any, **hints: Any) -> str:
+            return "default"
+
+    work = new_row("revived")
+    DeferredWork.objects.filter(pk=work).update(status=Status.ABANDONED)
+    cursors: list[str] = []
+
+    def record(execute: Any, statement: str, params: Any, many: bool, context: Any) -> Any:
+        if statement.startswith("UPDATE"):
+            cursors.append(type(context["cursor"].cursor).__name__)
+        return execute(statement, params, many, context)
+
+    with override_settings(DATABASE_ROUTERS=[ReadsElsewhere()]), connection.execute_wrapper(record):
+        assert DeferredWork.objects.filter(pk=work).db == "direct"
+        assert transitions.revive(DeferredWork.objects.filter(pk=work)) == 1
+    assert cursors == ["ServerBindingCursor"]
 
 
 @pytest.mark.postgresql

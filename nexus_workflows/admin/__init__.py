@@ -38,7 +38,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from nexus_workflows import json_values
+from nexus_workflows import json_values, sql
 from nexus_workflows.admin import display as display
 from nexus_workflows.admin import jobs
 from nexus_workflows.admin.actions import (
@@ -436,7 +436,8 @@ class DeferredWorkAdmin(
     def find_objects(self, typed: str, listed: QuerySet[Any]) -> list[Any]:
         if json_values.text_problem(typed):  # enqueue stores no such key; PostgreSQL would fail
             return []
-        return list(listed.filter(dedupe_key=typed).only("pk", "kind", "status")[:100])
+        with sql.for_connection(listed.db).values_sent_apart(listed.db):  # a cancel is logged without it
+            return list(listed.filter(dedupe_key=typed).only("pk", "kind", "status")[:100])
 
     def find_many_message(self, found: list[Any]) -> str:  # one per kind at most
         return gettext("%(count)d items have that dedupe key: %(items)s. This is the first.") % {

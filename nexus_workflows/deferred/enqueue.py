@@ -75,7 +75,9 @@ def enqueue(kind: str, trigger: Any, **options: Any) -> str | None:
         check_trigger(workflow, trigger, max_depth=sql.json_depth(using))
         delay = _deferred_options(workflow, options)
         flow_hashes = flow_key_hashes(workflow.kind, workflow.flow, trigger)
-        return _enqueue_deferred(workflow, trigger, dedupe_key, delay, using, flow_hashes)
+        # Its INSERT and its reads by key: a failed or cancelled one is logged without them.
+        with sql.for_connection(using).values_sent_apart(using):
+            return _enqueue_deferred(workflow, trigger, dedupe_key, delay, using, flow_hashes)
 
     from nexus_workflows.fire_and_forget import enqueue_job
 
@@ -125,7 +127,8 @@ def enqueue_many(kind: str, triggers: Iterable[Any], **options: Any) -> list[str
             if workflow.flow is not None:
                 hashes[key] = flow_key_hashes(workflow.kind, workflow.flow, trigger)
         order.append(key)
-    results = _enqueue_many_deferred(workflow, by_key, delay, hashes, using)
+    with sql.for_connection(using).values_sent_apart(using):  # as enqueue's
+        results = _enqueue_many_deferred(workflow, by_key, delay, hashes, using)
     return [results[key] for key in order]
 
 

@@ -157,7 +157,9 @@ def revive(queryset: QuerySet[DeferredWork], *, due: Any = None, history: list[A
     (attempt 0, due at ``due`` or now, error and claim cleared, checkpoints kept); returns
     rows revived. Rows that are not abandoned (a runner may be working on them) are left
     alone; ``queryset`` may add its own conditions (the ``updated_at`` the caller read)."""
-    with _values_apart(queryset.db):
+    # The database the UPDATE goes to: queryset.db names the router's read database until
+    # update() runs; a queryset for writing (never evaluated here) names the write one.
+    with _values_apart(queryset.select_for_update().db):
         return queryset.filter(status=Status.ABANDONED).update(**_revived(due, history))
 
 

@@ -433,11 +433,18 @@ def values_sent_apart(using: str) -> Iterator[None]:
     timeout, a deadlock, a trigger's refusal) is written to the server's log
     (``log_min_error_statement = error``, the default) as ``… = $1``, without its values
     (``log_parameter_max_length_on_error = 0``, the default): the writes of triggers,
-    journals, errors and histories use it, so patient data stays out of that log. No
-    prepared statements: Django's ``prepare_threshold`` (None by default) still applies,
-    so PgBouncer in transaction mode is served as before. A connection Django opens again
-    inside the block binds client-side (the block's write is then sent again anyway)."""
+    journals, errors and histories use it, so patient data stays out of that log. Nothing
+    is prepared (named prepared statements are lost by PgBouncer in transaction mode).
+
+    The block swaps the cursor class of the session it finds (opened first, and replaced
+    first if ``CONN_HEALTH_CHECKS`` finds it dead, as Django's first cursor would): one
+    that Django opens again inside the block, after an error closed it, binds
+    client-side. The app's callers write once per block; a write sent again (an outage's
+    retry) enters a new block. psycopg2 binds client-side only: nothing changes there."""
     connection = connections[using]
+    # As Django's first cursor would (CONN_HEALTH_CHECKS): a session found dead is replaced
+    # now, before the swap, not by the block's first statement after it.
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
     raw = connection.connection
     binding = getattr(raw, "cursor_factory", None)
@@ -446,11 +453,14 @@ def values_sent_apart(using: str) -> Iterator[None]:
     if cursors is None or not (isinstance(binding, type) and issubclass(binding, cursors[0])):
         yield
         return
-    raw.cursor_factory = cursors[1]
+    # A prepare_threshold set without server-side binding did nothing before (a client-side
+    # cursor never prepares); it must not start preparing here, where a pooler may lose them.
+    threshold = raw.prepare_threshold
+    raw.cursor_factory, raw.prepare_threshold = cursors[1], None
     try:
         yield
     finally:
-        raw.cursor_factory = binding
+        raw.cursor_factory, raw.prepare_threshold = binding, threshold
 
 
 @functools.cache

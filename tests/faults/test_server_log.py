@@ -79,6 +79,8 @@ PATIENT_DATA_WRITES = [
     "done with history",
     "lost",
     "revive",
+    "task enqueue",
+    "task abandon",
 ]
 
 #: Every write of patient data the app makes, each refused by the server: a trigger that
@@ -138,6 +140,13 @@ refused_write("lost", lambda: transitions.record_lost(held))
 assert transitions.abandon(other, error=error, reason="permanent")
 rows = DeferredWork.objects.filter(pk=other.id)
 refused_write("revive", lambda: transitions.revive_ids(rows, by="an operator"))
+# A Django task: its arguments; then its failure's traceback, appended to its errors.
+from tests.testapp import tasks
+refused_write("task enqueue", lambda: tasks.record.enqueue("k-" + {CANARY!r}))
+tasks.record.enqueue("held-task")
+(task,) = Claimer(kinds=[], using="default", queues=None).claim_due(1)
+task.error_record = {{"exception_class_path": "builtins.ValueError", "traceback": error}}
+refused_write("task abandon", lambda: transitions.abandon(task, error="ValueError", reason="permanent"))
 print("refused:", ",".join(refused))
 """
 

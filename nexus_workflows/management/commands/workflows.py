@@ -7,6 +7,7 @@ from typing import IO, Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import router
 
+from nexus_workflows import sql
 from nexus_workflows.deferred import triage
 from nexus_workflows.deferred.enqueue import enqueue
 from nexus_workflows.deferred.registry import registry
@@ -170,7 +171,9 @@ class Command(ArgumentsNotEchoed):
             queryset = DeferredWork.objects.filter(status=Status.ABANDONED)
             if kind is not None:
                 queryset = queryset.filter(kind=kind)
-        result = triage.revive(queryset, by="command line")
+        using = queryset.select_for_update().db  # where the revive writes (see transitions.revive)
+        with sql.for_connection(using).values_sent_apart(using):  # its reads by key too
+            result = triage.revive(queryset, by="command line")
         self._report_revive(result, ids=ids, kind=kind, key=key, reveal=reveal)
 
     def handle_rekey(self, *, kind: str, **_: Any) -> None:
