@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from nexus_workflows.management.commands._arguments import without_values
+from nexus_workflows.management.commands._arguments import NOT_PARSED, without_values
 from nexus_workflows.models import DeferredWork
 from tests.processes import PROJECT_ROOT, url_of_test_database
 
@@ -30,15 +30,38 @@ UNQUOTED = ["{name:", "Zorbatilde", "Quixhuatl,", "phone:", "+52", "55", "8731",
             "unrecognized arguments (not shown: they may be patient data)",
         ),
         (
-            f"argument SUBCOMMAND: invalid choice: '{NAME}' (choose from enqueue, status)",
-            "argument SUBCOMMAND: invalid choice (choose from enqueue, status)",
+            f"argument SUBCOMMAND: invalid choice: '{NAME}' (choose from 'enqueue', 'status')",
+            "argument SUBCOMMAND: invalid choice (choose from 'enqueue', 'status')",
         ),
-        (f"argument SUBCOMMAND: invalid choice: '{NAME}'", "argument SUBCOMMAND: invalid choice"),
-        (f"argument --delay: invalid float value: '{PHONE}'", "argument --delay: invalid float value"),
-        (f"ambiguous option: --{NAME} could match --reveal", "ambiguous option: it could match --reveal"),
+        (  # the value holds the marker: the last one, argparse's own, is the list
+            f"argument SUBCOMMAND: invalid choice: 'Zorbatilde (choose from {NAME}' (choose from enqueue)",
+            "argument SUBCOMMAND: invalid choice (choose from enqueue)",
+        ),
+        (
+            f"argument --reveal: ignored explicit argument '{NAME}'",
+            "argument --reveal: not accepted as given (not shown: it may be patient data)",
+        ),
+        (
+            f"argument --delay: invalid float value: '{PHONE}'",
+            "argument --delay: not accepted as given (not shown: it may be patient data)",
+        ),
+        (
+            f"ambiguous option: --k={NAME} could match Quixhuatl could match --kind, --key",
+            NOT_PARSED,
+        ),
+        # A wording not known here (another Python's, another locale's): fails closed.
+        (
+            f"argumento no válido: '{NAME}'",
+            NOT_PARSED,
+        ),
         # Messages that quote nothing given are kept whole.
         ("the following arguments are required: KIND, TRIGGER-JSON", None),
         ("argument --delay: must be a number", None),
+        ("argument --kind: expected one argument", None),
+        (
+            "argument -v/--verbosity: invalid choice: '7' (choose from 0, 1, 2, 3)",
+            "argument -v/--verbosity: invalid choice (choose from 0, 1, 2, 3)",
+        ),
     ],
 )
 def test_argparse_messages_lose_what_they_quoted_of_the_arguments(message: str, instead: str | None) -> None:
@@ -50,6 +73,13 @@ def test_argparse_messages_lose_what_they_quoted_of_the_arguments(message: str, 
     ("command", "arguments", "said"),
     [
         ("workflows", ["enqueue", "test-noop", *UNQUOTED], "unrecognized arguments (not shown"),
+        # A value given to a flag that takes none, Django's flags and ours, in every form.
+        ("workflows", ["status", f"--reveal={NAME}"], "argument --reveal: not accepted as given"),
+        ("workflows", ["enqueue", "test-noop", "{}", f"--rev={NAME}"], "argument --reveal: not accepted"),
+        ("workflows", [f"--traceback={NAME}", "status"], "argument --traceback: not accepted as given"),
+        ("runworkflows", [f"--once={PHONE}"], "argument --once: not accepted as given"),
+        ("workflows", ["revive", f"--k={NAME} could match x"], "the arguments do not parse (not shown"),
+        ("workflows", [f"x (choose from {NAME}"], "SUBCOMMAND: invalid choice (choose from "),
         ("workflows", [NAME], "SUBCOMMAND: invalid choice (choose from "),
         # A stray word among revive's ids: refused as an id, not quoted.
         ("workflows", ["revive", "--kind", "test-noop", "--key", PHONE, NAME], "argument ID: must be the id"),

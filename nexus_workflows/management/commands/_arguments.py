@@ -55,24 +55,43 @@ def seconds(value: str) -> float:
     return number
 
 
-#: argparse's own messages that quote what was given, and what each says instead.
-_ECHOES = (
-    # A JSON trigger left unquoted splits into many arguments: the extra ones are listed.
-    (
-        re.compile(r"unrecognized arguments: .*", re.S),
-        "unrecognized arguments (not shown: they may be patient data)",
-    ),
-    (re.compile(r"invalid choice: .*?(?= \(choose from |$)", re.S), "invalid choice"),
-    (re.compile(r"(invalid \S+ value): .*", re.S), r"\1"),
-    (re.compile(r"ambiguous option: .*? could match", re.S), "ambiguous option: it could match"),
+# argparse's messages, matched whole: only these are kept, and only what they name of the
+# parser itself (argument names, choices, our own types' messages) is shown again. Any other
+# (a value quoted, "ignored explicit argument '…'", a wording of another Python or locale)
+# says only which argument it is about, or nothing: it fails closed.
+_NAMES = r"[\w/ ,-]+"  # option strings and metavars: the parser's, never what was given
+_ABOUT = re.compile(rf"argument (?P<name>{_NAMES}): (?P<rest>.*)", re.S)
+_KEPT = re.compile(
+    rf"expected (?:one|at most one|at least one|\d+) arguments?|not allowed with argument {_NAMES}"
+    # The app's own argument types (this module's, and runworkflows' port): no value in them.
+    r"|must be [^'\"]*"
 )
+_KEPT_WHOLE = re.compile(
+    rf"the following arguments are required: {_NAMES}|one of the arguments {_NAMES} is required"
+)
+# Greedy up to the last "(choose from …)", which argparse appends after the value.
+_INVALID_CHOICE = re.compile(r"invalid choice: .* \((?P<choices>choose from [^()]*)\)", re.S)
+UNRECOGNIZED = "unrecognized arguments (not shown: they may be patient data)"
+NOT_PARSED = "the arguments do not parse (not shown: they may be patient data)"
 
 
 def without_values(message: str) -> str:
-    """An argparse error message with whatever it quoted of the arguments taken out."""
-    for echo, instead in _ECHOES:
-        message = echo.sub(instead, message)
-    return message
+    """An argparse error message that quotes nothing given: one of the parser's own, kept
+    whole; one that quoted a value, with the value taken out; or a fixed one."""
+    if _KEPT_WHOLE.fullmatch(message):
+        return message
+    if message.startswith("unrecognized arguments:"):
+        return UNRECOGNIZED
+    about = _ABOUT.fullmatch(message)
+    rest = about["rest"] if about else message
+    prefix = f"argument {about['name']}: " if about else ""
+    if _KEPT.fullmatch(rest):
+        return message
+    if choice := _INVALID_CHOICE.fullmatch(rest):
+        return f"{prefix}invalid choice ({choice['choices']})"
+    if about:
+        return f"{prefix}not accepted as given (not shown: it may be patient data)"
+    return NOT_PARSED
 
 
 class ParserNotEchoing(CommandParser):
