@@ -43,18 +43,22 @@ def test_saves_of_one_async_attempt_at_once_keep_every_patch(register_workflow: 
 
 
 @contextmanager
-def statements_held(marker: str) -> Iterator[Callable[[], None]]:
-    """Every ``UPDATE`` of the work table whose text holds ``marker`` waits, before it
-    touches a row, until the returned function is called: a statement-level trigger that
-    takes an advisory lock this test holds on a connection of its own (the marker is in
-    the statement's text: Django binds its parameters on the client)."""
+def first_save_held() -> Iterator[Callable[[], None]]:
+    """The first ``UPDATE`` of the work table that writes a journal (sets ``checkpoints``)
+    waits, before it touches a row, until the returned function is called: a
+    statement-level trigger that takes an advisory lock this test holds on a connection of
+    its own. Only the first: a sequence, which no rollback takes back, counts them. (The
+    values are not in the statement's text to tell one save from another: the app sends
+    them apart from it, ``sql.postgresql.values_sent_apart``.)"""
     table = DeferredWork._meta.db_table
     holder = raw_connection()
     holder.execute("SELECT pg_advisory_lock(4242)")
     with connection.cursor() as cursor:
+        cursor.execute("CREATE SEQUENCE nw_test_hold_once")
         cursor.execute(
             "CREATE FUNCTION nw_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-            f"IF current_query() LIKE '%{marker}%' THEN PERFORM pg_advisory_xact_lock_shared(4242); "
+            """IF current_query() ~ '[\\s,]"?checkpoints"?\\s*=' THEN """
+            "IF nextval('nw_test_hold_once') = 1 THEN PERFORM pg_advisory_xact_lock_shared(4242); END IF; "
             "END IF; RETURN NULL; END $$"
         )
         cursor.execute(
@@ -68,6 +72,7 @@ def statements_held(marker: str) -> Iterator[Callable[[], None]]:
         with connection.cursor() as cursor:
             cursor.execute(f"DROP TRIGGER nw_test_hold ON {table}")
             cursor.execute("DROP FUNCTION nw_test_hold()")
+            cursor.execute("DROP SEQUENCE nw_test_hold_once")
 
 
 def held_statements() -> int:
@@ -114,7 +119,7 @@ def test_a_save_given_up_by_its_caller_is_written_before_the_next_save(register_
         return DeferredWork.objects.get(pk=work_id).checkpoints
 
     with (
-        statements_held(marker) as release,
+        first_save_held() as release,
         override_settings(NEXUS_WORKFLOWS=FAST),
         running([kind]) as runner,
     ):
@@ -155,7 +160,7 @@ def test_an_attempt_ends_after_the_write_of_a_save_given_up(register_workflow: A
         return DeferredWork.objects.get(pk=work_id).status
 
     with (
-        statements_held(marker) as release,
+        first_save_held() as release,
         override_settings(NEXUS_WORKFLOWS=FAST),
         running([kind]) as runner,
     ):
