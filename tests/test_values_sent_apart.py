@@ -1,9 +1,10 @@
 """Every statement the app sends with patient data in it (a trigger, a dedupe key) goes to
 PostgreSQL with its values apart from its text (``sql.postgresql.values_sent_apart``), so
 that a failed or cancelled one is logged without them: enqueue's INSERT and its reads of a
-taken key, ``enqueue_many``'s, the admin's find box and ``workflows revive --key``. Each
-statement is seen as it is executed, with the cursor class that binds it. The runner's
-writes are checked on a private server's own log (``tests/faults/test_server_log.py``)."""
+taken key, ``enqueue_many``'s, a Django task's enqueue, the admin's find box and
+``workflows revive --key``. Each statement is seen as it is executed, with the cursor
+class that binds it. The runner's writes are checked on a private server's own log
+(``tests/faults/test_server_log.py``)."""
 
 from __future__ import annotations
 
@@ -80,4 +81,12 @@ def test_workflows_revive_by_key_sends_the_key_apart(sent: list[tuple[str, str]]
     call_command("workflows", "revive", "--kind", "test-noop", "--key", PHONE)
     assert DeferredWork.objects.get(pk=work).status == Status.PENDING
     assert "SELECT" in {word for _, word in sent}
+    assert {cursor for cursor, _ in sent} == {"ServerBindingCursor"}
+
+
+def test_a_django_tasks_arguments_are_sent_apart(sent: list[tuple[str, str]]) -> None:
+    from tests.testapp import tasks
+
+    tasks.record.enqueue(PHONE)
+    assert [word for _, word in sent] == ["INSERT"]
     assert {cursor for cursor, _ in sent} == {"ServerBindingCursor"}

@@ -19,12 +19,10 @@ returns no value the database computed), the host's ``now`` stamps them.
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, cast
 
 from django.db import connections
 from django.db.models import Field
@@ -161,25 +159,6 @@ def insert_pending(
     return None if inserted is None else inserted[0]
 
 
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def _values_sent_apart(insert: Callable[_P, _R]) -> Callable[_P, _R]:
-    """An insert on the database ``using`` (its first argument) sends its values apart from
-    the statement's text where the database would log a failed statement with them
-    (PostgreSQL: ``sql.postgresql.values_sent_apart``): a trigger stays out of that log."""
-
-    @functools.wraps(insert)
-    def sent_apart(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        using = cast(str, args[0])
-        with sql.for_connection(using).values_sent_apart(using):
-            return insert(*args, **kwargs)
-
-    return sent_apart
-
-
-@_values_sent_apart
 def insert_pending_stamped(
     using: str,
     *,
@@ -291,7 +270,6 @@ def _one_row_params(
     )
 
 
-@_values_sent_apart
 def insert_pending_many_postgresql(
     using: str,
     *,

@@ -192,19 +192,21 @@ class DeferredBackend(BaseTaskBackend):
         result_id = str(uuid.uuid4())
         now = timezone.now()
         # Inside the caller's atomic() this is one more statement of its transaction:
-        # no dedupe race to lose (the key is new), so no savepoint either.
+        # no dedupe race to lose (the key is new), so no savepoint either. The arguments
+        # go apart from the statement's text, as enqueue's trigger does.
         try:
-            inserted = insert_pending_stamped(
-                using,
-                kind=task.module_path,
-                dedupe_key=result_id,
-                trigger=trigger,
-                run_after=task.run_after,  # else due now, by the database's clock
-                now=now,
-                priority=task.priority,
-                queue_name=task.queue_name,
-                backend_name=self.alias,
-            )
+            with sql.for_connection(using).values_sent_apart(using):
+                inserted = insert_pending_stamped(
+                    using,
+                    kind=task.module_path,
+                    dedupe_key=result_id,
+                    trigger=trigger,
+                    run_after=task.run_after,  # else due now, by the database's clock
+                    now=now,
+                    priority=task.priority,
+                    queue_name=task.queue_name,
+                    backend_name=self.alias,
+                )
         except (IntegrityError, DataError) as error:  # the key is a new UUID: never a dedupe race
             raise _refused(task, error, using) from None
         if inserted is None:  # its new UUID taken (PostgreSQL skips a taken key): never seen
